@@ -1,0 +1,1 @@
+"""Command-line interface: builds config objects and hands them to the agent and the collector."""

@@ -1,0 +1,62 @@
+"""The `clusterwatch` command: a click group whose subcommands load on first use.
+
+Subcommands are imported lazily so that a quick command (`status` on a login node,
+`prolog` on a compute node) does not pay for grpc.aio servers, psutil or
+prometheus_client it never uses.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import click
+
+# name → "module:attribute" of a click command
+COMMANDS: dict[str, str] = {
+    "agent": "clusterwatch.cli.agent_cmd:agent",
+    "collector": "clusterwatch.cli.collector_cmd:collector",
+    "status": "clusterwatch.cli.status_cmd:status",
+    "jobs": "clusterwatch.cli.status_cmd:jobs",
+    "run": "clusterwatch.cli.run_cmd:run",
+    "demo": "clusterwatch.cli.demo_cmd:demo",
+    "replay": "clusterwatch.cli.replay_cmd:replay",
+    "record": "clusterwatch.cli.record_cmd:record",
+    "alerts": "clusterwatch.cli.alerts_cmd:alerts",
+    "provenance": "clusterwatch.cli.provenance_cmd:provenance",
+    "prolog": "clusterwatch.cli.hooks_cmd:prolog",
+    "epilog": "clusterwatch.cli.hooks_cmd:epilog",
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when that subcommand runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if self._available(name))
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module = COMMANDS[name].split(":")[0]
+        return importlib.util.find_spec(module) is not None
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None or not self._available(name):
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="clusterwatch")
+def cli() -> None:
+    """Per-process GPU and host monitoring for Slurm training jobs.
+
+    An agent on every node samples each process's GPU memory and utilisation, CPU
+    and host memory; a collector aggregates every worker of a job, raises leak and
+    stall alerts, and serves one Prometheus endpoint. `status JOBID` shows a job.
+    """
+
+
+def main() -> None:
+    cli()

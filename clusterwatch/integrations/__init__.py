@@ -1,0 +1,1 @@
+"""Ready callbacks that feed clusterwatch.train from training frameworks, imported only where installed."""

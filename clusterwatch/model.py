@@ -1,0 +1,117 @@
+"""The sample model shared by the agent and the collector.
+
+Plain dataclasses, independent of protobuf, so sources, rules and tests deal in
+domain values. A process is (node, pid, start_time), never a pid alone; a GPU is
+its UUID, never its index. Every reading that could not be taken is None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessKey:
+    """Identity of a process across polls: a reused pid gets a new start time."""
+
+    node: str
+    pid: int
+    start_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU of a node."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUse:
+    """Use of one GPU by one process."""
+
+    gpu_uuid: str
+    used_memory_bytes: int | None = None
+    sm_utilization: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one poll."""
+
+    uuid: str
+    utilization: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+
+
+@dataclass(slots=True)
+class ProcessSample:
+    """One process at one poll, with its job labels where known."""
+
+    time: float
+    node: str
+    pid: int
+    start_time: float
+    ppid: int = 0
+    uid: int = 0
+    user: str = ""
+    command: str = ""
+    job_id: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    step_id: str = ""
+    mapped_by: str = ""
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    threads: int | None = None
+    open_fds: int | None = None
+    gpus: tuple[GpuUse, ...] = ()
+
+    @property
+    def key(self) -> ProcessKey:
+        return ProcessKey(self.node, self.pid, self.start_time)
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        """GPU memory over all the process's GPUs, None when no GPU reported a figure."""
+        vals = [g.used_memory_bytes for g in self.gpus if g.used_memory_bytes is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def gpu_utilization(self) -> float | None:
+        """Highest SM utilisation over the process's GPUs, None when none reported one."""
+        vals = [g.sm_utilization for g in self.gpus if g.sm_utilization is not None]
+        return max(vals) if vals else None
+
+
+@dataclass(slots=True)
+class TrainingReport:
+    """A progress report from a training process (clusterwatch.train.report)."""
+
+    time: float
+    pid: int
+    start_time: float = 0.0
+    step: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    epoch: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """A job started (prolog) or ended (epilog) on a node."""
+
+    kind: str  # "start" | "end"
+    job_id: str
+    time: float
+    uid: int = 0
+    user: str = ""
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_indexes: str = ""
+    exit_code: int | None = None

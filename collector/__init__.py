@@ -1,0 +1,1 @@
+"""The collector: ingest, history, job registry, rules, alerts, store, exporter, query API."""

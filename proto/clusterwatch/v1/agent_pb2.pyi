@@ -1,0 +1,232 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GpuInfo(_message.Message):
+    __slots__ = ("uuid", "index", "name", "memory_total_bytes")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    index: int
+    name: str
+    memory_total_bytes: int
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    NODE_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    boot_id: str
+    agent_version: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    interval_s: float
+    gpu_source: str
+    sent_at: float
+    node_memory_total_bytes: int
+    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ...) -> None: ...
+
+class ProcessGpuUse(_message.Message):
+    __slots__ = ("gpu_uuid", "used_memory_bytes", "sm_utilization")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    used_memory_bytes: int
+    sm_utilization: float
+    def __init__(self, gpu_uuid: _Optional[str] = ..., used_memory_bytes: _Optional[int] = ..., sm_utilization: _Optional[float] = ...) -> None: ...
+
+class ProcessSample(_message.Message):
+    __slots__ = ("time", "node", "pid", "start_time", "ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "mapped_by", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpus", "step_id")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    PPID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAPPED_BY_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    node: str
+    pid: int
+    start_time: float
+    ppid: int
+    uid: int
+    user: str
+    command: str
+    job_id: str
+    rank: int
+    local_rank: int
+    mapped_by: str
+    cpu_percent: float
+    rss_bytes: int
+    threads: int
+    open_fds: int
+    gpus: _containers.RepeatedCompositeFieldContainer[ProcessGpuUse]
+    step_id: str
+    def __init__(self, time: _Optional[float] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., ppid: _Optional[int] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProcessGpuUse, _Mapping]]] = ..., step_id: _Optional[str] = ...) -> None: ...
+
+class GpuSample(_message.Message):
+    __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    uuid: str
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_watts: float
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ...) -> None: ...
+
+class TrainingSample(_message.Message):
+    __slots__ = ("time", "pid", "start_time", "step", "loss", "lr", "epoch", "metrics", "tags")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    pid: int
+    start_time: float
+    step: int
+    loss: float
+    lr: float
+    epoch: float
+    metrics: _containers.ScalarMap[str, float]
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, time: _Optional[float] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., epoch: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("pid", "start_time", "json")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    start_time: float
+    json: str
+    def __init__(self, pid: _Optional[int] = ..., start_time: _Optional[float] = ..., json: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("kind", "job_id", "uid", "user", "gpu_uuids", "time", "exit_code", "gpu_indexes")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[JobEvent.Kind]
+        START: _ClassVar[JobEvent.Kind]
+        END: _ClassVar[JobEvent.Kind]
+    KIND_UNSPECIFIED: JobEvent.Kind
+    START: JobEvent.Kind
+    END: JobEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEXES_FIELD_NUMBER: _ClassVar[int]
+    kind: JobEvent.Kind
+    job_id: str
+    uid: int
+    user: str
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    time: float
+    exit_code: int
+    gpu_indexes: str
+    def __init__(self, kind: _Optional[_Union[JobEvent.Kind, str]] = ..., job_id: _Optional[str] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., exit_code: _Optional[int] = ..., gpu_indexes: _Optional[str] = ...) -> None: ...
+
+class AgentCounters(_message.Message):
+    __slots__ = ("samples_sent", "samples_dropped", "read_errors", "buffered_batches")
+    SAMPLES_SENT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    READ_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    samples_sent: int
+    samples_dropped: int
+    read_errors: int
+    buffered_batches: int
+    def __init__(self, samples_sent: _Optional[int] = ..., samples_dropped: _Optional[int] = ..., read_errors: _Optional[int] = ..., buffered_batches: _Optional[int] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    sent_at: float
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessSample]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    training: _containers.RepeatedCompositeFieldContainer[TrainingSample]
+    provenance: _containers.RepeatedCompositeFieldContainer[Provenance]
+    job_events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    counters: AgentCounters
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "batch")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    batch: Batch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class CollectorMessage(_message.Message):
+    __slots__ = ("ack",)
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ack: Ack
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...

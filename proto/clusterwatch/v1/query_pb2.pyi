@@ -1,0 +1,221 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id", "trend_points")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TREND_POINTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trend_points: int
+    def __init__(self, job_id: _Optional[str] = ..., trend_points: _Optional[int] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("include_ended",)
+    INCLUDE_ENDED_FIELD_NUMBER: _ClassVar[int]
+    include_ended: bool
+    def __init__(self, include_ended: _Optional[bool] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job_id", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time", "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "source", "ranks_expected", "note", "exit_code")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str
+    submit_time: float
+    start_time: float
+    end_time: float
+    time_limit_s: float
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    cpus: int
+    memory_bytes: int
+    gpus: int
+    source: str
+    ranks_expected: int
+    note: str
+    exit_code: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ..., account: _Optional[str] = ..., partition: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., source: _Optional[str] = ..., ranks_expected: _Optional[int] = ..., note: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class ProcessView(_message.Message):
+    __slots__ = ("node", "pid", "start_time", "user", "command", "rank", "mapped_by", "last_seen", "cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_memory_bytes", "gpu_memory_peak_bytes", "gpu_utilization", "gpu_uuids", "gpu_memory_trend", "rss_trend", "threads", "open_fds", "samples_held", "alive", "step", "steps_per_s", "loss", "lr")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MAPPED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RSS_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_TREND_FIELD_NUMBER: _ClassVar[int]
+    RSS_TREND_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_HELD_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    pid: int
+    start_time: float
+    user: str
+    command: str
+    rank: int
+    mapped_by: str
+    last_seen: float
+    cpu_percent: float
+    rss_bytes: int
+    rss_peak_bytes: int
+    gpu_memory_bytes: int
+    gpu_memory_peak_bytes: int
+    gpu_utilization: float
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    gpu_memory_trend: _containers.RepeatedScalarFieldContainer[float]
+    rss_trend: _containers.RepeatedScalarFieldContainer[float]
+    threads: int
+    open_fds: int
+    samples_held: int
+    alive: bool
+    step: int
+    steps_per_s: float
+    loss: float
+    lr: float
+    def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
+
+class GpuView(_message.Message):
+    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_TREND_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    uuid: str
+    index: int
+    name: str
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    memory_peak_bytes: int
+    power_watts: float
+    utilization_trend: _containers.RepeatedScalarFieldContainer[float]
+    processes: int
+    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ...) -> None: ...
+
+class AlertView(_message.Message):
+    __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    FIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_AT_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    state: str
+    severity: str
+    node: str
+    pid: int
+    gpu: str
+    rank: int
+    since: float
+    fired_at: float
+    resolved_at: float
+    description: str
+    def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
+
+class NodeView(_message.Message):
+    __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    AGENT_UP_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    last_seen: float
+    agent_up: bool
+    memory_total_bytes: int
+    def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
+
+class JobView(_message.Message):
+    __slots__ = ("job", "nodes", "processes", "gpus", "alerts", "provenance_json", "tags", "now")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    job: JobInfo
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessView]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuView]
+    alerts: _containers.RepeatedCompositeFieldContainer[AlertView]
+    provenance_json: str
+    tags: _containers.ScalarMap[str, str]
+    now: float
+    def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessView, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuView, _Mapping]]] = ..., alerts: _Optional[_Iterable[_Union[AlertView, _Mapping]]] = ..., provenance_json: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., now: _Optional[float] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "firing_alerts")
+    class FiringAlertsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    FIRING_ALERTS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    firing_alerts: _containers.ScalarMap[str, int]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., firing_alerts: _Optional[_Mapping[str, int]] = ...) -> None: ...
