@@ -225,8 +225,22 @@ class Ack(_message.Message):
     seq: int
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
+class SignalRequest(_message.Message):
+    __slots__ = ("pid", "start_time", "signal", "reason")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    start_time: float
+    signal: int
+    reason: str
+    def __init__(self, pid: _Optional[int] = ..., start_time: _Optional[float] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class CollectorMessage(_message.Message):
-    __slots__ = ("ack",)
+    __slots__ = ("ack", "signal")
     ACK_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    signal: SignalRequest
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., signal: _Optional[_Union[SignalRequest, _Mapping]] = ...) -> None: ...

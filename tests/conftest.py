@@ -1,0 +1,1 @@
+"""Shared pytest fixtures. Service fixtures (Slurm, sshd, Prometheus) live in tests/services/."""
