@@ -1,0 +1,1 @@
+"""Fakes shaped like the libraries the agent talks to (pynvml), for tests."""
