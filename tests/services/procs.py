@@ -1,0 +1,83 @@
+"""Small helpers the service fixtures share: free loopback ports, binaries, stopping daemons by PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+# Daemons live in sbin, which a non-login PATH may lack.
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now.
+
+    The port is released before returning, so a daemon started soon after can bind it; a collision is
+    possible in theory but every fixture picks its own, so a leftover service never blocks a new one.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def require_binary(name: str, package: str) -> str:
+    """Return the absolute path of ``name`` or fail the test, naming the Debian package to install.
+
+    Tests never skip for a missing service: CI installs these packages before pytest runs, so a missing
+    binary is a broken environment and must be loud.
+    """
+    path = shutil.which(name, path=_SEARCH_PATH)
+    if path is None:
+        pytest.fail(
+            f"{name} not found: install the Debian package {package!r} "
+            f"(apt-get install -y {package}) before running these tests",
+            pytrace=False,
+        )
+    return path
+
+
+def read_pid(pid_file: Path) -> int | None:
+    """Return the PID written in ``pid_file``, or None when it is missing or empty."""
+    try:
+        text = pid_file.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Tell whether ``pid`` still runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the last ')' (the command name may hold spaces or parentheses).
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def stop_pid(pid: int, grace: float = 5.0) -> None:
+    """Stop one process we started: SIGTERM, then SIGKILL if it is still there after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        if wait_for(lambda: not pid_alive(pid), wait):
+            return
