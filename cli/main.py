@@ -49,13 +49,23 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="clusterwatch")
-def cli() -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (default: $CLUSTERWATCH_CONFIG, else /etc/clusterwatch/config.toml).")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
     """Per-process GPU and host monitoring for Slurm training jobs.
 
     An agent on every node samples each process's GPU memory and utilisation, CPU
     and host memory; a collector aggregates every worker of a job, raises leak and
     stall alerts, and serves one Prometheus endpoint. `status JOBID` shows a job.
     """
+    from clusterwatch.config import load_default_map
+    from clusterwatch.errors import ConfigError
+
+    try:
+        ctx.default_map = load_default_map(config_path)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def main() -> None:

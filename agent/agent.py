@@ -1,0 +1,177 @@
+"""The agent's poll loop: GPUs, then the watched process trees, labelled, batched, sent.
+
+One poll: read every GPU (which also names the processes on them), walk the watched
+trees, sample each process, label it with its job and rank, and hand the batch to
+the sender. The loop never raises for a failed read; failures are counted and sent
+with the batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from clusterwatch import __version__
+from clusterwatch.model import JobEvent, ProcessSample
+from clusterwatch.v1 import agent_pb2
+from clusterwatch.wire import gpu_info_to_proto, gpu_reading_to_proto, job_event_to_proto, process_to_proto
+
+from .backends.gpu import GpuSource
+from .backends.procs import ProcSource
+from .config import AgentConfig
+from .labels import JobLabeler
+from .spool import JobSpool
+
+log = logging.getLogger("clusterwatch.agent")
+
+
+def node_memory_total() -> int:
+    """Host RAM in bytes (MemTotal of /proc/meminfo), 0 if unreadable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class Agent:
+    """Samples one node.
+
+    Args:
+        config: the agent's configuration.
+        gpus: the GPU source (NVML, simulated, or none).
+        procs: the process source.
+        labeler: labels processes with job and rank.
+        clock: time source (Unix seconds); tests pass their own.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        gpus: GpuSource,
+        procs: ProcSource,
+        labeler: JobLabeler,
+        spool: JobSpool | None = None,
+        clock: Callable[[], float] = time.time,
+        train_drain: Callable[[], list] | None = None,
+    ) -> None:
+        self.config = config
+        self.gpus = gpus
+        self.procs = procs
+        self.labeler = labeler
+        self.spool = spool
+        self.clock = clock
+        self.train_drain = train_drain
+        self.boot_id = uuid.uuid4().hex
+        self.gpu_errors = 0
+        self.inventory = gpus.inventory()
+        self.memory_total = node_memory_total()
+
+    def hello(self) -> agent_pb2.Hello:
+        """The Hello that opens every stream."""
+        h = agent_pb2.Hello(
+            node=self.config.node,
+            boot_id=self.boot_id,
+            agent_version=__version__,
+            interval_s=self.config.interval_s,
+            gpu_source=self.gpus.name,
+            sent_at=self.clock(),
+            node_memory_total_bytes=self.memory_total,
+        )
+        for g in self.inventory:
+            gpu_info_to_proto(g, h.gpus.add())
+        return h
+
+    def watched_roots(self, gpu_pids: set[int]) -> set[int]:
+        """The processes whose trees are sampled this poll."""
+        roots = set(self.config.pids)
+        if self.config.watch_all_gpu_processes:
+            roots |= gpu_pids
+        if self.spool is not None:
+            roots |= self.spool.job_pids()
+        return roots
+
+    def poll(self) -> tuple[agent_pb2.Batch, list[ProcessSample]]:
+        """Take one poll and return it as a batch (not yet numbered) and as samples."""
+        now = self.clock()
+        gpu_poll = self.gpus.poll(now)
+        self.gpu_errors += gpu_poll.errors
+        pids = self.procs.descendants(self.watched_roots(set(gpu_poll.processes)))
+        samples = self.procs.sample(pids, now, gpu_poll.processes)
+        self.labeler.label(samples)
+        batch = agent_pb2.Batch(sent_at=now)
+        for s in samples:
+            process_to_proto(s, batch.processes.add())
+        for r in gpu_poll.readings:
+            gpu_reading_to_proto(r, now, batch.gpus.add())
+        if self.spool is not None:
+            for event in self.spool.take_events():
+                job_event_to_proto(event, batch.job_events.add())
+        if self.train_drain is not None:
+            from clusterwatch.wire import training_to_proto
+
+            for report in self.train_drain():
+                training_to_proto(report, batch.training.add())
+        return batch, samples
+
+
+def run_loop(agent: Agent, sender, stop: threading.Event) -> None:
+    """Poll every interval until `stop` is set; each batch goes to the sender.
+
+    Polls are aligned to the interval (not to the end of the previous poll) so a slow
+    poll does not drift the series.
+    """
+    interval = agent.config.interval_s
+    next_at = time.monotonic()
+    while not stop.is_set():
+        try:
+            batch, samples = agent.poll()
+            c = sender.counters
+            batch.counters.samples_sent = c.samples_sent + len(samples)
+            batch.counters.samples_dropped = c.samples_dropped
+            batch.counters.read_errors = agent.procs.read_errors + agent.gpu_errors
+            batch.counters.buffered_batches = len(sender.buffer)
+            sender.submit(batch, len(samples))
+        except Exception:  # a bug in one poll must not stop the agent; say it once per kind
+            log.exception("poll failed; the agent goes on with the next poll")
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay < 0:
+            next_at = time.monotonic()
+            delay = 0
+        stop.wait(delay)
+
+
+def batch_as_json(batch: agent_pb2.Batch, hello: agent_pb2.Hello) -> str:
+    """One batch as a JSON document (for `agent --once --json`)."""
+    from google.protobuf.json_format import MessageToDict
+
+    doc = {
+        "hello": MessageToDict(hello, preserving_proto_field_name=True),
+        "batch": MessageToDict(batch, preserving_proto_field_name=True),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True)
+
+
+def write_pid_file(spool_dir: str) -> str | None:
+    """Record this agent's pid where the prolog looks for it; None if the folder is not writable."""
+    path = os.path.join(spool_dir, "agent.pid")
+    try:
+        os.makedirs(spool_dir, mode=0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, path)
+        return path
+    except OSError:
+        return None
+
+
+__all__ = ["Agent", "JobEvent", "batch_as_json", "run_loop", "write_pid_file"]

@@ -1,0 +1,47 @@
+"""The agent's configuration: one frozen object, built in clusterwatch.cli and passed in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# 15 minutes of 64 processes polled every second, with room to spare (issue 6).
+DEFAULT_BUFFER_SAMPLES = 100_000
+DEFAULT_SPOOL_DIR = "/run/clusterwatch"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything the agent needs to run.
+
+    Attributes:
+        collector: collector address HOST:PORT; None to only print (`--once --json`).
+        node: node name written on every sample.
+        interval_s: poll interval in seconds.
+        gpu_source: "auto", "nvml", "sim" or "none".
+        sim_scenario: scenario file for the simulated GPU source (None: the embedded default).
+        pids: processes to watch besides those on a GPU (and their descendants).
+        local_job_id: job id given to the `pids` trees (`clusterwatch run` uses "local-PID").
+        buffer_max_samples: bound of the unacknowledged buffer in process samples.
+        token: shared secret for the collector, if it requires one.
+        tls_ca / tls_cert / tls_key: PEM files for TLS / mutual TLS to the collector.
+        spool_dir: where the prolog/epilog leave job events and the agent keeps its pid file.
+        train_socket: Unix socket for clusterwatch.train reports (None: <spool_dir>/train.sock).
+        count_fds: count each process's open file descriptors.
+        watch_all_gpu_processes: watch every process NVML reports, not only Slurm jobs'.
+    """
+
+    collector: str | None
+    node: str
+    interval_s: float = 5.0
+    gpu_source: str = "auto"
+    sim_scenario: str | None = None
+    pids: tuple[int, ...] = ()
+    local_job_id: str = ""
+    buffer_max_samples: int = DEFAULT_BUFFER_SAMPLES
+    token: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    spool_dir: str = DEFAULT_SPOOL_DIR
+    train_socket: str | None = None
+    count_fds: bool = True
+    watch_all_gpu_processes: bool = True

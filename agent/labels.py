@@ -1,0 +1,88 @@
+"""Which job, step and rank each process belongs to, cheapest source first.
+
+Order: a `clusterwatch run` tree (the pids the agent was told to watch), then the
+process's own cgroup and environment (Slurm), then its parent's labels (a
+DataLoader worker belongs to its rank). Results are cached per (pid, start time):
+a process never changes job, and a reused pid gets a fresh lookup.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clusterwatch.model import ProcessSample
+
+
+@dataclass(frozen=True, slots=True)
+class JobLabels:
+    """A process's place in a job."""
+
+    job_id: str
+    rank: int | None = None
+    local_rank: int | None = None
+    step_id: str = ""
+    mapped_by: str = ""
+
+
+# pid → labels found from the process's own /proc entries, or None
+SlurmLookup = Callable[[int], "JobLabels | None"]
+
+
+class JobLabeler:
+    """Labels samples in place.
+
+    Args:
+        local_roots: pid → job id for trees the agent watches on request (`run`, `--pid`).
+        slurm_lookup: reads a process's cgroup/environ for Slurm labels; None off Slurm.
+    """
+
+    def __init__(self, local_roots: dict[int, str], slurm_lookup: SlurmLookup | None = None) -> None:
+        self.local_roots = dict(local_roots)
+        self.slurm_lookup = slurm_lookup
+        self._cache: dict[tuple[int, float], JobLabels | None] = {}
+
+    def label(self, samples: list[ProcessSample]) -> None:
+        """Fill job_id, rank, local_rank, step_id and mapped_by on each sample."""
+        by_pid = {s.pid: s for s in samples}
+        fresh: dict[tuple[int, float], JobLabels | None] = {}
+        for s in samples:
+            labels = self._own(s, fresh)
+            if labels is None:
+                labels = self._inherited(s, by_pid, fresh)
+            if labels is not None:
+                s.job_id = labels.job_id
+                s.rank = labels.rank
+                s.local_rank = labels.local_rank
+                s.step_id = labels.step_id
+                s.mapped_by = labels.mapped_by
+        # keep only live processes in the cache
+        self._cache = fresh
+
+    def _own(self, s: ProcessSample, fresh: dict) -> JobLabels | None:
+        key = (s.pid, s.start_time)
+        if key in fresh:
+            return fresh[key]
+        if key in self._cache:
+            labels = self._cache[key]
+        elif s.pid in self.local_roots:
+            labels = JobLabels(self.local_roots[s.pid], mapped_by="pid")
+        elif self.slurm_lookup is not None:
+            labels = self.slurm_lookup(s.pid)
+        else:
+            labels = None
+        fresh[key] = labels
+        return labels
+
+    def _inherited(self, s: ProcessSample, by_pid: dict[int, ProcessSample], fresh: dict) -> JobLabels | None:
+        seen = {s.pid}
+        parent = by_pid.get(s.ppid)
+        while parent is not None and parent.pid not in seen:
+            seen.add(parent.pid)
+            labels = self._own(parent, fresh)
+            if labels is not None:
+                return JobLabels(
+                    labels.job_id, labels.rank, labels.local_rank, labels.step_id,
+                    "tree" if labels.mapped_by == "pid" else labels.mapped_by,
+                )
+            parent = by_pid.get(parent.ppid)
+        return None

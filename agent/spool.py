@@ -1,0 +1,120 @@
+"""Job events left by the Slurm prolog and epilog, picked up by the agent.
+
+The hooks must return within a second with the agent down, so they never talk to
+the agent directly: each writes one small JSON file into `<spool>/events/` (written
+to a temporary name, then renamed, so the agent never reads half a file). The agent
+reads and removes them on its next poll; files written while it was down wait for it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+
+from clusterwatch.model import JobEvent
+
+log = logging.getLogger("clusterwatch.agent")
+
+
+def write_event(spool_dir: str, event: JobEvent) -> str:
+    """Write a job event file atomically; return its path. Raises OSError when it cannot."""
+    events = os.path.join(spool_dir, "events")
+    os.makedirs(events, mode=0o755, exist_ok=True)
+    name = f"{event.time:.6f}-{event.job_id}-{event.kind}-{os.getpid()}.json"
+    doc = {
+        "kind": event.kind,
+        "job_id": event.job_id,
+        "time": event.time,
+        "uid": event.uid,
+        "user": event.user,
+        "gpu_uuids": list(event.gpu_uuids),
+        "gpu_indexes": event.gpu_indexes,
+        "exit_code": event.exit_code,
+    }
+    tmp = os.path.join(events, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    final = os.path.join(events, name)
+    os.replace(tmp, final)
+    return final
+
+
+def parse_event(text: str) -> JobEvent:
+    """Parse one event file; raises ValueError on anything malformed."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("kind") not in ("start", "end"):
+        raise ValueError("kind must be 'start' or 'end'")
+    job_id = str(doc.get("job_id", ""))
+    if not job_id or len(job_id) > 64:
+        raise ValueError("job_id missing or too long")
+    exit_code = doc.get("exit_code")
+    return JobEvent(
+        kind=doc["kind"],
+        job_id=job_id,
+        time=float(doc.get("time", 0.0)),
+        uid=int(doc.get("uid", 0)),
+        user=str(doc.get("user", "")),
+        gpu_uuids=tuple(str(u) for u in doc.get("gpu_uuids", ())),
+        gpu_indexes=str(doc.get("gpu_indexes", "")),
+        exit_code=int(exit_code) if exit_code is not None else None,
+    )
+
+
+class JobSpool:
+    """The agent's side of the spool: pending events, and the jobs running on this node.
+
+    Args:
+        spool_dir: the folder the hooks write into.
+        find_job_pids: given the running job ids, the pids of their processes on this node
+            (from cgroups); None when the node has no Slurm.
+    """
+
+    def __init__(self, spool_dir: str, find_job_pids: Callable[[set[str]], set[int]] | None = None) -> None:
+        self.dir = os.path.join(spool_dir, "events")
+        self.find_job_pids = find_job_pids
+        self.running: dict[str, JobEvent] = {}
+        self.rejected = 0
+
+    def take_events(self) -> list[JobEvent]:
+        """Read, remove and return the pending events, oldest first."""
+        try:
+            names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.rejected += 1
+            log.debug("cannot list %s: %s", self.dir, exc)
+            return []
+        events = []
+        for name in names:
+            path = os.path.join(self.dir, name)
+            try:
+                with open(path) as f:
+                    text = f.read(65536)
+                event = parse_event(text)
+            except (OSError, ValueError, TypeError) as exc:
+                self.rejected += 1
+                log.warning("ignoring malformed job event %s: %s", path, exc)
+                self._remove(path)
+                continue
+            self._remove(path)
+            if event.kind == "start":
+                self.running[event.job_id] = event
+            else:
+                self.running.pop(event.job_id, None)
+            events.append(event)
+        return events
+
+    def job_pids(self) -> set[int]:
+        """Pids of the running jobs' processes on this node (empty without a finder)."""
+        if not self.running or self.find_job_pids is None:
+            return set()
+        return self.find_job_pids(set(self.running))
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

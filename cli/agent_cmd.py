@@ -1,0 +1,128 @@
+"""`clusterwatch agent`: sample this node and stream to the collector."""
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+
+import click
+
+from .common import fail, setup_logging
+
+
+@click.command()
+@click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", metavar="HOST:PORT",
+              help="Collector address (CLUSTERWATCH_COLLECTOR).")
+@click.option("--node", envvar="CLUSTERWATCH_NODE", default=None,
+              help="Node name (default: SLURMD_NODENAME, else the host name).")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, envvar="CLUSTERWATCH_INTERVAL",
+              show_default=True, help="Poll interval in seconds.")
+@click.option("--gpu-source", type=click.Choice(["auto", "nvml", "sim", "none"]), default="auto",
+              envvar="CLUSTERWATCH_GPU_SOURCE", show_default=True,
+              help="Where GPU data comes from; `sim` plays a scenario for machines without a GPU.")
+@click.option("--sim-scenario", type=click.Path(dir_okay=False), default=None,
+              help="Scenario file for --gpu-source sim (default: the embedded scenario).")
+@click.option("--pid", "pids", type=int, multiple=True, help="Also watch this process and its children.")
+@click.option("--job-id", "local_job_id", default="", help="Job id given to the --pid trees.")
+@click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
+@click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for the collector.")
+@click.option("--spool-dir", default="/run/clusterwatch", envvar="CLUSTERWATCH_SPOOL", show_default=True,
+              help="Where the prolog/epilog leave job events.")
+@click.option("--buffer-samples", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
+@click.option("-v", "--verbose", count=True)
+def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
+          spool_dir, buffer_samples, verbose) -> None:
+    """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
+    setup_logging(verbose)
+    import os
+
+    from clusterwatch.agent.config import AgentConfig
+
+    if not once and not collector:
+        fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
+             "(or use --once --json to print one poll)")
+    node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    config = AgentConfig(
+        collector=collector, node=node, interval_s=interval, gpu_source=gpu_source, sim_scenario=sim_scenario,
+        pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
+        spool_dir=spool_dir,
+    )
+    agent_obj = build_agent(config)
+    if once:
+        from clusterwatch.agent.agent import batch_as_json
+
+        agent_obj.poll()  # a first pass, so CPU percentages have a previous reading
+        time.sleep(min(0.5, interval))
+        batch, samples = agent_obj.poll()
+        if as_json:
+            click.echo(batch_as_json(batch, agent_obj.hello()))
+        else:
+            for s in samples:
+                click.echo(f"{s.pid:>8} {s.command:<16} job={s.job_id or '-':<10} cpu={s.cpu_percent}% "
+                           f"rss={s.rss_bytes} gpu_mem={s.gpu_memory_bytes}")
+        agent_obj.gpus.close()
+        return
+    sys.exit(run_agent(agent_obj))
+
+
+def build_agent(config):
+    """The agent with its sources, from a config (GPU source falls back to none with one clear line)."""
+    from clusterwatch.agent.agent import Agent
+    from clusterwatch.agent.backends.procs import ProcSource
+    from clusterwatch.agent.labels import JobLabeler
+    from clusterwatch.agent.spool import JobSpool
+
+    gpus = open_gpus(config)
+    local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
+    return Agent(
+        config, gpus, ProcSource(config.node, count_fds=config.count_fds), JobLabeler(local_roots),
+        spool=JobSpool(config.spool_dir),
+    )
+
+
+def open_gpus(config):
+    log = logging.getLogger("clusterwatch.agent")
+    try:
+        from clusterwatch.agent.backends.select import open_gpu_source
+    except ImportError:  # the GPU backends are not installed in this build
+        from clusterwatch.agent.backends.gpu import NoGpuSource
+
+        log.warning("no GPU backend available; running without GPU data")
+        return NoGpuSource()
+    return open_gpu_source(config.gpu_source, config.sim_scenario, log)
+
+
+def run_agent(agent_obj) -> int:
+    """Run until SIGTERM/SIGINT; then flush, print the counters line and return 0."""
+    from clusterwatch.agent.agent import run_loop, write_pid_file
+    from clusterwatch.agent.stream import Sender
+
+    config = agent_obj.config
+    sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    write_pid_file(config.spool_dir)
+    sender.start()
+    logging.getLogger("clusterwatch.agent").info(
+        "agent on %s: polling every %.1fs, GPU source %s, collector %s",
+        config.node, config.interval_s, agent_obj.gpus.name, config.collector)
+    run_loop(agent_obj, sender, stop)
+    # a last poll so the final state (e.g. a job's end event) goes out, then flush
+    try:
+        batch, samples = agent_obj.poll()
+        sender.submit(batch, len(samples))
+    except Exception:
+        pass
+    sender.flush(timeout=5.0)
+    sender.stop()
+    agent_obj.gpus.close()
+    c = sender.counters
+    click.echo(f"samples_sent={c.samples_sent} samples_acked={c.samples_acked} "
+               f"samples_dropped={c.samples_dropped}")
+    return 0

@@ -1,0 +1,55 @@
+"""`clusterwatch collector`: receive the agents' streams, keep state, serve /metrics and queries."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from .common import fail, setup_logging
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
+              help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts).")
+@click.option("--metrics-listen", default="127.0.0.1:9750", envvar="CLUSTERWATCH_METRICS_LISTEN",
+              show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
+@click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
+              help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
+                   "else ~/.local/state/clusterwatch/clusterwatch.db).")
+@click.option("--history", "history_points", type=click.IntRange(min=10), default=720, show_default=True,
+              help="Samples kept in memory per process and GPU.")
+@click.option("--per-process-metrics", is_flag=True, help="Also export per-process series (label pid).")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
+              envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
+@click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret agents must send.")
+@click.option("--ports-file", default=None, help="Write the bound ports here as JSON.")
+@click.option("-v", "--verbose", count=True)
+def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
+              ports_file, verbose) -> None:
+    """Run the collector."""
+    setup_logging(verbose)
+    from clusterwatch.collector.config import CollectorConfig, default_db_path
+    from clusterwatch.collector.service import CollectorServer
+    from clusterwatch.errors import ClusterwatchError
+
+    config = CollectorConfig(
+        listen=listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
+        db_path=db_path or default_db_path(), history_points=history_points,
+        per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
+    )
+
+    async def main() -> None:
+        server = CollectorServer(config)
+        await server.start()
+        logging.getLogger("clusterwatch.collector").info(
+            "collector: gRPC on port %d, /metrics on port %s, store %s",
+            server.grpc_port, server.metrics_port or "-", config.db_path)
+        await server.run_until_stopped()
+
+    try:
+        asyncio.run(main())
+    except ClusterwatchError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot start the collector: {exc}; is another collector using the port?")

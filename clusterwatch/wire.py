@@ -1,0 +1,155 @@
+"""Conversion between the sample model (clusterwatch.model) and the wire messages (clusterwatch.v1).
+
+Unset optional fields on the wire are None in the model and the reverse: a reading
+that could not be taken never turns into a zero.
+"""
+from __future__ import annotations
+
+from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessSample, TrainingReport
+from clusterwatch.v1 import agent_pb2
+
+_EVENT_KIND = {"start": agent_pb2.JobEvent.START, "end": agent_pb2.JobEvent.END}
+_EVENT_NAME = {v: k for k, v in _EVENT_KIND.items()}
+
+
+def _opt(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def process_to_proto(s: ProcessSample, out: agent_pb2.ProcessSample) -> None:
+    """Fill `out` (usually `batch.processes.add()`) from a sample."""
+    out.time = s.time
+    out.node = s.node
+    out.pid = s.pid
+    out.start_time = s.start_time
+    out.ppid = s.ppid
+    out.uid = s.uid
+    out.user = s.user
+    out.command = s.command
+    out.job_id = s.job_id
+    out.step_id = s.step_id
+    out.mapped_by = s.mapped_by
+    if s.rank is not None:
+        out.rank = s.rank
+    if s.local_rank is not None:
+        out.local_rank = s.local_rank
+    if s.cpu_percent is not None:
+        out.cpu_percent = s.cpu_percent
+    if s.rss_bytes is not None:
+        out.rss_bytes = s.rss_bytes
+    if s.threads is not None:
+        out.threads = s.threads
+    if s.open_fds is not None:
+        out.open_fds = s.open_fds
+    for g in s.gpus:
+        pg = out.gpus.add(gpu_uuid=g.gpu_uuid)
+        if g.used_memory_bytes is not None:
+            pg.used_memory_bytes = g.used_memory_bytes
+        if g.sm_utilization is not None:
+            pg.sm_utilization = g.sm_utilization
+
+
+def process_from_proto(m: agent_pb2.ProcessSample) -> ProcessSample:
+    return ProcessSample(
+        time=m.time,
+        node=m.node,
+        pid=m.pid,
+        start_time=m.start_time,
+        ppid=m.ppid,
+        uid=m.uid,
+        user=m.user,
+        command=m.command,
+        job_id=m.job_id,
+        rank=_opt(m, "rank"),
+        local_rank=_opt(m, "local_rank"),
+        step_id=m.step_id,
+        mapped_by=m.mapped_by,
+        cpu_percent=_opt(m, "cpu_percent"),
+        rss_bytes=_opt(m, "rss_bytes"),
+        threads=_opt(m, "threads"),
+        open_fds=_opt(m, "open_fds"),
+        gpus=tuple(
+            GpuUse(g.gpu_uuid, _opt(g, "used_memory_bytes"), _opt(g, "sm_utilization")) for g in m.gpus
+        ),
+    )
+
+
+def gpu_reading_to_proto(r: GpuReading, time: float, out: agent_pb2.GpuSample) -> None:
+    out.time = time
+    out.uuid = r.uuid
+    for name in ("utilization", "memory_used_bytes", "memory_total_bytes", "power_watts"):
+        v = getattr(r, name)
+        if v is not None:
+            setattr(out, name, v)
+
+
+def gpu_reading_from_proto(m: agent_pb2.GpuSample) -> GpuReading:
+    return GpuReading(
+        uuid=m.uuid,
+        utilization=_opt(m, "utilization"),
+        memory_used_bytes=_opt(m, "memory_used_bytes"),
+        memory_total_bytes=_opt(m, "memory_total_bytes"),
+        power_watts=_opt(m, "power_watts"),
+    )
+
+
+def gpu_info_to_proto(g: GpuInfo, out: agent_pb2.GpuInfo) -> None:
+    out.uuid = g.uuid
+    out.index = g.index
+    out.name = g.name
+    out.memory_total_bytes = g.memory_total_bytes
+
+
+def gpu_info_from_proto(m: agent_pb2.GpuInfo) -> GpuInfo:
+    return GpuInfo(m.uuid, m.index, m.name, m.memory_total_bytes)
+
+
+def training_to_proto(r: TrainingReport, out: agent_pb2.TrainingSample) -> None:
+    out.time = r.time
+    out.pid = r.pid
+    out.start_time = r.start_time
+    for name in ("step", "loss", "lr", "epoch"):
+        v = getattr(r, name)
+        if v is not None:
+            setattr(out, name, v)
+    out.metrics.update(r.metrics)
+    out.tags.update(r.tags)
+
+
+def training_from_proto(m: agent_pb2.TrainingSample) -> TrainingReport:
+    return TrainingReport(
+        time=m.time,
+        pid=m.pid,
+        start_time=m.start_time,
+        step=_opt(m, "step"),
+        loss=_opt(m, "loss"),
+        lr=_opt(m, "lr"),
+        epoch=_opt(m, "epoch"),
+        metrics=dict(m.metrics),
+        tags=dict(m.tags),
+    )
+
+
+def job_event_to_proto(e: JobEvent, out: agent_pb2.JobEvent) -> None:
+    out.kind = _EVENT_KIND[e.kind]
+    out.job_id = e.job_id
+    out.time = e.time
+    out.uid = e.uid
+    out.user = e.user
+    out.gpu_uuids.extend(e.gpu_uuids)
+    out.gpu_indexes = e.gpu_indexes
+    if e.exit_code is not None:
+        out.exit_code = e.exit_code
+
+
+def job_event_from_proto(m: agent_pb2.JobEvent) -> JobEvent:
+    return JobEvent(
+        kind=_EVENT_NAME.get(m.kind, "start"),
+        job_id=m.job_id,
+        time=m.time,
+        uid=m.uid,
+        user=m.user,
+        gpu_uuids=tuple(m.gpu_uuids),
+        gpu_indexes=m.gpu_indexes,
+        exit_code=_opt(m, "exit_code"),
+    )

@@ -1,0 +1,200 @@
+"""The collector's core: batches in, state updated, jobs opened and closed, summaries stored.
+
+The gRPC servicers (collector/service.py) are thin: they turn messages into calls
+here. Everything runs on the collector's event loop; the only other thread is the
+Prometheus HTTP server, which reads the state under `lock`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clusterwatch.v1 import agent_pb2
+from clusterwatch.wire import (
+    gpu_info_from_proto,
+    gpu_reading_from_proto,
+    job_event_from_proto,
+    process_from_proto,
+    training_from_proto,
+)
+
+from .config import CollectorConfig
+from .state import ClusterState, JobState
+from .store import Store
+from .views import job_view
+
+log = logging.getLogger("clusterwatch.collector")
+
+# An agent-only job (no prolog, no Slurm, no `run`) has ended once all its processes
+# have been gone this long.
+AGENT_JOB_GONE_S = 60.0
+
+
+class SeqTracker:
+    """Which batch numbers of one agent instance are stored, to drop resent duplicates.
+
+    Keeps a low-water mark (every number up to it is stored) and the numbers above it.
+    """
+
+    __slots__ = ("low", "above")
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.above: set[int] = set()
+
+    def add(self, seq: int) -> bool:
+        """Record seq; False when it was already stored."""
+        if seq <= self.low or seq in self.above:
+            return False
+        self.above.add(seq)
+        while self.low + 1 in self.above:
+            self.low += 1
+            self.above.discard(self.low)
+        return True
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    batches: int = 0
+    samples: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    unauthenticated: int = 0
+
+
+class CollectorCore:
+    """State, store and job lifecycle of one collector.
+
+    Args:
+        config: the collector's configuration.
+        store: the SQLite store.
+        clock: Unix time; tests pass their own.
+    """
+
+    def __init__(self, config: CollectorConfig, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.state = ClusterState(config.history_points)
+        self.counters = IngestCounters()
+        self.lock = threading.Lock()
+        self._seqs: dict[str, SeqTracker] = {}
+        # Jobs first seen through samples are written to the store once; after that on change only.
+        self._saved: set[str] = set()
+        self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
+        self.on_job_closed: list[Callable[[JobState], None]] = []
+        self._restore()
+
+    def _restore(self) -> None:
+        """Bring back running jobs known before a restart (their samples come anew from the agents)."""
+        for job in self.store.load_jobs(include_ended=False):
+            self.state.jobs[job.job_id] = job
+
+    # -- ingest -----------------------------------------------------------------------------
+
+    def hello(self, msg: agent_pb2.Hello) -> str:
+        now = self.clock()
+        gpus = [gpu_info_from_proto(g) for g in msg.gpus]
+        with self.lock:
+            ns = self.state.hello(msg.node, msg.boot_id, msg.agent_version, msg.interval_s, msg.gpu_source,
+                                  msg.node_memory_total_bytes, gpus, now)
+        self.store.save_node(ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes, ns.gpus, now)
+        return msg.node
+
+    def batch(self, node: str, boot_id: str, batch: agent_pb2.Batch) -> bool:
+        """Store one batch; False when it is a duplicate (already stored, ack it again)."""
+        tracker = self._seqs.get(boot_id)
+        if tracker is None:
+            tracker = self._seqs[boot_id] = SeqTracker()
+        if not tracker.add(batch.seq):
+            self.counters.duplicates += 1
+            return False
+        samples = [process_from_proto(p) for p in batch.processes]
+        for s in samples:
+            s.node = node  # the stream's node is authoritative: one agent cannot write for another
+        readings = [(g.time, gpu_reading_from_proto(g)) for g in batch.gpus]
+        now = self.clock()
+        with self.lock:
+            st = self.state
+            touched = st.add_processes(node, samples, now)
+            st.add_gpus(node, readings)
+            for t in batch.training:
+                st.add_training(node, training_from_proto(t))
+            ns = st.nodes.get(node)
+            if ns is not None and batch.HasField("counters"):
+                ns.samples_sent = batch.counters.samples_sent
+                ns.samples_dropped = batch.counters.samples_dropped
+                ns.read_errors = batch.counters.read_errors
+            events = [job_event_from_proto(e) for e in batch.job_events]
+            changed = {st.job_event(node, e).job_id for e in events}
+            changed |= {s.job_id for s in samples if s.job_id and s.job_id not in self._saved}
+        self.counters.batches += 1
+        self.counters.samples += len(samples)
+        for cb in self.on_samples:
+            cb(node, touched, now)
+        for job_id in changed:
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                continue
+            self.store.save_job(job)
+            self._saved.add(job_id)
+            if job.ended:
+                self.close_job(job)
+        return True
+
+    def disconnected(self, node: str) -> None:
+        with self.lock:
+            self.state.disconnected(node)
+
+    # -- job lifecycle ----------------------------------------------------------------------
+
+    def close_job(self, job: JobState) -> None:
+        """A job ended: store its final view as its summary and drop it from memory and /metrics."""
+        now = self.clock()
+        if not job.end_time:
+            job.end_time = now
+        with self.lock:
+            view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
+            for pv in view.processes:
+                pv.alive = False
+        self.store.save_job(job)
+        self.store.save_summary(job.job_id, view.SerializeToString())
+        for cb in self.on_job_closed:
+            cb(job)
+        with self.lock:
+            self.state.forget_job(job.job_id)
+        log.info("job %s ended (%s); summary stored", job.job_id, job.state)
+
+    def tick(self) -> None:
+        """Periodic housekeeping: end agent-only jobs whose processes are all gone, prune."""
+        now = self.clock()
+        ended = []
+        with self.lock:
+            for job in self.state.jobs.values():
+                if job.ended or job.source not in ("agent",):
+                    continue
+                procs = self.state.job_processes(job)
+                if procs and not any(p.alive for p in procs):
+                    last = max(p.latest.time for p in procs)
+                    if now - last > AGENT_JOB_GONE_S:
+                        job.state = "ENDED"
+                        job.end_time = last
+                        ended.append(job)
+            self.state.prune(now)
+        for job in ended:
+            self.close_job(job)
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def counter_values(self) -> dict[str, tuple[float, str]]:
+        c = self.counters
+        return {
+            "clusterwatch_ingest_batches": (c.batches, "Batches stored."),
+            "clusterwatch_ingest_samples": (c.samples, "Process samples stored."),
+            "clusterwatch_ingest_duplicates": (c.duplicates, "Resent batches dropped as duplicates."),
+            "clusterwatch_ingest_rejected": (c.rejected, "Messages rejected as malformed or oversized."),
+            "clusterwatch_ingest_unauthenticated": (c.unauthenticated, "Streams refused for bad credentials."),
+        }

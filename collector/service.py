@@ -1,0 +1,229 @@
+"""gRPC servicers (thin: messages in, calls to the core out) and the collector's main coroutine."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import signal
+
+import grpc
+
+from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
+
+from .config import CollectorConfig
+from .core import CollectorCore
+from .exporter import ClusterCollector
+from .store import Store, open_db
+from .views import DEFAULT_TREND_POINTS, job_info, job_view
+
+log = logging.getLogger("clusterwatch.collector")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+TICK_S = 1.0
+
+
+class IngestServicer(agent_pb2_grpc.IngestServicer):
+    """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
+
+    def __init__(self, core: CollectorCore, token: str | None) -> None:
+        self.core = core
+        self.token = token
+        # node → queue of messages (signal requests) to push to that node's agent
+        self.outboxes: dict[str, asyncio.Queue] = {}
+
+    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
+        if not self.token:
+            return True
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and hmac.compare_digest(value, f"Bearer {self.token}"):
+                return True
+        return False
+
+    async def Stream(self, request_iterator, context):
+        if not self._authorised(context):
+            self.core.counters.unauthenticated += 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong clusterwatch token")
+        node = boot_id = None
+        outbox: asyncio.Queue = asyncio.Queue()
+        try:
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("body")
+                if kind == "hello":
+                    if not msg.hello.node:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello without a node name")
+                    node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
+                    self.outboxes[node] = outbox
+                elif kind == "batch":
+                    if node is None:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
+                    self.core.batch(node, boot_id, msg.batch)
+                    yield agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
+                else:
+                    self.core.counters.rejected += 1
+                while not outbox.empty():
+                    yield outbox.get_nowait()
+        finally:
+            if node is not None:
+                if self.outboxes.get(node) is outbox:
+                    del self.outboxes[node]
+                self.core.disconnected(node)
+
+    def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
+        """Queue a signal request for a node's agent; False when that agent is not connected."""
+        outbox = self.outboxes.get(node)
+        if outbox is None:
+            return False
+        req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
+        outbox.put_nowait(agent_pb2.CollectorMessage(signal=req))
+        return True
+
+
+class QueryServicer(query_pb2_grpc.QueryServicer):
+    """Read-only answers for `clusterwatch status`, `jobs` and `alerts`."""
+
+    def __init__(self, core: CollectorCore) -> None:
+        self.core = core
+
+    async def GetJob(self, request, context):
+        core = self.core
+        points = request.trend_points or DEFAULT_TREND_POINTS
+        with core.lock:
+            job = core.state.jobs.get(request.job_id)
+            if job is not None:
+                return job_view(core.state, job, core.clock(), min(points, 400),
+                                core.config.agent_down_after_intervals)
+        stored = core.store.load_summary(request.job_id)
+        if stored is not None:
+            view = query_pb2.JobView()
+            view.ParseFromString(stored)
+            view.now = core.clock()
+            return view
+        await context.abort(grpc.StatusCode.NOT_FOUND,
+                            f"job {request.job_id} is unknown to this collector (no agent reported it)")
+
+    async def ListJobs(self, request, context):
+        core = self.core
+        resp = query_pb2.ListJobsResponse()
+        with core.lock:
+            live = {j.job_id: j for j in core.state.jobs.values()}
+            for job in live.values():
+                if request.include_ended or not job.ended:
+                    resp.jobs.append(job_info(job))
+        if request.include_ended:
+            for job in core.store.load_jobs(include_ended=True):
+                if job.job_id not in live:
+                    resp.jobs.append(job_info(job))
+        return resp
+
+
+def _server_credentials(config: CollectorConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert:
+        return None
+    with open(config.tls_cert, "rb") as f:
+        cert = f.read()
+    with open(config.tls_key, "rb") as f:
+        key = f.read()
+    ca = None
+    if config.tls_client_ca:
+        with open(config.tls_client_ca, "rb") as f:
+            ca = f.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+class CollectorServer:
+    """The running collector: gRPC server, Prometheus endpoint, periodic tick."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.core = CollectorCore(config, Store(open_db(config.db_path)))
+        self.ingest = IngestServicer(self.core, config.token)
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._httpd = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ])
+        agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
+        query_pb2_grpc.add_QueryServicer_to_server(QueryServicer(self.core), server)
+        creds = _server_credentials(self.config)
+        if creds is None:
+            self.grpc_port = server.add_insecure_port(self.config.listen)
+        else:
+            self.grpc_port = server.add_secure_port(self.config.listen, creds)
+        if not self.grpc_port:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await server.start()
+        self._server = server
+        if self.config.metrics_listen:
+            self._start_metrics()
+        if self.config.ports_file:
+            with open(self.config.ports_file + ".tmp", "w") as f:
+                json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port}, f)
+            import os
+
+            os.replace(self.config.ports_file + ".tmp", self.config.ports_file)
+
+    def _start_metrics(self) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Locked(ClusterCollector(
+            self.core.state, self.core.clock, self.config.per_process_metrics,
+            counters=self.core.counter_values, alerts=self.active_alerts,
+            after_intervals=self.config.agent_down_after_intervals,
+        ), self.core.lock))
+        host, _, port = self.config.metrics_listen.rpartition(":")
+        self._httpd, _ = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
+        self.metrics_port = self._httpd.server_port
+
+    def active_alerts(self):
+        return []
+
+    async def run_until_stopped(self) -> None:
+        """Serve until SIGTERM/SIGINT, ticking every second; then stop gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), TICK_S)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                self.core.tick()
+            except Exception:
+                log.exception("collector tick failed; it runs again in a second")
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=2.0)
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+
+class _Locked:
+    """Wraps a collector so a scrape reads the state under the core's lock (ingest writes it)."""
+
+    def __init__(self, inner, lock) -> None:
+        self.inner = inner
+        self.lock = lock
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        with self.lock:
+            families = list(self.inner.collect())
+        return families

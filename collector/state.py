@@ -1,0 +1,311 @@
+"""The collector's in-memory picture of the cluster: nodes, processes, GPUs, jobs, with bounded history.
+
+Everything here is plain data updated by ingest and read by the exporter and the
+query service; no I/O. A process is keyed by (node, pid, start time); a GPU by its
+UUID; a job by its id. History per series is a bounded deque, so memory stays flat
+however long a job runs.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from clusterwatch.model import GpuInfo, GpuReading, JobEvent, ProcessKey, ProcessSample, TrainingReport
+
+# Job states in Slurm's words; ended ones leave /metrics.
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+     "DEADLINE", "ENDED"}
+)
+
+
+@dataclass(slots=True)
+class Point:
+    """One process sample as kept in history (only what trends and rules need)."""
+
+    t: float
+    cpu_percent: float | None
+    rss_bytes: int | None
+    gpu_memory_bytes: int | None
+    gpu_utilization: float | None
+    threads: int | None
+    open_fds: int | None
+
+
+@dataclass(slots=True)
+class ProcessSeries:
+    """A process: its latest sample, its history and peaks, its training progress."""
+
+    key: ProcessKey
+    latest: ProcessSample
+    history: deque
+    rss_peak: int = 0
+    gpu_memory_peak: int = 0
+    samples: int = 0
+    alive: bool = True
+    step: int | None = None
+    step_time: float = 0.0
+    steps_per_s: float | None = None
+    loss: float | None = None
+    lr: float | None = None
+    epoch: float | None = None
+    step_history: deque = field(default_factory=lambda: deque(maxlen=32))
+
+
+@dataclass(slots=True)
+class GpuSeries:
+    """A GPU: its inventory entry, latest reading and utilisation history."""
+
+    node: str
+    info: GpuInfo
+    latest: GpuReading | None = None
+    memory_peak: int = 0
+    history: deque = field(default_factory=lambda: deque(maxlen=720))
+    last_time: float = 0.0
+
+
+@dataclass(slots=True)
+class NodeState:
+    """A node as its agent last described it."""
+
+    node: str
+    boot_id: str = ""
+    agent_version: str = ""
+    interval_s: float = 5.0
+    gpu_source: str = ""
+    memory_total_bytes: int = 0
+    last_seen: float = 0.0
+    connected: bool = False
+    gpus: list[str] = field(default_factory=list)
+    samples_sent: int = 0
+    samples_dropped: int = 0
+    read_errors: int = 0
+
+
+@dataclass(slots=True)
+class JobState:
+    """A job: what Slurm (or the hooks, or the agents) say of it, and its processes."""
+
+    job_id: str
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    state: str = "RUNNING"
+    submit_time: float = 0.0
+    start_time: float = 0.0
+    end_time: float = 0.0
+    time_limit_s: float = 0.0
+    nodes: list[str] = field(default_factory=list)
+    cpus: int = 0
+    memory_bytes: int = 0
+    gpus: int = 0
+    gpus_by_node: dict[str, list[str]] = field(default_factory=dict)
+    source: str = "agent"
+    ranks_expected: int = 0
+    note: str = ""
+    exit_code: int | None = None
+    processes: set[ProcessKey] = field(default_factory=set)
+    tags: dict[str, str] = field(default_factory=dict)
+    nodes_ended: set[str] = field(default_factory=set)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+
+class ClusterState:
+    """Nodes, processes, GPUs and jobs as the agents report them.
+
+    Args:
+        history_points: points kept per process and GPU series.
+    """
+
+    def __init__(self, history_points: int = 720) -> None:
+        self.history_points = history_points
+        self.nodes: dict[str, NodeState] = {}
+        self.processes: dict[ProcessKey, ProcessSeries] = {}
+        self.gpus: dict[str, GpuSeries] = {}
+        self.jobs: dict[str, JobState] = {}
+        self._node_live: dict[str, set[ProcessKey]] = {}
+        self._by_pid: dict[tuple[str, int], ProcessKey] = {}
+
+    # -- agents -----------------------------------------------------------------------------
+
+    def hello(self, node: str, boot_id: str, version: str, interval_s: float, gpu_source: str,
+              memory_total: int, gpus: list[GpuInfo], now: float) -> NodeState:
+        """An agent (re)connected: record its node and GPU inventory."""
+        ns = self.nodes.get(node) or NodeState(node)
+        ns.boot_id, ns.agent_version, ns.interval_s = boot_id, version, interval_s or 5.0
+        ns.gpu_source, ns.memory_total_bytes = gpu_source, memory_total
+        ns.connected, ns.last_seen = True, max(ns.last_seen, now)
+        ns.gpus = [g.uuid for g in gpus]
+        self.nodes[node] = ns
+        for g in gpus:
+            gs = self.gpus.get(g.uuid)
+            if gs is None:
+                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points))
+            else:
+                gs.node, gs.info = node, g
+        return ns
+
+    def disconnected(self, node: str) -> None:
+        ns = self.nodes.get(node)
+        if ns is not None:
+            ns.connected = False
+
+    # -- samples ----------------------------------------------------------------------------
+
+    def add_processes(self, node: str, samples: list[ProcessSample], batch_time: float) -> list[ProcessSeries]:
+        """Record one poll of a node; processes missing from it are marked not alive.
+
+        Returns the series that got a new sample (for the rules).
+        """
+        ns = self.nodes.get(node)
+        if ns is not None:
+            ns.last_seen = max(ns.last_seen, batch_time)
+        live: set[ProcessKey] = set()
+        touched = []
+        for s in samples:
+            key = ProcessKey(node, s.pid, s.start_time)
+            live.add(key)
+            series = self.processes.get(key)
+            if series is None:
+                series = ProcessSeries(key, s, deque(maxlen=self.history_points))
+                self.processes[key] = series
+                self._by_pid[(node, s.pid)] = key
+            elif s.time < series.latest.time:
+                continue  # an old batch resent after a newer one: history stays in time order
+            series.latest = s
+            series.alive = True
+            gmem = s.gpu_memory_bytes
+            series.history.append(
+                Point(s.time, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads, s.open_fds)
+            )
+            series.samples += 1
+            if s.rss_bytes is not None and s.rss_bytes > series.rss_peak:
+                series.rss_peak = s.rss_bytes
+            if gmem is not None and gmem > series.gpu_memory_peak:
+                series.gpu_memory_peak = gmem
+            if s.job_id:
+                job = self.jobs.get(s.job_id)
+                if job is None:
+                    job = self.jobs[s.job_id] = JobState(s.job_id, user=s.user, start_time=s.start_time)
+                    job.source = "local" if s.job_id.startswith("local-") else "agent"
+                if key not in job.processes:
+                    job.processes.add(key)
+                    if node not in job.nodes:
+                        job.nodes.append(node)
+                if not job.user:
+                    job.user = s.user
+            touched.append(series)
+        prev = self._node_live.get(node, set())
+        for key in prev - live:
+            series = self.processes.get(key)
+            if series is not None:
+                series.alive = False
+        self._node_live[node] = live
+        return touched
+
+    def add_gpus(self, node: str, readings: list[tuple[float, GpuReading]]) -> None:
+        for t, r in readings:
+            gs = self.gpus.get(r.uuid)
+            if gs is None:
+                info = GpuInfo(r.uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
+                gs = self.gpus[r.uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points))
+            if t < gs.last_time:
+                continue
+            gs.latest, gs.last_time = r, t
+            gs.history.append((t, r.utilization, r.memory_used_bytes))
+            if r.memory_used_bytes is not None and r.memory_used_bytes > gs.memory_peak:
+                gs.memory_peak = r.memory_used_bytes
+
+    def add_training(self, node: str, report: TrainingReport) -> ProcessSeries | None:
+        """Attach a training report to its process; the step rate comes from step deltas."""
+        key = self._by_pid.get((node, report.pid))
+        series = self.processes.get(key) if key else None
+        if series is None:
+            return None
+        if report.step is not None:
+            series.step_history.append((report.time, report.step))
+            series.steps_per_s = step_rate(series.step_history)
+            if series.step != report.step:
+                series.step_time = report.time
+            series.step = report.step
+        if report.loss is not None:
+            series.loss = report.loss
+        if report.lr is not None:
+            series.lr = report.lr
+        if report.epoch is not None:
+            series.epoch = report.epoch
+        if report.tags and series.latest.job_id:
+            job = self.jobs.get(series.latest.job_id)
+            if job is not None:
+                job.tags.update(report.tags)
+        return series
+
+    def job_event(self, node: str, event: JobEvent) -> JobState:
+        """A prolog (start) or epilog (end) on a node."""
+        job = self.jobs.get(event.job_id)
+        if job is None:
+            job = self.jobs[event.job_id] = JobState(event.job_id, source="prolog")
+        if event.user:
+            job.user = event.user
+        if event.kind == "start":
+            if node not in job.nodes:
+                job.nodes.append(node)
+            if not job.start_time:
+                job.start_time = event.time
+            if event.gpu_uuids:
+                job.gpus_by_node[node] = list(event.gpu_uuids)
+                job.gpus = sum(len(v) for v in job.gpus_by_node.values())
+        else:
+            job.nodes_ended.add(node)
+            if event.exit_code is not None:
+                job.exit_code = event.exit_code
+            # Without Slurm's word the job has ended once every node it ran on said so.
+            if set(job.nodes) <= job.nodes_ended:
+                job.state = "COMPLETED" if not job.exit_code else "FAILED"
+                job.end_time = event.time
+        return job
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def job_processes(self, job: JobState) -> list[ProcessSeries]:
+        return [self.processes[k] for k in job.processes if k in self.processes]
+
+    def node_up(self, node: NodeState, now: float, after_intervals: float) -> bool:
+        return node.last_seen > 0 and now - node.last_seen <= after_intervals * node.interval_s + 1.0
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop an ended job's processes from memory (its summary is in the store)."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return
+        for key in job.processes:
+            self.processes.pop(key, None)
+            if self._by_pid.get((key.node, key.pid)) == key:
+                del self._by_pid[(key.node, key.pid)]
+
+    def prune(self, now: float, keep_dead_s: float = 600.0) -> None:
+        """Forget processes that are gone and belong to no job, after a while."""
+        for key, series in list(self.processes.items()):
+            if not series.alive and not series.latest.job_id and now - series.latest.time > keep_dead_s:
+                del self.processes[key]
+                if self._by_pid.get((key.node, key.pid)) == key:
+                    del self._by_pid[(key.node, key.pid)]
+
+
+def step_rate(points: deque) -> float | None:
+    """Steps per second over the recent reports (from deltas, not a cumulative average).
+
+    Uses the span of the last reports, so a stall shows as a falling rate within a few
+    reports, while one slow step does not swing it.
+    """
+    if len(points) < 2:
+        return None
+    recent = list(points)[-8:]
+    (t0, s0), (t1, s1) = recent[0], recent[-1]
+    if t1 <= t0:
+        return None
+    return max(0.0, (s1 - s0) / (t1 - t0))

@@ -1,0 +1,133 @@
+"""What must survive a collector restart, in SQLite: nodes, jobs, job summaries, provenance.
+
+Samples stay in memory (bounded history); the store holds the few rows that change
+when a job or node changes, and each ended job's final view, so `status` still shows
+a job after it ended and after the collector restarted. Alerts have their own table,
+owned by collector/alerts.py, in the same database.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict
+
+from clusterwatch.errors import ConfigError
+
+from .state import JobState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    node TEXT PRIMARY KEY,
+    boot_id TEXT NOT NULL,
+    agent_version TEXT NOT NULL,
+    memory_total_bytes INTEGER NOT NULL,
+    gpus TEXT NOT NULL,            -- JSON list of GPU UUIDs
+    last_seen REAL NOT NULL        -- Unix seconds
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    info TEXT NOT NULL,            -- JSON of the job's fields (JobState without processes)
+    state TEXT NOT NULL,
+    user TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    end_time REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_summaries (
+    job_id TEXT PRIMARY KEY,
+    view BLOB NOT NULL,            -- the final clusterwatch.v1.JobView, serialised
+    written REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS provenance (
+    job_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start_time REAL NOT NULL,
+    record TEXT NOT NULL,          -- JSON provenance record
+    PRIMARY KEY (job_id, node, pid, start_time)
+);
+"""
+
+_JOB_FIELDS = (
+    "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
+    "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "gpus_by_node", "source", "ranks_expected",
+    "note", "exit_code", "tags",
+)
+
+
+def open_db(path: str) -> sqlite3.Connection:
+    """Open (and create) the store; a path that cannot be used raises ConfigError with what to do."""
+    if path != ":memory:":
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the folder of the store {path}: {exc.strerror}; "
+                              "pass --db with a writable path") from None
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError(f"cannot use the store {path}: {exc}; pass --db with another path "
+                          "or move the broken file away") from None
+    return conn
+
+
+class Store:
+    """Rows of nodes, jobs, summaries and provenance."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def save_node(self, node: str, boot_id: str, version: str, memory_total: int, gpus: list[str],
+                  last_seen: float) -> None:
+        self.conn.execute(
+            "INSERT INTO nodes VALUES (?,?,?,?,?,?) ON CONFLICT(node) DO UPDATE SET boot_id=excluded.boot_id,"
+            " agent_version=excluded.agent_version, memory_total_bytes=excluded.memory_total_bytes,"
+            " gpus=excluded.gpus, last_seen=excluded.last_seen",
+            (node, boot_id, version, memory_total, json.dumps(gpus), last_seen),
+        )
+
+    def save_job(self, job: JobState) -> None:
+        info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
+        self.conn.execute(
+            "INSERT INTO jobs VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET info=excluded.info,"
+            " state=excluded.state, user=excluded.user, start_time=excluded.start_time,"
+            " end_time=excluded.end_time, updated=excluded.updated",
+            (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time, time.time()),
+        )
+
+    def load_jobs(self, include_ended: bool = True) -> list[JobState]:
+        rows = self.conn.execute("SELECT job_id, info FROM jobs ORDER BY start_time").fetchall()
+        jobs = []
+        for job_id, info in rows:
+            fields = {k: v for k, v in json.loads(info).items() if k in _JOB_FIELDS}
+            job = JobState(job_id, **fields)
+            if include_ended or not job.ended:
+                jobs.append(job)
+        return jobs
+
+    def save_summary(self, job_id: str, view: bytes) -> None:
+        self.conn.execute(
+            "INSERT INTO job_summaries VALUES (?,?,?) ON CONFLICT(job_id) DO UPDATE SET view=excluded.view,"
+            " written=excluded.written",
+            (job_id, view, time.time()),
+        )
+
+    def load_summary(self, job_id: str) -> bytes | None:
+        row = self.conn.execute("SELECT view FROM job_summaries WHERE job_id=?", (job_id,)).fetchone()
+        return row[0] if row else None
+
+    def save_provenance(self, job_id: str, node: str, pid: int, start_time: float, record: str) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO provenance VALUES (?,?,?,?,?)", (job_id, node, pid, start_time, record)
+        )
+
+    def load_provenance(self, job_id: str) -> list[tuple[str, int, float, str]]:
+        return self.conn.execute(
+            "SELECT node, pid, start_time, record FROM provenance WHERE job_id=? ORDER BY node, pid", (job_id,)
+        ).fetchall()

@@ -1,0 +1,99 @@
+"""Build the query service's answers (clusterwatch.v1 JobView, JobInfo) from the collector's state.
+
+Pure functions of the state and a time: the query servicer calls them, and the same
+view, serialised, is the summary stored when a job ends.
+"""
+from __future__ import annotations
+
+from clusterwatch.v1 import query_pb2
+
+from .state import ClusterState, JobState, ProcessSeries
+
+DEFAULT_TREND_POINTS = 40
+
+
+def resample(values: list[float], points: int) -> list[float]:
+    """Evenly pick at most `points` values (the last one always kept), for sparklines."""
+    if len(values) <= points:
+        return values
+    step = (len(values) - 1) / (points - 1)
+    return [values[round(i * step)] for i in range(points)]
+
+
+def job_info(job: JobState) -> query_pb2.JobInfo:
+    info = query_pb2.JobInfo(
+        job_id=job.job_id, name=job.name, user=job.user, account=job.account, partition=job.partition,
+        state=job.state, submit_time=job.submit_time, start_time=job.start_time, end_time=job.end_time,
+        time_limit_s=job.time_limit_s, nodes=job.nodes, cpus=job.cpus, memory_bytes=job.memory_bytes,
+        gpus=job.gpus, source=job.source, ranks_expected=job.ranks_expected, note=job.note,
+    )
+    if job.exit_code is not None:
+        info.exit_code = job.exit_code
+    return info
+
+
+def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessView:
+    s = series.latest
+    pv = query_pb2.ProcessView(
+        node=s.node, pid=s.pid, start_time=s.start_time, user=s.user, command=s.command,
+        mapped_by=s.mapped_by, last_seen=s.time, rss_peak_bytes=series.rss_peak,
+        gpu_memory_peak_bytes=series.gpu_memory_peak, gpu_uuids=[g.gpu_uuid for g in s.gpus],
+        samples_held=series.samples, alive=series.alive,
+    )
+    for name, value in (
+        ("rank", s.rank), ("cpu_percent", s.cpu_percent), ("rss_bytes", s.rss_bytes),
+        ("gpu_memory_bytes", s.gpu_memory_bytes), ("gpu_utilization", s.gpu_utilization),
+        ("threads", s.threads), ("open_fds", s.open_fds), ("step", series.step),
+        ("steps_per_s", series.steps_per_s), ("loss", series.loss), ("lr", series.lr),
+    ):
+        if value is not None:
+            setattr(pv, name, value)
+    hist = series.history
+    pv.gpu_memory_trend.extend(resample([float(p.gpu_memory_bytes or 0) for p in hist], trend_points))
+    pv.rss_trend.extend(resample([float(p.rss_bytes or 0) for p in hist], trend_points))
+    return pv
+
+
+def job_view(state: ClusterState, job: JobState, now: float, trend_points: int = DEFAULT_TREND_POINTS,
+             after_intervals: float = 3.0) -> query_pb2.JobView:
+    """The whole job: info, its nodes, processes (by rank), GPUs."""
+    view = query_pb2.JobView(job=job_info(job), now=now)
+    view.tags.update(job.tags)
+    procs = sorted(
+        state.job_processes(job),
+        key=lambda p: (p.latest.rank if p.latest.rank is not None else 1 << 30, p.key.node, p.key.pid),
+    )
+    for series in procs:
+        view.processes.append(process_view(series, trend_points))
+    for node in job.nodes:
+        ns = state.nodes.get(node)
+        nv = view.nodes.add(node=node)
+        if ns is not None:
+            nv.last_seen = ns.last_seen
+            nv.agent_up = state.node_up(ns, now, after_intervals)
+            nv.memory_total_bytes = ns.memory_total_bytes
+    # GPUs: those the job's processes use, and those allocated to it (prolog / Slurm)
+    used: dict[str, int] = {}
+    for series in procs:
+        if series.alive:
+            for g in series.latest.gpus:
+                used[g.gpu_uuid] = used.get(g.gpu_uuid, 0) + 1
+    allocated = [u for uuids in job.gpus_by_node.values() for u in uuids]
+    for uuid in dict.fromkeys([*allocated, *used]):
+        gs = state.gpus.get(uuid)
+        gv = view.gpus.add(uuid=uuid, processes=used.get(uuid, 0))
+        if gs is None:
+            continue
+        gv.node, gv.index, gv.name = gs.node, gs.info.index, gs.info.name
+        gv.memory_total_bytes = gs.info.memory_total_bytes
+        gv.memory_peak_bytes = gs.memory_peak
+        r = gs.latest
+        if r is not None:
+            for name in ("utilization", "memory_used_bytes", "power_watts"):
+                v = getattr(r, name)
+                if v is not None:
+                    setattr(gv, name, v)
+            if r.memory_total_bytes:
+                gv.memory_total_bytes = r.memory_total_bytes
+        gv.utilization_trend.extend(resample([float(u or 0) for _, u, _ in gs.history], trend_points))
+    return view
