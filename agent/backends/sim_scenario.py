@@ -1,0 +1,246 @@
+"""The simulated-GPU scenario: its TOML file, its profiles, and the curves they draw.
+
+Pure: text in, frozen dataclasses out, and curves as functions of (seconds since the
+process started, a seed). `sim.py` does the I/O. The file format:
+
+    [gpus]
+    count = 8                        # simulated GPUs on the node (1..64)
+    name = "NVIDIA H100 80GB HBM3 (simulated)"
+    memory_mib = 81559               # total memory of each GPU
+    base_memory_mib = 420            # used on each GPU by no process (driver, contexts)
+    idle_power_watts = 70            # power at 0 % utilisation ...
+    max_power_watts = 700            # ... and at 100 %, linear between
+
+    [defaults]
+    profile = "steady"               # for a process that names no profile
+
+    [profiles.NAME]                  # any number of these
+    kind = "steady"                  # steady | warmup | linear_leak | stair_leak | idle | stall | sawtooth
+    memory_mib = 20000               # the process's GPU memory (the start, for leaks)
+    utilization = 85                 # SM utilisation %, before noise
+    noise = 3                        # ± % of uniform, deterministic noise on utilisation
+    # kind-specific: warmup_s (warmup: memory ramps from 0 to memory_mib),
+    # leak_mib_per_min (linear_leak), step_mib + step_every_s (stair_leak),
+    # stall_after_s (stall: busy, then 0 %), amplitude_mib + period_s (sawtooth)
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+from clusterwatch.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["GpuSpec", "Profile", "Scenario", "parse_scenario", "KINDS"]
+
+MiB = 1024 * 1024
+
+# kind → the parameters it takes beyond the common ones, with their defaults
+KINDS: dict[str, dict[str, float]] = {
+    "steady": {},
+    "warmup": {"warmup_s": 120.0},
+    "linear_leak": {"leak_mib_per_min": 60.0},
+    "stair_leak": {"step_mib": 512.0, "step_every_s": 60.0},
+    "idle": {},
+    "stall": {"stall_after_s": 120.0},
+    "sawtooth": {"amplitude_mib": 4096.0, "period_s": 120.0},
+}
+_COMMON = {"kind", "memory_mib", "utilization", "noise"}
+_GPU_KEYS = {"count", "name", "memory_mib", "base_memory_mib", "idle_power_watts", "max_power_watts"}
+_MAX_GPUS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """The simulated GPUs, all alike."""
+
+    count: int = 8
+    name: str = "NVIDIA H100 80GB HBM3 (simulated)"
+    memory_bytes: int = 81559 * MiB
+    base_memory_bytes: int = 420 * MiB
+    idle_power_watts: float = 70.0
+    max_power_watts: float = 700.0
+
+    def power(self, utilization: float) -> float:
+        """Power in watts at a utilisation in percent."""
+        return self.idle_power_watts + (self.max_power_watts - self.idle_power_watts) * utilization / 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A named curve of GPU memory and SM utilisation over a process's life."""
+
+    name: str
+    kind: str
+    memory_bytes: int
+    utilization: float
+    noise: float = 0.0
+    warmup_s: float = 120.0
+    leak_mib_per_min: float = 60.0
+    step_mib: float = 512.0
+    step_every_s: float = 60.0
+    stall_after_s: float = 120.0
+    amplitude_mib: float = 4096.0
+    period_s: float = 120.0
+
+    def memory_at(self, t: float, base_bytes: int | None = None) -> int:
+        """GPU memory in bytes `t` seconds after the process started.
+
+        Args:
+            t: seconds since the process started (negative is taken as 0).
+            base_bytes: replaces `memory_bytes` (CLUSTERWATCH_SIM_GPU_BASE_MB).
+        """
+        t = max(0.0, t)
+        base = self.memory_bytes if base_bytes is None else base_bytes
+        kind = self.kind
+        if kind == "warmup":
+            return int(base * min(1.0, t / self.warmup_s)) if self.warmup_s > 0 else base
+        if kind == "linear_leak":
+            return base + int(self.leak_mib_per_min * MiB * t / 60.0)
+        if kind == "stair_leak":
+            steps = math.floor(t / self.step_every_s) if self.step_every_s > 0 else 0
+            return base + int(steps * self.step_mib * MiB)
+        if kind == "sawtooth":
+            phase = (t % self.period_s) / self.period_s if self.period_s > 0 else 0.0
+            return base + int(self.amplitude_mib * MiB * phase)
+        return base  # steady, idle, stall
+
+    def utilization_at(self, t: float, seed: int) -> float:
+        """SM utilisation in percent `t` seconds after start, with seeded noise, 0–100."""
+        if self.kind == "idle" or (self.kind == "stall" and t >= self.stall_after_s):
+            return 0.0
+        value = self.utilization
+        if self.noise:
+            # One noise value per second of process life: the same (pid, start, second)
+            # always gives the same reading, whoever polls and how often.
+            value += self.noise * (2.0 * _unit(seed, int(t)) - 1.0)
+        return min(100.0, max(0.0, value))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A scenario file, parsed: the GPUs, the profiles, and the default profile's name."""
+
+    gpus: GpuSpec
+    profiles: dict[str, Profile]
+    default_profile: str
+    source: str = "<scenario>"
+
+    def profile(self, name: str | None) -> Profile | None:
+        """The profile called `name` (the default one for None); None if there is no such profile."""
+        return self.profiles.get(self.default_profile if not name else name)
+
+
+def parse_scenario(text: str, source: str) -> Scenario:
+    """Parse a scenario file's text.
+
+    Args:
+        text: the TOML text.
+        source: the file's name, for error messages.
+
+    Returns:
+        The scenario.
+
+    Raises:
+        ConfigError: one line naming the file and what is wrong in it.
+    """
+
+    def fail(problem: str) -> ConfigError:
+        return ConfigError(f"scenario {source}: {problem}")
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise fail(f"not valid TOML: {exc}") from None
+    unknown = set(doc) - {"gpus", "defaults", "profiles"}
+    if unknown:
+        raise fail(f"unknown table(s) {', '.join(sorted(unknown))} (expected gpus, defaults, profiles)")
+    gpus = _gpus(_table(doc, "gpus", fail), fail)
+    raw_profiles = _table(doc, "profiles", fail)
+    if not raw_profiles:
+        raise fail("no [profiles.NAME] table: define at least one profile")
+    profiles = {name: _profile(name, raw, fail) for name, raw in raw_profiles.items()}
+    defaults = _table(doc, "defaults", fail)
+    if set(defaults) - {"profile"}:
+        raise fail(f"unknown key(s) in [defaults]: {', '.join(sorted(set(defaults) - {'profile'}))}")
+    default = defaults.get("profile", next(iter(profiles)))
+    if default not in profiles:
+        raise fail(f"[defaults] profile = {default!r} names no profile (have: {', '.join(profiles)})")
+    return Scenario(gpus=gpus, profiles=profiles, default_profile=default, source=source)
+
+
+def _table(doc: dict, key: str, fail) -> dict:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise fail(f"{key} must be a table ([{key}])")
+    return value
+
+
+def _number(raw: dict, key: str, where: str, fail, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
+        raise fail(f"{where}.{key} must be a number >= 0, not {value!r}")
+    return float(value)
+
+
+def _gpus(raw: dict, fail) -> GpuSpec:
+    unknown = set(raw) - _GPU_KEYS
+    if unknown:
+        raise fail(f"unknown key(s) in [gpus]: {', '.join(sorted(unknown))}")
+    d = GpuSpec()
+    count = raw.get("count", d.count)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_GPUS:
+        raise fail(f"gpus.count must be a whole number from 1 to {_MAX_GPUS}, not {count!r}")
+    name = raw.get("name", d.name)
+    if not isinstance(name, str) or not name:
+        raise fail(f"gpus.name must be a non-empty string, not {name!r}")
+    memory = int(_number(raw, "memory_mib", "gpus", fail, d.memory_bytes / MiB) * MiB)
+    base = int(_number(raw, "base_memory_mib", "gpus", fail, d.base_memory_bytes / MiB) * MiB)
+    if memory <= 0 or base >= memory:
+        raise fail("gpus.memory_mib must be > 0 and above gpus.base_memory_mib")
+    idle = _number(raw, "idle_power_watts", "gpus", fail, d.idle_power_watts)
+    top = _number(raw, "max_power_watts", "gpus", fail, d.max_power_watts)
+    if top < idle:
+        raise fail("gpus.max_power_watts must be >= gpus.idle_power_watts")
+    return GpuSpec(count, name, memory, base, idle, top)
+
+
+def _profile(name: str, raw: object, fail) -> Profile:
+    where = f"profiles.{name}"
+    if not isinstance(raw, dict):
+        raise fail(f"{where} must be a table ([{where}])")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise fail(f"{where}.kind = {kind!r} is not one of {', '.join(KINDS)}")
+    extra = KINDS[kind]
+    unknown = set(raw) - _COMMON - set(extra)
+    if unknown:
+        raise fail(f"unknown key(s) in [{where}] for kind {kind}: {', '.join(sorted(unknown))}")
+    utilization = _number(raw, "utilization", where, fail, 0.0 if kind == "idle" else 80.0)
+    if utilization > 100:
+        raise fail(f"{where}.utilization must be 0 to 100, not {utilization:g}")
+    params = {key: _number(raw, key, where, fail, default) for key, default in extra.items()}
+    for key in ("period_s", "step_every_s"):
+        if key in params and params[key] == 0:
+            raise fail(f"{where}.{key} must be > 0")
+    return Profile(
+        name=name,
+        kind=kind,
+        memory_bytes=int(_number(raw, "memory_mib", where, fail, 4096.0) * MiB),
+        utilization=utilization,
+        noise=_number(raw, "noise", where, fail, 0.0),
+        **params,
+    )
+
+
+def _unit(seed: int, n: int) -> float:
+    """A deterministic pseudo-random number in [0, 1) from (seed, n): one splitmix64 round."""
+    z = (seed * 0x9E3779B97F4A7C15 + n * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
