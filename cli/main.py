@@ -70,3 +70,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -248,7 +248,8 @@ class ClusterState:
         """A prolog (start) or epilog (end) on a node."""
         job = self.jobs.get(event.job_id)
         if job is None:
-            job = self.jobs[event.job_id] = JobState(event.job_id, source="prolog")
+            source = "local" if event.job_id.startswith("local-") else "prolog"
+            job = self.jobs[event.job_id] = JobState(event.job_id, source=source)
         if event.user:
             job.user = event.user
         if event.kind == "start":

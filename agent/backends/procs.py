@@ -30,6 +30,7 @@ class StatFields:
     """The fields of /proc/<pid>/stat the agent uses."""
 
     comm: str
+    state: str
     ppid: int
     cpu_ticks: int  # utime + stime, in clock ticks
     threads: int
@@ -45,6 +46,7 @@ def parse_stat(text: bytes) -> StatFields:
     # rest[0] is field 3 (state); field n is rest[n - 3]
     return StatFields(
         comm=comm,
+        state=rest[0].decode("ascii", "replace"),
         ppid=int(rest[1]),
         cpu_ticks=int(rest[11]) + int(rest[12]),
         threads=int(rest[17]),
@@ -173,6 +175,8 @@ class ProcSource:
         except (OSError, ValueError, IndexError):
             self.read_errors += 1
             return None
+        if st.state in ("Z", "X"):
+            return None  # exited, waiting to be reaped: its figures are zeros, not readings
         start_time = round(self.boot_time + st.start_ticks / _CLK_TCK, 2)
         known = self._known.get(pid)
         if known is None or known.start_time != start_time:

@@ -1,0 +1,282 @@
+"""Turn a JobView into the report `clusterwatch status` prints. Pure: a view in, text out.
+
+The layout follows what users read first: who and what (header), how the whole job
+is doing (meters), then each rank and GPU with its trend, then alerts and advice.
+"""
+from __future__ import annotations
+
+import time
+
+from clusterwatch.v1 import query_pb2
+
+SPARKS = "▁▂▃▄▅▆▇█"
+GIB = 1024**3
+MIB = 1024**2
+WIDTH = 78
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    if n >= MIB:
+        return f"{n / MIB:.0f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n:.0f} B"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def sparkline(values: list[float], width: int = 12) -> str:
+    """A small trend line; flat series draw flat, growth reads left to right."""
+    if not values:
+        return ""
+    if len(values) > width:
+        step = (len(values) - 1) / (width - 1)
+        values = [values[round(i * step)] for i in range(width)]
+    lo, hi = min(values), max(values)
+    if hi - lo <= max(abs(hi) * 1e-3, 1e-9):
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(7, int((v - lo) / (hi - lo) * 7.999))] for v in values)
+
+
+def meter(fraction: float | None, width: int = 40) -> str:
+    if fraction is None:
+        return "[" + " " * width + "]   n/a"
+    f = min(max(fraction, 0.0), 1.0)
+    filled = round(f * width)
+    return "[" + "█" * filled + "░" * (width - filled) + f"] {fraction * 100:4.0f}%"
+
+
+def trend_word(values: list[float]) -> str:
+    """'growing' / 'falling' / 'flat' from the first and last quarter of a trend."""
+    if len(values) < 8:
+        return ""
+    q = len(values) // 4
+    a, b = sum(values[:q]) / q, sum(values[-q:]) / q
+    if a <= 0 and b <= 0:
+        return ""
+    change = (b - a) / max(a, 1.0)
+    if change > 0.05:
+        return "growing"
+    if change < -0.05:
+        return "falling"
+    return ""
+
+
+def _title(text: str) -> str:
+    return f"\n{text}\n" + "─" * WIDTH
+
+
+def render(view: query_pb2.JobView, now: float | None = None) -> str:
+    """The full report for one job."""
+    now = now or view.now or time.time()
+    job = view.job
+    lines: list[str] = []
+    ended = job.end_time > 0
+    run_time = (job.end_time if ended else now) - job.start_time if job.start_time else 0
+    name = f'  "{job.name}"' if job.name else ""
+    lines.append("═" * WIDTH)
+    lines.append(f" clusterwatch · job {job.job_id}{name}")
+    lines.append("═" * WIDTH)
+    state = job.state + (f" (exit code {job.exit_code})" if job.HasField("exit_code") else "")
+    ranks_seen = len({p.rank for p in view.processes if p.HasField("rank")})
+    rows = [
+        ("User/Account", f"{job.user or '?'}{'/' + job.account if job.account else ''}"),
+        ("State", state),
+        ("Nodes", f"{len(job.nodes)}  ({', '.join(job.nodes[:6])}{' …' if len(job.nodes) > 6 else ''})"),
+        ("GPUs", str(job.gpus or len(view.gpus))),
+    ]
+    if job.partition:
+        rows.append(("Partition", job.partition))
+    if job.cpus:
+        rows.append(("CPU cores", str(job.cpus)))
+    if job.memory_bytes:
+        rows.append(("CPU memory", human_bytes(job.memory_bytes)))
+    if job.start_time:
+        rows.append(("Start time", time.strftime("%a %b %d %Y %H:%M:%S", time.localtime(job.start_time))))
+    rows.append(("Run time", human_duration(run_time)
+                 + (f" of {human_duration(job.time_limit_s)} limit" if job.time_limit_s else "")))
+    expected = job.ranks_expected
+    if expected or ranks_seen:
+        rows.append(("Ranks", f"{ranks_seen} seen" + (f" of {expected} expected" if expected else "")))
+    rows.append(("Known from", job.source))
+    for k, v in rows:
+        lines.append(f"  {k:>13}: {v}")
+    if job.note:
+        lines.append(f"  {'Note':>13}: {job.note}")
+    if view.tags:
+        lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
+
+    lines.extend(_overall(view))
+    lines.extend(_ranks(view, now))
+    lines.extend(_gpus(view))
+    lines.extend(_alerts(view))
+    lines.extend(_notes(view, run_time))
+    return "\n".join(lines) + "\n"
+
+
+def _overall(view: query_pb2.JobView) -> list[str]:
+    out = [_title("Overall utilisation")]
+    live = [p for p in view.processes if p.alive] or list(view.processes)
+    gpus = list(view.gpus)
+    if gpus:
+        util = [g.utilization for g in gpus if g.HasField("utilization")]
+        out.append(f"  GPU utilisation  {meter(sum(util) / len(util) / 100 if util else None)}")
+        used = sum(g.memory_used_bytes for g in gpus if g.HasField("memory_used_bytes"))
+        total = sum(g.memory_total_bytes for g in gpus)
+        frac = used / total if total else None
+        out.append(f"  GPU memory       {meter(frac)}"
+                   + (f"  {human_bytes(used)} of {human_bytes(total)}" if total else ""))
+    else:
+        out.append("  GPU              no GPU reported for this job")
+    cpu = sum(p.cpu_percent for p in live if p.HasField("cpu_percent"))
+    cores = view.job.cpus
+    out.append(f"  CPU              {meter(cpu / 100 / cores if cores else None)}"
+               + (f"  {cpu / 100:.1f} of {cores} cores" if cores else f"  {cpu / 100:.1f} cores busy"))
+    rss = sum(p.rss_bytes for p in live if p.HasField("rss_bytes"))
+    mem = view.job.memory_bytes or sum(n.memory_total_bytes for n in view.nodes)
+    label = "of allocated" if view.job.memory_bytes else "of node RAM"
+    out.append(f"  Host memory      {meter(rss / mem if mem else None)}"
+               + (f"  {human_bytes(rss)} {label} {human_bytes(mem)}" if mem else ""))
+    return out
+
+
+def _ranks(view: query_pb2.JobView, now: float) -> list[str]:
+    out = [_title("Processes (by rank)")]
+    if not view.processes:
+        out.append("  no process of this job has been reported yet")
+        return out
+    has_steps = any(p.HasField("step") for p in view.processes)
+    head = (f"  {'RANK':>5} {'NODE':<10} {'PID':>7} {'CMD':<10} {'GPU MEM':>9} {'PEAK':>9} {'TREND':<12} "
+            f"{'UTIL':>5} {'CPU':>5} {'RSS':>9} {'TREND':<8}")
+    if has_steps:
+        head += f" {'STEP':>7} {'STEP/S':>6}"
+    out.append(head)
+    for p in view.processes:
+        rank = str(p.rank) if p.HasField("rank") else "-"
+        gmem = human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"
+        peak = human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-"
+        util = f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-"
+        cpu = f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-"
+        rss = human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-"
+        gtrend = sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else ""
+        row = (f"  {rank:>5} {p.node[:10]:<10} {p.pid:>7} {p.command[:10]:<10} {gmem:>9} {peak:>9} {gtrend:<12} "
+               f"{util:>5} {cpu:>5} {rss:>9} {sparkline(list(p.rss_trend), 8):<8}")
+        if has_steps:
+            step = str(p.step) if p.HasField("step") else "-"
+            rate = f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"
+            row += f" {step:>7} {rate:>6}"
+        if not p.alive and not view.job.end_time:
+            row += "  (gone)"
+        out.append(row)
+    rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
+    if len(rates) > 1:
+        slow_rate, slow = min(rates, key=lambda r: r[0])
+        fast = max(r for r, _ in rates)
+        if fast > 0 and slow_rate < 0.9 * fast:
+            who = f"rank {slow.rank}" if slow.HasField("rank") else f"pid {slow.pid}"
+            out.append(f"  slowest: {who} on {slow.node} at {slow_rate:.2f} steps/s "
+                       f"({(1 - slow_rate / fast) * 100:.0f}% behind the fastest)")
+    mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
+    if mapped:
+        out.append(f"  mapped to the job by: {', '.join(mapped)}")
+    return out
+
+
+def _gpus(view: query_pb2.JobView) -> list[str]:
+    if not view.gpus:
+        return []
+    out = [_title("GPUs")]
+    out.append(f"  {'NODE':<10} {'GPU':>3} {'NAME':<22} {'UTIL':>5} {'TREND':<12} {'MEMORY':>21} {'PEAK':>9} "
+               f"{'POWER':>6} {'PROCS':>5}")
+    for g in view.gpus:
+        util = f"{g.utilization:.0f}%" if g.HasField("utilization") else "-"
+        mem = (f"{human_bytes(g.memory_used_bytes)} / {human_bytes(g.memory_total_bytes)}"
+               if g.HasField("memory_used_bytes") else "-")
+        power = f"{g.power_watts:.0f} W" if g.HasField("power_watts") else "-"
+        procs = str(g.processes) if g.processes else "none"
+        out.append(f"  {g.node[:10]:<10} {g.index:>3} {g.name[:22]:<22} {util:>5} "
+                   f"{sparkline(list(g.utilization_trend)):<12} {mem:>21} {human_bytes(g.memory_peak_bytes):>9} "
+                   f"{power:>6} {procs:>5}")
+    return out
+
+
+def _alerts(view: query_pb2.JobView) -> list[str]:
+    if not view.alerts:
+        return []
+    out = [_title("Alerts")]
+    order = {"firing": 0, "pending": 1, "resolved": 2}
+    for a in sorted(view.alerts, key=lambda a: (order.get(a.state, 3), -a.since)):
+        mark = {"firing": "●", "pending": "◐", "resolved": "○"}.get(a.state, "?")
+        out.append(f"  {mark} {a.state.upper():<8} {a.rule:<18} {a.description}")
+    return out
+
+
+def _notes(view: query_pb2.JobView, run_time: float) -> list[str]:
+    """Advice a user can act on, in the spirit of jobstats' notes."""
+    notes = []
+    gpus = [g for g in view.gpus if g.HasField("utilization")]
+    idle = [g for g in view.gpus if g.processes == 0]
+    for g in idle:
+        notes.append(f"GPU {g.index} on {g.node} is allocated to this job but no process uses it. "
+                     "If your code uses fewer GPUs than requested, ask for fewer (--gres=gpu:N).")
+    if gpus and run_time > 600:
+        avg = sum(g.utilization for g in gpus) / len(gpus)
+        if avg < 25:
+            notes.append(f"GPU utilisation is low ({avg:.0f}%). Check that the data loader keeps up "
+                         "(more workers, pinned memory) or that the job needs a GPU at all.")
+    job = view.job
+    if job.memory_bytes and run_time > 600:
+        peak = sum(p.rss_peak_bytes for p in view.processes)
+        if peak < 0.2 * job.memory_bytes:
+            notes.append(f"This job used at most {human_bytes(peak)} of the {human_bytes(job.memory_bytes)} "
+                         "of host memory it requested; asking for less shortens queue times.")
+    if job.time_limit_s and job.end_time and run_time < 0.2 * job.time_limit_s:
+        notes.append(f"This job needed {run_time / job.time_limit_s * 100:.0f}% of its time limit "
+                     f"({human_duration(job.time_limit_s)}); a shorter --time lowers queue times.")
+    for p in view.processes:
+        word = trend_word(list(p.gpu_memory_trend))
+        if word == "growing" and p.alive:
+            who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
+            notes.append(f"GPU memory of {who} on {p.node} is growing; see Alerts for the rate and "
+                         "the projected time until the GPU is full.")
+    if not notes:
+        return []
+    out = [_title("Notes")]
+    for n in notes:
+        out.extend(_wrap(f"* {n}", "    "))
+    return out
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    words, lines, cur = text.split(), [], "  "
+    for w in words:
+        if len(cur) + len(w) + 1 > WIDTH:
+            lines.append(cur.rstrip())
+            cur = indent
+        cur += w + " "
+    lines.append(cur.rstrip())
+    return lines
+
+
+def render_jobs(jobs: list[query_pb2.JobInfo], firing: dict[str, int], now: float) -> str:
+    if not jobs:
+        return "no jobs known to the collector\n"
+    out = [f"{'JOB':<14} {'USER':<10} {'STATE':<10} {'NODES':>5} {'GPUS':>4} {'RUN TIME':>11} {'ALERTS':>6}  NAME"]
+    for j in jobs:
+        run = ((j.end_time or now) - j.start_time) if j.start_time else 0
+        alerts = str(firing.get(j.job_id, 0))
+        out.append(f"{j.job_id:<14} {j.user[:10]:<10} {j.state[:10]:<10} {len(j.nodes):>5} {j.gpus:>4} "
+                   f"{human_duration(run):>11} {alerts:>6}  {j.name}")
+    return "\n".join(out) + "\n"

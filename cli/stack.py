@@ -1,0 +1,96 @@
+"""A collector and agents started as child processes on loopback, for `run` and `demo`.
+
+Each piece runs as its own process (`python -m clusterwatch.cli.main …`), exactly as it
+would on a cluster; the stack only picks free ports (port 0, read back from a ports
+file), a temporary store, and stops every process it started, by its pid.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clusterwatch.errors import ClusterwatchError
+
+START_TIMEOUT_S = 20.0
+
+
+class Stack:
+    """Child processes of one `run` or `demo`, and their temporary folder.
+
+    Args:
+        workdir: folder for the store, the ports file, spools and logs.
+    """
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = Path(workdir)
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")
+        # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterwatch.cli.main", *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        log.close()
+        self.children.append((name, proc))
+        return proc
+
+    def start_collector(self, extra: list[str] = ()) -> None:
+        ports = self.workdir / "ports.json"
+        proc = self._spawn("collector", [
+            "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+            "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
+        ])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ports.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ClusterwatchError(f"the embedded collector did not start; see {self.workdir}/collector.log:\n"
+                                        + self.log_tail("collector"))
+            time.sleep(0.05)
+        doc = json.loads(ports.read_text())
+        self.grpc_port, self.metrics_port = doc["grpc"], doc["metrics"]
+
+    def start_agent(self, node: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
+        spool = self.spool(node)
+        spool.mkdir(parents=True, exist_ok=True)
+        return self._spawn(f"agent-{node}", [
+            "agent", "--collector", self.address, "--node", node, "--spool-dir", str(spool), *extra,
+        ], env=env)
+
+    def spool(self, node: str) -> Path:
+        return self.workdir / "spool" / node
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop agents first (their last batches flush to the collector), then the rest; each by its pid."""
+        agents = [p for n, p in self.children if n.startswith("agent-")]
+        others = [p for n, p in self.children if not n.startswith("agent-")]
+        for group in (agents, others):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for proc in group:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.children.clear()

@@ -1,0 +1,115 @@
+"""`clusterwatch status JOBID` and `clusterwatch jobs`: ask the collector, print a report."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .common import collector_option, fail
+
+QUERY_TIMEOUT_S = 5.0
+
+
+def _stub(address: str):
+    import grpc
+
+    from clusterwatch.v1 import query_pb2_grpc
+
+    channel = grpc.insecure_channel(address)
+    return channel, query_pb2_grpc.QueryStub(channel)
+
+
+def _explain(exc, address: str, what: str) -> str:
+    import grpc
+
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (f"the collector at {address} does not answer; check --collector / CLUSTERWATCH_COLLECTOR "
+                "and that `clusterwatch collector` runs there")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the collector at {address} did not answer {what} within {QUERY_TIMEOUT_S:.0f} s; it may be overloaded"
+    if code == grpc.StatusCode.NOT_FOUND:
+        return exc.details()
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return f"{exc.details()}"
+    return f"the collector at {address} failed {what}: {code.name}: {exc.details()}"
+
+
+def fetch_job(address: str, job_id: str, trend_points: int = 40):
+    """The job's view from the collector; raises grpc.RpcError."""
+    from clusterwatch.v1 import query_pb2
+
+    channel, stub = _stub(address)
+    try:
+        return stub.GetJob(query_pb2.GetJobRequest(job_id=job_id, trend_points=trend_points),
+                           timeout=QUERY_TIMEOUT_S)
+    finally:
+        channel.close()
+
+
+def view_as_dict(view) -> dict:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(view, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+@click.command()
+@click.argument("job_id")
+@collector_option
+@click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON document.")
+@click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
+              help="Refresh in place every N seconds (default 5) until Ctrl-C.")
+def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> None:
+    """Show a job: its nodes, ranks and GPUs, memory and utilisation trends, alerts and advice."""
+    import grpc
+
+    from .render import render
+
+    def once() -> str:
+        try:
+            view = fetch_job(collector, job_id)
+        except grpc.RpcError as exc:
+            fail(_explain(exc, collector, f"status {job_id}"), code=1)
+        if as_json:
+            return json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
+        return render(view)
+
+    if not watch:
+        click.echo(once(), nl=False)
+        return
+    try:
+        while True:
+            text = once()
+            # clear the screen and home the cursor, then draw: refresh in place
+            sys.stdout.write("\x1b[H\x1b[2J" + text)
+            sys.stdout.flush()
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command()
+@collector_option
+@click.option("--all", "include_ended", is_flag=True, help="Also list jobs that have ended.")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def jobs(collector: str, include_ended: bool, as_json: bool) -> None:
+    """List the jobs the collector knows, with their firing alerts."""
+    import grpc
+
+    from clusterwatch.v1 import query_pb2
+
+    from .render import render_jobs
+
+    channel, stub = _stub(collector)
+    try:
+        resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        fail(_explain(exc, collector, "the job list"), code=1)
+    finally:
+        channel.close()
+    if as_json:
+        click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
+        return
+    click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
