@@ -1,1 +1,45 @@
-"""Leak and stall rules: a pure engine run live by the collector and offline by `clusterwatch replay`."""
+"""Leak and stall rules: a pure engine over observations, configured by a TOML rules file.
+
+Public surface::
+
+    load_rules(path=None) -> RuleSet         parse_rules(text, source) -> RuleSet
+    Engine(rules).observe(ProcessObservation) / observe_mapping(dict) / observe_gpu(GpuObservation)
+                 .heartbeat(NodeHeartbeat) / tick(now) / forget_process(...) / forget_job(...)
+    evaluate(rules, observations) -> list[AlertEvent]
+"""
+from .config import (
+    ActionsConfig,
+    ActionStep,
+    AgentDownRule,
+    AllowEntry,
+    GpuStallRule,
+    IdleGpuRule,
+    LeakRule,
+    LeakWindow,
+    Match,
+    Override,
+    Pattern,
+    RuleSet,
+    TrainingStallRule,
+    load_rules,
+    packaged_rules_text,
+    parse_rules,
+)
+from .engine import Engine, evaluate
+from .model import (
+    FIRING,
+    PENDING,
+    RESOLVED,
+    RULE_NAMES,
+    AlertEvent,
+    GpuObservation,
+    NodeHeartbeat,
+    ProcessObservation,
+)
+
+__all__ = [
+    "ActionStep", "ActionsConfig", "AgentDownRule", "AlertEvent", "AllowEntry", "Engine", "FIRING",
+    "GpuObservation", "GpuStallRule", "IdleGpuRule", "LeakRule", "LeakWindow", "Match", "NodeHeartbeat",
+    "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED", "RULE_NAMES", "RuleSet",
+    "TrainingStallRule", "evaluate", "load_rules", "packaged_rules_text", "parse_rules",
+]

@@ -1,0 +1,489 @@
+"""The rule engine: observations in, alert events out, in time order, no look-ahead.
+
+Pure in the sense of DESIGN.md: no clock, no I/O, no `eval`. It keeps incremental
+state per process, GPU and node (that is what makes it fast), and takes time only
+from its inputs. The collector feeds it live; `clusterwatch replay` feeds it a trace.
+
+Lifecycle: a condition first seen raises "pending" (stall rules, idle GPU), then
+"firing" once it has held long enough; leak rules fire directly, since their
+windows already demand sustained growth. A firing or pending alert "resolves" when
+its condition clears, or when its process, job or node is forgotten.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .config import MB, RuleSet
+from .leak import LeakFinding, LeakSeries
+from .model import FIRING, PENDING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
+
+_NO_EVENTS: tuple[AlertEvent, ...] = ()
+
+
+def _hours(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _mb(b: float) -> str:
+    if abs(b) >= 10 * 1024 * MB:
+        return f"{b / (1024 * MB):.0f} GB"
+    return f"{b / MB:.0f} MB"
+
+
+class _Proc:
+    """Everything the engine remembers about one process."""
+
+    __slots__ = ("node", "pid", "start_time", "job_id", "gpu", "rank", "user", "command", "job_name",
+                 "partition", "rules", "silenced", "gpu_leak", "host_leak", "thr_leak", "fd_leak",
+                 "idle_since", "seen_busy", "step", "step_t", "step_moved", "alerts", "handle_firing",
+                 "last_gpu_mem", "last_rss", "t0")
+
+    def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
+        self.node = node
+        self.pid = pid
+        self.start_time = start_time
+        self.t0 = t0
+        self.job_id = ""
+        self.gpu = ""
+        self.rank: int | None = None
+        self.user = self.command = self.job_name = self.partition = ""
+        self.rules: RuleSet | None = None
+        self.silenced: frozenset[str] = frozenset()
+        self.gpu_leak: LeakSeries | None = None
+        self.host_leak: LeakSeries | None = None
+        self.thr_leak: LeakSeries | None = None
+        self.fd_leak: LeakSeries | None = None
+        self.idle_since: float | None = None
+        self.seen_busy = False
+        self.step: int | None = None
+        self.step_t = 0.0
+        self.step_moved = False
+        self.alerts: dict[str, str] = {}  # rule → PENDING | FIRING
+        self.handle_firing: set[str] = set()
+        self.last_gpu_mem: float | None = None
+        self.last_rss: float | None = None
+
+    def who(self) -> str:
+        where = f"pid {self.pid} on {self.node}"
+        if self.rank is not None:
+            return f"rank {self.rank} ({where}, job {self.job_id or '?'})"
+        return f"{where} (job {self.job_id or '?'})"
+
+
+class Engine:
+    """Runs every rule over observations as they arrive.
+
+    Args:
+        rules: The rule set (see `load_rules`).
+
+    Every method returns the alert events its input caused, oldest first (often none).
+    """
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self._procs: dict[tuple[str, int, float], _Proc] = {}
+        self._label_cache: dict[tuple[str, str, str, str], tuple[RuleSet, frozenset[str]]] = {}
+        self._gpus: dict[tuple[str, str], list[Any]] = {}  # (node, gpu) → [job_id, idle_since, state]
+        self._nodes: dict[str, list[Any]] = {}  # node → [last_t, has_jobs, state]
+
+    # ---- processes ---------------------------------------------------------------------------
+
+    def observe(self, obs: ProcessObservation) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+        """Take one process observation.
+
+        Args:
+            obs: The observation; its labels (user, command, job name, partition) are
+                read when the process is first seen or its job id changes.
+
+        Returns:
+            Alert events caused by it.
+        """
+        key = (obs.node, obs.pid, obs.start_time)
+        p = self._procs.get(key)
+        if p is None or p.job_id != obs.job_id or p.rank != obs.rank:
+            p = self._labels(key, p, obs.t, obs.job_id, obs.gpu, obs.rank, obs.user, obs.command,
+                             obs.job_name, obs.partition)
+        return self._ingest(p, obs.t, obs.gpu_mem_bytes, obs.gpu_mem_total_bytes, obs.gpu_util,
+                            obs.rss_bytes, obs.node_mem_total_bytes, obs.threads, obs.open_fds, obs.step)
+
+    def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+        """Take one process observation given as a mapping with ProcessObservation's field names.
+
+        This is what `replay` uses: it skips building an object per sample. Missing
+        keys read as None (labels as "", start_time as 0.0).
+
+        Args:
+            d: The observation (a parsed trace line, for example).
+
+        Returns:
+            Alert events caused by it.
+        """
+        g = d.get
+        key = (d["node"], d["pid"], g("start_time", 0.0))
+        p = self._procs.get(key)
+        job_id = g("job_id", "")
+        rank = g("rank")
+        if p is None or p.job_id != job_id or p.rank != rank:
+            gpu = g("gpu", "")
+            p = self._labels(key, p, d["t"], job_id, "" if gpu is None else str(gpu), rank,
+                             g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
+        return self._ingest(p, d["t"], g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"),
+                            g("rss_bytes"), g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"))
+
+    def _labels(self, key: tuple[str, int, float], p: _Proc | None, t: float, job_id: str, gpu: str,
+                rank: int | None, user: str, command: str, job_name: str, partition: str) -> _Proc:
+        if p is None:
+            p = _Proc(key[0], key[1], key[2], t)
+            self._procs[key] = p
+        p.job_id, p.gpu, p.rank = job_id or "", gpu or "", rank
+        p.user, p.command, p.job_name, p.partition = user or "", command or "", job_name or "", partition or ""
+        labels = (p.job_name, p.user, p.partition, p.command)
+        found = self._label_cache.get(labels)
+        if found is None:
+            found = self.rules.for_process(*labels)
+            self._label_cache[labels] = found
+        if p.rules is not found[0]:
+            # Thresholds changed (first sight, or the job mapping arrived): start the series afresh.
+            p.rules, p.silenced = found
+            r = p.rules
+            p.gpu_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, "gpu_memory_leak") else None
+            p.host_leak = LeakSeries(r.host_memory_leak, p.t0) if self._on(p, "host_memory_leak") else None
+            on_h = self._on(p, "handle_leak")
+            p.thr_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
+            p.fd_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
+        else:
+            p.silenced = found[1]
+        return p
+
+    def _on(self, p: _Proc, rule: str) -> bool:
+        return getattr(p.rules, rule).enabled and rule not in p.silenced
+
+    def _ingest(self, p: _Proc, t: float, gmem: Any, gtotal: Any, util: Any, rss: Any, ntotal: Any,
+                threads: Any, fds: Any, step: Any) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+        out: list[AlertEvent] | None = None
+        # Leak series: the common case (same bucket) is one comparison, kept inline for speed.
+        s = p.gpu_leak
+        if gmem is not None and s is not None:
+            p.last_gpu_mem = gmem
+            if t >= s.warm_end and int(t // s.bucket_s) == s.cur_b:
+                if gmem < s.cur_min:
+                    s.cur_min = gmem
+            else:
+                f = s.add(t, gmem, gtotal)
+                if f is not None:
+                    out = [self._leak_event(p, "gpu_memory_leak", f, "GPU memory", "GPU")]
+        s = p.host_leak
+        if rss is not None and s is not None:
+            p.last_rss = rss
+            if t >= s.warm_end and int(t // s.bucket_s) == s.cur_b:
+                if rss < s.cur_min:
+                    s.cur_min = rss
+            else:
+                f = s.add(t, rss, ntotal)
+                if f is not None:
+                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", "node memory")
+                    out = [ev] if out is None else [*out, ev]
+        if threads is not None and p.thr_leak is not None:
+            f = p.thr_leak.add(t, threads)
+            if f is not None:
+                out = self._handle_event(p, "threads", f, out)
+        if fds is not None and p.fd_leak is not None:
+            f = p.fd_leak.add(t, fds)
+            if f is not None:
+                out = self._handle_event(p, "open_fds", f, out)
+        if util is not None:
+            out = self._gpu_stall(p, t, util, out)
+        if step is not None:
+            out = self._training_stall(p, t, step, util, out)
+        return _NO_EVENTS if out is None else out
+
+    def _event(self, p: _Proc, t: float, rule: str, state: str, severity: str, description: str,
+               figures: dict[str, Any]) -> AlertEvent:
+        if state == RESOLVED:
+            p.alerts.pop(rule, None)
+        else:
+            p.alerts[rule] = state
+        return AlertEvent(t=t, rule=rule, state=state, severity=severity, node=p.node, job_id=p.job_id,
+                          pid=p.pid, start_time=p.start_time, gpu=p.gpu, rank=p.rank,
+                          description=description, figures=figures)
+
+    def _leak_event(self, p: _Proc, rule: str, f: LeakFinding, what: str, full: str) -> AlertEvent:
+        r = getattr(p.rules, rule)
+        figures: dict[str, Any] = {
+            "rate_bytes_per_h": round(f.rate_per_h), "growth_for_s": round(f.growth_for_s, 1),
+            "time_to_full_s": None if f.time_to_full_s is None else round(f.time_to_full_s),
+            "level_bytes": round(f.level), "window_s": f.window_s,
+        }
+        if not f.firing:
+            desc = f"{what} of {p.who()} stopped growing ({_mb(f.rate_per_h)}/h now)"
+            return self._event(p, f.t, rule, RESOLVED, r.severity, desc, figures)
+        desc = f"{what} of {p.who()} grows {_mb(f.rate_per_h)}/h for {_hours(f.growth_for_s)}"
+        severity = r.severity
+        if f.time_to_full_s is not None:
+            desc += f"; {full} full in ~{_hours(f.time_to_full_s)}"
+            if f.time_to_full_s < 2 * 3600:
+                severity = "critical"
+        return self._event(p, f.t, rule, FIRING, severity, desc, figures)
+
+    def _handle_event(self, p: _Proc, series: str, f: LeakFinding, out: list[AlertEvent] | None
+                      ) -> list[AlertEvent] | None:
+        r = p.rules.handle_leak  # type: ignore[union-attr]
+        was = bool(p.handle_firing)
+        if f.firing:
+            p.handle_firing.add(series)
+        else:
+            p.handle_firing.discard(series)
+        now = bool(p.handle_firing)
+        if was == now:
+            return out
+        figures = {"series": series, "rate_per_h": round(f.rate_per_h, 1), "growth_for_s": round(f.growth_for_s, 1),
+                   "level": round(f.level), "window_s": f.window_s}
+        noun = "threads" if series == "threads" else "open file descriptors"
+        if now:
+            desc = f"{noun.capitalize()} of {p.who()} grow {f.rate_per_h:.0f}/h for {_hours(f.growth_for_s)} " \
+                   f"(now {f.level:.0f})"
+            ev = self._event(p, f.t, "handle_leak", FIRING, r.severity, desc, figures)
+        else:
+            ev = self._event(p, f.t, "handle_leak", RESOLVED, r.severity,
+                             f"{noun.capitalize()} of {p.who()} stopped growing", figures)
+        return [ev] if out is None else [*out, ev]
+
+    def _gpu_stall(self, p: _Proc, t: float, util: float, out: list[AlertEvent] | None
+                   ) -> list[AlertEvent] | None:
+        r = p.rules.gpu_stall  # type: ignore[union-attr]
+        if not r.enabled or "gpu_stall" in p.silenced:
+            return out
+        if util >= r.util_below_percent:
+            if util >= r.busy_percent:
+                p.seen_busy = True
+            p.idle_since = None
+            if "gpu_stall" in p.alerts:
+                ev = self._event(p, t, "gpu_stall", RESOLVED, r.severity,
+                                 f"GPU of {p.who()} is busy again ({util:.0f} %)", {"util_percent": util})
+                return [ev] if out is None else [*out, ev]
+            return out
+        if p.idle_since is None:
+            p.idle_since = t
+        if r.require_busy_first and not p.seen_busy:
+            return out
+        idle = t - p.idle_since
+        state = p.alerts.get("gpu_stall")
+        new = FIRING if idle >= r.for_s else PENDING if idle >= r.pending_after_s else None
+        if new is None or new == state:
+            return out
+        desc = f"GPU of {p.who()} idle ({util:.0f} %) for {_hours(idle)} while the process runs"
+        ev = self._event(p, t, "gpu_stall", new, r.severity, desc,
+                         {"idle_for_s": round(idle, 1), "util_percent": util})
+        return [ev] if out is None else [*out, ev]
+
+    def _training_stall(self, p: _Proc, t: float, step: int, util: Any, out: list[AlertEvent] | None
+                        ) -> list[AlertEvent] | None:
+        r = p.rules.training_stall  # type: ignore[union-attr]
+        if step != p.step:
+            if p.step is not None:
+                p.step_moved = True
+            p.step = step
+            p.step_t = t
+            if "training_stall" in p.alerts:
+                ev = self._event(p, t, "training_stall", RESOLVED, r.severity,
+                                 f"Training of {p.who()} advances again (step {step})", {"step": step})
+                return [ev] if out is None else [*out, ev]
+            return out
+        if not p.step_moved or not r.enabled or "training_stall" in p.silenced:
+            return out
+        frozen = t - p.step_t
+        state = p.alerts.get("training_stall")
+        new = FIRING if frozen >= r.for_s else PENDING if frozen >= r.pending_after_s else None
+        if new is None or new == state:
+            return out
+        busy = f", GPU at {util:.0f} % (hung collective?)" if util is not None and util >= 50 else ""
+        desc = f"Training of {p.who()} stuck at step {step} for {_hours(frozen)}{busy}"
+        ev = self._event(p, t, "training_stall", new, r.severity, desc,
+                         {"step": step, "stalled_for_s": round(frozen, 1), "util_percent": util})
+        return [ev] if out is None else [*out, ev]
+
+    def forget_process(self, node: str, pid: int, start_time: float, t: float) -> list[AlertEvent]:
+        """The process is gone: drop its state and resolve its alerts.
+
+        Args:
+            node: Node name.
+            pid: Process id.
+            start_time: Process start time.
+            t: Time it was found gone.
+
+        Returns:
+            A resolved event per alert it had.
+        """
+        p = self._procs.pop((node, pid, start_time), None)
+        if p is None:
+            return []
+        return [self._event(p, t, rule, RESOLVED, getattr(p.rules, rule).severity,
+                            f"{rule} of {p.who()} ended: the process is gone", {})
+                for rule in list(p.alerts)]
+
+    def forget_job(self, job_id: str, t: float) -> list[AlertEvent]:
+        """The job ended: forget its processes and GPU allocations, resolving their alerts.
+
+        Args:
+            job_id: Slurm job id.
+            t: Time the job ended.
+
+        Returns:
+            Resolved events.
+        """
+        out: list[AlertEvent] = []
+        for key in [k for k, p in self._procs.items() if p.job_id == job_id]:
+            out += self.forget_process(*key, t)
+        for gkey, st in list(self._gpus.items()):
+            if st[0] == job_id:
+                out += self._gpu_resolve(gkey, st, t, f"job {job_id} ended")
+                del self._gpus[gkey]
+        return out
+
+    # ---- GPUs and nodes ----------------------------------------------------------------------
+
+    def observe_gpu(self, obs: GpuObservation) -> list[AlertEvent]:
+        """Take one GPU observation (for `idle_gpu`).
+
+        Args:
+            obs: The observation.
+
+        Returns:
+            Alert events caused by it.
+        """
+        r = self.rules.idle_gpu
+        gkey = (obs.node, obs.gpu)
+        st = self._gpus.get(gkey)
+        if st is None:
+            st = self._gpus[gkey] = [obs.job_id, None, None]
+        if not r.enabled:
+            return []
+        out: list[AlertEvent] = []
+        if st[0] != obs.job_id:
+            out += self._gpu_resolve(gkey, st, obs.t, "allocation changed")
+            st[0], st[1] = obs.job_id, None
+        if not obs.job_id:
+            return out
+        no_procs = obs.processes == 0
+        idle = no_procs or (obs.utilization is not None and obs.utilization < r.util_below_percent)
+        if not idle:
+            out += self._gpu_resolve(gkey, st, obs.t, "in use again")
+            st[1] = None
+            return out
+        if st[1] is None:
+            st[1] = obs.t
+        dur = obs.t - st[1]
+        new = FIRING if dur >= r.for_s else PENDING if dur >= r.for_s / 2 else None
+        if new is not None and new != st[2]:
+            st[2] = new
+            why = "has no process" if no_procs else f"is idle ({obs.utilization:.0f} %)"
+            label = obs.gpu if obs.index is None else f"{obs.index} ({obs.gpu})"
+            out.append(AlertEvent(
+                t=obs.t, rule="idle_gpu", state=new, severity=r.severity, node=obs.node, job_id=obs.job_id,
+                gpu=obs.gpu, description=f"GPU {label} on {obs.node}, allocated to job {obs.job_id}, "
+                                         f"{why} for {_hours(dur)}",
+                figures={"idle_for_s": round(dur, 1), "processes": obs.processes,
+                         "util_percent": obs.utilization}))
+        return out
+
+    def _gpu_resolve(self, gkey: tuple[str, str], st: list[Any], t: float, why: str) -> list[AlertEvent]:
+        if st[2] is None:
+            return []
+        st[2] = None
+        return [AlertEvent(t=t, rule="idle_gpu", state=RESOLVED, severity=self.rules.idle_gpu.severity,
+                           node=gkey[0], job_id=st[0], gpu=gkey[1],
+                           description=f"GPU {gkey[1]} on {gkey[0]}: {why}")]
+
+    def heartbeat(self, hb: NodeHeartbeat) -> list[AlertEvent]:
+        """A node's agent reported (for `agent_down`).
+
+        Args:
+            hb: The heartbeat.
+
+        Returns:
+            A resolved event when the node was down.
+        """
+        st = self._nodes.get(hb.node)
+        if st is None:
+            self._nodes[hb.node] = [hb.t, hb.has_jobs, None]
+            return []
+        out: list[AlertEvent] = []
+        if st[2] is not None:
+            out.append(AlertEvent(t=hb.t, rule="agent_down", state=RESOLVED,
+                                  severity=self.rules.agent_down.severity, node=hb.node,
+                                  description=f"Agent on {hb.node} reports again after {_hours(hb.t - st[0])}",
+                                  figures={"silent_for_s": round(hb.t - st[0], 1)}))
+            st[2] = None
+        st[0], st[1] = hb.t, hb.has_jobs
+        return out
+
+    def tick(self, now: float) -> list[AlertEvent]:
+        """Let time pass with no new data (raises `agent_down` for silent nodes).
+
+        Args:
+            now: Current time, in the same clock as the observations.
+
+        Returns:
+            Alert events.
+        """
+        r = self.rules.agent_down
+        if not r.enabled:
+            return []
+        out = []
+        for node, st in self._nodes.items():
+            silent = now - st[0]
+            if st[1] and st[2] is None and silent >= r.after_s:
+                st[2] = FIRING
+                out.append(AlertEvent(t=now, rule="agent_down", state=FIRING, severity=r.severity, node=node,
+                                      description=f"Agent on {node} silent for {_hours(silent)} while jobs run "
+                                                  f"there", figures={"silent_for_s": round(silent, 1),
+                                                                     "last_seen_t": st[0]}))
+        return out
+
+    def forget_node(self, node: str, t: float) -> list[AlertEvent]:
+        """Stop watching a node (drained or removed), resolving its agent_down alert.
+
+        Args:
+            node: Node name.
+            t: Time.
+
+        Returns:
+            Resolved events.
+        """
+        st = self._nodes.pop(node, None)
+        if st is None or st[2] is None:
+            return []
+        return [AlertEvent(t=t, rule="agent_down", state=RESOLVED, severity=self.rules.agent_down.severity,
+                           node=node, description=f"{node} is no longer watched")]
+
+    def active(self) -> list[tuple[str, str, str, int, float]]:
+        """Alerts now pending or firing about processes: (rule, state, node, pid, start_time)."""
+        return [(rule, state, p.node, p.pid, p.start_time)
+                for p in self._procs.values() for rule, state in p.alerts.items()]
+
+
+def evaluate(rules: RuleSet, observations: Iterable[ProcessObservation | GpuObservation | NodeHeartbeat]
+             ) -> list[AlertEvent]:
+    """Run a fresh engine over observations in time order and return every event.
+
+    Args:
+        rules: The rule set.
+        observations: Observations, oldest first.
+
+    Returns:
+        All alert events, oldest first.
+    """
+    eng = Engine(rules)
+    out: list[AlertEvent] = []
+    for o in observations:
+        if isinstance(o, ProcessObservation):
+            out += eng.observe(o)
+        elif isinstance(o, GpuObservation):
+            out += eng.observe_gpu(o)
+        else:
+            out += eng.tick(o.t)
+            out += eng.heartbeat(o)
+    return out

@@ -1,0 +1,187 @@
+"""Leak detection on one series (GPU memory, RSS, threads, open fds) of one process.
+
+How it decides, in the series' own time (seconds, never sample counts, so poll
+intervals of 1–60 s, jitter and missing polls do not matter):
+
+1. Samples in the first `warmup_s` after the process appears are ignored: the
+   caching allocator grows in steps while it warms up.
+2. Each sample only lowers the minimum of its `bucket_s` bucket. The minimum
+   ignores upward spikes (checkpoint saves, evaluation phases shorter than a bucket).
+3. For every window W, closed buckets fold into 12 sub-buckets of W/12 on a fixed
+   grid; when a sub-bucket closes, the last 12 are analysed (see `fit_window`):
+   - Theil–Sen slope at or above the window's rate floor and the rule's minimum rate;
+   - growth over the window (slope * W) at least `min_growth`;
+   - slope at least `min_t_stat` robust standard errors (noise is not growth);
+   - the minimum of each third of the window above the previous third's by at least
+     `rise_fraction` of the predicted rise: growth that goes on, where one step
+     followed by a plateau, or an evaluation phase that comes and goes, does not.
+   Short windows have high rate floors (a fast leak fires within minutes), long ones
+   the rule's own (a slow leak fires within hours). When the series would be full
+   within `urgent_time_to_full_s`, every window uses the rule's own minimum rate.
+4. A firing leak resolves when the slope over the window that fired falls below
+   `resolve_fraction` of that window's floor.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .config import LeakRule
+from .robust import fit_window
+
+N_SUB = 12
+_THIRD = tuple(i * 3 // N_SUB for i in range(N_SUB))
+
+
+@dataclass(frozen=True, slots=True)
+class LeakFinding:
+    """A leak's state changed.
+
+    Attributes:
+        firing: True when the leak starts firing, False when it resolves.
+        t: Time of the change.
+        rate_per_h: Growth rate (series units per hour).
+        growth_for_s: How long the series has grown (the longest window that agrees).
+        level: Current fitted level of the series.
+        time_to_full_s: Projected time until `total`, None when no total is known.
+        window_s: The longest window that agrees.
+    """
+
+    firing: bool
+    t: float
+    rate_per_h: float
+    growth_for_s: float
+    level: float
+    time_to_full_s: float | None
+    window_s: float
+
+
+class _Window:
+    __slots__ = ("length", "width", "floor", "sub_end", "sub_min", "subs", "firing")
+
+    def __init__(self, length: float, floor: float) -> None:
+        self.length = length
+        self.width = length / N_SUB
+        self.floor = floor
+        self.sub_end = -math.inf
+        self.sub_min = math.inf
+        self.subs: deque[tuple[float, float]] = deque(maxlen=N_SUB)  # (sub-bucket start, min)
+        self.firing = False
+
+
+class LeakSeries:
+    """Incremental leak state for one series; feed it with `add` in time order.
+
+    Args:
+        rule: The leak rule's parameters.
+        t0: Time the process was first seen (warm-up counts from here).
+    """
+
+    __slots__ = ("rule", "warm_end", "bucket_s", "cur_b", "cur_min", "windows", "firing", "since",
+                 "fired_window")
+
+    def __init__(self, rule: LeakRule, t0: float) -> None:
+        self.rule = rule
+        self.warm_end = t0 + rule.warmup_s
+        self.bucket_s = rule.bucket_s if rule.bucket_s > 0 else 60.0
+        self.cur_b = -1
+        self.cur_min = math.inf
+        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h)) for w in rule.windows]
+        self.firing = False
+        self.since = 0.0
+        self.fired_window: _Window | None = None
+
+    def add(self, t: float, value: float, total: float | None = None) -> LeakFinding | None:
+        """Take one reading.
+
+        Args:
+            t: Time of the reading (non-decreasing).
+            value: The reading.
+            total: Capacity the series grows towards (GPU or node memory), or None.
+
+        Returns:
+            A finding when the leak starts firing or resolves, else None.
+        """
+        if t < self.warm_end:
+            return None
+        b = int(t // self.bucket_s)
+        if b == self.cur_b:
+            if value < self.cur_min:
+                self.cur_min = value
+            return None
+        found = None
+        if self.cur_b >= 0:
+            found = self._close_bucket(self.cur_b * self.bucket_s, self.cur_min, t, total)
+        self.cur_b = b
+        self.cur_min = value
+        return found
+
+    def _close_bucket(self, start: float, low: float, now: float, total: float | None) -> LeakFinding | None:
+        found = None
+        for w in self.windows:
+            if start >= w.sub_end:
+                if w.sub_end != -math.inf:
+                    w.subs.append((w.sub_end - w.width, w.sub_min))
+                    if len(w.subs) >= N_SUB - 2:
+                        f = self._evaluate(w, w.sub_end, now, total)
+                        if f is not None:
+                            found = f
+                w.sub_end = (start // w.width + 1) * w.width
+                w.sub_min = low
+            elif low < w.sub_min:
+                w.sub_min = low
+        return found
+
+    def _evaluate(self, w: _Window, end: float, now: float, total: float | None) -> LeakFinding | None:
+        begin = end - w.length
+        xs, ys, thirds = [], [], []
+        for s, y in w.subs:
+            if s >= begin:
+                xs.append(s + 0.5 * w.width)
+                ys.append(y)
+                thirds.append(_THIRD[min(N_SUB - 1, int((s - begin) / w.width + 0.5))])
+        if len(xs) < N_SUB - 2 or len(set(thirds)) < 3:
+            return None
+        rule = self.rule
+        # Cheap necessary conditions first: most windows of a healthy process end here.
+        lows = [math.inf, math.inf, math.inf]
+        for k, y in zip(thirds, ys):
+            if y < lows[k]:
+                lows[k] = y
+        if not w.firing and (lows[2] - lows[0] < rule.min_growth * 0.5 or lows[1] <= lows[0]
+                             or lows[2] <= lows[1]):
+            return None
+        fit = fit_window(xs, ys, thirds, end)
+        rate_h = fit.slope_per_s * 3600.0
+        ttf = None
+        if total is not None and total > 0 and fit.slope_per_s > 0:
+            ttf = max(0.0, (total - fit.level_end) / fit.slope_per_s)
+        floor = w.floor
+        if ttf is not None and ttf <= rule.urgent_time_to_full_s:
+            floor = rule.min_rate_per_h
+        if w.firing:
+            if rate_h < rule.resolve_fraction * w.floor:
+                w.firing = False
+                if self.fired_window is w:
+                    self.firing = False
+                    self.fired_window = None
+                    return LeakFinding(False, now, rate_h, now - self.since, fit.level_end, ttf, w.length)
+            return None
+        expected = fit.slope_per_s * w.length / 3.0
+        ok = (rate_h >= floor and fit.slope_per_s * w.length >= rule.min_growth
+              and fit.t_stat >= rule.min_t_stat
+              and fit.rises[0] >= rule.rise_fraction * expected
+              and fit.rises[1] >= rule.rise_fraction * expected)
+        if not ok:
+            return None
+        w.firing = True
+        if self.firing:
+            # Already firing from a shorter window: a longer one agreeing keeps it alive.
+            if self.fired_window is not None and w.length > self.fired_window.length:
+                self.fired_window = w
+            return None
+        self.firing = True
+        self.fired_window = w
+        self.since = begin
+        return LeakFinding(True, now, rate_h, now - begin, fit.level_end, ttf, w.length)

@@ -1,0 +1,178 @@
+"""What the rule engine reads and what it says.
+
+Readings go in as observations (one per process, GPU or node at one time); alert
+events come out. Every reading may be None: a missing metric is not an error.
+Time is whatever the caller says it is (trace seconds or Unix time); the engine
+never reads a clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The fixed rule names; alert routing and the labelled traces use them.
+RULE_NAMES: tuple[str, ...] = (
+    "gpu_memory_leak",
+    "host_memory_leak",
+    "gpu_stall",
+    "training_stall",
+    "idle_gpu",
+    "agent_down",
+    "handle_leak",
+    "code_mismatch",  # raised by the collector from provenance, not by this engine
+)
+
+PENDING = "pending"
+FIRING = "firing"
+RESOLVED = "resolved"
+
+
+@dataclass(slots=True)
+class ProcessObservation:
+    """One process at one poll. Identity is (node, pid, start_time).
+
+    Attributes:
+        t: Time of the poll in seconds (trace seconds or Unix time).
+        node: Node name.
+        job_id: Slurm job id, "" when unknown.
+        pid: Process id on the node.
+        start_time: Process start time; a reused pid gets a new one.
+        gpu: GPU of the process (UUID, or index as text), "" when none.
+        rank: Rank in the job, None when unknown.
+        user, command, job_name, partition: Labels used by overrides and the allow-list.
+        gpu_mem_bytes: GPU memory the process uses.
+        gpu_mem_total_bytes: Size of that GPU, for the time until it is full.
+        gpu_util: SM utilisation in percent.
+        cpu_percent: CPU in percent of one core.
+        rss_bytes: Resident host memory.
+        node_mem_total_bytes: Node memory, for the time until it is full.
+        threads, open_fds: Handle counts.
+        step: Training step the process last reported.
+    """
+
+    t: float
+    node: str
+    job_id: str = ""
+    pid: int = 0
+    start_time: float = 0.0
+    gpu: str = ""
+    rank: int | None = None
+    user: str = ""
+    command: str = ""
+    job_name: str = ""
+    partition: str = ""
+    gpu_mem_bytes: float | None = None
+    gpu_mem_total_bytes: float | None = None
+    gpu_util: float | None = None
+    cpu_percent: float | None = None
+    rss_bytes: float | None = None
+    node_mem_total_bytes: float | None = None
+    threads: int | None = None
+    open_fds: int | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuObservation:
+    """One GPU at one poll, for `idle_gpu`.
+
+    Attributes:
+        t: Time of the poll in seconds.
+        node: Node name.
+        gpu: GPU UUID.
+        job_id: Job the GPU is allocated to, "" when unallocated.
+        utilization: GPU utilisation in percent, None when unknown.
+        processes: Number of processes using the GPU, None when unknown.
+        index: GPU index, for display only.
+    """
+
+    t: float
+    node: str
+    gpu: str
+    job_id: str = ""
+    utilization: float | None = None
+    processes: int | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHeartbeat:
+    """A node's agent reported, for `agent_down`.
+
+    Attributes:
+        t: Time of the report in seconds.
+        node: Node name.
+        has_jobs: Whether jobs run on the node (only such nodes raise agent_down).
+    """
+
+    t: float
+    node: str
+    has_jobs: bool = True
+
+
+@dataclass(slots=True)
+class AlertEvent:
+    """A change of an alert's state, as the engine emits it.
+
+    Attributes:
+        t: Time of the change (input time, trace seconds in replay).
+        rule: Rule name (one of RULE_NAMES).
+        state: "pending", "firing" or "resolved".
+        severity: "info", "warning" or "critical".
+        node, job_id, pid, start_time, gpu, rank: What the alert is about; pid is
+            -1 for alerts about a GPU or a node.
+        description: One line a person understands.
+        figures: The numbers behind it (rate_bytes_per_h, growth_for_s,
+            time_to_full_s, idle_for_s, ...).
+    """
+
+    t: float
+    rule: str
+    state: str
+    severity: str
+    node: str
+    job_id: str = ""
+    pid: int = -1
+    start_time: float = 0.0
+    gpu: str = ""
+    rank: int | None = None
+    description: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Identity of the alert across its states: rule and subject."""
+        return f"{self.rule}|{self.node}|{self.pid}|{self.start_time!r}|{self.gpu}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as one flat JSON-ready object (figures merged in at top level)."""
+        d: dict[str, Any] = {
+            "t": self.t,
+            "rule": self.rule,
+            "state": self.state,
+            "severity": self.severity,
+            "job_id": self.job_id,
+            "node": self.node,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "gpu": self.gpu,
+            "rank": self.rank,
+            "description": self.description,
+        }
+        for k, v in self.figures.items():
+            d.setdefault(k, v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AlertEvent:
+        """Rebuild an event from `to_dict` output (unknown keys become figures)."""
+        base = {"t", "rule", "state", "severity", "job_id", "node", "pid", "start_time", "gpu", "rank",
+                "description"}
+        return cls(
+            t=float(d["t"]), rule=str(d["rule"]), state=str(d["state"]),
+            severity=str(d.get("severity", "warning")), node=str(d.get("node", "")),
+            job_id=str(d.get("job_id", "")), pid=int(d.get("pid", -1)),
+            start_time=float(d.get("start_time", 0.0)), gpu=str(d.get("gpu", "")),
+            rank=d.get("rank"), description=str(d.get("description", "")),
+            figures={k: v for k, v in d.items() if k not in base},
+        )
