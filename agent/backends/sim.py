@@ -9,6 +9,8 @@ simulated GPU when its environment says so (read once per process from
     CLUSTERWATCH_SIM_GPU_BASE_MB=<MiB>          replaces the profile's memory_mib
     CLUSTERWATCH_SIM_GPU_MEM_FILE=<path>        its GPU memory in bytes, as text, read every
                                                 poll; a number there wins over the curve
+    CLUSTERWATCH_SIM_NODE=<node>                only the source of that node plays it (two
+                                                simulated nodes on one host, as in the demo)
 
 Curves run from each process's start time; noise is seeded by (pid, start time), so a
 poll at a given time always reads the same. Device readings derive from the processes on
@@ -47,6 +49,7 @@ class SimSpec:
     profile: str | None = None
     base_mib: float | None = None
     mem_file: str | None = None
+    node: str | None = None
 
 
 def parse_sim_environ(data: bytes) -> SimSpec | None:
@@ -78,6 +81,7 @@ def parse_sim_environ(data: bytes) -> SimSpec | None:
         profile=env.get("CLUSTERWATCH_SIM_PROFILE") or None,
         base_mib=float(base) if base else None,
         mem_file=env.get("CLUSTERWATCH_SIM_GPU_MEM_FILE") or None,
+        node=env.get("CLUSTERWATCH_SIM_NODE") or None,
     )
 
 
@@ -105,8 +109,10 @@ class SimGpuSource:
 
     Args:
         scenario: the parsed scenario.
-        node: the node name the GPU UUIDs are derived from (two simulated nodes on one
-            host must not share UUIDs); the host name by default.
+        node: this source's node name: the GPU UUIDs derive from it (two simulated
+            nodes on one host must not share UUIDs), and a process that names a node in
+            CLUSTERWATCH_SIM_NODE is played only by that node's source. Default: the
+            host name.
         proc_root: where /proc is.
     """
 
@@ -116,6 +122,7 @@ class SimGpuSource:
         self.scenario = scenario
         self._proc = proc_root
         node = node or socket.gethostname()
+        self.node = node
         spec = scenario.gpus
         self._gpus = [
             GpuInfo(
@@ -240,7 +247,7 @@ class SimGpuSource:
         except ValueError:
             self._pending_errors += 1
             return None
-        if spec is None:
+        if spec is None or (spec.node is not None and spec.node != self.node):
             return None
         profile = self.scenario.profile(spec.profile)
         if profile is None or any(not 0 <= i < len(self._gpus) for i in spec.gpus):

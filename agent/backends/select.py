@@ -1,0 +1,52 @@
+"""Choose the agent's GPU source from `--gpu-source` (auto, nvml, sim, none).
+
+A node without a usable NVIDIA GPU still runs an agent: it logs one line that says
+why there is no GPU data and what to do, and carries on with `NoGpuSource`.
+"""
+from __future__ import annotations
+
+import logging
+
+from clusterwatch.agent.backends.gpu import GpuSource, NoGpuSource
+
+from clusterwatch.errors import ConfigError, SourceUnavailable
+
+__all__ = ["open_gpu_source", "KINDS"]
+
+KINDS = ("auto", "nvml", "sim", "none")
+
+
+def open_gpu_source(
+    kind: str, scenario: str | None, log: logging.Logger, *, node: str | None = None
+) -> GpuSource:
+    """Build the GPU source the agent asked for.
+
+    Args:
+        kind: "auto" (NVML where it works, else no GPU data), "nvml", "sim" or "none".
+        scenario: the scenario file for "sim" (None: the embedded default); ignored
+            by the other kinds.
+        log: where the one line goes when NVML cannot be used.
+        node: the node name simulated GPU UUIDs derive from (default: the host name).
+
+    Returns:
+        The source; `NoGpuSource` when NVML was wanted but cannot be used.
+
+    Raises:
+        ConfigError: an unknown kind, or a scenario file that cannot be read or parsed.
+    """
+    if kind == "none":
+        return NoGpuSource()
+    if kind == "sim":
+        from clusterwatch.agent.backends.sim import open_sim_source
+
+        return open_sim_source(scenario, node=node)
+    if kind in ("auto", "nvml"):
+        from clusterwatch.agent.backends.nvml import open_nvml_source
+
+        try:
+            return open_nvml_source(log=log)
+        except SourceUnavailable as exc:
+            # Once, at start: the agent runs on without GPU data rather than crash.
+            log.warning("%s", exc)
+            return NoGpuSource()
+    raise ConfigError(f"unknown GPU source {kind!r}: use one of {', '.join(KINDS)}")

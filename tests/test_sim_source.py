@@ -1,0 +1,307 @@
+"""The simulated GPU source, with real child processes that opt in through their environment."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from clusterwatch.agent.backends.sim import SimGpuSource, SimSpec, open_sim_source, parse_sim_environ
+from clusterwatch.agent.backends.sim_scenario import KINDS, MiB, parse_scenario
+
+from clusterwatch.errors import ConfigError
+from clusterwatch.model import GpuUse
+
+SCENARIO = """
+[gpus]
+count = 2
+name = "Test GPU"
+memory_mib = 16384
+base_memory_mib = 100
+idle_power_watts = 50
+max_power_watts = 250
+
+[defaults]
+profile = "steady"
+
+[profiles.steady]
+kind = "steady"
+memory_mib = 2048
+utilization = 60
+
+[profiles.leak]
+kind = "linear_leak"
+memory_mib = 1000
+leak_mib_per_min = 60
+utilization = 50
+noise = 10
+
+[profiles.stalled]
+kind = "stall"
+memory_mib = 3000
+utilization = 90
+stall_after_s = 100
+"""
+
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> str:
+    path = tmp_path / "scenario.toml"
+    path.write_text(SCENARIO)
+    return str(path)
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    """Start real child processes with CLUSTERWATCH_SIM_* in their environment; stop them after."""
+    children: list[subprocess.Popen] = []
+
+    def start(**env: str) -> subprocess.Popen:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
+        child = subprocess.Popen([SLEEP, "300"], env={**clean, **env})
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+    for child in children:
+        child.wait()
+
+
+class CountingSim(SimGpuSource):
+    """Records whose environment was read: other processes come and go on a shared host."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.inspected: Counter[int] = Counter()
+
+    def _inspect(self, pid: int, start_ticks: int):
+        self.inspected[pid] += 1
+        return super()._inspect(pid, start_ticks)
+
+
+def counting(path: str | None, node: str = "n1") -> CountingSim:
+    return CountingSim(open_sim_source(path, node=node).scenario, node=node)
+
+
+def start_time(pid: int) -> float:
+    return psutil.Process(pid).create_time()
+
+
+def test_a_real_process_follows_its_profile_over_simulated_time(scenario_file: str, spawn) -> None:
+    src = counting(scenario_file)
+    gpu0, gpu1 = src.inventory()
+    leaky = spawn(CLUSTERWATCH_SIM_GPU="1", CLUSTERWATCH_SIM_PROFILE="leak")
+    plain = spawn(CLUSTERWATCH_SIM_GPU="0")  # no profile: the default, steady
+    bystander = spawn()
+    t0 = start_time(leaky.pid)
+    memory = []
+    for minutes in (0, 1, 10, 60):
+        poll = src.poll(t0 + 60 * minutes)
+        assert poll.errors == 0
+        assert bystander.pid not in poll.processes
+        [use] = poll.processes[leaky.pid]
+        assert use.gpu_uuid == gpu1.uuid
+        # 1000 MiB at start, 60 MiB more a minute (1 MiB of slack: start time to the tick)
+        assert abs(use.used_memory_bytes - (1000 + 60 * minutes) * MiB) <= MiB
+        assert 40.0 <= use.sm_utilization <= 60.0
+        memory.append(use.used_memory_bytes)
+        assert poll.processes[plain.pid] == [GpuUse(gpu0.uuid, 2048 * MiB, 60.0)]
+        readings = {r.uuid: r for r in poll.readings}
+        assert readings[gpu1.uuid].memory_used_bytes == 100 * MiB + use.used_memory_bytes
+        assert readings[gpu1.uuid].utilization == use.sm_utilization
+        assert readings[gpu1.uuid].power_watts == pytest.approx(50 + 2 * use.sm_utilization, abs=0.1)
+        assert readings[gpu0.uuid].memory_used_bytes == (100 + 2048) * MiB
+        assert readings[gpu0.uuid].memory_total_bytes == 16384 * MiB
+    assert memory == sorted(memory) and memory[-1] > memory[0] + 3000 * MiB
+    # The environment of each process was read once, not once per poll.
+    assert [src.inspected[c.pid] for c in (leaky, plain, bystander)] == [1, 1, 1]
+
+
+def test_the_same_time_reads_the_same_values(scenario_file: str, spawn) -> None:
+    child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="leak")
+    t = start_time(child.pid) + 123.4
+    a = open_sim_source(scenario_file, node="n1").poll(t)
+    b = open_sim_source(scenario_file, node="n1").poll(t)
+    assert a.processes[child.pid] == b.processes[child.pid]
+    # Noise moves from second to second, within ±10 %.
+    src = open_sim_source(scenario_file, node="n1")
+    utils = {src.poll(t + s).processes[child.pid][0].sm_utilization for s in range(20)}
+    assert len(utils) > 5 and all(40.0 <= u <= 60.0 for u in utils)
+
+
+def test_a_stalled_process_drops_to_zero_and_the_gpu_to_idle_power(scenario_file: str, spawn) -> None:
+    src = open_sim_source(scenario_file, node="n1")
+    child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="stalled")
+    t0 = start_time(child.pid)
+    busy, stuck = src.poll(t0 + 50), src.poll(t0 + 150)
+    assert busy.processes[child.pid][0].sm_utilization == 90.0
+    assert stuck.processes[child.pid] == [GpuUse(src.inventory()[0].uuid, 3000 * MiB, 0.0)]
+    assert (stuck.readings[0].utilization, stuck.readings[0].power_watts) == (0.0, 50.0)
+
+
+def test_memory_file_steers_the_process_memory(scenario_file: str, spawn, tmp_path: Path) -> None:
+    mem_file = tmp_path / "gpu-mem"
+    src = open_sim_source(scenario_file, node="n1")
+    child = spawn(CLUSTERWATCH_SIM_GPU="1", CLUSTERWATCH_SIM_GPU_MEM_FILE=str(mem_file))
+    t = start_time(child.pid) + 10
+    assert src.poll(t).processes[child.pid][0].used_memory_bytes == 2048 * MiB  # no file yet: the curve
+    mem_file.write_text("123456789\n")
+    assert src.poll(t).processes[child.pid][0].used_memory_bytes == 123456789
+    mem_file.write_text("not a number")
+    assert src.poll(t).processes[child.pid][0].used_memory_bytes == 2048 * MiB
+    mem_file.write_text(str(10**15))  # more than the GPU has: capped at what is left after the base
+    assert src.poll(t).processes[child.pid][0].used_memory_bytes == (16384 - 100) * MiB
+
+
+def test_memory_file_that_is_a_fifo_does_not_block(scenario_file: str, spawn, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    src = open_sim_source(scenario_file, node="n1")
+    child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_MEM_FILE=str(fifo))
+    started = time.monotonic()
+    poll = src.poll(start_time(child.pid) + 5)
+    assert time.monotonic() - started < 1.0
+    assert poll.processes[child.pid][0].used_memory_bytes == 2048 * MiB
+
+
+def test_base_memory_override_and_node_filter(scenario_file: str, spawn) -> None:
+    mine = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_BASE_MB="512", CLUSTERWATCH_SIM_NODE="n1")
+    theirs = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_NODE="n2")
+    poll = open_sim_source(scenario_file, node="n1").poll(start_time(mine.pid) + 1)
+    assert poll.processes[mine.pid][0].used_memory_bytes == 512 * MiB
+    assert theirs.pid not in poll.processes
+    other = open_sim_source(scenario_file, node="n2")
+    assert theirs.pid in other.poll(start_time(theirs.pid) + 1).processes
+    # Two simulated nodes on one host have different GPU UUIDs.
+    n1_uuids = {g.uuid for g in open_sim_source(None, node="n1").inventory()}
+    assert n1_uuids.isdisjoint(g.uuid for g in other.inventory())
+
+
+def test_an_exited_process_is_gone_at_the_next_poll(scenario_file: str, spawn) -> None:
+    src = open_sim_source(scenario_file, node="n1")
+    child = spawn(CLUSTERWATCH_SIM_GPU="0")
+    now = start_time(child.pid) + 1
+    assert child.pid in src.poll(now).processes
+    child.kill()
+    child.wait()
+    poll = src.poll(now + 5)
+    assert child.pid not in poll.processes
+    assert poll.readings[0].memory_used_bytes == 100 * MiB
+    assert poll.readings[0].utilization == 0.0
+
+
+def test_a_bad_environment_is_counted_once(scenario_file: str, spawn) -> None:
+    src = open_sim_source(scenario_file, node="n1")
+    spawn(CLUSTERWATCH_SIM_GPU="7")  # the scenario has 2 GPUs
+    spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="no-such-profile")
+    spawn(CLUSTERWATCH_SIM_GPU="zero")
+    first = src.poll(time.time())
+    assert (first.errors, first.processes) == (3, {})
+    assert src.poll(time.time()).errors == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "spec"),
+    [
+        (b"PATH=/bin\0HOME=/root\0", None),
+        (b"CLUSTERWATCH_SIM_GPU=\0", None),
+        (b"CLUSTERWATCH_SIM_GPU=3\0", SimSpec((3,))),
+        (
+            b"A=1\0CLUSTERWATCH_SIM_GPU=0,1\0CLUSTERWATCH_SIM_PROFILE=leak\0CLUSTERWATCH_SIM_GPU_BASE_MB=1.5\0"
+            b"CLUSTERWATCH_SIM_GPU_MEM_FILE=/tmp/m\0CLUSTERWATCH_SIM_NODE=n2\0",
+            SimSpec((0, 1), "leak", 1.5, "/tmp/m", "n2"),
+        ),
+        (b"X_CLUSTERWATCH_SIM_GPU=1\0", None),
+    ],
+)
+def test_parse_sim_environ(data: bytes, spec: SimSpec | None) -> None:
+    assert parse_sim_environ(data) == spec
+
+
+def test_the_default_scenario_has_every_kind_of_profile() -> None:
+    src = open_sim_source(None, node="n1")
+    assert len(src.inventory()) == 8
+    assert {p.kind for p in src.scenario.profiles.values()} == set(KINDS)
+    assert src.scenario.default_profile == "steady"
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "times_s", "mib"),
+    [
+        ("steady", "", (0, 600), (1000, 1000)),
+        ("warmup", "warmup_s = 100", (0, 50, 100, 500), (0, 500, 1000, 1000)),
+        ("linear_leak", "leak_mib_per_min = 30", (0, 120, 600), (1000, 1060, 1300)),
+        ("stair_leak", "step_mib = 100\nstep_every_s = 60", (0, 59, 60, 185), (1000, 1000, 1100, 1300)),
+        ("idle", "", (0, 1000), (1000, 1000)),
+        ("sawtooth", "amplitude_mib = 400\nperiod_s = 100", (0, 50, 99, 100), (1000, 1200, 1396, 1000)),
+    ],
+)
+def test_profile_memory_curves(kind: str, params: str, times_s: tuple, mib: tuple) -> None:
+    text = f'[profiles.p]\nkind = "{kind}"\nmemory_mib = 1000\n{params}\n'
+    profile = parse_scenario(text, "t.toml").profiles["p"]
+    assert tuple(profile.memory_at(t) // MiB for t in times_s) == mib
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[gpus\ncount = 2", "not valid TOML"),
+        ('[profiles.x]\nkind = "leek"', "profiles.x.kind = 'leek' is not one of steady, warmup"),
+        ('[profiles.x]\nkind = "steady"\nleak_mib_per_min = 5', "unknown key(s) in [profiles.x] for kind"),
+        ('[profiles.x]\nkind = "steady"\nmemory_mib = -1', "profiles.x.memory_mib must be a number >= 0"),
+        ('[profiles.x]\nkind = "steady"\nutilization = 140', "profiles.x.utilization must be 0 to 100"),
+        ('[gpus]\ncount = 0\n[profiles.x]\nkind = "idle"', "gpus.count must be a whole number from 1 to 64"),
+        ('[defaults]\nprofile = "y"\n[profiles.x]\nkind = "idle"', "profile = 'y' names no profile"),
+        ("[gpus]\ncount = 2", "no [profiles.NAME] table"),
+    ],
+)
+def test_a_malformed_scenario_is_one_line_naming_file_and_problem(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        open_sim_source(str(path))
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith(f"scenario {path}: ")
+    assert problem in line
+
+
+def test_a_missing_scenario_file_is_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        open_sim_source(str(missing))
+    assert str(info.value) == (
+        f"scenario {missing}: cannot read it (No such file or directory); pass an existing TOML file"
+    )
+
+
+def test_poll_cost_stays_low_with_many_processes(spawn) -> None:
+    src = counting(None)
+    profiles = list(src.scenario.profiles)
+    children = [
+        spawn(CLUSTERWATCH_SIM_GPU=str(i % 8), CLUSTERWATCH_SIM_PROFILE=profiles[i % len(profiles)])
+        for i in range(64)
+    ]
+    first = src.poll(time.time())
+    assert {c.pid for c in children} <= set(first.processes)
+    polls = 50
+    started = time.process_time()
+    for _ in range(polls):
+        poll = src.poll(time.time())
+    per_poll_ms = (time.process_time() - started) / polls * 1000
+    assert len(poll.processes) >= 64
+    assert sum(len(uses) for uses in poll.processes.values()) >= 64
+    assert all(src.inspected[c.pid] == 1 for c in children)  # read once, then cached
+    # A few hundred µs on a laptop; the bound leaves room for a loaded CI machine.
+    assert per_poll_ms < 25.0, f"{per_poll_ms:.2f} ms per poll"
