@@ -26,6 +26,8 @@ class JobLabels:
 
 # pid → labels found from the process's own /proc entries, or None
 SlurmLookup = Callable[[int], "JobLabels | None"]
+# (pid, job id) → labels of a process the agent was told to watch as that job
+LocalLookup = Callable[[int, str], "JobLabels"]
 
 
 class JobLabeler:
@@ -34,11 +36,14 @@ class JobLabeler:
     Args:
         local_roots: pid → job id for trees the agent watches on request (`run`, `--pid`).
         slurm_lookup: reads a process's cgroup/environ for Slurm labels; None off Slurm.
+        local_lookup: labels of a watched root (its rank from RANK/LOCAL_RANK); None: job id only.
     """
 
-    def __init__(self, local_roots: dict[int, str], slurm_lookup: SlurmLookup | None = None) -> None:
+    def __init__(self, local_roots: dict[int, str], slurm_lookup: SlurmLookup | None = None,
+                 local_lookup: LocalLookup | None = None) -> None:
         self.local_roots = dict(local_roots)
         self.slurm_lookup = slurm_lookup
+        self.local_lookup = local_lookup
         self._cache: dict[tuple[int, float], JobLabels | None] = {}
 
     def label(self, samples: list[ProcessSample]) -> None:
@@ -65,7 +70,9 @@ class JobLabeler:
         if key in self._cache:
             labels = self._cache[key]
         elif s.pid in self.local_roots:
-            labels = JobLabels(self.local_roots[s.pid], mapped_by="pid")
+            job_id = self.local_roots[s.pid]
+            labels = (self.local_lookup(s.pid, job_id) if self.local_lookup is not None
+                      else JobLabels(job_id, mapped_by="pid"))
         elif self.slurm_lookup is not None:
             labels = self.slurm_lookup(s.pid)
         else:

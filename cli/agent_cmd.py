@@ -75,17 +75,21 @@ def build_agent(config):
     from clusterwatch.agent.agent import Agent
     from clusterwatch.agent.backends.procs import ProcSource
     from clusterwatch.agent.labels import JobLabeler
+    from clusterwatch.agent.slurm_lookup import ProcLookup
     from clusterwatch.agent.spool import JobSpool
 
     gpus = open_gpus(config)
     local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
-    return Agent(
-        config, gpus, ProcSource(config.node, count_fds=config.count_fds), JobLabeler(local_roots),
-        spool=JobSpool(config.spool_dir),
-    )
+    lookup = ProcLookup()
+    cache: dict = {}
+    labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
+    spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
+    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool)
 
 
 def open_gpus(config):
+    from clusterwatch.errors import ConfigError
+
     log = logging.getLogger("clusterwatch.agent")
     try:
         from clusterwatch.agent.backends.select import open_gpu_source
@@ -94,7 +98,10 @@ def open_gpus(config):
 
         log.warning("no GPU backend available; running without GPU data")
         return NoGpuSource()
-    return open_gpu_source(config.gpu_source, config.sim_scenario, log)
+    try:
+        return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def run_agent(agent_obj) -> int:

@@ -119,6 +119,10 @@ class CollectorCore:
         now = self.clock()
         with self.lock:
             st = self.state
+            # job events first: a prolog's start names the job before its samples arrive
+            events = [job_event_from_proto(e) for e in batch.job_events]
+            starts = [e for e in events if e.kind == "start"]
+            changed = {st.job_event(node, e).job_id for e in starts}
             touched = st.add_processes(node, samples, now)
             st.add_gpus(node, readings)
             for t in batch.training:
@@ -128,8 +132,7 @@ class CollectorCore:
                 ns.samples_sent = batch.counters.samples_sent
                 ns.samples_dropped = batch.counters.samples_dropped
                 ns.read_errors = batch.counters.read_errors
-            events = [job_event_from_proto(e) for e in batch.job_events]
-            changed = {st.job_event(node, e).job_id for e in events}
+            changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
             changed |= {s.job_id for s in samples if s.job_id and s.job_id not in self._saved}
         self.counters.batches += 1
         self.counters.samples += len(samples)

@@ -75,7 +75,7 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
     # GPUs: those the job's processes use, and those allocated to it (prolog / Slurm)
     used: dict[str, int] = {}
     for series in procs:
-        if series.alive:
+        if series.alive or job.ended:  # an ended job's summary lists the GPUs it used
             for g in series.latest.gpus:
                 used[g.gpu_uuid] = used.get(g.gpu_uuid, 0) + 1
     allocated = [u for uuids in job.gpus_by_node.values() for u in uuids]

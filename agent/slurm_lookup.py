@@ -1,0 +1,109 @@
+"""Slurm labels of a process from its own /proc entries: cgroup first, then environment.
+
+The cgroup path is set by slurmstepd and cannot be changed by the job, so it wins for
+the job id; the environment adds the step and rank (SLURM_PROCID, or RANK where a
+launcher such as torchrun runs under srun and numbers its own workers).
+"""
+from __future__ import annotations
+
+import os
+
+from clusterwatch.errors import ParseError
+from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
+
+from .labels import JobLabels
+
+_NOT_TASK_STEPS = ("batch", "extern", "interactive")
+
+
+def _read(path: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def _ranks(env: EnvLabels, step: str | None) -> tuple[int | None, int | None]:
+    """(global rank, local rank): the launcher's RANK wins over Slurm's task id."""
+    task_step = step is not None and step not in _NOT_TASK_STEPS
+    rank = env.rank if env.rank is not None else (env.proc_id if task_step else None)
+    local = env.local_rank if env.local_rank is not None else (env.local_id if task_step else None)
+    return rank, local
+
+
+class ProcLookup:
+    """Reads a process's cgroup and environ for job and rank.
+
+    Args:
+        proc: the /proc mount point.
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self.errors = 0
+
+    def env(self, pid: int) -> EnvLabels | None:
+        data = _read(f"{self.proc}/{pid}/environ")
+        if data is None:
+            return None
+        return environ_labels(parse_environ(data))
+
+    def cgroup_job(self, pid: int):
+        text = _read(f"{self.proc}/{pid}/cgroup")
+        if text is None:
+            return None
+        try:
+            return parse_cgroup(text.decode("utf-8", "replace"))
+        except ParseError:
+            self.errors += 1
+            return None
+
+    def slurm_labels(self, pid: int) -> JobLabels | None:
+        """The process's job, step and rank, or None when it is not part of a Slurm job."""
+        cg = self.cgroup_job(pid)
+        env = self.env(pid) or EnvLabels()
+        if cg is not None and cg.job_id is not None:
+            job_id, how = str(cg.job_id), "cgroup"
+            step = cg.step or env.step_id
+        elif env.job_id is not None:
+            job_id, how, step = str(env.job_id), "environ", env.step_id
+        else:
+            return None
+        rank, local = _ranks(env, step)
+        return JobLabels(job_id, rank, local, step or "", how)
+
+    def rank_labels(self, pid: int, job_id: str) -> JobLabels:
+        """Labels for a process the agent was told to watch as `job_id` (ranks from its environment)."""
+        env = self.env(pid) or EnvLabels()
+        return JobLabels(job_id, env.rank, env.local_rank, "", "pid")
+
+    def job_pids(self, job_ids: set[str], cache: dict[tuple[int, int], str | None]) -> set[int]:
+        """Pids on this node whose cgroup or environment puts them in one of `job_ids`.
+
+        Only processes not seen before are read (the cache maps (pid, start ticks) to
+        their job or None), so a poll costs a directory listing plus new processes.
+        """
+        found: set[int] = set()
+        live: set[tuple[int, int]] = set()
+        for name in os.listdir(self.proc):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            stat = _read(f"{self.proc}/{pid}/stat", 4096)
+            if stat is None:
+                continue
+            try:
+                start = int(stat[stat.rindex(b")") + 2:].split()[19])
+            except (ValueError, IndexError):
+                continue
+            key = (pid, start)
+            live.add(key)
+            if key not in cache:
+                labels = self.slurm_labels(pid)
+                cache[key] = labels.job_id if labels else None
+            if cache[key] in job_ids:
+                found.add(pid)
+        for key in [k for k in cache if k not in live]:
+            del cache[key]
+        return found

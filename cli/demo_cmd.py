@@ -1,0 +1,158 @@
+"""`clusterwatch demo`: the whole system on one machine, no GPU and no Slurm needed.
+
+Starts a real collector and two real agents as separate processes (nodes
+demo-node1 and demo-node2, simulated GPUs), runs a small four-rank workload on them
+as one job (rank 3 keeps growing its host and simulated GPU memory), shows the job's
+status live, and ends by itself after --duration seconds, leaving no process behind,
+also when interrupted with Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+
+import click
+
+from .common import fail
+
+NODES = ("demo-node1", "demo-node2")
+RANKS_PER_NODE = 2
+LEAKING_RANK = 3
+
+
+class _Stop(Exception):
+    pass
+
+
+def _demo_rules() -> str | None:
+    """The demo's rules file (short windows, so a leak shows within a minute), if shipped."""
+    try:
+        path = resources.files("clusterwatch.collector.rules") / "demo_rules.toml"
+    except ModuleNotFoundError:
+        return None
+    return str(path) if path.is_file() else None
+
+
+def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subprocess.Popen:
+    env = dict(os.environ)
+    local = rank % RANKS_PER_NODE
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(RANKS_PER_NODE * len(NODES)),
+        "CLUSTERWATCH_SIM_GPU": str(local), "CLUSTERWATCH_SIM_NODE": node,
+        "CLUSTERWATCH_SIM_PROFILE": "steady",
+        "CLUSTERWATCH_SIM_GPU_MEM_FILE": os.path.join(workdir, f"gpu-mem-rank{rank}"),
+        "CLUSTERWATCH_TRAIN_SOCKET": str(stack.spool(node) / "train.sock"),
+    })
+    args = [sys.executable, "-m", "clusterwatch.cli.demo_workload", "--rank", str(rank)]
+    if rank == LEAKING_RANK:
+        args += ["--leak-mib-per-s", "6", "--gpu-leak-mib-per-s", "40"]
+    log = open(os.path.join(workdir, f"rank{rank}.log"), "ab")
+    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    return proc
+
+
+@click.command()
+@click.option("--duration", type=click.FloatRange(min=5), default=60.0, show_default=True,
+              help="Seconds the demo runs before it ends by itself.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
+              help="Agents' poll interval in seconds.")
+@click.option("--refresh", type=click.FloatRange(min=0.5), default=3.0, show_default=True,
+              help="Seconds between status refreshes.")
+@click.option("--keep", type=click.Path(file_okay=False), default=None,
+              help="Keep the store and logs in this folder.")
+def demo(duration: float, interval: float, refresh: float, keep: str | None) -> None:
+    """Run a collector, two simulated-GPU agents and a leaking four-rank job; show it live."""
+    from clusterwatch.agent.spool import write_event
+    from clusterwatch.errors import ClusterwatchError
+    from clusterwatch.model import JobEvent
+
+    from .render import render
+    from .run_cmd import _final_view
+    from .stack import Stack
+    from .status_cmd import fetch_job
+
+    def on_term(*_):
+        raise _Stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    workdir = keep or tempfile.mkdtemp(prefix="clusterwatch-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    stack = Stack(workdir)
+    ranks: list[subprocess.Popen] = []
+    job_id = f"demo-{os.getpid()}"
+    tty = sys.stdout.isatty()
+    try:
+        rules = _demo_rules()
+        try:
+            stack.start_collector(["--rules", rules] if rules else [])
+        except ClusterwatchError as exc:
+            fail(str(exc))
+        now = time.time()
+        for n, node in enumerate(NODES):
+            stack.spool(node).mkdir(parents=True, exist_ok=True)
+            gpus = [f"{i}" for i in range(RANKS_PER_NODE)]
+            write_event(str(stack.spool(node)), JobEvent("start", job_id, now, os.getuid(),
+                                                         gpu_indexes=",".join(gpus)))
+        for n, node in enumerate(NODES):
+            node_ranks = [_start_rank(n * RANKS_PER_NODE + i, node, job_id, workdir, stack)
+                          for i in range(RANKS_PER_NODE)]
+            ranks += node_ranks
+            pid_args = [a for p in node_ranks for a in ("--pid", str(p.pid))]
+            stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval), "--job-id", job_id,
+                                     *pid_args])
+        click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
+                   f"http://127.0.0.1:{stack.metrics_port}/metrics, job {job_id} on {', '.join(NODES)}; "
+                   f"rank {LEAKING_RANK} leaks host and GPU memory.")
+        if rules:
+            click.echo("The demo uses demo_rules.toml: leak windows of seconds, not hours, "
+                       "so the leak is flagged within the minute.")
+        click.echo(f"Logs in {workdir}. Ends by itself after {duration:.0f} s; Ctrl-C ends it sooner.\n")
+        end = time.monotonic() + duration
+        while time.monotonic() < end:
+            time.sleep(min(refresh, max(0.0, end - time.monotonic())))
+            try:
+                text = render(fetch_job(stack.address, job_id))
+            except Exception as exc:  # first samples not in yet, or a transient error
+                text = f"waiting for the first samples ({type(exc).__name__})\n"
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J" + text)
+            else:
+                sys.stdout.write(f"--- {time.strftime('%H:%M:%S')}\n{text}")
+            sys.stdout.flush()
+        click.echo("\nDemo time is up: stopping the workload and closing the job.")
+        _stop_ranks(ranks)
+        now = time.time()
+        for node in NODES:
+            write_event(str(stack.spool(node)), JobEvent("end", job_id, now, os.getuid(), exit_code=0))
+        view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 4 * interval))
+        if view is not None:
+            click.echo("\nFinal summary (stored; `clusterwatch status` would show it after the job):\n")
+            click.echo(render(view), nl=False)
+    except (KeyboardInterrupt, _Stop):
+        click.echo("\nInterrupted: stopping everything the demo started.", err=True)
+    finally:
+        _stop_ranks(ranks)
+        stack.stop()
+        if keep is None:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _stop_ranks(ranks: list[subprocess.Popen]) -> None:
+    for p in ranks:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in ranks:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
