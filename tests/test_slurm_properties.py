@@ -1,0 +1,106 @@
+"""Property tests: hostlists round-trip, and parsers fail only with ParseError on any input."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterwatch.errors import ParseError
+from clusterwatch.slurm import hostlist
+from clusterwatch.slurm.listpids import parse_listpids
+from clusterwatch.slurm.proc import environ_labels, parse_cgroup, parse_environ
+from clusterwatch.slurm.scontrol import parse_show_job
+
+_prefix = st.text(alphabet="abcxyz-_.", min_size=1, max_size=5)
+_number = st.integers(min_value=0, max_value=2000)
+_width = st.integers(min_value=0, max_value=5)
+
+
+@st.composite
+def host_names(draw: st.DrawFn) -> str:
+    prefix = draw(_prefix)
+    if draw(st.booleans()):
+        return prefix.rstrip("0123456789") or "h"
+    return f"{prefix}{draw(_number):0{draw(_width)}d}"
+
+
+@given(st.lists(host_names(), max_size=40))
+def test_compress_then_expand_gives_the_names_back(hosts: list[str]) -> None:
+    assert hostlist.expand(hostlist.compress(hosts)) == hosts
+
+
+@given(st.lists(st.tuples(_prefix, st.lists(_number, min_size=1, max_size=10, unique=True)), max_size=5))
+def test_expand_then_compress_then_expand_is_stable(groups: list[tuple[str, list[int]]]) -> None:
+    expr = ",".join(f"{p}[{','.join(map(str, sorted(nums)))}]" for p, nums in groups)
+    hosts = hostlist.expand(expr)
+    assert hostlist.expand(hostlist.compress(hosts)) == hosts
+    assert len(hosts) == sum(len(nums) for _, nums in groups)
+
+
+_hostlist_chars = st.text(alphabet="ab01-9[],_ .", max_size=30)
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.text(max_size=40), _hostlist_chars))
+def test_expand_never_crashes(text: str) -> None:
+    try:
+        result = hostlist.expand(text, max_hosts=10_000)
+    except ParseError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert isinstance(result, list) and all(isinstance(h, str) for h in result)
+
+
+_scontrol_words = st.sampled_from(
+    ["JobId=1", "JobId=x", "JobState=RUNNING", "NodeList=n[1-2]", "Nodes=n1", "GRES=gpu:1(IDX:0)", "GRES=gpu(",
+     "TimeLimit=1-00:00", "SubmitTime=2026-01-01T00:00:00", "SubmitTime=9999-99-99T00:00:00", "Mem=12",
+     "UserId=a(1)", "ExitCode=1:2", "TRES=mem=1G", "MinMemoryNode=5G", "\n", "\n\n", " ", "=", "{", "}",
+     '"jobs"', ":", "[", "]", "NumCPUs=2", "CPU_IDs=0"]
+)
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.text(max_size=200), st.lists(_scontrol_words, max_size=30).map(" ".join)))
+def test_show_job_raises_only_parse_error(text: str) -> None:
+    try:
+        parse_show_job(text)
+    except ParseError:
+        pass
+
+
+@settings(max_examples=200)
+@given(st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(
+        st.sampled_from(["jobs", "job_id", "job_state", "nodes", "gres_detail", "time_limit", "set", "number",
+                         "infinite", "exit_code", "return_code", "cpus", "memory_per_node", "pids", "pid",
+                         "step_id"]),
+        children, max_size=5)),
+    max_leaves=20,
+))
+def test_json_parsers_raise_only_parse_error(doc: object) -> None:
+    import json
+
+    text = json.dumps({"jobs": [doc]} if not isinstance(doc, dict) else doc)
+    for parse in (parse_show_job, parse_listpids):
+        try:
+            parse(text)
+        except ParseError:
+            pass
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=200))
+def test_listpids_and_cgroup_raise_only_parse_error(text: str) -> None:
+    for parse in (parse_listpids, parse_cgroup):
+        try:
+            parse(text)
+        except ParseError:
+            pass
+
+
+@given(st.binary(max_size=300))
+def test_environ_never_fails_on_bytes(data: bytes) -> None:
+    env = parse_environ(data)
+    environ_labels(env)
+    assert all("\0" not in k for k in env)
