@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Check the NVML GPU source once on a machine with a real NVIDIA GPU.
+
+Run from the repository root with the project installed:
+
+    .venv/bin/python bench/gpu_device_check.py [--polls 8] [--interval 1.0] [--no-workload]
+
+It builds `NvmlGpuSource` on the real `pynvml`, prints the inventory, and polls a few
+times while a small CUDA process runs (when torch with CUDA is importable: it allocates
+128 MiB more every step and multiplies matrices, so memory grows and SMs are busy);
+it prints the device and per-process readings and the cost of a poll in ms.
+
+Exit status: 0 all steps passed; 1 a step failed unexpectedly (the reason is printed);
+2 NVML cannot be used on this machine (the source's one line is printed).
+Not imported by the tests; it needs a GPU only to run, not to be byte-compiled.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+
+GiB = 1024**3
+
+# The CUDA workload: exits 3 when torch has no CUDA, prints "ready" once it holds memory.
+WORKLOAD = r"""
+import sys, time
+import torch
+if not torch.cuda.is_available():
+    sys.exit(3)
+dev = torch.device("cuda:0")
+a = torch.randn(2048, 2048, device=dev)
+blocks = []
+print("ready", flush=True)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    if len(blocks) < 24:
+        blocks.append(torch.ones(128 * 2**20, dtype=torch.uint8, device=dev))
+    for _ in range(50):
+        a = (a @ a).clamp_(-1.0, 1.0)
+    torch.cuda.synchronize()
+    time.sleep(0.2)
+"""
+
+
+class CheckFailed(Exception):
+    """A step did not do what it should."""
+
+
+def fmt_bytes(value: int | None) -> str:
+    return "-" if value is None else f"{value / GiB:.2f} GiB"
+
+
+def fmt(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.1f}{unit}"
+
+
+def start_workload(seconds: float) -> subprocess.Popen | None:
+    if importlib.util.find_spec("torch") is None:
+        print("workload: torch is not importable; polling the idle GPUs only")
+        return None
+    child = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD, str(seconds)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = child.stdout.readline().strip() if child.stdout else ""
+    if line != "ready":
+        code = child.wait(timeout=30)
+        if code == 3:
+            print("workload: torch has no CUDA here; polling the idle GPUs only")
+            return None
+        err = child.stderr.read() if child.stderr else ""
+        raise CheckFailed(f"the CUDA workload failed (exit {code}): {err.strip()[-500:]}")
+    print(f"workload: pid {child.pid} allocating 128 MiB more every step on cuda:0")
+    return child
+
+
+def check(polls: int, interval: float, workload: bool) -> int:
+    import pynvml
+    from clusterwatch.agent.backends.nvml import NvmlGpuSource
+
+    from clusterwatch.errors import SourceUnavailable
+
+    started = time.perf_counter()
+    try:
+        src = NvmlGpuSource(pynvml)
+    except SourceUnavailable as exc:
+        print(f"NVML unavailable: {exc}")
+        return 2
+    print(f"nvmlInit + inventory: {(time.perf_counter() - started) * 1000:.1f} ms")
+    child = None
+    try:
+        inventory = src.inventory()
+        if not inventory:
+            raise CheckFailed("the source has no GPU in its inventory")
+        uuids = {g.uuid for g in inventory}
+        if len(uuids) != len(inventory):
+            raise CheckFailed("two devices share a UUID")
+        for g in inventory:
+            print(f"GPU index {g.index}  {g.uuid}  {g.name}  {fmt_bytes(g.memory_total_bytes)}")
+
+        child = start_workload(polls * interval + 5) if workload else None
+        wall_ms: list[float] = []
+        cpu_ms: list[float] = []
+        child_memory: list[int] = []
+        seen_pids: set[int] = set()
+        errors = 0
+        for n in range(polls):
+            w0, c0 = time.perf_counter(), time.process_time()
+            poll = src.poll(time.time())
+            wall_ms.append((time.perf_counter() - w0) * 1000)
+            cpu_ms.append((time.process_time() - c0) * 1000)
+            errors += poll.errors
+            if {r.uuid for r in poll.readings} != uuids:
+                raise CheckFailed(f"poll {n}: readings are not one per inventory GPU")
+            print(f"poll {n}: {wall_ms[-1]:.2f} ms wall, {cpu_ms[-1]:.2f} ms CPU, errors {poll.errors}")
+            for r in poll.readings:
+                if r.memory_used_bytes is not None and r.memory_total_bytes is not None:
+                    if not 0 <= r.memory_used_bytes <= r.memory_total_bytes:
+                        raise CheckFailed(f"{r.uuid}: memory used {r.memory_used_bytes} outside 0..total")
+                if r.utilization is not None and not 0 <= r.utilization <= 100:
+                    raise CheckFailed(f"{r.uuid}: utilisation {r.utilization} outside 0..100")
+                print(f"  {r.uuid}  util {fmt(r.utilization, '%')}  mem {fmt_bytes(r.memory_used_bytes)}"
+                      f" / {fmt_bytes(r.memory_total_bytes)}  power {fmt(r.power_watts, ' W')}")
+            for pid, uses in sorted(poll.processes.items()):
+                seen_pids.add(pid)
+                for u in uses:
+                    mark = "  <- workload" if child is not None and pid == child.pid else ""
+                    print(f"  pid {pid:>7}  {u.gpu_uuid}  mem {fmt_bytes(u.used_memory_bytes)}"
+                          f"  sm {fmt(u.sm_utilization, '%')}{mark}")
+                    if child is not None and pid == child.pid and u.used_memory_bytes is not None:
+                        child_memory.append(u.used_memory_bytes)
+            if n + 1 < polls:
+                time.sleep(interval)
+
+        print(f"cost per poll: median {statistics.median(wall_ms):.2f} ms wall "
+              f"(max {max(wall_ms):.2f}), median {statistics.median(cpu_ms):.2f} ms CPU")
+        if errors:
+            raise CheckFailed(f"{errors} NVML reads failed on a healthy machine")
+        if max(wall_ms) > 1000:
+            raise CheckFailed(f"a poll took {max(wall_ms):.0f} ms")
+        if child is not None:
+            if child.poll() is not None:
+                raise CheckFailed(f"the CUDA workload exited early (status {child.returncode})")
+            if not child_memory:
+                # NVML reports host pids; in a container without the host pid namespace the
+                # workload's pid does not match, and some containers list no process at all.
+                print(f"WARN: the workload's pid {child.pid} is not among NVML's pids {sorted(seen_pids)}: "
+                      "run in the host pid namespace to check per-process readings")
+            elif len(child_memory) > 2 and child_memory[-1] <= child_memory[0]:
+                raise CheckFailed(f"the workload's GPU memory did not grow: {child_memory}")
+            else:
+                print(f"workload memory seen: {fmt_bytes(child_memory[0])} -> {fmt_bytes(child_memory[-1])}")
+        print("OK")
+        return 0
+    except CheckFailed as exc:
+        print(f"FAILED: {exc}")
+        return 1
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        src.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments and run the check.
+
+    Args:
+        argv: command-line arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0 passed, 1 failed, 2 NVML unavailable.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--polls", type=int, default=8, help="number of polls (default 8)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    parser.add_argument("--no-workload", action="store_true", help="do not start the CUDA workload")
+    args = parser.parse_args(argv)
+    return check(max(1, args.polls), args.interval, not args.no_workload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
