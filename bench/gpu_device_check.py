@@ -21,6 +21,7 @@ import importlib.util
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 GiB = 1024**3
@@ -62,9 +63,10 @@ def start_workload(seconds: float) -> subprocess.Popen | None:
     if importlib.util.find_spec("torch") is None:
         print("workload: torch is not importable; polling the idle GPUs only")
         return None
+    # stderr to a file, not a pipe: torch warnings must not fill a pipe nobody reads.
+    err_file = tempfile.TemporaryFile(mode="w+")
     child = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD, str(seconds)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", WORKLOAD, str(seconds)], stdout=subprocess.PIPE, stderr=err_file, text=True
     )
     line = child.stdout.readline().strip() if child.stdout else ""
     if line != "ready":
@@ -72,7 +74,8 @@ def start_workload(seconds: float) -> subprocess.Popen | None:
         if code == 3:
             print("workload: torch has no CUDA here; polling the idle GPUs only")
             return None
-        err = child.stderr.read() if child.stderr else ""
+        err_file.seek(0)
+        err = err_file.read()
         raise CheckFailed(f"the CUDA workload failed (exit {code}): {err.strip()[-500:]}")
     print(f"workload: pid {child.pid} allocating 128 MiB more every step on cuda:0")
     return child
