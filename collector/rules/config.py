@@ -61,6 +61,8 @@ class LeakRule:
         min_t_stat: Least slope / standard error of the slope (noise guard).
         rise_fraction: Each third of the window must sit above the previous third by
             this fraction of the rise the slope predicts (growth is sustained, not one step).
+        max_jump_fraction: No two consecutive sub-bucket increments may carry more than this
+            fraction of the window's growth (plus twice the noise): a one-time step does.
         urgent_time_to_full_s: When the series would be full sooner than this, every
             window fires at `min_rate_per_h` (a fast leak near the limit fires early).
         resolve_fraction: A firing leak resolves when the slope over its window falls
@@ -82,6 +84,7 @@ class LeakRule:
     )
     min_t_stat: float = 4.0
     rise_fraction: float = 0.25
+    max_jump_fraction: float = 0.6
     urgent_time_to_full_s: float = 6 * 3600.0
     resolve_fraction: float = 0.5
 
@@ -337,6 +340,7 @@ _LEAK_MEMORY_KEYS = {
     "min_rate_mb_per_h": ("min_rate_per_h", MB), "min_growth_mb": ("min_growth", MB),
     "warmup_s": ("warmup_s", 1.0), "bucket_s": ("bucket_s", 1.0), "windows": ("windows", MB),
     "min_t_stat": ("min_t_stat", 1.0), "rise_fraction": ("rise_fraction", 1.0),
+    "max_jump_fraction": ("max_jump_fraction", 1.0),
     "urgent_time_to_full_s": ("urgent_time_to_full_s", 1.0),
     "resolve_fraction": ("resolve_fraction", 1.0),
 }

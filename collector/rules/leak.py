@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .config import LeakRule
-from .robust import fit_window
+from .robust import fit_window, median
 
 N_SUB = 12
 _THIRD = tuple(i * 3 // N_SUB for i in range(N_SUB))
@@ -58,16 +58,19 @@ class LeakFinding:
 
 
 class _Window:
-    __slots__ = ("length", "width", "floor", "sub_end", "sub_min", "subs", "firing")
+    __slots__ = ("length", "width", "floor", "sub_end", "sub_vals", "subs", "diffs", "firing", "slope_h")
 
     def __init__(self, length: float, floor: float) -> None:
         self.length = length
         self.width = length / N_SUB
         self.floor = floor
         self.sub_end = -math.inf
-        self.sub_min = math.inf
-        self.subs: deque[tuple[float, float]] = deque(maxlen=N_SUB)  # (sub-bucket start, min)
+        self.sub_vals: list[float] = []
+        self.subs: deque[tuple[float, float]] = deque(maxlen=N_SUB)  # (sub-bucket start, median)
+        # |differences| of consecutive sub-bucket medians over 4 windows: the noise scale.
+        self.diffs: deque[float] = deque(maxlen=4 * N_SUB)
         self.firing = False
+        self.slope_h = 0.0
 
 
 class LeakSeries:
@@ -121,16 +124,22 @@ class LeakSeries:
         found = None
         for w in self.windows:
             if start >= w.sub_end:
-                if w.sub_end != -math.inf:
-                    w.subs.append((w.sub_end - w.width, w.sub_min))
+                if w.sub_vals:
+                    vals = w.sub_vals
+                    vals.sort()
+                    n = len(vals)
+                    med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+                    if w.subs:
+                        w.diffs.append(abs(med - w.subs[-1][1]))
+                    w.subs.append((w.sub_end - w.width, med))
                     if len(w.subs) >= N_SUB - 2:
                         f = self._evaluate(w, w.sub_end, now, total)
                         if f is not None:
                             found = f
                 w.sub_end = (start // w.width + 1) * w.width
-                w.sub_min = low
-            elif low < w.sub_min:
-                w.sub_min = low
+                w.sub_vals = [low]
+            else:
+                w.sub_vals.append(low)
         return found
 
     def _evaluate(self, w: _Window, end: float, now: float, total: float | None) -> LeakFinding | None:
@@ -149,37 +158,41 @@ class LeakSeries:
         for k, y in zip(thirds, ys):
             if y < lows[k]:
                 lows[k] = y
-        if not w.firing and (lows[2] - lows[0] < rule.min_growth * 0.5 or lows[1] <= lows[0]
-                             or lows[2] <= lows[1]):
+        if not self.firing and (lows[2] - lows[0] < rule.min_growth * 0.5 or lows[1] <= lows[0]
+                                or lows[2] <= lows[1]):
             return None
-        fit = fit_window(xs, ys, thirds, end)
+        # Noise: consecutive sub-bucket medians differ by sqrt(2)*sigma*0.6745 in median.
+        noise = 1.0483 * median(w.diffs) if len(w.diffs) >= 6 else None
+        fit = fit_window(xs, ys, thirds, end, noise)
         rate_h = fit.slope_per_s * 3600.0
+        w.slope_h = rate_h
         ttf = None
         if total is not None and total > 0 and fit.slope_per_s > 0:
             ttf = max(0.0, (total - fit.level_end) / fit.slope_per_s)
+        if self.firing:
+            fw = self.fired_window
+            assert fw is not None
+            if w.length >= fw.length and rate_h < rule.resolve_fraction * rule.min_rate_per_h and all(
+                    x.slope_h < rule.resolve_fraction * rule.min_rate_per_h
+                    for x in self.windows if x.length >= fw.length and len(x.subs) >= N_SUB - 2):
+                self.firing = False
+                self.fired_window = None
+                return LeakFinding(False, now, rate_h, now - self.since, fit.level_end, ttf, w.length)
+            return None
         floor = w.floor
         if ttf is not None and ttf <= rule.urgent_time_to_full_s:
             floor = rule.min_rate_per_h
-        if w.firing:
-            if rate_h < rule.resolve_fraction * w.floor:
-                w.firing = False
-                if self.fired_window is w:
-                    self.firing = False
-                    self.fired_window = None
-                    return LeakFinding(False, now, rate_h, now - self.since, fit.level_end, ttf, w.length)
-            return None
         expected = fit.slope_per_s * w.length / 3.0
-        ok = (rate_h >= floor and fit.slope_per_s * w.length >= rule.min_growth
+        # One step spreads over at most two sub-bucket increments (the median of the
+        # sub-bucket it falls in sits between the levels); a leak spreads over all of them.
+        total_rise = median(ys[-3:]) - median(ys[:3])
+        jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
+        slack = 2.0 * (noise or 0.0)
+        ok = (jump <= rule.max_jump_fraction * total_rise + slack and rate_h >= floor and fit.slope_per_s * w.length >= rule.min_growth
               and fit.t_stat >= rule.min_t_stat
               and fit.rises[0] >= rule.rise_fraction * expected
               and fit.rises[1] >= rule.rise_fraction * expected)
         if not ok:
-            return None
-        w.firing = True
-        if self.firing:
-            # Already firing from a shorter window: a longer one agreeing keeps it alive.
-            if self.fired_window is not None and w.length > self.fired_window.length:
-                self.fired_window = w
             return None
         self.firing = True
         self.fired_window = w

@@ -62,7 +62,8 @@ class WindowFit:
     level_end: float
 
 
-def fit_window(xs: Sequence[float], ys: Sequence[float], thirds: Sequence[int], end: float) -> WindowFit:
+def fit_window(xs: Sequence[float], ys: Sequence[float], thirds: Sequence[int], end: float,
+               noise: float | None = None) -> WindowFit:
     """Fit a window reduced to points, one per sub-bucket.
 
     Args:
@@ -70,14 +71,18 @@ def fit_window(xs: Sequence[float], ys: Sequence[float], thirds: Sequence[int], 
         ys: Sub-bucket minima.
         thirds: For each point, which third of the window it is in (0, 1, 2).
         end: End time of the window, where `level_end` is taken.
+        noise: Standard deviation of one point, estimated from a longer history; when
+            None (or smaller), 1.4826 * MAD of the residuals is used. A dozen residuals
+            alone underestimate the noise too often.
 
     Returns:
-        The fit. The standard error uses 1.4826 * MAD of the residuals (robust to
-        the few points that checkpoint or evaluation phases lift).
+        The fit.
     """
     slope, icpt = theil_sen(xs, ys)
     resid = [abs(y - (icpt + slope * x)) for x, y in zip(xs, ys)]
     sigma = 1.4826 * median(resid)
+    if noise is not None and noise > sigma:
+        sigma = noise
     mx = sum(xs) / len(xs)
     sxx = sum((x - mx) ** 2 for x in xs)
     se = sigma / math.sqrt(sxx) if sxx > 0 else math.inf
