@@ -273,3 +273,15 @@ def test_mig_instances_are_the_devices() -> None:
     assert nv.count("nvmlDeviceGetUtilizationRates", "MIG-1111") == 0
     assert nv.count("nvmlDeviceGetProcessUtilization", "MIG-1111") == 0
     assert nv.count("nvmlDeviceGetPowerUsage", "MIG-1111") == 1
+
+
+def test_mig_instances_that_cannot_be_listed_leave_the_parent_in() -> None:
+    parent = FakeGpu(uuid="GPU-mig0", name="NVIDIA A100-SXM4-40GB", mig=[FakeGpu(uuid="MIG-1111")])
+    parent.fail["nvmlDeviceGetMigDeviceHandleByIndex"] = fk.NVMLError_NoPermission()
+    parent.fail["nvmlDeviceGetMemoryInfo"] = fk.NVMLError_NoPermission()  # MIG parent, unprivileged
+    src = NvmlGpuSource(FakeNvml([parent]))
+    assert src.inventory() == [GpuInfo("GPU-mig0", 0, "NVIDIA A100-SXM4-40GB", 0)]
+    poll = src.poll(1000.0)
+    # Utilisation is not supported on a MIG-enabled GPU, memory needs privileges: None, not errors.
+    assert poll.errors == 0
+    assert poll.readings == [GpuReading("GPU-mig0", None, None, None, 312.5)]

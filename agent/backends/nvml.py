@@ -46,6 +46,7 @@ _UNKNOWN = 999
 _FIELD_UNSUPPORTED = frozenset({_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND})
 _GPU_FAILED = frozenset({_GPU_IS_LOST, _UNKNOWN, _RESET_REQUIRED})
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+_MIG_UNLISTED = "GPU at NVML index %d: MIG instances not listed (%s); reading the whole GPU"
 
 _DEMO_HINT = "or pass --gpu-source sim for a demo."
 _INIT_LINES = {
@@ -191,7 +192,7 @@ class NvmlGpuSource:
                         devices.extend(instances)
                         continue
                 uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                total = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+                total = self._total_memory(handle)
             except self._nvml_error as exc:
                 # A GPU lost before we ever saw its UUID cannot be keyed: leave it out, and
                 # count it in the first poll's errors.
@@ -200,6 +201,15 @@ class NvmlGpuSource:
                 continue
             devices.append(_Device(GpuInfo(uuid, index, name, total), handle))
         return devices, skipped
+
+    def _total_memory(self, handle: Any) -> int:
+        try:
+            return int(self._nv.nvmlDeviceGetMemoryInfo(handle).total)
+        except self._nvml_error as exc:
+            # A MIG-mode parent answers only to privileged callers: still list the GPU.
+            if getattr(exc, "value", None) in _FIELD_UNSUPPORTED:
+                return 0
+            raise
 
     def _mig_enabled(self, handle: Any) -> bool:
         get_mode = getattr(self._nv, "nvmlDeviceGetMigMode", None)
@@ -212,21 +222,28 @@ class NvmlGpuSource:
         return bool(current == _MIG_ENABLED)
 
     def _mig_instances(self, parent: Any, index: int, parent_name: str) -> list[_Device]:
+        """The MIG instances of a GPU; [] when they cannot be listed (the parent is used then)."""
         nv = self._nv
         out: list[_Device] = []
-        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            slots = nv.nvmlDeviceGetMaxMigDeviceCount(parent)
+        except self._nvml_error as exc:
+            self._log.warning(_MIG_UNLISTED, index, exc)
+            return []
+        for slot in range(slots):
             try:
                 handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
             except self._nvml_error as exc:
                 if exc.value == _NOT_FOUND:
                     continue  # empty slot
-                raise
-            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                self._log.warning(_MIG_UNLISTED, index, exc)
+                return []
             try:
                 name = _text(nv.nvmlDeviceGetName(handle))
             except self._nvml_error:
                 name = f"{parent_name} MIG {slot}"
-            total = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+            total = self._total_memory(handle)
             # NVML documents device and process utilisation as not supported on MIG.
             dev = _Device(GpuInfo(uuid, index, name, total), handle, is_mig=True)
             dev.unsupported.update({"utilization", "process_util"})
