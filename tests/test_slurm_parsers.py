@@ -264,6 +264,9 @@ LISTPIDS_TABLE = [
          PidEntry(7970, 1, "batch", None, None), PidEntry(7971, 1, "batch", None, None)],
     ),
     ("22.05-listpids-n2.txt", [PidEntry(8020, 2, "0", 0, 1)]),
+    # real: right after srun, a task slurmstepd has not forked yet is printed with PID -1 (the extern
+    # row is this file's only addition, to show that the rest of the output is kept).
+    ("22.05-listpids-starting.txt", [PidEntry(7367, 1, "extern", None, None)]),
     ("24.11-listpids.json", [PidEntry(31337, 42, "0", 0, 1), PidEntry(31340, 42, "extern", None, None)]),
 ]
 

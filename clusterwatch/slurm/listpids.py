@@ -55,7 +55,7 @@ def parse_listpids_text(text: str) -> list[PidEntry]:
         text: standard output; an empty text (no processes) gives an empty list.
 
     Returns:
-        The rows in the order printed.
+        The rows in the order printed, without tasks not started yet (PID ``-1``).
 
     Raises:
         ParseError: a missing or wrong header, or a row that is not five fields of the right kinds.
@@ -74,6 +74,10 @@ def parse_listpids_text(text: str) -> list[PidEntry]:
         if len(fields) != 5:
             raise ParseError(f"scontrol listpids: row {_short(line)!r} does not have 5 fields")
         pid, job, step, local, global_ = fields
+        if pid == "-1":
+            # slurmstepd prints -1 for a task it has not started yet (seen on 22.05 right after srun):
+            # there is no process to label.
+            continue
         entries.append(
             PidEntry(
                 pid=_num(pid, "PID", line),

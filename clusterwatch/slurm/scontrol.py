@@ -467,7 +467,7 @@ def _json_record(job: Any, tz_unused: tzinfo | None) -> JobRecord:
     if not isinstance(details, list) or not all(isinstance(d, str) for d in details):
         raise ParseError("scontrol --json: gres_detail is not a list of strings")
     # gres_detail has one entry per allocated node, in the order of the expanded node list.
-    for node, detail in zip(nodes, details):
+    for node, detail in zip(nodes, details, strict=False):
         indexes, count = parse_gres_detail(detail)
         if count:
             gpus_by_node[node] = indexes

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from clusterwatch.collector.jobmap.base import ACTIVE_STATES, SlurmUnavailable
+
 from clusterwatch.slurm.listpids import PidEntry
 from clusterwatch.slurm.scontrol import JobRecord
 

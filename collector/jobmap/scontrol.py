@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, SlurmUnavailable
+
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
 from clusterwatch.slurm.scontrol import JobRecord, parse_show_job

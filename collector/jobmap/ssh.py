@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import asyncssh
-
 from clusterwatch.collector.jobmap.base import JobMapper, SlurmUnavailable
+
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
 from clusterwatch.slurm.scontrol import JobRecord

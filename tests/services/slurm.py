@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterwatch.slurm.listpids import parse_listpids
 from tests.services.procs import free_port, pid_alive, read_pid, require_binary, stop_pid, wait_for
 
 #: Simulated node names, in the order of the slurm.conf lines.
@@ -431,3 +432,47 @@ def slurm_cluster(slurm_hooks: SlurmHooks) -> Iterator[SlurmCluster]:
         if refs[0] == 0:
             del _shared[slurm_hooks]
             stack.close()
+
+
+#: What :func:`two_node_gpu_job` runs on each node.
+WORKLOAD = "import time; time.sleep(120)"
+
+
+@contextlib.contextmanager
+def two_node_gpu_job(cluster: SlurmCluster, name: str = "cw-two-node", timeout: float = 30.0) -> Iterator[int]:
+    """Run ``srun -N2 --ntasks-per-node=1 --gres=gpu:1 python3 -c WORKLOAD``; yield its job id.
+
+    Returns once the task runs on every node (``scontrol listpids`` shows it); cancels the job on exit.
+    """
+    proc = cluster.popen(
+        ["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:1", "-J", name, "python3", "-c", WORKLOAD]
+    )
+    job_id: int | None = None
+    try:
+        deadline = time.monotonic() + timeout
+        while job_id is None and time.monotonic() < deadline:
+            out = cluster.run(["squeue", "-h", "-n", name, "-o", "%i"]).stdout.split()
+            job_id = int(out[0]) if out else None
+            time.sleep(0.1)
+        if job_id is None:
+            raise AssertionError(f"srun job {name} never appeared\n{cluster.logs()}")
+        cluster.wait_job_state(job_id, ["RUNNING"], timeout=timeout)
+
+        def tasks_up() -> bool:
+            for node in cluster.nodes:
+                out = cluster.run(["scontrol", "listpids", str(job_id), node], check=False).stdout
+                if not any(e.step_id == "0" and e.local_id == 0 for e in parse_listpids(out)):
+                    return False
+            return True
+
+        if not wait_for(tasks_up, timeout, interval=0.2):
+            raise AssertionError(f"job {job_id}: tasks did not start on every node\n{cluster.logs()}")
+        yield job_id
+    finally:
+        if job_id is not None:
+            cluster.run(["scancel", str(job_id)], check=False)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
