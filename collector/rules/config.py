@@ -77,7 +77,6 @@ class LeakRule:
     bucket_s: float = 60.0
     windows: tuple[LeakWindow, ...] = (
         LeakWindow(900.0, 500 * MB),
-        LeakWindow(1800.0, 200 * MB),
         LeakWindow(3600.0, 100 * MB),
         LeakWindow(7200.0, 50 * MB),
         LeakWindow(14400.0, 50 * MB),
@@ -180,6 +179,7 @@ def _default_handle_rule() -> LeakRule:
         min_rate_per_h=30.0,
         min_growth=50.0,
         warmup_s=600.0,
+        bucket_s=300.0,
         windows=(LeakWindow(3600.0, 60.0), LeakWindow(14400.0, 30.0)),
         urgent_time_to_full_s=0.0,
     )

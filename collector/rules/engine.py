@@ -122,11 +122,11 @@ class Engine:
             Alert events caused by it.
         """
         g = d.get
-        key = (d["node"], d["pid"], g("start_time", 0.0))
-        p = self._procs.get(key)
+        p = self._procs.get((d["node"], d["pid"], g("start_time", 0.0)))
         job_id = g("job_id", "")
         rank = g("rank")
         if p is None or p.job_id != job_id or p.rank != rank:
+            key = (d["node"], d["pid"], g("start_time", 0.0))
             gpu = g("gpu", "")
             p = self._labels(key, p, d["t"], job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))

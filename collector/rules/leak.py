@@ -58,15 +58,17 @@ class LeakFinding:
 
 
 class _Window:
-    __slots__ = ("length", "width", "floor", "sub_end", "sub_vals", "subs", "diffs", "firing", "slope_h")
+    __slots__ = ("length", "width", "floor", "sub_k", "sub_end", "sub_vals", "subs", "diffs", "firing",
+                 "slope_h")
 
     def __init__(self, length: float, floor: float) -> None:
         self.length = length
         self.width = length / N_SUB
         self.floor = floor
+        self.sub_k = 0  # index of the open sub-bucket on the grid of `width`
         self.sub_end = -math.inf
         self.sub_vals: list[float] = []
-        self.subs: deque[tuple[float, float]] = deque(maxlen=N_SUB)  # (sub-bucket start, median)
+        self.subs: deque[tuple[int, float]] = deque(maxlen=N_SUB)  # (sub-bucket index, median)
         # |differences| of consecutive sub-bucket medians over 4 windows: the noise scale.
         self.diffs: deque[float] = deque(maxlen=4 * N_SUB)
         self.firing = False
@@ -131,36 +133,45 @@ class LeakSeries:
                     med = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
                     if w.subs:
                         w.diffs.append(abs(med - w.subs[-1][1]))
-                    w.subs.append((w.sub_end - w.width, med))
+                    w.subs.append((w.sub_k, med))
                     if len(w.subs) >= N_SUB - 2:
-                        f = self._evaluate(w, w.sub_end, now, total)
+                        f = self._evaluate(w, w.sub_k, now, total)
                         if f is not None:
                             found = f
-                w.sub_end = (start // w.width + 1) * w.width
+                w.sub_k = int(start // w.width)
+                w.sub_end = (w.sub_k + 1) * w.width
                 w.sub_vals = [low]
             else:
                 w.sub_vals.append(low)
         return found
 
-    def _evaluate(self, w: _Window, end: float, now: float, total: float | None) -> LeakFinding | None:
-        begin = end - w.length
-        xs, ys, thirds = [], [], []
-        for s, y in w.subs:
-            if s >= begin:
-                xs.append(s + 0.5 * w.width)
-                ys.append(y)
-                thirds.append(_THIRD[min(N_SUB - 1, int((s - begin) / w.width + 0.5))])
-        if len(xs) < N_SUB - 2 or len(set(thirds)) < 3:
-            return None
+    def _evaluate(self, w: _Window, last_k: int, now: float, total: float | None) -> LeakFinding | None:
         rule = self.rule
-        # Cheap necessary conditions first: most windows of a healthy process end here.
-        lows = [math.inf, math.inf, math.inf]
-        for k, y in zip(thirds, ys):
-            if y < lows[k]:
-                lows[k] = y
-        if not self.firing and (lows[2] - lows[0] < rule.min_growth * 0.5 or lows[1] <= lows[0]
-                                or lows[2] <= lows[1]):
+        if self.firing and w.length < self.fired_window.length:  # type: ignore[union-attr]
             return None
+        first_k = last_k - N_SUB + 1
+        end = (last_k + 1) * w.width
+        begin = end - w.length
+        subs = w.subs
+        if len(subs) == N_SUB and subs[0][0] == first_k:
+            # The usual case, a full contiguous window: a cheap necessary test first, since
+            # most windows of a healthy process end here.
+            ys = [y for _, y in subs]
+            if not self.firing:
+                l0, l1, l2 = min(ys[0:4]), min(ys[4:8]), min(ys[8:12])
+                if l2 - l0 < rule.min_growth * 0.5 or l1 <= l0 or l2 <= l1:
+                    return None
+            xs = [(k + 0.5) * w.width for k, _ in subs]
+            thirds = _THIRD
+        else:
+            xs, ys, thirds = [], [], []  # type: ignore[assignment]
+            for k, y in subs:
+                if k >= first_k:
+                    xs.append((k + 0.5) * w.width)
+                    ys.append(y)
+                    thirds.append(_THIRD[k - first_k])  # type: ignore[attr-defined]
+            if len(xs) < N_SUB - 2 or len(set(thirds)) < 3:
+                return None
         # Noise: consecutive sub-bucket medians differ by sqrt(2)*sigma*0.6745 in median.
         noise = 1.0483 * median(w.diffs) if len(w.diffs) >= 6 else None
         fit = fit_window(xs, ys, thirds, end, noise)
