@@ -45,7 +45,9 @@ def _ssh(server: SshServer, known_hosts=None, **kwargs) -> SshListpids:
 @pytest.mark.slurm
 @pytest.mark.ssh
 def test_listpids_over_ssh_matches_local_scontrol(
-    slurm_cluster: SlurmCluster, slurm_sshd: SshServer, job: int  # noqa: F811
+    slurm_cluster: SlurmCluster,
+    slurm_sshd: SshServer,
+    job: int,  # noqa: F811
 ) -> None:
     async def main() -> dict[str, list[PidEntry]]:
         ssh = _ssh(slurm_sshd, max_concurrency=1)
@@ -64,7 +66,10 @@ def test_listpids_over_ssh_matches_local_scontrol(
         local = parse_listpids(slurm_cluster.run(["scontrol", "listpids", str(job), node]).stdout)
         assert sorted(over_ssh[node], key=lambda e: e.pid) == sorted(local, key=lambda e: e.pid)
         assert any(e.local_id == 0 for e in local)
-    assert {e.global_id for n in slurm_cluster.nodes for e in over_ssh[n] if e.global_id is not None} == {0, 1}
+    assert {e.global_id for n in slurm_cluster.nodes for e in over_ssh[n] if e.global_id is not None} == {
+        0,
+        1,
+    }
 
 
 @pytest.mark.slurm

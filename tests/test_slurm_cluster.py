@@ -30,7 +30,16 @@ def two_node_job(slurm_cluster: SlurmCluster) -> Iterator[int]:  # noqa: F811
 
 
 @pytest.mark.parametrize(
-    "expr", ["n[1-2]", "gpu[001-004,010]", "rack[0-1]_blade[0-2]", "a,b[1-3],c", "node[09-11]", "x[7]", "lx[15,18,32-33]"]
+    "expr",
+    [
+        "n[1-2]",
+        "gpu[001-004,010]",
+        "rack[0-1]_blade[0-2]",
+        "a,b[1-3],c",
+        "node[09-11]",
+        "x[7]",
+        "lx[15,18,32-33]",
+    ],
 )
 def test_expander_agrees_with_scontrol_show_hostnames(slurm_cluster: SlurmCluster, expr: str) -> None:  # noqa: F811
     out = slurm_cluster.run(["scontrol", "show", "hostnames", expr]).stdout.split()
@@ -57,6 +66,7 @@ def test_listpids_on_the_second_node(slurm_cluster: SlurmCluster, two_node_job: 
     entries = parse_listpids(out)
     tasks = [e for e in entries if e.local_id is not None]
     assert [(e.job_id, e.step_id, e.local_id, e.global_id) for e in tasks] == [(two_node_job, "0", 0, 1)]
+
     # The PID is the python process running our workload (it may still be exec'ing for a moment).
     def cmdline() -> list[bytes]:
         with open(f"/proc/{tasks[0].pid}/cmdline", "rb") as f:

@@ -97,31 +97,68 @@ SHOW_JOB_TABLE = [
     (
         "22.05-srun-two-nodes.txt",  # real: srun -N2 --ntasks-per-node=1 --gres=gpu:1
         2,
-        dict(name="python3", user="root", uid=0, account=None, partition="debug", state="RUNNING",
-             submit_time=utc("2026-11-29T18:43:31"), start_time=utc("2026-11-29T18:43:34"), end_time=None,
-             time_limit_s=None, nodes=("n1", "n2"), cpus=2, num_tasks=2, memory_bytes=None,
-             gpus_by_node={"n1": (1,), "n2": (0,)}, exit_code=0, sluid=None, command="python3",
-             batch_host="n1"),
+        dict(
+            name="python3",
+            user="root",
+            uid=0,
+            account=None,
+            partition="debug",
+            state="RUNNING",
+            submit_time=utc("2026-11-29T18:43:31"),
+            start_time=utc("2026-11-29T18:43:34"),
+            end_time=None,
+            time_limit_s=None,
+            nodes=("n1", "n2"),
+            cpus=2,
+            num_tasks=2,
+            memory_bytes=None,
+            gpus_by_node={"n1": (1,), "n2": (0,)},
+            exit_code=0,
+            sluid=None,
+            command="python3",
+            batch_host="n1",
+        ),
     ),
     (
         "22.05-batch-running.txt",  # real: sbatch -J 'train llm' --mem=100 -t 10 -D 'my work dir'
         1,
-        dict(name="train llm", state="RUNNING", time_limit_s=600, nodes=("n1",), cpus=1,
-             memory_bytes=100 * MIB, gpus_by_node={"n1": (0,)}, end_time=utc("2026-11-29T18:53:34"),
-             work_dir="/tmp/cw-slurm-hhb7x5u6/my work dir",
-             command="/tmp/cw-slurm-hhb7x5u6/train.sh --lr 0.1"),
+        dict(
+            name="train llm",
+            state="RUNNING",
+            time_limit_s=600,
+            nodes=("n1",),
+            cpus=1,
+            memory_bytes=100 * MIB,
+            gpus_by_node={"n1": (0,)},
+            end_time=utc("2026-11-29T18:53:34"),
+            work_dir="/tmp/cw-slurm-hhb7x5u6/my work dir",
+            command="/tmp/cw-slurm-hhb7x5u6/train.sh --lr 0.1",
+        ),
     ),
     (
         "22.05-gpus-uneven.txt",  # real: --gpus=3 over two nodes, two node-detail lines
         5,
-        dict(nodes=("n1", "n2"), gpus_by_node={"n1": (0, 1), "n2": (0,)},
-             gpu_count_by_node={"n1": 2, "n2": 1}, command=None),
+        dict(
+            nodes=("n1", "n2"),
+            gpus_by_node={"n1": (0, 1), "n2": (0,)},
+            gpu_count_by_node={"n1": 2, "n2": 1},
+            command=None,
+        ),
     ),
     (
         "22.05-pending.txt",
         3,
-        dict(state="PENDING", reason="Resources", nodes=(), start_time=None, end_time=None,
-             time_limit_s=86400, gpus_by_node={}, memory_bytes=16000 * MIB, batch_host=None),
+        dict(
+            state="PENDING",
+            reason="Resources",
+            nodes=(),
+            start_time=None,
+            end_time=None,
+            time_limit_s=86400,
+            gpus_by_node={},
+            memory_bytes=16000 * MIB,
+            batch_host=None,
+        ),
     ),
     ("22.05-failed.txt", 4, dict(state="FAILED", exit_code=3, exit_signal=0, gpus_by_node={})),
     ("22.05-cancelled.txt", 1, dict(state="CANCELLED", exit_code=0, exit_signal=15)),
@@ -133,51 +170,105 @@ SHOW_JOB_TABLE = [
     (
         "19.05-gres-idx.txt",  # GRES_IDX=gpu(IDX:0-1): no count before 20.02
         4711,
-        dict(user="alice", uid=1000, account="nlp", nodes=("node-63", "node-64"),
-             gpus_by_node={"node-63": (0, 1), "node-64": (2, 3)}, gpu_count_by_node={"node-63": 2, "node-64": 2},
-             memory_bytes=4000 * MIB, time_limit_s=86400),
+        dict(
+            user="alice",
+            uid=1000,
+            account="nlp",
+            nodes=("node-63", "node-64"),
+            gpus_by_node={"node-63": (0, 1), "node-64": (2, 3)},
+            gpu_count_by_node={"node-63": 2, "node-64": 2},
+            memory_bytes=4000 * MIB,
+            time_limit_s=86400,
+        ),
     ),
     (
         "23.11-typed-gpus.txt",
         90210,
-        dict(name="llama finetune", nodes=("gpu001", "gpu002", "gpu010"),
-             gpus_by_node={"gpu001": (0, 1, 2, 3), "gpu002": (0, 1, 2, 3), "gpu010": (1, 3)},
-             time_limit_s=2 * 86400 + 12 * 3600, memory_bytes=3 * 256000 * MIB, cpus=96, num_tasks=12,
-             command="/home/bob/ft.sh --config conf/a=b.yaml", work_dir="/home/bob/runs/llama ft"),
+        dict(
+            name="llama finetune",
+            nodes=("gpu001", "gpu002", "gpu010"),
+            gpus_by_node={"gpu001": (0, 1, 2, 3), "gpu002": (0, 1, 2, 3), "gpu010": (1, 3)},
+            time_limit_s=2 * 86400 + 12 * 3600,
+            memory_bytes=3 * 256000 * MIB,
+            cpus=96,
+            num_tasks=12,
+            command="/home/bob/ft.sh --config conf/a=b.yaml",
+            work_dir="/home/bob/runs/llama ft",
+        ),
     ),
     (
         "23.11-typed-gpus.txt",  # gpu(CNT:2): a count without indexes
         90211,
-        dict(gpus_by_node={"gpu011": ()}, gpu_count_by_node={"gpu011": 2}, time_limit_s=1800,
-             memory_bytes=16384 * MIB),
+        dict(
+            gpus_by_node={"gpu011": ()},
+            gpu_count_by_node={"gpu011": 2},
+            time_limit_s=1800,
+            memory_bytes=16384 * MIB,
+        ),
     ),
     (
         "26.05-sluid-shard.txt",
         1234567,
-        dict(sluid="s5K1KKYAYG5D00", state="COMPLETED", time_limit_s=None,
-             nodes=("rack0_blade0", "rack0_blade1", "rack1_blade0", "rack1_blade1"),
-             gpus_by_node={"rack0_blade0": (0,), "rack0_blade1": (0,), "rack1_blade0": (7,), "rack1_blade1": (7,)},
-             end_time=utc("2026-11-29T18:36:46")),
+        dict(
+            sluid="s5K1KKYAYG5D00",
+            state="COMPLETED",
+            time_limit_s=None,
+            nodes=("rack0_blade0", "rack0_blade1", "rack1_blade0", "rack1_blade1"),
+            gpus_by_node={
+                "rack0_blade0": (0,),
+                "rack0_blade1": (0,),
+                "rack1_blade0": (7,),
+                "rack1_blade1": (7,),
+            },
+            end_time=utc("2026-11-29T18:36:46"),
+        ),
     ),
     (
         "23.02-v0.0.39.json",  # job_state a string, NO_VAL structs
         512,
-        dict(name="bert large", user="alice", uid=1000, state="RUNNING", nodes=("gpu01", "gpu02"),
-             gpus_by_node={"gpu01": (0, 1), "gpu02": (2, 3)}, time_limit_s=86400, start_time=1700000000,
-             memory_bytes=2 * 64000 * MIB, work_dir="/home/alice/run 1", cpus=16, num_tasks=4),
+        dict(
+            name="bert large",
+            user="alice",
+            uid=1000,
+            state="RUNNING",
+            nodes=("gpu01", "gpu02"),
+            gpus_by_node={"gpu01": (0, 1), "gpu02": (2, 3)},
+            time_limit_s=86400,
+            start_time=1700000000,
+            memory_bytes=2 * 64000 * MIB,
+            work_dir="/home/alice/run 1",
+            cpus=16,
+            num_tasks=4,
+        ),
     ),
     (
         "23.02-v0.0.39.json",
         513,
-        dict(state="PENDING", nodes=(), start_time=None, end_time=None, time_limit_s=None, account=None,
-             command=None, exit_code=3, reason="Resources"),
+        dict(
+            state="PENDING",
+            nodes=(),
+            start_time=None,
+            end_time=None,
+            time_limit_s=None,
+            account=None,
+            command=None,
+            exit_code=3,
+            reason="Resources",
+        ),
     ),
     (
         "24.05-v0.0.41.json",  # job_state a list of flags, exit_code an object
         77,
-        dict(state="CANCELLED", nodes=("n1", "n2"), gpus_by_node={"n1": (0,), "n2": ()},
-             gpu_count_by_node={"n1": 1, "n2": 1}, exit_code=0, exit_signal=9, time_limit_s=3600,
-             memory_bytes=4 * 1024 * MIB),
+        dict(
+            state="CANCELLED",
+            nodes=("n1", "n2"),
+            gpus_by_node={"n1": (0,), "n2": ()},
+            gpu_count_by_node={"n1": 1, "n2": 1},
+            exit_code=0,
+            exit_signal=9,
+            time_limit_s=3600,
+            memory_bytes=4 * 1024 * MIB,
+        ),
     ),
 ]
 
@@ -193,7 +284,11 @@ def test_show_job(fixture: str, job_id: int, expected: dict) -> None:
 def test_show_job_all_jobs_in_one_output() -> None:
     records = parse_show_job((FIXTURES / "22.05-all.txt").read_text(), tz=UTC)
     assert [(r.job_id, r.state) for r in records] == [
-        (1, "CANCELLED"), (2, "CANCELLED"), (3, "CANCELLED"), (4, "FAILED"), (5, "RUNNING"),
+        (1, "CANCELLED"),
+        (2, "CANCELLED"),
+        (3, "CANCELLED"),
+        (4, "FAILED"),
+        (5, "RUNNING"),
     ]
 
 
@@ -248,8 +343,16 @@ def test_gres_detail(text: str, indexes: tuple[int, ...], count: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("UNLIMITED", None), ("Partition_Limit", None), ("30", 1800), ("10:00", 600), ("01:00:00", 3600),
-     ("1-00:00:00", 86400), ("2-12", 2 * 86400 + 12 * 3600), ("1-02:03", 86400 + 2 * 3600 + 180)],
+    [
+        ("UNLIMITED", None),
+        ("Partition_Limit", None),
+        ("30", 1800),
+        ("10:00", 600),
+        ("01:00:00", 3600),
+        ("1-00:00:00", 86400),
+        ("2-12", 2 * 86400 + 12 * 3600),
+        ("1-02:03", 86400 + 2 * 3600 + 180),
+    ],
 )
 def test_duration(text: str, seconds: int | None) -> None:
     assert parse_duration(text) == seconds
@@ -260,8 +363,13 @@ def test_duration(text: str, seconds: int | None) -> None:
 LISTPIDS_TABLE = [
     (
         "22.05-listpids-batch.txt",  # real: sbatch script with a background child and an srun step
-        [PidEntry(7991, 1, "0", 0, 0), PidEntry(7969, 1, "batch", 0, 0), PidEntry(7974, 1, "batch", None, None),
-         PidEntry(7970, 1, "batch", None, None), PidEntry(7971, 1, "batch", None, None)],
+        [
+            PidEntry(7991, 1, "0", 0, 0),
+            PidEntry(7969, 1, "batch", 0, 0),
+            PidEntry(7974, 1, "batch", None, None),
+            PidEntry(7970, 1, "batch", None, None),
+            PidEntry(7971, 1, "batch", None, None),
+        ],
     ),
     ("22.05-listpids-n2.txt", [PidEntry(8020, 2, "0", 0, 1)]),
     # real: right after srun, a task slurmstepd has not forked yet is printed with PID -1 (the extern
@@ -301,17 +409,28 @@ def test_listpids_empty_output_is_no_processes() -> None:
 CGROUP_TABLE = [
     ("0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0\n", CgroupJob(123, None, "0", 0)),
     ("0::/system.slice/slurmstepd.scope/job_123/step_batch/slurm\n", CgroupJob(123, None, "batch", None)),
-    ("0::/system.slice/slurmstepd.scope/job_5/step_extern/user/task_special\n", CgroupJob(5, None, "extern", None)),
-    ("0::/system.slice/n2_slurmstepd.scope/job_9/step_1/user/task_3\n", CgroupJob(9, None, "1", 3, node="n2")),
-    ("0::/system.slice/slurmstepd.scope/s5K1KKYAYG5D00/step_0/user/task_1\n",
-     CgroupJob(None, "s5K1KKYAYG5D00", "0", 1)),
+    (
+        "0::/system.slice/slurmstepd.scope/job_5/step_extern/user/task_special\n",
+        CgroupJob(5, None, "extern", None),
+    ),
+    (
+        "0::/system.slice/n2_slurmstepd.scope/job_9/step_1/user/task_3\n",
+        CgroupJob(9, None, "1", 3, node="n2"),
+    ),
+    (
+        "0::/system.slice/slurmstepd.scope/s5K1KKYAYG5D00/step_0/user/task_1\n",
+        CgroupJob(None, "s5K1KKYAYG5D00", "0", 1),
+    ),
     ("0::/system.slice/slurmstepd.scope/job_77\n", CgroupJob(77, None, None, None)),
     (
         "12:pids:/slurm/uid_1000/job_123/step_0/task_2\n11:memory:/slurm/uid_1000/job_123/step_0/task_2\n"
         "1:name=systemd:/user.slice/user-1000.slice\n",
         CgroupJob(123, None, "0", 2, uid=1000),
     ),
-    ("4:memory:/slurm_n1/uid_0/job_8/step_batch\n0::/\n", CgroupJob(8, None, "batch", None, uid=0, node="n1")),
+    (
+        "4:memory:/slurm_n1/uid_0/job_8/step_batch\n0::/\n",
+        CgroupJob(8, None, "batch", None, uid=0, node="n1"),
+    ),
     ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
     ("0::/\n", None),
     ("", None),
@@ -341,8 +460,15 @@ def test_environ_and_labels() -> None:
     env = parse_environ(data)
     assert env["EQ"] == "a=b" and "noequals" not in env and env["BIN"] == "\ufffd\ufffd"
     assert environ_labels(env) == EnvLabels(
-        job_id=42, step_id="0", proc_id=3, local_id=1, rank=3, local_rank=1, world_size=8,
-        job_gpus="2,3", cuda_visible_devices="0,1",
+        job_id=42,
+        step_id="0",
+        proc_id=3,
+        local_id=1,
+        rank=3,
+        local_rank=1,
+        world_size=8,
+        job_gpus="2,3",
+        cuda_visible_devices="0,1",
     )
 
 

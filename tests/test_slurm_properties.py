@@ -52,10 +52,35 @@ def test_expand_never_crashes(text: str) -> None:
 
 
 _scontrol_words = st.sampled_from(
-    ["JobId=1", "JobId=x", "JobState=RUNNING", "NodeList=n[1-2]", "Nodes=n1", "GRES=gpu:1(IDX:0)", "GRES=gpu(",
-     "TimeLimit=1-00:00", "SubmitTime=2026-01-01T00:00:00", "SubmitTime=9999-99-99T00:00:00", "Mem=12",
-     "UserId=a(1)", "ExitCode=1:2", "TRES=mem=1G", "MinMemoryNode=5G", "\n", "\n\n", " ", "=", "{", "}",
-     '"jobs"', ":", "[", "]", "NumCPUs=2", "CPU_IDs=0"]
+    [
+        "JobId=1",
+        "JobId=x",
+        "JobState=RUNNING",
+        "NodeList=n[1-2]",
+        "Nodes=n1",
+        "GRES=gpu:1(IDX:0)",
+        "GRES=gpu(",
+        "TimeLimit=1-00:00",
+        "SubmitTime=2026-01-01T00:00:00",
+        "SubmitTime=9999-99-99T00:00:00",
+        "Mem=12",
+        "UserId=a(1)",
+        "ExitCode=1:2",
+        "TRES=mem=1G",
+        "MinMemoryNode=5G",
+        "\n",
+        "\n\n",
+        " ",
+        "=",
+        "{",
+        "}",
+        '"jobs"',
+        ":",
+        "[",
+        "]",
+        "NumCPUs=2",
+        "CPU_IDs=0",
+    ]
 )
 
 
@@ -69,15 +94,39 @@ def test_show_job_raises_only_parse_error(text: str) -> None:
 
 
 @settings(max_examples=200)
-@given(st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
-    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(
-        st.sampled_from(["jobs", "job_id", "job_state", "nodes", "gres_detail", "time_limit", "set", "number",
-                         "infinite", "exit_code", "return_code", "cpus", "memory_per_node", "pids", "pid",
-                         "step_id"]),
-        children, max_size=5)),
-    max_leaves=20,
-))
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+        lambda children: st.one_of(
+            st.lists(children, max_size=3),
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "jobs",
+                        "job_id",
+                        "job_state",
+                        "nodes",
+                        "gres_detail",
+                        "time_limit",
+                        "set",
+                        "number",
+                        "infinite",
+                        "exit_code",
+                        "return_code",
+                        "cpus",
+                        "memory_per_node",
+                        "pids",
+                        "pid",
+                        "step_id",
+                    ]
+                ),
+                children,
+                max_size=5,
+            ),
+        ),
+        max_leaves=20,
+    )
+)
 def test_json_parsers_raise_only_parse_error(doc: object) -> None:
     import json
 

@@ -66,8 +66,10 @@ def parse_listpids_text(text: str) -> list[PidEntry]:
     if not lines:
         return []
     if lines[0].split() != _HEADER:
-        raise ParseError(f"scontrol listpids: expected header 'PID JOBID STEPID LOCALID GLOBALID', "
-                         f"got {_short(lines[0])!r}")
+        raise ParseError(
+            f"scontrol listpids: expected header 'PID JOBID STEPID LOCALID GLOBALID', "
+            f"got {_short(lines[0])!r}"
+        )
     entries = []
     for line in lines[1:]:
         fields = line.split()
@@ -132,7 +134,9 @@ def parse_listpids_json(text: str | bytes) -> list[PidEntry]:
         pid, job = _json_int(row.get("pid"), "pid"), _json_int(row.get("job_id"), "job_id")
         step = row.get("step_id")
         if pid is None or job is None or not isinstance(step, (str, int)) or isinstance(step, bool):
-            raise ParseError(f"scontrol listpids --json: row {_short(repr(row))} lacks pid, job_id or step_id")
+            raise ParseError(
+                f"scontrol listpids --json: row {_short(repr(row))} lacks pid, job_id or step_id"
+            )
         entries.append(
             PidEntry(
                 pid=pid,

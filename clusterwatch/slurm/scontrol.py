@@ -114,7 +114,9 @@ def _time(value: str | None, key: str, tz: tzinfo | None) -> int | None:
     try:
         moment = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
     except ValueError:
-        raise ParseError(f"scontrol: {key}={_short(value)!r} is not a time like 2026-11-29T18:36:46") from None
+        raise ParseError(
+            f"scontrol: {key}={_short(value)!r} is not a time like 2026-11-29T18:36:46"
+        ) from None
     # A naive datetime's timestamp() uses the machine's local timezone, which is what scontrol printed in.
     return int(moment.replace(tzinfo=tz).timestamp()) if tz is not None else int(moment.timestamp())
 
@@ -238,8 +240,22 @@ def parse_gres_detail(text: str) -> tuple[tuple[int, ...], int]:
 _KEY = r"[A-Za-z][A-Za-z0-9_/:]*"
 _TOKEN_START = re.compile(rf"(?:^|(?<=\s))({_KEY})=")
 # Keys whose values may hold spaces; Slurm prints each last on its line (or alone on it).
-_REST_OF_LINE = {"JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment", "AdminComment",
-                 "SystemComment", "Reservation", "Container", "ContainerID", "Features", "Prefer"}
+_REST_OF_LINE = {
+    "JobName",
+    "Command",
+    "WorkDir",
+    "StdErr",
+    "StdIn",
+    "StdOut",
+    "Comment",
+    "AdminComment",
+    "SystemComment",
+    "Reservation",
+    "Container",
+    "ContainerID",
+    "Features",
+    "Prefer",
+}
 _NODE_GROUP_KEYS = {"CPU_IDs", "Mem", "GRES", "GRES_IDX"}
 
 
@@ -539,7 +555,9 @@ def parse_show_job_json(text: str | bytes) -> list[JobRecord]:
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         errors = doc.get("errors") or []
-        said = "; ".join(str(e.get("description") or e.get("error")) for e in errors if isinstance(e, Mapping))
+        said = "; ".join(
+            str(e.get("description") or e.get("error")) for e in errors if isinstance(e, Mapping)
+        )
         raise ParseError(f"scontrol --json: no jobs list{': ' + _short(said) if said else ''}")
     try:
         return [_json_record(job, None) for job in jobs]

@@ -439,7 +439,9 @@ WORKLOAD = "import time; time.sleep(120)"
 
 
 @contextlib.contextmanager
-def two_node_gpu_job(cluster: SlurmCluster, name: str = "cw-two-node", timeout: float = 30.0) -> Iterator[int]:
+def two_node_gpu_job(
+    cluster: SlurmCluster, name: str = "cw-two-node", timeout: float = 30.0
+) -> Iterator[int]:
     """Run ``srun -N2 --ntasks-per-node=1 --gres=gpu:1 python3 -c WORKLOAD``; yield its job id.
 
     Returns once the task runs on every node (``scontrol listpids`` shows it); cancels the job on exit.

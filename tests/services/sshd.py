@@ -103,8 +103,7 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
             "KbdInteractiveAuthentication no\n"
             "UsePAM no\n"
             # The temporary folder is not owned the way StrictModes wants home folders to be.
-            "StrictModes no\n"
-            + env_line
+            "StrictModes no\n" + env_line
         )
         check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
@@ -118,7 +117,10 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
 
         stack.callback(stop)
         started = subprocess.run(
-            [sshd, "-f", str(config), "-E", str(root / "sshd.log")], capture_output=True, text=True, timeout=30
+            [sshd, "-f", str(config), "-E", str(root / "sshd.log")],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         if started.returncode != 0:
             pytest.fail(f"sshd did not start: {started.stderr.strip()}", pytrace=False)
