@@ -45,9 +45,9 @@ def _ssh(server: SshServer, known_hosts=None, **kwargs) -> SshListpids:
 @pytest.mark.slurm
 @pytest.mark.ssh
 def test_listpids_over_ssh_matches_local_scontrol(
-    slurm_cluster: SlurmCluster,
-    slurm_sshd: SshServer,
-    job: int,  # noqa: F811
+    slurm_cluster: SlurmCluster,  # noqa: F811
+    slurm_sshd: SshServer,  # noqa: F811
+    job: int,
 ) -> None:
     async def main() -> dict[str, list[PidEntry]]:
         ssh = _ssh(slurm_sshd, max_concurrency=1)
