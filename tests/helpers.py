@@ -1,0 +1,96 @@
+"""Helpers for tests that start real clusterwatch processes on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() returns a truthy value; return it, or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Proc:
+    """A child process with its log file; stopped by its pid."""
+
+    def __init__(self, args: list[str], log: Path, env: dict | None = None) -> None:
+        self.log = log
+        with open(log, "ab") as f:
+            self.popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+
+class Collector(Proc):
+    """`clusterwatch collector` on free loopback ports."""
+
+    def __init__(self, tmp: Path, *extra: str, db: Path | None = None, name: str = "collector") -> None:
+        self.ports_file = tmp / f"{name}-ports.json"
+        if self.ports_file.exists():
+            self.ports_file.unlink()
+        super().__init__(
+            [*CLI, "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--db", str(db or tmp / "clusterwatch.db"), "--ports-file", str(self.ports_file), *extra],
+            tmp / f"{name}.log",
+        )
+        wait_for(lambda: self.ports_file.exists() or self.popen.poll() is not None, what="collector ports")
+        if self.popen.poll() is not None:
+            raise AssertionError(f"collector exited: {self.text()}")
+        ports = json.loads(self.ports_file.read_text())
+        self.grpc_port, self.metrics_port = ports["grpc"], ports["metrics"]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the first series `name{labels…}` in an exposition text, None if absent."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -1,0 +1,100 @@
+"""`clusterwatch run` and `clusterwatch demo` as a user runs them: real processes, loopback only."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .helpers import CLI, cli, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below pid (children found through /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            fields = text[text.rindex(b")") + 2:].split()
+            if fields[0] != b"Z":
+                children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text[text.rindex(b")") + 2:].split()[0] != b"Z"
+
+
+def test_run_returns_the_commands_exit_code_and_prints_a_summary():
+    code = "import time; x = bytearray(30 * 1024 * 1024); x[::4096] = b'y' * len(x[::4096]); time.sleep(2.5); raise SystemExit(7)"
+    r = cli("run", "--interval", "0.5", "--gpu-source", "none", "--", "python3", "-c", code, timeout=90)
+    assert r.returncode == 7, r.stderr
+    assert "clusterwatch · job local-" in r.stderr
+    assert "FAILED (exit code 7)" in r.stderr
+    assert "python3" in r.stderr  # the process table names the command
+
+
+def test_run_passes_success_through():
+    r = cli("run", "--interval", "0.5", "--gpu-source", "none", "--", "true", timeout=90)
+    assert r.returncode == 0, r.stderr
+
+
+def test_run_with_a_missing_command_says_so():
+    r = cli("run", "--gpu-source", "none", "--", "/nonexistent/cmd-xyz", timeout=60)
+    assert r.returncode == 127
+    assert "command not found: /nonexistent/cmd-xyz" in r.stderr
+
+
+def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
+    proc = subprocess.Popen([*CLI, "demo", "--duration", "15", "--interval", "0.5", "--refresh", "5",
+                             "--keep", str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(lambda: len(_descendants(proc.pid)) >= 7, timeout=60, what="demo processes")
+        started = _descendants(proc.pid)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err + out
+    assert "demo-node1" in out and "demo-node2" in out
+    assert "Final summary" in out and "COMPLETED" in out
+    for rank in range(4):
+        assert f"\n      {rank} demo-node" in out  # every rank shows in the table
+    # every process the demo started is gone: collector, agents and ranks
+    assert not [p for p in started if _alive(p)]
+
+
+def test_demo_interrupted_leaves_no_process(tmp_path):
+    proc = subprocess.Popen([*CLI, "demo", "--duration", "120", "--interval", "0.5", "--keep",
+                             str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # wait until the collector, both agents and the four ranks run
+        wait_for(lambda: len(_descendants(proc.pid)) >= 7, timeout=60, what="demo processes")
+        started = _descendants(proc.pid)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not any(_alive(p) for p in started), timeout=20, what="all demo processes gone")
+    assert "Interrupted" in proc.stderr.read()
