@@ -1,0 +1,246 @@
+"""Synthetic traces of every behaviour the leak and stall rules must tell apart.
+
+`make(kind, rng)` draws one trace of a kind with random rates, sizes, noise,
+periods and poll intervals (1–60 s, jittered, with missing polls) and returns
+its samples (dicts in the trace format, time order) and the alerts it must raise:
+(rules, node, pid, after, before). Benign kinds expect nothing.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MB = 1024 * 1024
+GB = 1024 * MB
+H = 3600.0
+
+
+@dataclass
+class Expect:
+    """An alert that must fire for (node, pid) with one of `rules`, in [after, before]."""
+
+    rules: tuple[str, ...]
+    node: str
+    pid: int
+    after: float
+    before: float
+
+
+@dataclass
+class Trace:
+    """A generated trace: samples in time order and what must fire."""
+
+    kind: str
+    rows: list[dict]
+    expect: list[Expect]
+    params: dict
+
+
+def _poll_times(rng: random.Random, duration: float, interval: float) -> list[float]:
+    """Poll times with ±30 % jitter and ~2 % missing polls (sometimes a run of them)."""
+    out, t = [], 0.0
+    while t <= duration:
+        if rng.random() > 0.02:
+            out.append(round(t, 3))
+        t += interval * rng.uniform(0.7, 1.3)
+    return out
+
+
+def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], float],
+                                                               Callable[[float], float],
+                                                               Callable[[float], float],
+                                                               Callable[[float], int | None]]:
+    base = p["base"]
+    noise = p["noise"]
+    rss0 = 6 * GB
+
+    def warm(t: float) -> float:
+        # The caching allocator grows in steps during the first minutes, then stops.
+        w_end, w_size, steps = p["warm_s"], p["warm_bytes"], p["warm_steps"]
+        return w_size * min(steps, math.floor(t / (w_end / steps))) / steps if t < w_end else w_size
+
+    def leak(t: float) -> float:
+        start, rate = p.get("leak_start", math.inf), p.get("rate", 0.0)
+        if t < start:
+            return 0.0
+        if kind == "staircase_leak":
+            per = p["period"]
+            return math.floor((t - start) / per + 1) * rate * per / H
+        return rate * (t - start) / H
+
+    def gpu_mem(t: float) -> float:
+        v = base + warm(t) + rng.gauss(0, noise)
+        if kind in ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
+                    "rank_leak"):
+            v += leak(t)
+        if kind == "one_step" and t >= p["step_at"]:
+            v += p["step_bytes"]
+        if kind == "eval_sawtooth" and (t % p["period"]) >= p["period"] - p["eval_s"]:
+            v += p["eval_bytes"]
+        if kind == "ckpt_spikes" and (t % p["period"]) < p["ckpt_s"] and rng.random() < 0.3:
+            v += p["spike_bytes"]
+        return max(0.0, v)
+
+    def rss(t: float) -> float:
+        v = rss0 + rng.gauss(0, 10 * MB)
+        if kind == "host_leak":
+            v += leak(t)
+        return v
+
+    def util(t: float) -> float:
+        if kind == "util_stall" and t >= p["stall_at"]:
+            return 0.0
+        if kind == "nccl_hang" and t >= p["stall_at"]:
+            return min(100.0, rng.uniform(97, 101))
+        if kind == "ckpt_spikes" and (t % p["period"]) < p["ckpt_s"]:
+            return 0.0
+        if kind == "eval_sawtooth" and (t % p["period"]) >= p["period"] - p["eval_s"]:
+            return rng.uniform(50, 65)
+        return min(100.0, rng.uniform(88, 99))
+
+    speed = rng.uniform(0.5, 2.0)
+
+    def step(t: float) -> int | None:
+        if kind in ("util_stall", "nccl_hang") and t >= p["stall_at"]:
+            return int(p["stall_at"] * speed)
+        return int(t * speed)
+
+    return gpu_mem, rss, util, step
+
+
+KINDS_BENIGN = ("flat", "warmup_plateau", "eval_sawtooth", "one_step", "noisy_flat", "ckpt_spikes")
+KINDS_LEAK = ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
+              "host_leak", "rank_leak", "handle_leak")
+KINDS_STALL = ("util_stall", "nccl_hang")
+KINDS = KINDS_BENIGN + KINDS_LEAK + KINDS_STALL
+
+
+def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
+    """Draw one trace of `kind`.
+
+    Args:
+        kind: One of KINDS.
+        rng: Random source (seed it for a reproducible trace).
+        interval: Mean poll interval in seconds; drawn from 1–60 s when None.
+
+    Returns:
+        The trace and the alerts it must raise.
+    """
+    iv = interval if interval is not None else rng.choice([1, 5, 10, 15, 20, 30, 45, 60])
+    p: dict = {
+        "interval": iv,
+        "base": rng.uniform(15, 60) * GB,
+        "noise": rng.uniform(5, 40) * MB,
+        "warm_s": rng.uniform(8, 25) * 60,
+        "warm_bytes": rng.uniform(1, 6) * GB,
+        "warm_steps": rng.randint(3, 7),
+    }
+    duration = 8 * H
+    if kind == "flat":
+        p["warm_bytes"] = 0.0
+    elif kind == "warmup_plateau":
+        pass
+    elif kind == "noisy_flat":
+        p["noise"] = rng.uniform(150, 300) * MB
+    elif kind == "eval_sawtooth":
+        p.update(period=rng.uniform(30, 90) * 60, eval_s=rng.uniform(3, 12) * 60, eval_bytes=rng.uniform(1, 5) * GB)
+    elif kind == "one_step":
+        p.update(step_at=rng.uniform(1.5, 5) * H, step_bytes=rng.uniform(1, 6) * GB)
+    elif kind == "ckpt_spikes":
+        p.update(period=rng.uniform(30, 90) * 60, ckpt_s=rng.uniform(60, 180), spike_bytes=rng.uniform(0.5, 3) * GB)
+    elif kind in ("linear_leak", "rank_leak"):
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(100, 600) * MB)
+    elif kind == "noisy_leak":
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(200, 500) * MB,
+                 noise=rng.uniform(100, 250) * MB)
+    elif kind == "staircase_leak":
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(120, 400) * MB,
+                 period=rng.uniform(20, 60) * 60)
+        duration = 10 * H
+    elif kind == "fast_leak":
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(2, 6) * GB)
+        duration = p["leak_start"] + 2 * H
+    elif kind == "oom_leak":
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(1.5, 4) * GB)
+        p["base"] = 60 * GB
+        duration = p["leak_start"] + (80 * GB - 60 * GB - p["warm_bytes"]) / p["rate"] * H
+    elif kind == "warmup_then_leak":
+        p.update(leak_start=rng.uniform(1.25, 2) * H, rate=rng.uniform(100, 400) * MB)
+    elif kind == "host_leak":
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(150, 800) * MB)
+    elif kind in KINDS_STALL:
+        p.update(stall_at=rng.uniform(1, 4) * H)
+        duration = p["stall_at"] + 1 * H
+    elif kind == "handle_leak":
+        p.update(leak_start=0.5 * H, thread_rate=rng.uniform(100, 400))
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    if iv <= 5:  # keep the test suite quick: fine polls, shorter traces
+        duration = min(duration, 6 * H if kind != "staircase_leak" else 8 * H)
+
+    nranks = 4 if kind == "rank_leak" else 1
+    leaker = rng.randrange(nranks)
+    rows: list[dict] = []
+    expect: list[Expect] = []
+    per_rank = []
+    for r in range(nranks):
+        node = f"gpu{101 + r // 2:03d}"
+        pid = 50000 + r
+        rk = kind if (kind != "rank_leak" or r == leaker) else "flat_after_warm"
+        fns = _series(rng, "rank_leak" if rk == "rank_leak" else ("flat" if rk == "flat_after_warm" else kind), p)
+        times = _poll_times(rng, duration, iv)
+        per_rank.append((node, pid, r, fns, times))
+    for node, pid, r, (gm, rs, ut, st), times in per_rank:
+        for t in times:
+            row = {"t": t, "node": node, "job_id": "7001", "pid": pid, "gpu": r % 2, "rank": r,
+                   "gpu_mem_bytes": int(gm(t)), "gpu_util": round(ut(t), 1), "cpu_percent": 100.0,
+                   "rss_bytes": int(rs(t)), "step": st(t)}
+            if kind == "oom_leak":
+                row["gpu_mem_total_bytes"] = 80 * GB
+            if kind == "handle_leak":
+                row["threads"] = 40 + (int((t - p["leak_start"]) / H * p["thread_rate"]) if t > p["leak_start"] else 0)
+                row["open_fds"] = 120
+            rows.append(row)
+    rows.sort(key=lambda r: r["t"])
+    node0, pid0 = per_rank[leaker][0], per_rank[leaker][1]
+    ls = p.get("leak_start", 0.0)
+    if kind in ("linear_leak", "rank_leak", "warmup_then_leak"):
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 4 * H))
+    elif kind == "noisy_leak":
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 5 * H))
+    elif kind == "staircase_leak":
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 6 * H))
+    elif kind == "fast_leak":
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 0.5 * H))
+    elif kind == "oom_leak":
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 1 * H))
+    elif kind == "host_leak":
+        expect.append(Expect(("host_memory_leak",), node0, pid0, ls, ls + 4 * H))
+    elif kind == "util_stall":
+        expect.append(Expect(("gpu_stall", "training_stall"), node0, pid0, p["stall_at"], p["stall_at"] + 600))
+    elif kind == "nccl_hang":
+        expect.append(Expect(("training_stall",), node0, pid0, p["stall_at"], p["stall_at"] + 600))
+    elif kind == "handle_leak":
+        expect.append(Expect(("handle_leak",), node0, pid0, ls, ls + 4 * H))
+    return Trace(kind, rows, expect, p)
+
+
+def check(events: list[dict], expect: list[Expect]) -> tuple[list[Expect], list[tuple]]:
+    """Score events the way score.py does.
+
+    Args:
+        events: Alert events as dicts.
+        expect: What must fire.
+
+    Returns:
+        (expected alerts not caught in their window, false alarms as (rule, node, pid, t)).
+    """
+    firing = [e for e in events if e["state"] == "firing"]
+    missed = [x for x in expect if not any(
+        e["rule"] in x.rules and e["node"] == x.node and e["pid"] == x.pid and x.after <= e["t"] <= x.before
+        for e in firing)]
+    false = [(e["rule"], e["node"], e["pid"], e["t"]) for e in firing if not any(
+        e["rule"] in x.rules and e["node"] == x.node and e["pid"] == x.pid and e["t"] >= x.after for x in expect)]
+    return missed, false
