@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from clusterwatch.agent.backends.procs import parse_stat, read_boot_time
 from clusterwatch.agent.gitrun import GitError, GitRunner, RunAs, driver_overrides
 from clusterwatch.agent.redact import parse_environ, redact_argv, select_env, strip_url_credentials
 
@@ -506,30 +507,27 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _boot_time(proc: str) -> float:
-    for line in _read(f"{proc}/stat").splitlines():
-        if line.startswith(b"btime "):
-            return float(line.split()[1])
-    raise OSError(f"{proc}/stat has no btime line")
-
-
-def process_start_time(pid: int, proc: str = "/proc") -> float:
+def process_start_time(pid: int, proc: str = "/proc", boot_time: float | None = None) -> float:
     """A process's start time in Unix seconds, rounded to 0.01 s as the process source does.
 
     Args:
         pid: the process.
         proc: the /proc mount point.
+        boot_time: the boot time, when the caller already read it.
 
     Returns:
-        The start time.
+        The start time; with the node and pid, the process's identity.
 
     Raises:
         OSError: the process is gone or /proc is unreadable.
+        ValueError: the stat line is malformed.
     """
-    data = _read(f"{proc}/{pid}/stat")
-    # the command name may hold spaces and parentheses: fields start after the last ")"
-    ticks = int(data[data.rindex(b")") + 2:].split()[19])
-    return round(_boot_time(proc) + ticks / _CLK_TCK, 2)
+    boot = read_boot_time(proc) if boot_time is None else boot_time
+    try:
+        ticks = parse_stat(_read(f"{proc}/{pid}/stat")).start_ticks
+    except IndexError as exc:
+        raise ValueError(f"malformed {proc}/{pid}/stat") from exc
+    return round(boot + ticks / _CLK_TCK, 2)
 
 
 def provenance_of_pid(pid: int, config: ProvenanceConfig = ProvenanceConfig(),

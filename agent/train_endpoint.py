@@ -1,0 +1,295 @@
+"""The agent's end of clusterwatch.train: a Unix datagram socket that training processes report to.
+
+The socket is world-writable (mode 0666, in a 0755 directory the agent owns) because
+training runs as users. Who sent a report is never taken from the report: the socket
+has SO_PASSCRED, so the kernel attaches the sender's pid, uid and gid to every
+datagram (SCM_CREDENTIALS), and a user cannot report for another user's process. (A
+sender with CAP_SYS_ADMIN, i.e. root, can give another pid; root is trusted here.)
+
+A reader thread empties the socket as datagrams come, so the kernel's small per-socket
+queue (net.unix.max_dgram_qlen, often 10 datagrams) does not drop reports between two
+polls of the agent loop; it parses each one into a `TrainingReport` and keeps it in a
+bounded queue that the loop empties with `drain()`. When the queue is full the oldest
+report goes (`overflowed`); a datagram that is too large, not a JSON object of the
+documented shape, or from a process that is already gone, is `rejected`.
+
+The datagram format is documented in clusterwatch/train.py.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import selectors
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from clusterwatch.agent.backends.procs import read_boot_time
+from clusterwatch.agent.provenance import process_start_time
+
+from clusterwatch.errors import ConfigError
+from clusterwatch.model import TrainingReport
+from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
+_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
+_MAX_INT = 2**63 - 1
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and not -_MAX_INT <= value <= _MAX_INT:
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> TrainingReport:
+    """Turn one datagram into a report for the process the kernel named.
+
+    Args:
+        data: the datagram.
+        pid: the sender's pid, from SCM_CREDENTIALS (any "pid" inside is ignored).
+        start_time: the sender's start time.
+        now: the receive time (the sender's clock is not trusted).
+
+    Returns:
+        The report.
+
+    Raises:
+        ValueError: the datagram is not a version-1 object, or a field has the wrong
+            type (a sender that validates as clusterwatch.train does never sends one).
+    """
+    if len(data) > MAX_DATAGRAM:
+        raise ValueError("datagram too large")
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError("not JSON") from exc
+    if not isinstance(obj, dict) or obj.get("v") != 1:
+        raise ValueError("not a version-1 object")
+    report = TrainingReport(time=now, pid=pid, start_time=start_time)
+    step = obj.get("step")
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_INT:
+            raise ValueError("step is not a non-negative int")
+        report.step = step
+    for key in ("loss", "lr", "epoch"):
+        if key in obj and obj[key] is not None:
+            value = _number(obj[key])
+            if value is None:
+                raise ValueError(f"{key} is not a finite number")
+            setattr(report, key, value)
+    metrics = obj.get("m", {})
+    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
+        raise ValueError("m is not an object of at most 32 numbers")
+    for name, raw in metrics.items():
+        value = _number(raw)
+        if value is None or len(name) > MAX_NAME:
+            raise ValueError("a metric is not a finite number with a short name")
+        report.metrics[name] = value
+    tags = obj.get("tags", {})
+    if not isinstance(tags, dict) or len(tags) > MAX_METRICS:
+        raise ValueError("tags is not an object of at most 32 strings")
+    for name, value in tags.items():
+        if not isinstance(value, str) or len(name) > MAX_NAME or len(value) > MAX_TAG_VALUE:
+            raise ValueError("a tag is not a short string")
+        report.tags[name] = value
+    return report
+
+
+class TrainEndpoint:
+    """Receives clusterwatch.train reports on a Unix datagram socket.
+
+    Args:
+        path: the socket's path (its directory is created 0755 when missing).
+        max_queue: reports kept between two drains; beyond it the oldest go.
+        proc: the /proc mount point (start times).
+        clock: wall clock for receive times.
+        start_time: pid → start time; the default reads /proc/<pid>/stat.
+
+    Attributes:
+        received: datagrams read from the socket.
+        rejected: of those, malformed, oversized, without credentials, or from a
+            process already gone.
+        overflowed: reports dropped because the queue was full.
+    """
+
+    def __init__(self, path: str = DEFAULT_SOCKET, max_queue: int = 10000, proc: str = "/proc",
+                 clock: Callable[[], float] = time.time,
+                 start_time: Callable[[int], float] | None = None) -> None:
+        self.path = path
+        self.max_queue = max_queue
+        self.received = 0
+        self.rejected = 0
+        self.overflowed = 0
+        self._clock = clock
+        self._proc = proc
+        self._start_time = start_time
+        self._boot: float | None = None
+        self._queue: collections.deque[TrainingReport] = collections.deque()
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._wake_r = self._wake_w = -1
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the socket and start the reader thread; returns at once.
+
+        Raises:
+            ConfigError: the socket's directory is not safe (owned by another user, or
+                writable by others) or the socket cannot be bound.
+        """
+        if self._thread is not None:
+            return
+        self._prepare_dir(os.path.dirname(os.path.abspath(self.path)))
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)  # a stale socket from an agent that did not close
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ConfigError(f"cannot use {self.path} for the training socket: {exc.strerror}") from None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(self.path)
+            os.chmod(self.path, 0o666)  # training processes run as users
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            except OSError:
+                pass
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"cannot bind the training socket {self.path}: {exc.strerror}; "
+                              "is another agent running?") from None
+        if self._start_time is None:
+            self._boot = read_boot_time(self._proc)
+        self._sock = sock
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._reader, name="clusterwatch-train-endpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _prepare_dir(directory: str) -> None:
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            st = os.stat(directory)
+        except OSError as exc:
+            raise ConfigError(f"cannot create {directory} for the training socket: {exc.strerror}") from None
+        # a directory another user controls would let them swap the socket for their own
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ConfigError(f"{directory} must belong to uid {os.geteuid()} and not be writable "
+                              "by others; fix its owner/mode or choose another socket path")
+        if st.st_mode & 0o005 != 0o005:
+            os.chmod(directory, 0o755)
+
+    def close(self) -> None:
+        """Stop the reader, close and remove the socket. Reports not drained are kept."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            os.write(self._wake_w, b"x")
+            thread.join(5.0)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+
+    def __enter__(self) -> TrainEndpoint:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the agent loop's side ------------------------------------------------------------
+
+    def drain(self) -> list[TrainingReport]:
+        """Every report received since the last drain, oldest first."""
+        with self._lock:
+            out = list(self._queue)
+            self._queue.clear()
+        return out
+
+    # -- the reader thread ----------------------------------------------------------------
+
+    def _reader(self) -> None:
+        assert self._sock is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ, "sock")
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            while True:
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        return
+                try:
+                    self._read_batch()
+                except Exception:  # never let the reader die: reports would stop silently
+                    log.exception("training endpoint: reading a batch failed")
+
+    def _read_batch(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        starts: dict[int, float | None] = {}  # one /proc read per sender per batch
+        for _ in range(1024):
+            try:
+                data, ancdata, flags, _addr = sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.received += 1
+            report = self._parse(data, ancdata, flags, starts)
+            if report is None:
+                self.rejected += 1
+                continue
+            with self._lock:
+                if len(self._queue) >= self.max_queue:
+                    self._queue.popleft()
+                    self.overflowed += 1
+                self._queue.append(report)
+
+    def _parse(self, data: bytes, ancdata: list, flags: int,
+               starts: dict[int, float | None]) -> TrainingReport | None:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_DATAGRAM:
+            return None
+        pid = None
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+                pid, _uid, _gid = _UCRED.unpack_from(payload)
+        if not pid:
+            return None
+        if pid not in starts:
+            starts[pid] = self._lookup_start(pid)
+        start = starts[pid]
+        if start is None:
+            return None
+        try:
+            return parse_datagram(data, pid, start, self._clock())
+        except ValueError:
+            return None
+
+    def _lookup_start(self, pid: int) -> float | None:
+        try:
+            if self._start_time is not None:
+                return self._start_time(pid)
+            return process_start_time(pid, self._proc, self._boot)
+        except (OSError, ValueError):
+            return None

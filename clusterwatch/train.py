@@ -1,0 +1,304 @@
+"""Report training progress to the node's clusterwatch agent. Standard library only.
+
+    from clusterwatch import train
+    train.tags(experiment="lr-sweep", dataset="c4")
+    for step, batch in enumerate(loader):
+        loss = ...
+        train.report(step=step, loss=loss.item(), lr=sched.get_last_lr()[0])
+
+Each call sends one small JSON datagram over a Unix datagram socket to the agent
+(path from `CLUSTERWATCH_TRAIN_SOCKET`, default `/run/clusterwatch/train.sock`). It
+never blocks and never raises: when the agent is absent, or its queue is full, the
+report is dropped and counted (`dropped()`); `sent()` counts the ones the kernel
+took. After the agent was found absent, reports are dropped without a system call
+for one second, so an absent agent costs even less than a present one.
+
+Values: `step` must be an int; `loss`, `lr`, `epoch` and metric values finite
+numbers (int, float, or anything with `__float__` such as a NumPy scalar; bools are
+not numbers here). A value that is not, or a metric name that is not a short
+string, is left out of the report and counted (`invalid()`); the rest of the report
+is still sent. Pass Python numbers: `float()` of a GPU tensor waits for the GPU.
+
+The agent learns the sender's pid and uid from the kernel (SCM_CREDENTIALS), not
+from the datagram, so a report is always attributed to the process that sent it.
+
+Datagram format (version 1), a JSON object with optional keys:
+    {"v": 1, "step": int, "loss": float, "lr": float, "epoch": float,
+     "m": {name: number, ...}, "tags": {name: string, ...}}
+
+Fork-safe: a child (a DataLoader worker) gets its own socket and zeroed counters.
+Thread-safe: a datagram is sent whole or not at all; counters are locked.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+
+__all__ = ["report", "tags", "sent", "dropped", "invalid", "DEFAULT_SOCKET", "SOCKET_ENV"]
+
+SOCKET_ENV = "CLUSTERWATCH_TRAIN_SOCKET"
+DEFAULT_SOCKET = "/run/clusterwatch/train.sock"
+MAX_DATAGRAM = 4096          # the agent rejects larger ones
+MAX_METRICS = 32
+MAX_NAME = 64
+MAX_TAG_VALUE = 256
+_ABSENT_BACKOFF_S = 1.0
+_TAGS_RESEND_S = 30.0        # an agent restarted since tags() learns them again
+_MAX_INT = 2**63 - 1
+
+
+class _State:
+    """Everything per process; replaced wholesale in a forked child."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.sock: socket.socket | None = None
+        self.path = ""
+        self.sent = 0
+        self.dropped = 0
+        self.invalid = 0
+        self.absent_until = 0.0
+        self.tags: dict[str, str] = {}
+        self.tags_text = ""  # ',"tags":{...}', encoded once per tags() call
+        self.tags_due = math.inf  # monotonic time when tags ride along again; inf: no tags
+
+
+_state = _State()
+
+
+def _after_fork_in_child() -> None:
+    global _state
+    old = _state
+    _state = _State()
+    _state.tags = dict(old.tags)
+    _state.tags_text = old.tags_text
+    # the child's first report carries the tags: the agent knows the child by its own pid
+    _state.tags_due = 0.0 if old.tags_text else math.inf
+    if old.sock is not None:
+        try:
+            old.sock.close()  # the parent's descriptor, duplicated by fork; the parent keeps its own
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _number(value: object) -> str | None:
+    """The JSON text of a finite number, None for anything else. Fast paths first."""
+    t = type(value)
+    if t is float:
+        # x - x is 0.0 for finite x and NaN for inf and NaN: cheaper than math.isfinite
+        return repr(value) if value - value == 0.0 else None  # type: ignore[operator]
+    if t is int:
+        return str(value) if -_MAX_INT <= value <= _MAX_INT else None  # type: ignore[operator]
+    if isinstance(value, bool) or not hasattr(value, "__float__"):
+        return None
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return repr(f) if math.isfinite(f) else None
+
+
+def _step(value: object) -> str | None:
+    if type(value) is int:
+        return str(value) if 0 <= value <= _MAX_INT else None  # type: ignore[operator]
+    if isinstance(value, bool) or not hasattr(value, "__index__"):  # a NumPy integer has it
+        return None
+    try:
+        i = value.__index__()  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return None
+    return str(i) if 0 <= i <= _MAX_INT else None
+
+
+_names: dict[str, str] = {}  # metric name -> its JSON text; names repeat every step
+
+
+def _name(name: str) -> str:
+    text = _names.get(name)
+    if text is None:
+        text = json.dumps(name)
+        if len(_names) < 1024:
+            _names[name] = text
+    return text
+
+
+def _socket(st: _State) -> socket.socket | None:
+    with st.lock:
+        if st.sock is None:
+            try:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                sock.setblocking(False)
+            except OSError:
+                return None
+            st.path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+            st.sock = sock
+        return st.sock
+
+
+def _current() -> _State:
+    # No os.getpid() check here: it is a system call on every report. A fork that
+    # bypasses os.register_at_fork (a C-level fork) keeps the parent's socket, which
+    # is harmless: every sendto is one whole datagram, and the kernel stamps it with
+    # the pid of the process that sends it.
+    return _state
+
+
+def _count(st: _State, attr: str, n: int = 1) -> None:
+    with st.lock:
+        setattr(st, attr, getattr(st, attr) + n)
+
+
+def _send(st: _State, body: str, now: float, with_tags: bool) -> bool:
+    """Send `{"v":1<body>}`, with the tags when they are due; count the outcome."""
+    if with_tags or (st.tags_text and now >= st.tags_due):
+        body += st.tags_text
+        with_tags = True
+    data = ('{"v":1' + body + "}").encode()
+    if len(data) > MAX_DATAGRAM:
+        _count(st, "dropped")
+        return False
+    sock = st.sock or _socket(st)
+    if sock is None:
+        _count(st, "dropped")
+        return False
+    try:
+        sock.sendto(data, st.path)
+    except OSError as exc:
+        with st.lock:
+            st.dropped += 1
+            if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+                # no agent: skip the system call for a while; a full queue
+                # (BlockingIOError) is different, it clears as soon as the agent reads
+                st.absent_until = now + _ABSENT_BACKOFF_S
+            if with_tags:
+                st.tags_due = 0.0
+        return False
+    with st.lock:
+        st.sent += 1
+        if with_tags:
+            st.tags_due = now + _TAGS_RESEND_S
+    return True
+
+
+def report(step: int | None = None, loss: float | None = None, lr: float | None = None,
+           epoch: float | None = None, **metrics: float) -> bool:
+    """Send one progress report to the agent; never blocks, never raises.
+
+    Args:
+        step: the global step (optimizer steps), an int >= 0.
+        loss: the training loss.
+        lr: the learning rate.
+        epoch: the epoch, fractional allowed.
+        **metrics: more numbers (grad_norm=..., tokens_per_s=...), at most 32,
+            names of at most 64 characters.
+
+    Returns:
+        True when the report was handed to the kernel, False when it was dropped
+        (no agent, full queue, too large). Invalid values are left out, counted by
+        `invalid()`, and do not make the report fail.
+    """
+    st = _current()
+    now = time.monotonic()
+    if now < st.absent_until:
+        _count(st, "dropped")
+        return False
+    body = ""
+    bad = 0
+    if step is not None:
+        text = _step(step)
+        if text is None:
+            bad += 1
+        else:
+            body += ',"step":' + text
+    if loss is not None:
+        text = _number(loss)
+        if text is None:
+            bad += 1
+        else:
+            body += ',"loss":' + text
+    if lr is not None:
+        text = _number(lr)
+        if text is None:
+            bad += 1
+        else:
+            body += ',"lr":' + text
+    if epoch is not None:
+        text = _number(epoch)
+        if text is None:
+            bad += 1
+        else:
+            body += ',"epoch":' + text
+    if metrics:
+        items = []
+        for name, value in metrics.items():
+            text = _number(value)
+            if text is None or len(name) > MAX_NAME or len(items) >= MAX_METRICS:
+                bad += 1
+            else:
+                items.append(_name(name) + ":" + text)
+        if items:
+            body += ',"m":{' + ",".join(items) + "}"
+    if bad:
+        _count(st, "invalid", bad)
+    return _send(st, body, now, False)
+
+
+def tags(**labels: str) -> bool:
+    """Label this run (experiment=..., dataset=...); merged with earlier labels.
+
+    Labels are sent at once and ride along with a later report whenever that send
+    failed, and every 30 s, so an agent that starts (or restarts) later still
+    learns them.
+
+    Args:
+        **labels: names of at most 64 characters; values are turned into strings
+            of at most 256 characters. Others are left out and counted (`invalid()`).
+            At most 32 labels are kept.
+
+    Returns:
+        True when the labels were handed to the kernel now.
+    """
+    st = _current()
+    bad = 0
+    clean = {}
+    for name, value in labels.items():
+        text = None if value is None else str(value)
+        if text is None or len(name) > MAX_NAME or len(text) > MAX_TAG_VALUE:
+            bad += 1
+        else:
+            clean[name] = text
+    with st.lock:
+        st.invalid += bad
+        merged = {**st.tags, **clean}
+        if len(merged) > MAX_METRICS:
+            st.invalid += len(merged) - MAX_METRICS
+            merged = dict(list(merged.items())[:MAX_METRICS])
+        st.tags = merged
+        st.tags_text = ',"tags":' + json.dumps(merged, separators=(",", ":")) if merged else ""
+    if not merged:
+        return False
+    return _send(st, "", time.monotonic(), True)
+
+
+def sent() -> int:
+    """Reports (and tag messages) this process handed to the kernel."""
+    return _state.sent
+
+
+def dropped() -> int:
+    """Reports (and tag messages) this process dropped: no agent, full queue, too large."""
+    return _state.dropped
+
+
+def invalid() -> int:
+    """Values and labels left out of reports because they were not valid."""
+    return _state.invalid
