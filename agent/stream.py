@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
-
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("clusterwatch.agent")
@@ -163,7 +162,8 @@ class Sender:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.CANCELLED and self._stopping:
                     break
-                self._note_error(f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}")
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                self._note_error(f"{code.name if code else 'error'}: {details}")
             except Exception as exc:  # never let the sender thread die: the agent would silently stop
                 self._note_error(f"{type(exc).__name__}: {exc}")
             self.connected = False

@@ -31,6 +31,7 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
     from clusterwatch.collector.service import CollectorServer
+
     from clusterwatch.errors import ClusterwatchError
 
     config = CollectorConfig(

@@ -70,6 +70,7 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subpr
 def demo(duration: float, interval: float, refresh: float, keep: str | None) -> None:
     """Run a collector, two simulated-GPU agents and a leaking four-rank job; show it live."""
     from clusterwatch.agent.spool import write_event
+
     from clusterwatch.errors import ClusterwatchError
     from clusterwatch.model import JobEvent
 
@@ -95,7 +96,7 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
         except ClusterwatchError as exc:
             fail(str(exc))
         now = time.time()
-        for n, node in enumerate(NODES):
+        for node in NODES:
             stack.spool(node).mkdir(parents=True, exist_ok=True)
             gpus = [f"{i}" for i in range(RANKS_PER_NODE)]
             write_event(str(stack.spool(node)), JobEvent("start", job_id, now, os.getuid(),

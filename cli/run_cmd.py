@@ -52,6 +52,7 @@ def _status_line(view) -> str:
 def run(command, interval, status_every, gpu_source, rules, as_json, keep) -> None:
     """Run COMMAND and watch its whole process tree (use `--` before the command)."""
     from clusterwatch.agent.spool import write_event
+
     from clusterwatch.errors import ClusterwatchError
     from clusterwatch.model import JobEvent
 

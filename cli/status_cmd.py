@@ -14,7 +14,6 @@ QUERY_TIMEOUT_S = 5.0
 
 def _stub(address: str):
     import grpc
-
     from clusterwatch.v1 import query_pb2_grpc
 
     channel = grpc.insecure_channel(address)
@@ -97,7 +96,6 @@ def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> N
 def jobs(collector: str, include_ended: bool, as_json: bool) -> None:
     """List the jobs the collector knows, with their firing alerts."""
     import grpc
-
     from clusterwatch.v1 import query_pb2
 
     from .render import render_jobs

@@ -1,1 +1,3 @@
-"""Shared pytest fixtures. Service fixtures (Slurm, sshd, Prometheus) live in tests/services/."""
+"""Shared pytest fixtures. Service fixtures (Slurm, sshd) live in tests/services/ and load as plugins."""
+
+pytest_plugins = ["tests.services.slurm", "tests.services.sshd"]

@@ -1,1 +1,1 @@
-"""Pure parsers for Slurm texts (hostlists, scontrol, /proc cgroup and environ) shared by agent and collector."""
+"""Pure parsers for Slurm texts shared by agent and collector: hostlists, scontrol, /proc cgroup and environ."""

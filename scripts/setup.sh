@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install what clusterwatch and its tests need on a fresh Debian 12 machine, idempotently:
+# Debian's Slurm, munge, Prometheus (promtool), OpenSSH server and git (as root), then a
+# virtual environment in .venv with clusterwatch installed editable with its dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=(slurmctld slurmd slurm-client munge prometheus openssh-server git)
+missing=()
+for pkg in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: needs root to install Debian packages: ${missing[*]} (run as root, or install them first)" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
