@@ -15,9 +15,10 @@ import time
 import uuid
 from collections.abc import Callable
 
+from clusterwatch.v1 import agent_pb2
+
 from clusterwatch import __version__
 from clusterwatch.model import JobEvent, ProcessSample
-from clusterwatch.v1 import agent_pb2
 from clusterwatch.wire import gpu_info_to_proto, gpu_reading_to_proto, job_event_to_proto, process_to_proto
 
 from .backends.gpu import GpuSource

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterwatch.v1 import agent_pb2
+
 from clusterwatch.wire import (
     gpu_info_from_proto,
     gpu_reading_from_proto,

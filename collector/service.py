@@ -8,7 +8,6 @@ import logging
 import signal
 
 import grpc
-
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from .config import CollectorConfig

@@ -18,9 +18,8 @@ PROTO_DIR = PROTO_ROOT / "clusterwatch" / "v1"
 
 def generate(out_root: Path) -> list[Path]:
     """Generate Python, .pyi and gRPC stubs for every .proto file into out_root/clusterwatch/v1."""
-    from grpc_tools import protoc  # dev dependency only (pyproject extra "dev")
-
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency only (pyproject extra "dev")
 
     protos = sorted(PROTO_DIR.glob("*.proto"))
     include = Path(grpc_tools.__file__).parent / "_proto"

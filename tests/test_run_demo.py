@@ -44,7 +44,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_run_returns_the_commands_exit_code_and_prints_a_summary():
-    code = "import time; x = bytearray(30 * 1024 * 1024); x[::4096] = b'y' * len(x[::4096]); time.sleep(2.5); raise SystemExit(7)"
+    code = ("import time; x = bytearray(30 * 1024 * 1024); x[::4096] = b'y' * len(x[::4096]); "
+            "time.sleep(2.5); raise SystemExit(7)")
     r = cli("run", "--interval", "0.5", "--gpu-source", "none", "--", "python3", "-c", code, timeout=90)
     assert r.returncode == 7, r.stderr
     assert "clusterwatch · job local-" in r.stderr
