@@ -173,7 +173,12 @@ class LeakSeries:
             if len(xs) < N_SUB - 2 or len(set(thirds)) < 3:
                 return None
         # Noise: consecutive sub-bucket medians differ by sqrt(2)*sigma*0.6745 in median.
-        noise = 1.0483 * median(w.diffs) if len(w.diffs) >= 6 else None
+        nd = len(w.diffs)
+        if nd < N_SUB - 1:
+            return None
+        noise = 1.0483 * median(w.diffs)
+        # A noise scale from few differences is itself uncertain: demand more while it is young.
+        t_min = rule.min_t_stat
         fit = fit_window(xs, ys, thirds, end, noise)
         rate_h = fit.slope_per_s * 3600.0
         w.slope_h = rate_h
@@ -200,7 +205,7 @@ class LeakSeries:
         jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
         slack = 2.0 * (noise or 0.0)
         ok = (jump <= rule.max_jump_fraction * total_rise + slack and rate_h >= floor and fit.slope_per_s * w.length >= rule.min_growth
-              and fit.t_stat >= rule.min_t_stat
+              and fit.t_stat >= t_min
               and fit.rises[0] >= rule.rise_fraction * expected
               and fit.rises[1] >= rule.rise_fraction * expected)
         if not ok:
