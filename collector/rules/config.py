@@ -58,6 +58,7 @@ class LeakRule:
             which ignores short spikes (checkpoints, evaluation) and makes the rule
             independent of the poll interval.
         windows: Look-back windows, each with its own rate floor.
+        sub_buckets: Points a window is reduced to (at least 6; each needs a sample).
         min_t_stat: Least slope / standard error of the slope (noise guard).
         rise_fraction: Each third of the window must sit above the previous third by
             this fraction of the rise the slope predicts (growth is sustained, not one step).
@@ -81,6 +82,7 @@ class LeakRule:
         LeakWindow(7200.0, 50 * MB),
         LeakWindow(14400.0, 50 * MB),
     )
+    sub_buckets: int = 12
     min_t_stat: float = 4.0
     rise_fraction: float = 0.25
     max_jump_fraction: float = 0.6
@@ -340,7 +342,7 @@ _LEAK_MEMORY_KEYS = {
     "min_rate_mb_per_h": ("min_rate_per_h", MB), "min_growth_mb": ("min_growth", MB),
     "warmup_s": ("warmup_s", 1.0), "bucket_s": ("bucket_s", 1.0), "windows": ("windows", MB),
     "min_t_stat": ("min_t_stat", 1.0), "rise_fraction": ("rise_fraction", 1.0),
-    "max_jump_fraction": ("max_jump_fraction", 1.0),
+    "max_jump_fraction": ("max_jump_fraction", 1.0), "sub_buckets": ("sub_buckets", 1.0),
     "urgent_time_to_full_s": ("urgent_time_to_full_s", 1.0),
     "resolve_fraction": ("resolve_fraction", 1.0),
 }
@@ -422,6 +424,8 @@ def _convert(ctx: _Ctx, table: str, key: str, value: Any, scale: float | None, c
         raise ctx.error(f"[{table}] {key} must be a number, not {value!r}", key, table)
     if value < 0:
         raise ctx.error(f"[{table}] {key} must not be negative", key, table)
+    if isinstance(current, int):
+        return int(value)
     return float(value) * (scale or 1.0)
 
 

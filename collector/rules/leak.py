@@ -58,19 +58,21 @@ class LeakFinding:
 
 
 class _Window:
-    __slots__ = ("length", "width", "floor", "sub_k", "sub_end", "sub_vals", "subs", "diffs", "firing",
+    __slots__ = ("n", "third", "length", "width", "floor", "sub_k", "sub_end", "sub_vals", "subs", "diffs", "firing",
                  "slope_h")
 
-    def __init__(self, length: float, floor: float) -> None:
+    def __init__(self, length: float, floor: float, n: int) -> None:
+        self.n = n
+        self.third = tuple(i * 3 // n for i in range(n))
         self.length = length
-        self.width = length / N_SUB
+        self.width = length / n
         self.floor = floor
         self.sub_k = 0  # index of the open sub-bucket on the grid of `width`
         self.sub_end = -math.inf
         self.sub_vals: list[float] = []
-        self.subs: deque[tuple[int, float]] = deque(maxlen=N_SUB)  # (sub-bucket index, median)
+        self.subs: deque[tuple[int, float]] = deque(maxlen=n)  # (sub-bucket index, median)
         # |differences| of consecutive sub-bucket medians over 4 windows: the noise scale.
-        self.diffs: deque[float] = deque(maxlen=4 * N_SUB)
+        self.diffs: deque[float] = deque(maxlen=4 * n)
         self.firing = False
         self.slope_h = 0.0
 
@@ -92,7 +94,8 @@ class LeakSeries:
         self.bucket_s = rule.bucket_s if rule.bucket_s > 0 else 60.0
         self.cur_b = -1
         self.cur_min = math.inf
-        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h)) for w in rule.windows]
+        n = max(6, int(rule.sub_buckets))
+        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), n) for w in rule.windows]
         self.firing = False
         self.since = 0.0
         self.fired_window: _Window | None = None
@@ -134,7 +137,7 @@ class LeakSeries:
                     if w.subs:
                         w.diffs.append(abs(med - w.subs[-1][1]))
                     w.subs.append((w.sub_k, med))
-                    if len(w.subs) >= N_SUB - 2:
+                    if len(w.subs) >= w.n - 2:
                         f = self._evaluate(w, w.sub_k, now, total)
                         if f is not None:
                             found = f
@@ -149,32 +152,34 @@ class LeakSeries:
         rule = self.rule
         if self.firing and w.length < self.fired_window.length:  # type: ignore[union-attr]
             return None
-        first_k = last_k - N_SUB + 1
+        n = w.n
+        first_k = last_k - n + 1
         end = (last_k + 1) * w.width
         begin = end - w.length
         subs = w.subs
-        if len(subs) == N_SUB and subs[0][0] == first_k:
+        if len(subs) == n and subs[0][0] == first_k:
             # The usual case, a full contiguous window: a cheap necessary test first, since
             # most windows of a healthy process end here.
             ys = [y for _, y in subs]
             if not self.firing:
-                l0, l1, l2 = min(ys[0:4]), min(ys[4:8]), min(ys[8:12])
+                a, b = n // 3, 2 * n // 3
+                l0, l1, l2 = min(ys[0:a]), min(ys[a:b]), min(ys[b:])
                 if l2 - l0 < rule.min_growth * 0.5 or l1 <= l0 or l2 <= l1:
                     return None
             xs = [(k + 0.5) * w.width for k, _ in subs]
-            thirds = _THIRD
+            thirds = w.third
         else:
             xs, ys, thirds = [], [], []  # type: ignore[assignment]
             for k, y in subs:
                 if k >= first_k:
                     xs.append((k + 0.5) * w.width)
                     ys.append(y)
-                    thirds.append(_THIRD[k - first_k])  # type: ignore[attr-defined]
-            if len(xs) < N_SUB - 2 or len(set(thirds)) < 3:
+                    thirds.append(w.third[k - first_k])  # type: ignore[attr-defined]
+            if len(xs) < n - 2 or len(set(thirds)) < 3:
                 return None
         # Noise: consecutive sub-bucket medians differ by sqrt(2)*sigma*0.6745 in median.
         nd = len(w.diffs)
-        if nd < N_SUB - 1:
+        if nd < n - 1:
             return None
         noise = 1.0483 * median(w.diffs)
         # A noise scale from few differences is itself uncertain: demand more while it is young.
@@ -190,7 +195,7 @@ class LeakSeries:
             assert fw is not None
             if w.length >= fw.length and rate_h < rule.resolve_fraction * rule.min_rate_per_h and all(
                     x.slope_h < rule.resolve_fraction * rule.min_rate_per_h
-                    for x in self.windows if x.length >= fw.length and len(x.subs) >= N_SUB - 2):
+                    for x in self.windows if x.length >= fw.length and len(x.subs) >= x.n - 2):
                 self.firing = False
                 self.fired_window = None
                 return LeakFinding(False, now, rate_h, now - self.since, fit.level_end, ttf, w.length)
