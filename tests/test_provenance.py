@@ -1,0 +1,666 @@
+"""Git provenance against real repositories: clean, dirty, submodules, credentials, hostile config.
+
+Every repository is made here with the real git. Hostile repositories carry config
+that would run `touch <marker>`; each case first shows that plain git does run it
+(so the test cannot pass by accident), then that provenance does not, as root and as
+the repository's owner. Tests that need another uid use nobody (65534) and run as
+root, which is how the agent runs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pty
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterwatch.agent import provenance as prov
+from clusterwatch.agent.gitrun import GitRunner, RunAs, driver_overrides
+from clusterwatch.agent.provenance import (
+    ProvenanceConfig,
+    parse_proc_ids,
+    parse_status,
+    process_start_time,
+    provenance_of_dir,
+    provenance_of_pid,
+    script_path,
+)
+from clusterwatch.agent.redact import is_secret_name, redact_argv, select_env, strip_url_credentials
+from clusterwatch.cli.provenance_cmd import provenance as provenance_cmd
+
+NOBODY = 65534
+GIT = shutil.which("git")
+TOKEN = "ghp_S3cr3tT0kenValue1234567890"
+
+
+def git_env(home: Path | str = "/nonexistent") -> dict[str, str]:
+    """An environment that keeps root's own git config out of the repositories made here."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org", "LC_ALL": "C"}
+
+
+def git(cwd: Path, *args: str, user: int | None = None, check: bool = True) -> str:
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    proc = subprocess.run([GIT, "-c", "protocol.file.allow=always", *args], cwd=cwd, env=git_env(),
+                          capture_output=True, text=True, timeout=30, check=False, **kw)
+    if check and proc.returncode:
+        raise AssertionError(f"git {args} failed: {proc.stderr}")
+    return proc.stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in (files or {"train.py": "print('hi')\n", "README": "readme\n"}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+def stat_dirty(path: Path) -> None:
+    """Make git distrust its index entry for a file, so status must read (and filter) it."""
+    later = time.time() + 5
+    os.utime(path, (later, later))
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    # the warn-once memory is per process; each test starts without it
+    monkeypatch.setattr(prov, "_warned", set())
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory under /tmp that nobody can traverse (pytest's tmp_path is 0700 root)."""
+    d = Path(tempfile.mkdtemp(prefix="cw-prov-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def marker_dir():
+    """Where hostile commands would write: writable by every user, so a blocked command is
+    blocked by provenance and not by permissions."""
+    d = Path(tempfile.mkdtemp(prefix="cw-pwned-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        os.chown(root, uid, uid)
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def git_wrapper(directory: Path) -> tuple[Path, Path]:
+    """A git that logs who runs it, then runs the real git: the test's witness of identity."""
+    log = directory / "git-calls.log"
+    log.touch()
+    log.chmod(0o666)
+    wrapper = directory / "git"
+    wrapper.write_text(f'#!/bin/sh\necho "$(id -u) $(id -G) HOME=$HOME" >> {log}\nexec {GIT} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, log
+
+
+# -- pure helpers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url, expected", [
+    (f"https://user:{TOKEN}@github.com/o/r.git", "https://github.com/o/r.git"),
+    (f"https://{TOKEN}:x-oauth-basic@github.com/o/r", "https://github.com/o/r"),
+    (f"https://oauth2:{TOKEN}@gitlab.example.org:8443/g/r.git", "https://gitlab.example.org:8443/g/r.git"),
+    ("https://us@er:p@ss@host/r", "https://host/r"),
+    ("ssh://git@github.com/o/r.git", "ssh://github.com/o/r.git"),
+    ("git@github.com:o/r.git", "git@github.com:o/r.git"),
+    ("https://github.com/o/r.git", "https://github.com/o/r.git"),
+    ("/srv/git/r.git", "/srv/git/r.git"),
+    (f"fatal: unable to access 'https://u:{TOKEN}@h/r/': 403", "fatal: unable to access 'https://h/r/': 403"),
+])
+def test_strip_url_credentials(url, expected):
+    assert strip_url_credentials(url) == expected
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("WANDB_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True), ("DB_PASSWORD", True),
+    ("--api-key", True), ("--token", True), ("wandb.api_key", True), ("GITHUB_AUTH", True),
+    ("SLURM_JOB_ID", False), ("RANK", False), ("MASTER_ADDR", False), ("--lr", False),
+])
+def test_is_secret_name(name, secret):
+    assert is_secret_name(name) is secret
+
+
+def test_redact_argv_keeps_positions_and_hides_values():
+    argv = ["python", "train.py", "--token=abc", "--api-key", "xyz", "--lr", "0.1",
+            "wandb.api_key=qqq", f"--repo=https://u:{TOKEN}@h/r", "--auth", "--verbose"]
+    assert redact_argv(argv) == ("python", "train.py", "--token=<redacted>", "--api-key", "<redacted>",
+                                 "--lr", "0.1", "wandb.api_key=<redacted>", "--repo=https://h/r",
+                                 "--auth", "--verbose")
+
+
+def test_select_env_keeps_what_matters_and_drops_secrets():
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_ID": "42", "SLURM_NODELIST": "n[1-2]",
+               "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "n1", "MASTER_PORT": "29500",
+               "HF_TOKEN": TOKEN, "SLURM_FAKE_SECRET": "s", "WANDB_API_KEY": "k", "WANDB_PROJECT": "p",
+               "HOME": "/home/u", "MY_URL": f"https://u:{TOKEN}@h/x", "PATH": "/bin"}
+    got = select_env(environ, extra=("WANDB_*", "MY_URL"))
+    assert got == {"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
+                   "MASTER_PORT": "29500", "MY_URL": "https://h/x", "RANK": "1", "SLURM_JOB_ID": "42",
+                   "SLURM_NODELIST": "n[1-2]", "WANDB_PROJECT": "p", "WORLD_SIZE": "8"}
+
+
+def test_driver_overrides_cover_every_defined_driver_even_odd_names():
+    names = ["core.bare", "filter.lfs.clean", "filter.lfs.smudge", "filter.a=b.c.process",
+             "diff.tool.textconv", "diff.external", "diff.submodule", "FILTER.Up.clean"]
+    got = dict(driver_overrides(names))
+    assert got["filter.lfs.clean"] == "" and got["filter.lfs.process"] == ""
+    assert got["filter.lfs.required"] == "false"
+    assert got["filter.a=b.c.process"] == "" and got["filter.a=b.c.clean"] == ""
+    assert got["filter.Up.clean"] == ""
+    assert got["diff.tool.textconv"] == "" and got["diff.tool.command"] == ""
+    assert "diff.external.textconv" not in got and "diff..textconv" not in got
+
+
+def test_parse_status_counts_changes_and_untracked_from_a_stream():
+    out = (b"# branch.oid 0123456789abcdef0123456789abcdef01234567\0# branch.head main\0"
+           b"1 .M N... 100644 100644 100644 aa aa a.py\0"
+           b"2 R. N... 100644 100644 100644 aa aa R100 new.py\0old.py\0"
+           b"? x.txt\0? d/y.txt\0! ignored\0")
+    p = prov.StatusParser()
+    for i in range(0, len(out), 7):  # arbitrary chunk boundaries
+        p.feed(out[i:i + 7])
+    p.close()
+    assert (p.commit, p.branch, p.changed, p.untracked) == (
+        "0123456789abcdef0123456789abcdef01234567", "main", 2, 2)
+    assert parse_status(b"# branch.oid (initial)\0# branch.head (detached)\0").branch == "(detached)"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["python", "train.py", "--lr", "1"], "/w/train.py"),
+    (["/usr/bin/python3.11", "-u", "-W", "ignore", "src/t.py"], "/w/src/t.py"),
+    (["python3", "/abs/t.py"], "/abs/t.py"),
+    (["python", "-m", "torch.distributed.run", "t.py"], None),
+    (["python", "-c", "print(1)"], None),
+    (["python"], None),
+    (["bash", "run.sh"], None),
+])
+def test_script_path(argv, expected):
+    assert script_path(argv, "/w") == expected
+
+
+def test_parse_proc_ids_takes_effective_ids_and_groups():
+    text = "Name:\tpython\nUid:\t1000\t1001\t1001\t1001\nGid:\t100\t101\t101\t101\nGroups:\t4 27 1001 \n"
+    assert parse_proc_ids(text) == RunAs(1001, 101, (4, 27, 1001))
+
+
+# -- real repositories -----------------------------------------------------------------------
+
+
+def test_clean_repository(tmp_path):
+    repo = make_repo(tmp_path / "r")
+    rec = provenance_of_dir(str(repo / "README").rsplit("/", 1)[0])
+    g = rec.git
+    assert g.error == "" and g.known
+    assert g.root == str(repo)
+    assert g.commit == git(repo, "rev-parse", "HEAD")
+    assert (g.branch, g.dirty, g.untracked, g.diff_sha256, g.remote_url) == ("main", False, 0, "", "")
+    assert g.ran_as_uid == os.geteuid()
+    assert len(rec.code_id) == 16
+
+
+def test_subdirectory_finds_the_repository_root(tmp_path):
+    repo = make_repo(tmp_path / "r", {"src/pkg/m.py": "x = 1\n"})
+    assert provenance_of_dir(str(repo / "src" / "pkg")).git.root == str(repo)
+
+
+def test_dirty_repository_hashes_the_diff_of_tracked_files(tmp_path):
+    repo = make_repo(tmp_path / "r", {"a.py": "a = 1\n", "w.bin": "\0\1\2"})
+    (repo / "a.py").write_text("a = 2\n")
+    first = provenance_of_dir(str(repo)).git
+    assert first.dirty is True and first.untracked == 0
+    assert len(first.diff_sha256) == 64
+    # the same change gives the same hash; another change another one
+    (repo / "a.py").write_text("a = 1\n")
+    assert provenance_of_dir(str(repo)).git.dirty is False
+    (repo / "a.py").write_text("a = 2\n")
+    assert provenance_of_dir(str(repo)).git.diff_sha256 == first.diff_sha256
+    (repo / "a.py").write_text("a = 3\n")
+    assert provenance_of_dir(str(repo)).git.diff_sha256 != first.diff_sha256
+    # binary changes count too (--binary): two binary contents, two hashes
+    (repo / "a.py").write_text("a = 1\n")
+    (repo / "w.bin").write_bytes(b"\0\1\3")
+    h1 = provenance_of_dir(str(repo)).git.diff_sha256
+    (repo / "w.bin").write_bytes(b"\0\1\4")
+    h2 = provenance_of_dir(str(repo)).git.diff_sha256
+    assert len(h1) == 64 and h1 != h2
+    # a staged change is uncommitted too
+    git(repo, "add", "w.bin")
+    staged = provenance_of_dir(str(repo)).git
+    assert staged.dirty is True and staged.diff_sha256 == h2
+
+
+def test_untracked_files_only_are_counted_not_dirty(tmp_path):
+    repo = make_repo(tmp_path / "r")
+    (repo / "notes.txt").write_text("x")
+    (repo / "out" / "deep").mkdir(parents=True)
+    (repo / "out" / "deep" / "a.log").write_text("x")
+    (repo / "out" / "b.log").write_text("x")
+    (repo / ".gitignore").write_text("*.tmp\n")
+    (repo / "skip.tmp").write_text("x")
+    g = provenance_of_dir(str(repo)).git
+    assert (g.dirty, g.untracked, g.diff_sha256) == (False, 4, "")  # .gitignore itself is untracked
+
+
+def test_detached_head(tmp_path):
+    repo = make_repo(tmp_path / "r")
+    first = git(repo, "rev-parse", "HEAD")
+    (repo / "README").write_text("two\n")
+    git(repo, "commit", "-qam", "two")
+    git(repo, "checkout", "-q", "--detach", first)
+    g = provenance_of_dir(str(repo)).git
+    assert (g.commit, g.branch, g.dirty) == (first, "(detached)", False)
+
+
+def test_repository_without_commits(tmp_path):
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a").write_text("x")
+    g = provenance_of_dir(str(repo)).git
+    assert (g.commit, g.branch, g.untracked, g.dirty) == ("(initial)", "main", 1, False)
+
+
+def test_nested_submodules(tmp_path):
+    leaf = make_repo(tmp_path / "leaf", {"leaf.py": "L = 1\n"})
+    mid = make_repo(tmp_path / "mid", {"mid.py": "M = 1\n"})
+    git(mid, "submodule", "add", "-q", str(leaf), "vendor/leaf")
+    git(mid, "commit", "-qm", "leaf")
+    top = make_repo(tmp_path / "top", {"top.py": "T = 1\n"})
+    git(top, "submodule", "add", "-q", str(mid), "lib/mid")
+    git(top, "commit", "-qm", "mid")
+    work = tmp_path / "work"
+    git(tmp_path, "clone", "-q", "--recurse-submodules", str(top), str(work))
+
+    g = provenance_of_dir(str(work)).git
+    assert g.error == ""
+    subs = {s.path: s for s in g.submodules}
+    assert list(subs) == ["lib/mid", "lib/mid/vendor/leaf"]
+    assert subs["lib/mid"].commit == git(work / "lib/mid", "rev-parse", "HEAD") == subs["lib/mid"].recorded
+    leaf_head = git(work / "lib/mid/vendor/leaf", "rev-parse", "HEAD")
+    assert subs["lib/mid/vendor/leaf"].commit == leaf_head == subs["lib/mid/vendor/leaf"].recorded
+    assert g.dirty is False and not any(s.dirty for s in g.submodules)
+
+    # a change deep down makes every level up dirty, and changes the code id
+    clean_id = provenance_of_dir(str(work)).code_id
+    (work / "lib/mid/vendor/leaf/leaf.py").write_text("L = 2\n")
+    rec = provenance_of_dir(str(work))
+    subs = {s.path: s for s in rec.git.submodules}
+    assert subs["lib/mid/vendor/leaf"].dirty is True and len(subs["lib/mid/vendor/leaf"].diff_sha256) == 64
+    assert subs["lib/mid"].dirty is True and rec.git.dirty is True
+    assert rec.code_id != clean_id
+
+    # a submodule checked out at another commit than recorded
+    (work / "lib/mid/vendor/leaf/leaf.py").write_text("L = 1\n")
+    (work / "lib/mid/mid.py").write_text("M = 2\n")
+    git(work / "lib/mid", "commit", "-qam", "moved")
+    moved = {s.path: s for s in provenance_of_dir(str(work)).git.submodules}["lib/mid"]
+    assert moved.commit != moved.recorded and moved.commit == git(work / "lib/mid", "rev-parse", "HEAD")
+
+
+def test_uninitialised_submodule(tmp_path):
+    leaf = make_repo(tmp_path / "leaf")
+    top = make_repo(tmp_path / "top")
+    git(top, "submodule", "add", "-q", str(leaf), "ext/leaf")
+    git(top, "commit", "-qm", "sub")
+    work = tmp_path / "work"
+    git(tmp_path, "clone", "-q", str(top), str(work))  # no --recurse-submodules
+    g = provenance_of_dir(str(work)).git
+    assert [(s.path, s.commit, s.dirty) for s in g.submodules] == [("ext/leaf", "unknown", None)]
+    assert g.submodules[0].recorded == git(leaf, "rev-parse", "HEAD")
+
+
+def test_remote_token_appears_in_no_output(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    repo = make_repo(tmp_path / "r")
+    git(repo, "remote", "add", "origin", f"https://oauth2:{TOKEN}@git.example.org/team/r.git")
+    git(repo, "remote", "add", "mirror", "git@github.com:team/r.git")
+    rec = provenance_of_dir(str(repo))
+    assert rec.git.remote_url == "https://git.example.org/team/r.git"
+    assert TOKEN not in rec.to_json() and TOKEN not in repr(rec)
+    result = CliRunner().invoke(provenance_cmd, [str(repo)])
+    json_result = CliRunner().invoke(provenance_cmd, [str(repo), "--json"])
+    assert result.exit_code == 0 and json_result.exit_code == 0
+    assert "https://git.example.org/team/r.git" in result.output
+    assert json.loads(json_result.output)["git"]["remote_url"] == "https://git.example.org/team/r.git"
+    # a failure that makes git print the URL must not leak it either
+    (repo / ".git" / "config").write_text((repo / ".git" / "config").read_text() + "[broken\n")
+    broken = provenance_of_dir(str(repo))
+    assert broken.git.error
+    for text in (result.output, json_result.output, broken.to_json(), caplog.text):
+        assert TOKEN not in text
+
+
+def test_scp_style_remote_is_kept(tmp_path):
+    repo = make_repo(tmp_path / "r")
+    git(repo, "remote", "add", "origin", "git@github.com:team/r.git")
+    assert provenance_of_dir(str(repo)).git.remote_url == "git@github.com:team/r.git"
+
+
+def test_no_repository_says_unknown_and_warns_once(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="clusterwatch.agent.provenance")
+    rec = provenance_of_dir(str(tmp_path))
+    d = rec.to_dict()["git"]
+    assert rec.git.error == "not inside a git repository"
+    assert all(d[k] == "unknown" for k in ("root", "commit", "branch", "dirty", "untracked",
+                                             "diff_sha256", "remote_url"))
+    assert rec.code_id == "unknown"
+    provenance_of_dir(str(tmp_path))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "not inside a git repository" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 1
+
+
+def test_no_git_binary_says_unknown(tmp_path, monkeypatch, caplog):
+    repo = make_repo(tmp_path / "r")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    rec = provenance_of_dir(str(repo))
+    assert rec.git.commit == "unknown" and "no git binary" in rec.git.error
+    assert rec.git.ran_as_uid is None
+    assert "no git binary" in caplog.text
+    rec2 = provenance_of_dir(str(repo), ProvenanceConfig(git="/nonexistent/git"))
+    assert "no git binary" in rec2.git.error
+    result = CliRunner().invoke(provenance_cmd, [str(repo)])
+    assert result.exit_code == 0 and "unknown" in result.output
+
+
+def test_a_git_that_hangs_is_killed_within_the_budget(tmp_path, shared_dir):
+    # an include of a FIFO blocks git while it reads its config: a stand-in for any hang
+    repo = make_repo(tmp_path / "r")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with open(repo / ".git" / "config", "a") as f:
+        f.write(f"[include]\n\tpath = {fifo}\n")
+    wrapper, log = git_wrapper(shared_dir)
+    started = time.monotonic()
+    rec = provenance_of_dir(str(repo), ProvenanceConfig(git=str(wrapper), budget_s=1.0))
+    elapsed = time.monotonic() - started
+    assert "did not finish" in rec.git.error and rec.git.commit == "unknown"
+    assert elapsed < 4.0
+    # nothing of the killed call is left: no git process has the FIFO open
+    time.sleep(0.2)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert str(repo).encode() not in cmd or b"git" not in cmd, f"git left running: {cmd!r}"
+
+
+# -- hostile repositories ----------------------------------------------------------------------
+
+
+def _hostile(repo: Path, marker_dir: Path) -> dict[str, Path]:
+    """Every way this test knows for a repository's config to run a command; returns the markers."""
+    m = {k: marker_dir / f"pwned-{k}-{uuid.uuid4().hex[:8]}" for k in (
+        "fsmonitor", "hook", "pager", "pager_status", "clean", "smudge", "process", "external",
+        "textconv", "diffcmd", "ssh")}
+    (repo / ".gitattributes").write_text("*.py filter=evil diff=evil\n*.txt filter=evil2\n")
+    (repo / "a.py").write_text("a = 1\n")
+    (repo / "b.txt").write_text("b\n")
+    (repo / "c.md").write_text("c\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "attrs")
+    cfg = {
+        "core.fsmonitor": f"touch {m['fsmonitor']}; echo",
+        "core.pager": f"touch {m['pager']}; cat",
+        "pager.status": f"touch {m['pager_status']}; cat",
+        "filter.evil.clean": f"touch {m['clean']}; cat",
+        "filter.evil.smudge": f"touch {m['smudge']}; cat",
+        "filter.evil.required": "true",
+        "filter.evil2.process": f"touch {m['process']}",
+        "diff.external": f"touch {m['external']}; true",
+        "diff.evil.textconv": f"touch {m['textconv']}; cat",
+        "diff.evil.command": f"touch {m['diffcmd']}; true",
+        "core.sshCommand": f"touch {m['ssh']}; false",
+        "status.submoduleSummary": "true",
+        "core.hooksPath": str(repo / ".git" / "hooks"),
+    }
+    for key, value in cfg.items():
+        git(repo, "config", key, value)
+    git(repo, "remote", "add", "origin", "ssh://git@203.0.113.1/r.git")
+    hooks = repo / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for name in ("post-index-change", "pre-commit", "post-checkout", "reference-transaction",
+                 "fsmonitor-watchman", "pre-auto-gc"):
+        (hooks / name).write_text(f"#!/bin/sh\ntouch {m['hook']}\n")
+        (hooks / name).chmod(0o755)
+    # dirty, stat-dirty and untracked, so that status and diff read contents
+    (repo / "a.py").write_text("a = 2\n")
+    (repo / "c.md").write_text("c = 2\n")
+    stat_dirty(repo / "b.txt")
+    (repo / "new.py").write_text("n = 1\n")
+    return m
+
+
+def _control(repo: Path, m: dict[str, Path], user: int | None) -> None:
+    """Plain git, as `user`, runs each hostile command: the threat is real.
+
+    One call per threat, each with the threats that would pre-empt it switched off
+    (a diff driver's command, for instance, replaces both diff.external and textconv).
+    """
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    nofs = ["-c", "core.fsmonitor=false", "-c", "filter.evil2.process="]  # both would end git early
+
+    def plain(*args: str, tty: bool = False) -> None:
+        master, slave = pty.openpty()
+        out = slave if tty else subprocess.DEVNULL
+        subprocess.run([GIT, *args], cwd=repo, env=git_env(), stdin=subprocess.DEVNULL, stdout=out,
+                       stderr=out, timeout=30, check=False, **kw)
+        os.close(master)
+        os.close(slave)
+
+    plain("status")                                   # fsmonitor, clean, process
+    stat_dirty(repo / "b.txt")
+    plain(*nofs, "update-index", "--refresh")         # post-index-change hook
+    plain(*nofs, "diff", "HEAD")                      # diff.<driver>.command for *.py, external for *.md
+    plain(*nofs, "diff", "--no-ext-diff", "HEAD")     # textconv
+    plain(*nofs, "ls-remote", "origin")               # core.sshCommand
+    plain(*nofs, "-p", "log", "-1", tty=True)         # core.pager
+    plain(*nofs, "status", tty=True)                  # pager.status
+    ran = {k for k, p in m.items() if p.exists()}
+    # smudge may not run in these calls (it is for checkout); it is emptied all the same
+    missing = set(m) - {"smudge"} - ran
+    assert not missing, f"the control did not run: {missing}"
+    for p in m.values():
+        p.unlink(missing_ok=True)
+
+
+def test_hostile_repository_runs_nothing_as_root(tmp_path, marker_dir):
+    repo = make_repo(tmp_path / "evil")
+    markers = _hostile(repo, marker_dir)
+    _control(repo, markers, None)
+    stat_dirty(repo / "b.txt")
+    rec = provenance_of_dir(str(repo))
+    ran = sorted(k for k, p in markers.items() if p.exists())
+    assert ran == [], f"hostile config ran: {ran}"
+    assert rec.git.error == "" and rec.git.dirty is True and rec.git.untracked == 1
+    assert rec.git.remote_url == "ssh://203.0.113.1/r.git"
+    assert list(marker_dir.iterdir()) == []
+
+
+def test_hostile_repository_runs_nothing_as_its_owner(shared_dir, marker_dir):
+    repo = make_repo(shared_dir / "evil")
+    markers = _hostile(repo, marker_dir)
+    chown_tree(repo, NOBODY)
+    _control(repo, markers, NOBODY)
+    stat_dirty(repo / "b.txt")
+    wrapper, log = git_wrapper(shared_dir)
+    rec = provenance_of_dir(str(repo), ProvenanceConfig(git=str(wrapper)))
+    assert list(marker_dir.iterdir()) == []
+    assert rec.git.error == "" and rec.git.ran_as_uid == NOBODY and rec.git.dirty is True
+    uids = {line.split()[0] for line in log.read_text().splitlines()}
+    assert uids == {str(NOBODY)}
+
+
+def test_hostile_submodule_config_runs_nothing(tmp_path, marker_dir):
+    leaf = make_repo(tmp_path / "leaf", {"x.py": "x = 1\n"})
+    top = make_repo(tmp_path / "top")
+    git(top, "submodule", "add", "-q", str(leaf), "sub")
+    git(top, "commit", "-qm", "sub")
+    sub = top / "sub"
+    (sub / ".gitattributes").write_text("*.py filter=subevil\n")
+    marker = marker_dir / "pwned-subfilter"
+    git(sub, "config", "filter.subevil.clean", f"touch {marker}; cat")
+    git(sub, "config", "core.fsmonitor", f"touch {marker}; echo")
+    stat_dirty(sub / "x.py")
+    git(sub, "status", check=False)
+    assert marker.exists()  # the control
+    marker.unlink()
+    stat_dirty(sub / "x.py")
+    g = provenance_of_dir(str(top)).git
+    assert not marker.exists()
+    assert g.error == "" and [s.path for s in g.submodules] == ["sub"]
+
+
+def test_git_runner_never_keeps_roots_groups(shared_dir):
+    wrapper, log = git_wrapper(shared_dir)
+    runner = GitRunner(RunAs(NOBODY, NOBODY, ()), git=str(wrapper))
+    runner.run(["version"], "/")
+    entries = log.read_text().split()
+    assert entries[:2] == [str(NOBODY), str(NOBODY)]  # uid, then the only group
+    assert "HOME=/nonexistent" in log.read_text()
+
+
+def test_refuses_another_uid_without_root(shared_dir, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rec = prov.git_state(str(shared_dir), RunAs(NOBODY, NOBODY))
+    assert "not root" in rec.error and rec.ran_as_uid is None
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def _spawn(argv: list[str], cwd: Path, env: dict[str, str], user: int | None = None) -> subprocess.Popen:
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+
+
+SLEEPER = "import sys\nprint('ready', flush=True)\nsys.stdin.read()\n"
+
+
+def test_process_record_from_its_script(tmp_path):
+    repo = make_repo(tmp_path / "proj", {"train.py": SLEEPER})
+    elsewhere = tmp_path / "run-dir"
+    elsewhere.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "RANK": "3",
+           "WORLD_SIZE": "8", "CUDA_VISIBLE_DEVICES": "2", "HF_TOKEN": TOKEN, "WANDB_API_KEY": TOKEN,
+           "WANDB_PROJECT": "sweep", "UNRELATED": "x"}
+    proc = _spawn([sys.executable, str(repo / "train.py"), "--lr", "0.1", f"--token={TOKEN}"], elsewhere, env)
+    try:
+        rec = provenance_of_pid(proc.pid, ProvenanceConfig(extra_env=("WANDB_*",)))
+        assert rec.pid == proc.pid and rec.uid == os.geteuid()
+        assert rec.start_time == process_start_time(proc.pid)
+        assert (rec.source, rec.path) == ("script", str(repo))
+        assert rec.git.commit == git(repo, "rev-parse", "HEAD") and rec.git.dirty is False
+        assert rec.executable == os.path.realpath(sys.executable)
+        assert rec.cmdline == (sys.executable, str(repo / "train.py"), "--lr", "0.1", "--token=<redacted>")
+        assert dict(rec.env) == {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "RANK": "3", "WORLD_SIZE": "8",
+                                 "CUDA_VISIBLE_DEVICES": "2", "WANDB_PROJECT": "sweep"}
+        assert TOKEN not in rec.to_json() and rec.error == ""
+    finally:
+        _stop(proc)
+
+
+def test_process_record_falls_back_to_the_working_directory(tmp_path):
+    repo = make_repo(tmp_path / "proj")
+    proc = _spawn([sys.executable, "-c", SLEEPER], repo, {"PATH": "/usr/bin:/bin"})
+    try:
+        rec = provenance_of_pid(proc.pid)
+        assert (rec.source, rec.path, rec.git.root) == ("cwd", str(repo), str(repo))
+        assert rec.git.commit == git(repo, "rev-parse", "HEAD")
+    finally:
+        _stop(proc)
+
+
+def test_process_of_another_user_is_read_as_that_user(shared_dir, marker_dir):
+    repo = make_repo(shared_dir / "proj", {"train.py": SLEEPER})
+    markers = _hostile(repo, marker_dir)
+    chown_tree(repo, NOBODY)
+    wrapper, log = git_wrapper(shared_dir)
+    proc = _spawn(["/usr/bin/python3", "train.py"], repo, {"PATH": "/usr/bin:/bin"}, user=NOBODY)
+    try:
+        rec = provenance_of_pid(proc.pid, ProvenanceConfig(git=str(wrapper)))
+        assert rec.uid == NOBODY and rec.git.ran_as_uid == NOBODY and rec.source == "script"
+        assert rec.git.commit == git(repo, "rev-parse", "HEAD", user=NOBODY)
+        assert {line.split()[0] for line in log.read_text().splitlines()} == {str(NOBODY)}
+        assert not any(p.exists() for p in markers.values())
+    finally:
+        _stop(proc)
+
+
+def test_process_in_somebody_elses_repository_is_refused_by_git(tmp_path, shared_dir):
+    repo = make_repo(shared_dir / "roots-repo")  # owned by root
+    wrapper, log = git_wrapper(shared_dir)
+    proc = _spawn(["/usr/bin/python3", "-c", SLEEPER], repo, {"PATH": "/usr/bin:/bin"}, user=NOBODY)
+    try:
+        rec = provenance_of_pid(proc.pid, ProvenanceConfig(git=str(wrapper)))
+        assert "dubious ownership" in rec.git.error and rec.git.commit == "unknown"
+        assert {line.split()[0] for line in log.read_text().splitlines()} == {str(NOBODY)}
+    finally:
+        _stop(proc)
+
+
+def test_vanished_process_says_unknown(caplog):
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    rec = provenance_of_pid(proc.pid)
+    assert rec.git.commit == "unknown" and "cannot read" in rec.error
+    assert rec.to_dict()["git"]["dirty"] == "unknown"
+    assert "cannot read" in caplog.text
+
+
+def test_cli_human_and_json(tmp_path):
+    repo = make_repo(tmp_path / "r")
+    (repo / "README").write_text("changed\n")
+    human = CliRunner().invoke(provenance_cmd, [str(repo)])
+    assert human.exit_code == 0
+    head = git(repo, "rev-parse", "HEAD")
+    assert f"commit      {head}" in human.output and "modified tracked files" in human.output
+    doc = json.loads(CliRunner().invoke(provenance_cmd, [str(repo), "--json"]).output)
+    assert doc["git"]["commit"] == head and doc["git"]["dirty"] is True and doc["source"] == "dir"
+    assert doc["version"] == 1 and len(doc["code_id"]) == 16
+
+
+def test_cli_as_root_reads_a_directory_as_its_owner(shared_dir):
+    repo = make_repo(shared_dir / "r")
+    chown_tree(repo, NOBODY)
+    doc = json.loads(CliRunner().invoke(provenance_cmd, [str(repo), "--json"]).output)
+    assert doc["git"]["ran_as_uid"] == NOBODY and doc["uid"] == NOBODY and doc["git"]["error"] == ""
+    assert stat.S_IMODE(os.stat(shared_dir).st_mode) == 0o755
