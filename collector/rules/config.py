@@ -424,8 +424,8 @@ def _convert(ctx: _Ctx, table: str, key: str, value: Any, scale: float | None, c
         raise ctx.error(f"[{table}] {key} must be a number, not {value!r}", key, table)
     if value < 0:
         raise ctx.error(f"[{table}] {key} must not be negative", key, table)
-    if isinstance(current, int):
-        return int(value)
+    if key == "sub_buckets":
+        return max(6, int(value))
     return float(value) * (scale or 1.0)
 
 
