@@ -19,13 +19,19 @@ from clusterwatch.v1 import agent_pb2
 
 from clusterwatch import __version__
 from clusterwatch.model import JobEvent, ProcessSample
-from clusterwatch.wire import gpu_info_to_proto, gpu_reading_to_proto, job_event_to_proto, process_to_proto
+from clusterwatch.wire import (
+    gpu_info_to_proto,
+    gpu_reading_to_proto,
+    job_event_to_proto,
+    process_to_proto,
+    training_to_proto,
+)
 
 from .backends.gpu import GpuSource
 from .backends.procs import ProcSource
 from .config import AgentConfig
 from .labels import JobLabeler
-from .spool import JobSpool
+from .spool import JobSpool, with_gpu_uuids
 
 log = logging.getLogger("clusterwatch.agent")
 
@@ -62,6 +68,7 @@ class Agent:
         spool: JobSpool | None = None,
         clock: Callable[[], float] = time.time,
         train_drain: Callable[[], list] | None = None,
+        provenance=None,
     ) -> None:
         self.config = config
         self.gpus = gpus
@@ -70,6 +77,7 @@ class Agent:
         self.spool = spool
         self.clock = clock
         self.train_drain = train_drain
+        self.provenance = provenance
         self.boot_id = uuid.uuid4().hex
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
@@ -114,12 +122,15 @@ class Agent:
             gpu_reading_to_proto(r, now, batch.gpus.add())
         if self.spool is not None:
             for event in self.spool.take_events():
-                job_event_to_proto(event, batch.job_events.add())
+                # The prolog knows GPU indexes only; a GPU is named by its UUID from here on.
+                job_event_to_proto(with_gpu_uuids(event, self.inventory), batch.job_events.add())
         if self.train_drain is not None:
-            from clusterwatch.wire import training_to_proto
-
             for report in self.train_drain():
                 training_to_proto(report, batch.training.add())
+        if self.provenance is not None:
+            self.provenance.offer(samples)
+            for record in self.provenance.drain():
+                batch.provenance.add(pid=record.pid, start_time=record.start_time, json=record.to_json())
         return batch, samples
 
 

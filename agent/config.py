@@ -27,6 +27,7 @@ class AgentConfig:
         train_socket: Unix socket for clusterwatch.train reports (None: <spool_dir>/train.sock).
         count_fds: count each process's open file descriptors.
         watch_all_gpu_processes: watch every process NVML reports, not only Slurm jobs'.
+        provenance: record each rank process's git provenance once.
     """
 
     collector: str | None
@@ -45,3 +46,4 @@ class AgentConfig:
     train_socket: str | None = None
     count_fds: bool = True
     watch_all_gpu_processes: bool = True
+    provenance: bool = True

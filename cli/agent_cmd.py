@@ -34,12 +34,21 @@ from .common import fail, setup_logging
               help="Where the prolog/epilog leave job events.")
 @click.option("--buffer-samples", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
+@click.option("--train-socket", envvar="CLUSTERWATCH_TRAIN_SOCKET", default="/run/clusterwatch/train.sock",
+              show_default=True, help="Unix socket where clusterwatch.train reports arrive.")
+@click.option("--provenance/--no-provenance", default=True, show_default=True,
+              help="Record the git provenance of each rank process (git runs as the process's owner).")
 @click.option("-v", "--verbose", count=True)
 def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
-          spool_dir, buffer_samples, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, provenance, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
-    setup_logging(verbose)
     import os
+
+    # gRPC's fork handlers run in every child the agent forks (git for provenance runs as the
+    # process's owner, which needs fork, not vfork) and crashed git while the stream was busy.
+    # The agent never uses gRPC in a child, so they are switched off before gRPC loads.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    setup_logging(verbose)
 
     from clusterwatch.agent.config import AgentConfig
 
@@ -50,9 +59,9 @@ def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_i
     config = AgentConfig(
         collector=collector, node=node, interval_s=interval, gpu_source=gpu_source, sim_scenario=sim_scenario,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
-        spool_dir=spool_dir,
+        spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
     )
-    agent_obj = build_agent(config)
+    agent_obj = build_agent(config, live=not once)
     if once:
         from clusterwatch.agent.agent import batch_as_json
 
@@ -70,8 +79,11 @@ def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_i
     sys.exit(run_agent(agent_obj))
 
 
-def build_agent(config):
-    """The agent with its sources, from a config (GPU source falls back to none with one clear line)."""
+def build_agent(config, live: bool = True):
+    """The agent with its sources, from a config (GPU source falls back to none with one clear line).
+
+    `live` also opens the training-report socket and the provenance worker (not for --once).
+    """
     from clusterwatch.agent.agent import Agent
     from clusterwatch.agent.backends.procs import ProcSource
     from clusterwatch.agent.labels import JobLabeler
@@ -84,7 +96,32 @@ def build_agent(config):
     cache: dict = {}
     labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
     spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
-    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool)
+    train_drain = provenance = None
+    if live:
+        train_drain = open_train_endpoint(config.train_socket)
+        if config.provenance:
+            from clusterwatch.agent.provenance_worker import ProvenanceWorker
+
+            provenance = ProvenanceWorker()
+    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool,
+                 train_drain=train_drain, provenance=provenance)
+
+
+def open_train_endpoint(path: str | None):
+    """Start listening for clusterwatch.train reports; None (with one line) when the socket cannot be made."""
+    if not path:
+        return None
+    from clusterwatch.agent.train_endpoint import TrainEndpoint
+
+    endpoint = TrainEndpoint(path)
+    try:
+        endpoint.start()
+    except OSError as exc:
+        logging.getLogger("clusterwatch.agent").warning(
+            "cannot listen for training reports on %s (%s); running without them. "
+            "Pass --train-socket with a writable path.", path, exc.strerror or exc)
+        return None
+    return endpoint.drain
 
 
 def open_gpus(config):

@@ -46,7 +46,7 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subpr
         "CLUSTERWATCH_SIM_GPU": str(local), "CLUSTERWATCH_SIM_NODE": node,
         "CLUSTERWATCH_SIM_PROFILE": "steady",
         "CLUSTERWATCH_SIM_GPU_MEM_FILE": os.path.join(workdir, f"gpu-mem-rank{rank}"),
-        "CLUSTERWATCH_TRAIN_SOCKET": str(stack.spool(node) / "train.sock"),
+        "CLUSTERWATCH_TRAIN_SOCKET": str(stack.train_socket(node)),
     })
     args = [sys.executable, "-m", "clusterwatch.cli.demo_workload", "--rank", str(rank)]
     if rank == LEAKING_RANK:

@@ -122,6 +122,7 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
     lines.extend(_ranks(view, now))
     lines.extend(_gpus(view))
     lines.extend(_alerts(view))
+    lines.extend(_provenance(view))
     lines.extend(_notes(view, run_time))
     return "\n".join(lines) + "\n"
 
@@ -220,6 +221,50 @@ def _alerts(view: query_pb2.JobView) -> list[str]:
     for a in sorted(view.alerts, key=lambda a: (order.get(a.state, 3), -a.since)):
         mark = {"firing": "●", "pending": "◐", "resolved": "○"}.get(a.state, "?")
         out.append(f"  {mark} {a.state.upper():<8} {a.rule:<18} {a.description}")
+    return out
+
+
+def describe_code(record: dict) -> str:
+    """One line for a provenance record: where, which commit, how clean."""
+    git = record.get("git") or {}
+    if git.get("error") or git.get("commit") in (None, "unknown"):
+        return f"unknown ({git.get('error') or 'no git repository'})"
+    state = "modified" if git.get("dirty") is True else "clean"
+    untracked = git.get("untracked")
+    if isinstance(untracked, int) and untracked:
+        state += f", {untracked} untracked"
+    diff = git.get("diff_sha256") or ""
+    if git.get("dirty") is True and diff and diff != "unknown":
+        state += f", diff {diff[:8]}"
+    remote = git.get("remote_url")
+    where = remote if remote and remote != "unknown" else git.get("root", "?")
+    return f"{where} @ {str(git.get('commit'))[:12]} ({git.get('branch', '?')}), {state}"
+
+
+def _provenance(view: query_pb2.JobView) -> list[str]:
+    if not view.provenance_json:
+        return []
+    import json
+
+    try:
+        records = json.loads(view.provenance_json)
+    except ValueError:
+        return []
+    ranks = {(p.node, p.pid): (str(p.rank) if p.HasField("rank") else f"pid {p.pid}") for p in view.processes}
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r.get("code_id", "unknown"), []).append(r)
+    out = [_title("Code (git provenance)")]
+    if len(groups) == 1:
+        (records,) = groups.values()
+        out.append(f"  {describe_code(records[0])}")
+        out.append(f"  all {len(records)} recorded rank(s) run the same code; command: "
+                   + " ".join(records[0].get("cmdline", []))[:WIDTH - 40])
+        return out
+    out.append(f"  ranks run {len(groups)} different versions of the code:")
+    for _, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        who = ", ".join(ranks.get((r.get("node"), r.get("pid")), f"pid {r.get('pid')}") for r in recs)
+        out.append(f"  - ranks {who}: {describe_code(recs[0])}")
     return out
 
 

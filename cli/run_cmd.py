@@ -71,7 +71,9 @@ def run(command, interval, status_every, gpu_source, rules, as_json, keep) -> No
         except ClusterwatchError as exc:
             fail(str(exc))
         try:
-            child = subprocess.Popen(list(command))
+            # the command reports training progress (clusterwatch.train) to the embedded agent
+            env = dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node)))
+            child = subprocess.Popen(list(command), env=env)
         except FileNotFoundError:
             fail(f"command not found: {command[0]}", code=127)
         except PermissionError:

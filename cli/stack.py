@@ -65,8 +65,13 @@ class Stack:
         spool = self.spool(node)
         spool.mkdir(parents=True, exist_ok=True)
         return self._spawn(f"agent-{node}", [
-            "agent", "--collector", self.address, "--node", node, "--spool-dir", str(spool), *extra,
+            "agent", "--collector", self.address, "--node", node, "--spool-dir", str(spool),
+            "--train-socket", str(self.train_socket(node)), *extra,
         ], env=env)
+
+    def train_socket(self, node: str) -> Path:
+        """Each embedded agent listens on its own socket (two demo nodes share one host)."""
+        return self.spool(node) / "train.sock"
 
     def spool(self, node: str) -> Path:
         return self.workdir / "spool" / node

@@ -6,6 +6,7 @@ Prometheus HTTP server, which reads the state under `lock`.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from clusterwatch.v1 import agent_pb2
 
+from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
     gpu_info_from_proto,
     gpu_reading_from_proto,
@@ -32,6 +34,17 @@ log = logging.getLogger("clusterwatch.collector")
 # An agent-only job (no prolog, no Slurm, no `run`) has ended once all its processes
 # have been gone this long.
 AGENT_JOB_GONE_S = 60.0
+
+
+def _provenance_record(text: str) -> dict | None:
+    """A provenance record from its JSON, None when it is not a JSON object of sane size."""
+    if len(text) > 256 * 1024:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 class SeqTracker:
@@ -93,6 +106,10 @@ class CollectorCore:
         """Bring back running jobs known before a restart (their samples come anew from the agents)."""
         for job in self.store.load_jobs(include_ended=False):
             self.state.jobs[job.job_id] = job
+            for node, pid, start_time, text in self.store.load_provenance(job.job_id):
+                record = _provenance_record(text)
+                if record is not None:
+                    job.provenance[ProcessKey(node, pid, start_time)] = record
 
     # -- ingest -----------------------------------------------------------------------------
 
@@ -134,9 +151,20 @@ class CollectorCore:
                 ns.samples_dropped = batch.counters.samples_dropped
                 ns.read_errors = batch.counters.read_errors
             changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
+            records = []
+            for prov in batch.provenance:
+                record = _provenance_record(prov.json)
+                if record is None:
+                    self.counters.rejected += 1
+                    continue
+                job = st.add_provenance(node, prov.pid, prov.start_time, record)
+                if job is not None:
+                    records.append((job.job_id, prov.pid, prov.start_time, prov.json))
             changed |= {s.job_id for s in samples if s.job_id and s.job_id not in self._saved}
         self.counters.batches += 1
         self.counters.samples += len(samples)
+        for job_id, pid, start_time, text in records:
+            self.store.save_provenance(job_id, node, pid, start_time, text)
         for cb in self.on_samples:
             cb(node, touched, now)
         for job_id in changed:

@@ -108,6 +108,8 @@ class JobState:
     processes: set[ProcessKey] = field(default_factory=set)
     tags: dict[str, str] = field(default_factory=dict)
     nodes_ended: set[str] = field(default_factory=set)
+    # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance.py)
+    provenance: dict[ProcessKey, dict] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -268,6 +270,16 @@ class ClusterState:
             if set(job.nodes) <= job.nodes_ended:
                 job.state = "COMPLETED" if not job.exit_code else "FAILED"
                 job.end_time = event.time
+        return job
+
+    def add_provenance(self, node: str, pid: int, start_time: float, record: dict) -> JobState | None:
+        """Attach a provenance record to its process's job; None when the process is unknown."""
+        series = self.processes.get(ProcessKey(node, pid, start_time))
+        if series is None or not series.latest.job_id:
+            return None
+        job = self.jobs.get(series.latest.job_id)
+        if job is not None:
+            job.provenance[series.key] = record
         return job
 
     # -- reading ----------------------------------------------------------------------------

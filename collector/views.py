@@ -5,6 +5,8 @@ view, serialised, is the summary stored when a job ends.
 """
 from __future__ import annotations
 
+import json
+
 from clusterwatch.v1 import query_pb2
 
 from .state import ClusterState, JobState, ProcessSeries
@@ -59,6 +61,9 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
     """The whole job: info, its nodes, processes (by rank), GPUs."""
     view = query_pb2.JobView(job=job_info(job), now=now)
     view.tags.update(job.tags)
+    if job.provenance:
+        records = [dict(r, node=k.node) for k, r in sorted(job.provenance.items(), key=lambda kv: kv[0].pid)]
+        view.provenance_json = json.dumps(records, sort_keys=True)
     procs = sorted(
         state.job_processes(job),
         key=lambda p: (p.latest.rank if p.latest.rank is not None else 1 << 30, p.key.node, p.key.pid),

@@ -1,0 +1,79 @@
+"""Take each training process's provenance once, off the poll loop.
+
+git in a large repository can take a second or more; the poll must not wait for it.
+New rank processes are queued; a single worker thread records them (as each
+process's owner, see provenance.py) and the poll loop drains the finished records
+into the next batch.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from clusterwatch.model import ProcessSample
+
+from .provenance import Provenance, ProvenanceConfig, provenance_of_pid
+
+# At most this many processes wait for a record; a burst beyond it is skipped, not queued forever.
+MAX_PENDING = 256
+
+
+class ProvenanceWorker:
+    """Records the provenance of every new rank process once.
+
+    Args:
+        config: how git is run.
+        capture: the capture function (tests pass their own).
+    """
+
+    def __init__(self, config: ProvenanceConfig | None = None,
+                 capture: Callable[[int, ProvenanceConfig], Provenance] | None = None) -> None:
+        self.config = config or ProvenanceConfig()
+        self._capture = capture or (lambda pid, cfg: provenance_of_pid(pid, cfg))
+        self._seen: set[tuple[int, float]] = set()
+        self._todo: queue.Queue = queue.Queue(MAX_PENDING)
+        self._done: list[Provenance] = []
+        self._lock = threading.Lock()
+        self.skipped = 0
+        self._thread = threading.Thread(target=self._run, name="clusterwatch-provenance", daemon=True)
+        self._thread.start()
+
+    def offer(self, samples: list[ProcessSample]) -> None:
+        """Queue the rank processes (job members not merely inherited from a parent) not yet recorded."""
+        for s in samples:
+            if not s.job_id or s.mapped_by == "tree":
+                continue
+            key = (s.pid, s.start_time)
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            try:
+                self._todo.put_nowait(s.pid)
+            except queue.Full:
+                self.skipped += 1
+        # forget processes that are gone, so the set does not grow without bound
+        if len(self._seen) > 4 * MAX_PENDING:
+            live = {(s.pid, s.start_time) for s in samples}
+            self._seen &= live
+
+    def drain(self) -> list[Provenance]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _run(self) -> None:
+        while True:
+            pid = self._todo.get()
+            if pid is None:
+                return
+            record = self._capture(pid, self.config)
+            if record.pid is not None and record.start_time:
+                with self._lock:
+                    self._done.append(record)
+
+    def close(self) -> None:
+        try:
+            self._todo.put_nowait(None)
+        except queue.Full:
+            pass
