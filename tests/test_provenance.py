@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from clusterwatch.agent import provenance as prov
 from clusterwatch.agent.gitrun import GitRunner, RunAs, driver_overrides
 from clusterwatch.agent.provenance import (
