@@ -91,7 +91,7 @@ class Alert:
 
 
 def _row(r: tuple) -> Alert:
-    d = dict(zip(_COLS, r))
+    d = dict(zip(_COLS, r, strict=True))
     d["figures"] = json.loads(d["figures"] or "{}")
     d["steps_done"] = set(json.loads(d["steps_done"] or "[]"))
     return Alert(**d)

@@ -13,7 +13,8 @@ from clusterwatch.collector.rules import AlertEvent, parse_rules
 
 def _ev(state, t):
     return AlertEvent(t=t, rule="gpu_memory_leak", state=state, severity="warning", node="n1", job_id="9",
-                      pid=4242, start_time=3.0, gpu="GPU-a", rank=1, description="grows", figures={"rate_bytes_per_h": 1})
+                      pid=4242, start_time=3.0, gpu="GPU-a", rank=1, description="grows",
+                      figures={"rate_bytes_per_h": 1})
 
 
 class _Hook(BaseHTTPRequestHandler):

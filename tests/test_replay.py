@@ -3,7 +3,6 @@ import json
 import random
 
 from click.testing import CliRunner
-
 from clusterwatch.cli.replay_cmd import replay
 
 from .synth_traces import make

@@ -1,8 +1,8 @@
 """Rules-file loading: defaults, units, errors that name file and line."""
 import pytest
-
 from clusterwatch.collector.rules import load_rules, parse_rules
 from clusterwatch.collector.rules.config import MB
+
 from clusterwatch.errors import ConfigError
 
 

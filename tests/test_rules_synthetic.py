@@ -6,7 +6,6 @@ with jitter and missing polls (tests/synth_traces.py).
 import random
 
 import pytest
-
 from clusterwatch.collector.rules import Engine, load_rules
 
 from .synth_traces import KINDS, KINDS_BENIGN, check, make

@@ -209,7 +209,8 @@ class LeakSeries:
         total_rise = median(ys[-3:]) - median(ys[:3])
         jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
         slack = 2.0 * (noise or 0.0)
-        ok = (jump <= rule.max_jump_fraction * total_rise + slack and rate_h >= floor and fit.slope_per_s * w.length >= rule.min_growth
+        ok = (jump <= rule.max_jump_fraction * total_rise + slack and rate_h >= floor
+              and fit.slope_per_s * w.length >= rule.min_growth
               and fit.t_stat >= t_min
               and fit.rises[0] >= rule.rise_fraction * expected
               and fit.rises[1] >= rule.rise_fraction * expected)

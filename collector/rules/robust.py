@@ -41,7 +41,7 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     if not slopes:
         return 0.0, median(ys)
     slope = median(slopes)
-    return slope, median([y - slope * x for x, y in zip(xs, ys)])
+    return slope, median([y - slope * x for x, y in zip(xs, ys, strict=True)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ def fit_window(xs: Sequence[float], ys: Sequence[float], thirds: Sequence[int], 
         The fit.
     """
     slope, icpt = theil_sen(xs, ys)
-    resid = [abs(y - (icpt + slope * x)) for x, y in zip(xs, ys)]
+    resid = [abs(y - (icpt + slope * x)) for x, y in zip(xs, ys, strict=True)]
     sigma = 1.4826 * median(resid)
     if noise is not None and noise > sigma:
         sigma = noise
@@ -88,7 +88,7 @@ def fit_window(xs: Sequence[float], ys: Sequence[float], thirds: Sequence[int], 
     se = sigma / math.sqrt(sxx) if sxx > 0 else math.inf
     t_stat = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
     lows = [math.inf, math.inf, math.inf]
-    for k, y in zip(thirds, ys):
+    for k, y in zip(thirds, ys, strict=True):
         if y < lows[k]:
             lows[k] = y
     return WindowFit(slope, t_stat, (lows[1] - lows[0], lows[2] - lows[1]), icpt + slope * end)
