@@ -96,6 +96,9 @@ class CollectorCore:
         self.counters = IngestCounters()
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
+        # what changed since the last durable flush (see flush())
+        self._dirty_seqs: set[str] = set()
+        self._dirty_procs: set = set()
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
         self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
@@ -103,7 +106,15 @@ class CollectorCore:
         self._restore()
 
     def _restore(self) -> None:
-        """Bring back running jobs known before a restart (their samples come anew from the agents)."""
+        """Bring back what was stored before a restart: running jobs, batch numbers, sample counts.
+
+        Samples themselves are not stored; the agents keep sending, and each process's
+        count of samples held goes on from where it was.
+        """
+        for boot_id, low, above in self.store.load_seqs():
+            tracker = self._seqs[boot_id] = SeqTracker()
+            tracker.low, tracker.above = low, set(above)
+        self.state.restored_samples = {ProcessKey(*k): n for k, n in self.store.load_process_counts().items()}
         for job in self.store.load_jobs(include_ended=False):
             self.state.jobs[job.job_id] = job
             for node, pid, start_time, text in self.store.load_provenance(job.job_id):
@@ -130,6 +141,7 @@ class CollectorCore:
         if not tracker.add(batch.seq):
             self.counters.duplicates += 1
             return False
+        self._dirty_seqs.add(boot_id)
         samples = [process_from_proto(p) for p in batch.processes]
         for s in samples:
             s.node = node  # the stream's node is authoritative: one agent cannot write for another
@@ -161,6 +173,7 @@ class CollectorCore:
                 if job is not None:
                     records.append((job.job_id, prov.pid, prov.start_time, prov.json))
             changed |= {s.job_id for s in samples if s.job_id and s.job_id not in self._saved}
+        self._dirty_procs.update(s.key for s in touched)
         self.counters.batches += 1
         self.counters.samples += len(samples)
         for job_id, pid, start_time, text in records:
@@ -176,6 +189,26 @@ class CollectorCore:
             if job.ended:
                 self.close_job(job)
         return True
+
+    def flush(self) -> None:
+        """Make what was ingested since the last flush durable (batch numbers, per-process counts).
+
+        Called every few hundred milliseconds; acknowledgements go out only after it, so
+        one SQLite transaction covers many batches.
+        """
+        if not self._dirty_seqs and not self._dirty_procs:
+            return
+        with self.lock:
+            counts = []
+            for key in self._dirty_procs:
+                series = self.state.processes.get(key)
+                if series is not None:
+                    counts.append((key.node, key.pid, key.start_time, series.latest.job_id, series.samples,
+                                   series.latest.time))
+            seqs = [(b, t.low, sorted(t.above)) for b in self._dirty_seqs if (t := self._seqs.get(b))]
+            self._dirty_seqs.clear()
+            self._dirty_procs.clear()
+        self.store.save_ingest(counts, seqs)
 
     def disconnected(self, node: str) -> None:
         with self.lock:

@@ -20,6 +20,8 @@ log = logging.getLogger("clusterwatch.collector")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TICK_S = 1.0
+# Acks wait for the store: a batch is acknowledged only once durable (at most this late).
+FLUSH_S = 0.2
 
 
 class IngestServicer(agent_pb2_grpc.IngestServicer):
@@ -28,8 +30,10 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
     def __init__(self, core: CollectorCore, token: str | None) -> None:
         self.core = core
         self.token = token
-        # node → queue of messages (signal requests) to push to that node's agent
+        # node → queue of messages (acks, signal requests) to push to that node's agent
         self.outboxes: dict[str, asyncio.Queue] = {}
+        # acks held until the next durable flush
+        self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []
 
     def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
         if not self.token:
@@ -43,8 +47,24 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         if not self._authorised(context):
             self.core.counters.unauthenticated += 1
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong clusterwatch token")
-        node = boot_id = None
         outbox: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read(request_iterator, context, outbox))
+        reader.add_done_callback(lambda _: outbox.put_nowait(None))
+        try:
+            while True:
+                msg = await outbox.get()
+                if msg is None:
+                    break
+                yield msg
+            exc = reader.exception() if reader.done() and not reader.cancelled() else None
+            if exc is not None:
+                raise exc
+        finally:
+            reader.cancel()
+
+    async def _read(self, request_iterator, context, outbox: asyncio.Queue) -> None:
+        """Store each batch; its ack is queued once the flusher has made it durable."""
+        node = boot_id = None
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("body")
@@ -59,16 +79,21 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
                     self.core.batch(node, boot_id, msg.batch)
-                    yield agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
+                    ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
+                    self.after_flush.append((outbox, ack))
                 else:
                     self.core.counters.rejected += 1
-                while not outbox.empty():
-                    yield outbox.get_nowait()
         finally:
             if node is not None:
                 if self.outboxes.get(node) is outbox:
                     del self.outboxes[node]
                 self.core.disconnected(node)
+
+    def flushed(self) -> None:
+        """The flusher made everything durable: release the acks that waited for it."""
+        waiting, self.after_flush = self.after_flush, []
+        for outbox, ack in waiting:
+            outbox.put_nowait(ack)
 
     def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
         """Queue a signal request for a node's agent; False when that agent is not connected."""
@@ -143,6 +168,7 @@ class CollectorServer:
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
         self._httpd = None
+        self._flusher: asyncio.Future | None = None
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[
@@ -162,6 +188,7 @@ class CollectorServer:
             raise OSError(f"cannot listen on {self.config.listen}")
         await server.start()
         self._server = server
+        self._flusher = asyncio.ensure_future(self._flush_loop())
         if self.config.metrics_listen:
             self._start_metrics()
         if self.config.ports_file:
@@ -204,9 +231,23 @@ class CollectorServer:
                 log.exception("collector tick failed; it runs again in a second")
         await self.stop()
 
+    async def _flush_loop(self) -> None:
+        """Every FLUSH_S: one transaction for all batches since the last, then their acks."""
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                self.core.flush()
+            except Exception:
+                log.exception("cannot write the store; acks wait and the flush is retried")
+                continue
+            self.ingest.flushed()
+
     async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
         if self._server is not None:
             await self._server.stop(grace=2.0)
+        self.core.flush()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

@@ -130,6 +130,8 @@ class ClusterState:
         self.gpus: dict[str, GpuSeries] = {}
         self.jobs: dict[str, JobState] = {}
         self._node_live: dict[str, set[ProcessKey]] = {}
+        # samples stored before a restart, per process: a series that comes back counts on from there
+        self.restored_samples: dict[ProcessKey, int] = {}
         self._by_pid: dict[tuple[str, int], ProcessKey] = {}
 
     # -- agents -----------------------------------------------------------------------------
@@ -174,6 +176,7 @@ class ClusterState:
             series = self.processes.get(key)
             if series is None:
                 series = ProcessSeries(key, s, deque(maxlen=self.history_points))
+                series.samples = self.restored_samples.pop(key, 0)
                 self.processes[key] = series
                 self._by_pid[(node, s.pid)] = key
             elif s.time < series.latest.time:

@@ -40,6 +40,21 @@ CREATE TABLE IF NOT EXISTS job_summaries (
     view BLOB NOT NULL,            -- the final clusterwatch.v1.JobView, serialised
     written REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS process_counts (
+    node TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start_time REAL NOT NULL,
+    job_id TEXT NOT NULL,
+    samples INTEGER NOT NULL,      -- samples of this process the collector has stored (and acknowledged)
+    last_time REAL NOT NULL,
+    PRIMARY KEY (node, pid, start_time)
+);
+CREATE TABLE IF NOT EXISTS stream_seqs (
+    boot_id TEXT PRIMARY KEY,      -- one agent instance
+    low INTEGER NOT NULL,          -- every batch number up to this one is stored
+    above TEXT NOT NULL,           -- JSON list of stored numbers above low
+    updated REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS provenance (
     job_id TEXT NOT NULL,
     node TEXT NOT NULL,
@@ -121,6 +136,38 @@ class Store:
     def load_summary(self, job_id: str) -> bytes | None:
         row = self.conn.execute("SELECT view FROM job_summaries WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else None
+
+    def save_ingest(self, counts: list[tuple[str, int, float, str, int, float]],
+                    seqs: list[tuple[str, int, list[int]]]) -> None:
+        """Record, in one transaction, per-process sample counts and which batches are stored.
+
+        The collector acknowledges a batch only after this commit, so after a crash a batch is
+        either counted here and dropped as a duplicate when resent, or not counted and resent.
+        """
+        now = time.time()
+        with self.conn:
+            self.conn.execute("BEGIN")
+            self.conn.executemany(
+                "INSERT INTO process_counts VALUES (?,?,?,?,?,?) ON CONFLICT(node, pid, start_time) DO UPDATE SET"
+                " job_id=excluded.job_id, samples=excluded.samples, last_time=excluded.last_time", counts)
+            self.conn.executemany(
+                "INSERT INTO stream_seqs VALUES (?,?,?,?) ON CONFLICT(boot_id) DO UPDATE SET low=excluded.low,"
+                " above=excluded.above, updated=excluded.updated",
+                [(b, low, json.dumps(above), now) for b, low, above in seqs])
+
+    def load_seqs(self) -> list[tuple[str, int, list[int]]]:
+        return [(b, low, json.loads(above)) for b, low, above in
+                self.conn.execute("SELECT boot_id, low, above FROM stream_seqs")]
+
+    def load_process_counts(self) -> dict[tuple[str, int, float], int]:
+        return {(n, p, s): c for n, p, s, c in
+                self.conn.execute("SELECT node, pid, start_time, samples FROM process_counts")}
+
+    def forget_stale(self, before: float) -> None:
+        """Drop counts of processes and agent instances not heard of since `before` (Unix seconds)."""
+        with self.conn:
+            self.conn.execute("DELETE FROM process_counts WHERE last_time < ?", (before,))
+            self.conn.execute("DELETE FROM stream_seqs WHERE updated < ?", (before,))
 
     def save_provenance(self, job_id: str, node: str, pid: int, start_time: float, record: str) -> None:
         self.conn.execute(
