@@ -3,6 +3,10 @@
 The cgroup path is set by slurmstepd and cannot be changed by the job, so it wins for
 the job id; the environment adds the step and rank (SLURM_PROCID, or RANK where a
 launcher such as torchrun runs under srun and numbers its own workers).
+
+Several slurmd can run on one host (one per simulated node); each node's agent takes only the processes
+whose SLURMD_NODENAME, when they carry one, names its own node. Prolog and epilog processes carry the
+job's variables too (SLURM_SCRIPT_CONTEXT tells them apart) and are never counted as the job's.
 """
 from __future__ import annotations
 
@@ -37,17 +41,32 @@ class ProcLookup:
 
     Args:
         proc: the /proc mount point.
+        node: this agent's node name; a process whose SLURMD_NODENAME names another node is not ours.
+            None: no filter.
     """
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc", node: str | None = None) -> None:
         self.proc = proc
+        self.node = node
         self.errors = 0
 
-    def env(self, pid: int) -> EnvLabels | None:
+    def _environ(self, pid: int) -> dict[str, str] | None:
         data = _read(f"{self.proc}/{pid}/environ")
         if data is None:
             return None
-        return environ_labels(parse_environ(data))
+        return parse_environ(data)
+
+    def env(self, pid: int) -> EnvLabels | None:
+        """The job and rank variables of a process's environment, None when it cannot be read."""
+        environ = self._environ(pid)
+        return environ_labels(environ) if environ is not None else None
+
+    def foreign(self, environ: dict[str, str]) -> bool:
+        """True for a process that is not this node's job work: a prolog/epilog, or another node's task."""
+        if environ.get("SLURM_SCRIPT_CONTEXT"):
+            return True
+        other = environ.get("SLURMD_NODENAME")
+        return bool(self.node and other and other != self.node)
 
     def cgroup_job(self, pid: int):
         text = _read(f"{self.proc}/{pid}/cgroup")
@@ -61,8 +80,11 @@ class ProcLookup:
 
     def slurm_labels(self, pid: int) -> JobLabels | None:
         """The process's job, step and rank, or None when it is not part of a Slurm job."""
+        environ = self._environ(pid) or {}
+        if self.foreign(environ):
+            return None
         cg = self.cgroup_job(pid)
-        env = self.env(pid) or EnvLabels()
+        env = environ_labels(environ) if environ else EnvLabels()
         if cg is not None and cg.job_id is not None:
             job_id, how = str(cg.job_id), "cgroup"
             step = cg.step or env.step_id

@@ -10,11 +10,72 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from clusterwatch.model import JobEvent
+from clusterwatch.model import GpuInfo, JobEvent
 
 log = logging.getLogger("clusterwatch.agent")
+
+#: Parent of the per-node spool folders when no spool folder is configured.
+SPOOL_ROOT = "/run/clusterwatch"
+
+
+def spool_dir_for(value: str | None, node: str) -> str:
+    """The spool folder of ``node``: its events, the agent's pid file and the start lock live there.
+
+    Several slurmd can run on one host (``slurmd -N n1``, ``-N n2``), each with its own agent, so the
+    default is one folder per node, ``/run/clusterwatch/<node>``; a configured value may say where that
+    node's name goes with ``{node}``.
+
+    Args:
+        value: the configured folder (flag, CLUSTERWATCH_SPOOL, ``[agent] spool_dir``); None or empty for
+            the default.
+        node: the node name.
+
+    Returns:
+        The folder path (not created).
+    """
+    if not value:
+        return os.path.join(SPOOL_ROOT, node)
+    return value.replace("{node}", node)
+
+
+def resolve_gpus(indexes: str, inventory: Sequence[GpuInfo]) -> tuple[str, ...]:
+    """Turn the GPU list a prolog saw (``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``) into GPU UUIDs.
+
+    Slurm gives per-node indexes (``0,2``) and, with ``AutoDetect=nvml``, numbers GPUs as NVML does; a
+    CUDA_VISIBLE_DEVICES entry may also be a UUID or a unique UUID prefix. Entries that match no GPU of
+    the inventory are dropped: a GPU is only ever named by its UUID.
+
+    Args:
+        indexes: comma-separated entries as the hook read them.
+        inventory: the agent's GPUs.
+
+    Returns:
+        The UUIDs, in the order given, without repeats.
+    """
+    by_index = {g.index: g.uuid for g in inventory}
+    found: list[str] = []
+    for raw in indexes.split(","):
+        entry = raw.strip()
+        if entry.isdigit():
+            uuid = by_index.get(int(entry))
+        elif entry:
+            matches = [g.uuid for g in inventory if g.uuid.startswith(entry)]
+            uuid = matches[0] if len(matches) == 1 else None
+        else:
+            uuid = None
+        if uuid is not None and uuid not in found:
+            found.append(uuid)
+    return tuple(found)
+
+
+def with_gpu_uuids(event: JobEvent, inventory: Sequence[GpuInfo]) -> JobEvent:
+    """The event with its GPU indexes resolved to UUIDs, unless it already names UUIDs."""
+    if event.gpu_uuids or not event.gpu_indexes:
+        return event
+    return replace(event, gpu_uuids=resolve_gpus(event.gpu_indexes, inventory))
 
 
 def write_event(spool_dir: str, event: JobEvent) -> str:

@@ -30,17 +30,20 @@ from .common import fail, setup_logging
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for the collector.")
-@click.option("--spool-dir", default="/run/clusterwatch", envvar="CLUSTERWATCH_SPOOL", show_default=True,
-              help="Where the prolog/epilog leave job events.")
+@click.option("--spool-dir", default=None, envvar="CLUSTERWATCH_SPOOL",
+              help="This node's folder for the prolog/epilog's job events and the pid file "
+                   "(default: /run/clusterwatch/<node>; '{node}' is replaced by the node name).")
 @click.option("--buffer-samples", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
 @click.option("--train-socket", envvar="CLUSTERWATCH_TRAIN_SOCKET", default="/run/clusterwatch/train.sock",
               show_default=True, help="Unix socket where clusterwatch.train reports arrive.")
 @click.option("--provenance/--no-provenance", default=True, show_default=True,
               help="Record the git provenance of each rank process (git runs as the process's owner).")
+@click.option("--ensure", is_flag=True,
+              help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
 def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
-          spool_dir, buffer_samples, train_socket, provenance, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
 
@@ -56,6 +59,11 @@ def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_i
         fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
              "(or use --once --json to print one poll)")
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    from clusterwatch.agent.spool import spool_dir_for
+
+    spool_dir = spool_dir_for(spool_dir, node)
+    if ensure:
+        sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token))
     config = AgentConfig(
         collector=collector, node=node, interval_s=interval, gpu_source=gpu_source, sim_scenario=sim_scenario,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
@@ -92,7 +100,7 @@ def build_agent(config, live: bool = True):
 
     gpus = open_gpus(config)
     local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
-    lookup = ProcLookup()
+    lookup = ProcLookup(node=config.node)
     cache: dict = {}
     labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
     spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
@@ -122,6 +130,24 @@ def open_train_endpoint(path: str | None):
             "Pass --train-socket with a writable path.", path, exc.strerror or exc)
         return None
     return endpoint.drain
+
+
+def ensure_running(collector, node, spool_dir, gpu_source, interval, token) -> int:
+    """`agent --ensure`: start this node's agent detached unless one runs; say which; return 0."""
+    import os
+
+    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+
+    argv = agent_command(collector, node, spool_dir, gpu_source, interval)
+    try:
+        result = ensure_agent(spool_dir, argv, agent_environment(os.environ, token), lock_wait_s=5.0)
+    except OSError as exc:
+        fail(f"cannot start the agent in {spool_dir}: {exc}; check that the folder is writable")
+    if result.action == "busy":
+        click.echo(f"another process is starting the agent of {node} ({spool_dir}/agent.lock is held)")
+    else:
+        click.echo(f"agent of {node} {result.action}, pid {result.pid}")
+    return 0
 
 
 def open_gpus(config):

@@ -1,0 +1,195 @@
+"""Make sure this node's agent runs: start it detached when its pid file names no live agent.
+
+Used by the Slurm prolog and by ``clusterwatch agent --ensure``. Several prologs start at once when
+jobs land on a node together, so the check and the start happen under an ``flock`` on
+``<spool>/agent.lock``: the first prolog starts the agent and writes ``<spool>/agent.pid`` before it lets
+go of the lock, the next one finds that agent alive and leaves it alone. The lock is waited for a bounded
+time only (a hook must return within a second), and the agent is started in its own session with its
+output in ``<spool>/agent.log`` and no inherited descriptors, so slurmd never waits on it and killing
+the prolog's process group does not kill it.
+
+Imports stay small (no grpc, no psutil): this runs inside every prolog.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+PID_FILE = "agent.pid"
+LOCK_FILE = "agent.lock"
+LOG_FILE = "agent.log"
+#: How long a hook waits for another hook's start to finish before giving up (it exits 0 either way).
+LOCK_WAIT_S = 0.5
+#: Variables of the job's environment that must not reach the agent: with SLURM_JOB_ID in its own
+#: environment the agent would count itself as one of the job's processes.
+_JOB_VARIABLE_PREFIXES = ("SLURM_", "SLURMD_", "SBATCH_", "SRUN_")
+_JOB_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+@dataclass(frozen=True)
+class EnsureResult:
+    """What :func:`ensure_agent` did.
+
+    Attributes:
+        action: "running" (an agent was already there), "started", or "busy" (another hook held the
+            lock past the wait; that hook is starting the agent).
+        pid: the agent's pid, None when busy.
+    """
+
+    action: str
+    pid: int | None
+
+
+def read_pid(path: str) -> int | None:
+    """The pid written in a pid file, None when the file is missing, empty or not a number."""
+    try:
+        with open(path) as f:
+            text = f.read(32).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def agent_alive(pid: int, spool_dir: str | None = None) -> bool:
+    """True when ``pid`` runs a clusterwatch agent (of this spool folder, when given).
+
+    The command line is checked, not only the pid, because a pid file outlives a reboot or a crash and
+    the pid may since belong to anything.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    if stat[stat.rindex(b")") + 2:][:1] == b"Z":
+        return False
+    if b"agent" not in argv or not any(b"clusterwatch" in a for a in argv):
+        return False
+    return spool_dir is None or os.fsencode(spool_dir) in argv
+
+
+def agent_command(
+    collector: str,
+    node: str,
+    spool_dir: str,
+    gpu_source: str | None = None,
+    interval_s: float | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The command line of a detached agent for this node.
+
+    Args:
+        collector: the collector address HOST:PORT.
+        node: the node name the agent reports as.
+        spool_dir: the node's spool folder (events, pid file).
+        gpu_source: ``auto``, ``nvml``, ``sim`` or ``none``; None: the agent's default.
+        interval_s: poll interval; None: the agent's default.
+        python: the interpreter (the one running this code, so the agent is the same install).
+
+    Returns:
+        The argv list.
+    """
+    argv = [python, "-m", "clusterwatch.cli.main", "agent", "--collector", collector, "--node", node,
+            "--spool-dir", spool_dir]
+    if gpu_source:
+        argv += ["--gpu-source", gpu_source]
+    if interval_s:
+        argv += ["--interval", f"{interval_s:g}"]
+    return argv
+
+
+def agent_environment(environ: Mapping[str, str], token: str | None = None) -> dict[str, str]:
+    """The agent's environment: this one without the job's variables; the token passed by variable.
+
+    The token travels in CLUSTERWATCH_TOKEN rather than on the command line, where ``ps`` shows it.
+    """
+    env = {
+        k: v for k, v in environ.items()
+        if not k.startswith(_JOB_VARIABLE_PREFIXES) and k not in _JOB_VARIABLES
+    }
+    if token:
+        env["CLUSTERWATCH_TOKEN"] = token
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+    return env
+
+
+def start_detached(argv: Sequence[str], env: Mapping[str, str], log_path: str) -> int:
+    """Start ``argv`` in a new session, stdin from /dev/null, output appended to ``log_path``.
+
+    Returns:
+        The new process's pid (exec has succeeded when this returns).
+
+    Raises:
+        OSError: the log file cannot be opened or the program cannot be run.
+    """
+    with open(log_path, "ab", buffering=0) as log:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
+            cwd="/", close_fds=True, start_new_session=True,
+        )
+    # Not waited for: it outlives us, and init (or the nearest subreaper) reaps it.
+    proc.returncode = 0
+    return proc.pid
+
+
+def _lock(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _write_pid(path: str, pid: int) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{pid}\n")
+    os.replace(tmp, path)
+
+
+def ensure_agent(
+    spool_dir: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    lock_wait_s: float = LOCK_WAIT_S,
+) -> EnsureResult:
+    """Start the node's agent unless ``<spool_dir>/agent.pid`` names a live one.
+
+    Args:
+        spool_dir: the node's spool folder (created when missing).
+        argv: the agent's command line (see :func:`agent_command`).
+        env: the agent's environment (see :func:`agent_environment`).
+        lock_wait_s: how long to wait for another hook that is starting the agent.
+
+    Returns:
+        What was done, and the agent's pid.
+
+    Raises:
+        OSError: the spool folder, lock, log or pid file cannot be written, or the agent cannot be run.
+    """
+    os.makedirs(spool_dir, mode=0o755, exist_ok=True)
+    pid_path = os.path.join(spool_dir, PID_FILE)
+    fd = os.open(os.path.join(spool_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if not _lock(fd, lock_wait_s):
+            return EnsureResult("busy", None)
+        pid = read_pid(pid_path)
+        if pid is not None and agent_alive(pid, spool_dir):
+            return EnsureResult("running", pid)
+        pid = start_detached(argv, env, os.path.join(spool_dir, LOG_FILE))
+        # Written before the lock is released, so the next hook sees this agent.
+        _write_pid(pid_path, pid)
+        return EnsureResult("started", pid)
+    finally:
+        os.close(fd)  # also releases the flock

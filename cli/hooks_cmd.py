@@ -1,0 +1,200 @@
+"""`clusterwatch prolog` and `clusterwatch epilog`: the Slurm node hooks.
+
+slurmd drains a node whose Prolog or Epilog fails or hangs, so both commands always exit 0 and give up
+after HOOK_DEADLINE_S whatever happens (collector down, agent missing, spool unwritable, a garbled
+environment); anything that went wrong is one line on stderr. They call no Slurm command and talk to
+nobody: the prolog writes a "start" event file into the node's spool and makes sure the node's agent
+runs (starting it detached when needed); the epilog writes an "end" event file. The agent picks the
+files up on its next poll and sends them to the collector.
+
+Imports stay small (no grpc, no psutil): this runs for every job on every node.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import click
+
+#: A hook that has not finished by then exits 0 anyway (slurmd's timeouts are far longer, but a slow
+#: hook delays every job start).
+HOOK_DEADLINE_S = 0.9
+#: Agent settings a hook reads from the config file's [agent] section.
+_AGENT_KEYS = ("collector", "token", "gpu_source", "spool_dir", "interval", "node")
+
+
+def _say(hook: str, message: str) -> None:
+    # One write, so lines of prologs running at once do not interleave.
+    try:
+        os.write(2, f"clusterwatch {hook}: {message}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _arm_deadline(hook: str) -> None:
+    def expired(signum, frame):  # noqa: ARG001
+        _say(hook, f"gave up after {HOOK_DEADLINE_S:g} s; exiting 0 so the node stays up")
+        os._exit(0)
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, HOOK_DEADLINE_S)
+
+
+def _settings(ctx: click.Context, given: dict) -> dict:
+    """Flags and CLUSTERWATCH_* variables (click resolved those), else the config file's [agent] section."""
+    root = ctx.find_root().default_map or {}
+    from_file = root.get("agent", {}) if isinstance(root, dict) else {}
+    out = {}
+    for key in _AGENT_KEYS:
+        value = given.get(key)
+        out[key] = value if value not in (None, "") else from_file.get(key)
+    return out
+
+
+def _job_id(env: dict[str, str]) -> str:
+    job_id = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
+    if not job_id.isdigit() or len(job_id) > 20:
+        raise ValueError(f"SLURM_JOB_ID is {job_id[:40]!r}, not a job number; is this run by slurmd?")
+    return job_id
+
+
+def _int_or(value: str | None, default: int) -> int:
+    value = (value or "").strip()
+    return int(value) if value.isdigit() else default
+
+
+def exit_code_from(env: dict[str, str]) -> int | None:
+    """The job's exit code from an epilog's environment, None when Slurm did not give one.
+
+    ``SLURM_JOB_EXIT_CODE2`` is ``code:signal`` (as ``ExitCode=`` in scontrol); a job killed by a signal
+    counts as 128 + signal, as a shell would say. ``SLURM_JOB_EXIT_CODE`` is the raw wait status.
+    """
+    pair = env.get("SLURM_JOB_EXIT_CODE2", "").strip()
+    code, sep, sig = pair.partition(":")
+    if sep and code.isdigit() and sig.isdigit():
+        return int(code) if int(sig) == 0 else 128 + int(sig)
+    raw = env.get("SLURM_JOB_EXIT_CODE", "").strip()
+    if raw.isdigit():
+        status = int(raw)
+        return (status >> 8) & 0xFF if status & 0x7F == 0 else 128 + (status & 0x7F)
+    return None
+
+
+def _node(settings: dict, env: dict[str, str]) -> str:
+    return settings.get("node") or env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def _event(kind: str, env: dict[str, str], exit_code: int | None = None):
+    from clusterwatch.model import JobEvent
+
+    return JobEvent(
+        kind=kind, job_id=_job_id(env), time=time.time(), uid=_int_or(env.get("SLURM_JOB_UID"), 0),
+        user=(env.get("SLURM_JOB_USER") or "")[:64],
+        # Indexes as Slurm numbers them on this node; the agent turns them into UUIDs.
+        gpu_indexes=(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or "")[:256],
+        exit_code=exit_code,
+    )
+
+
+def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
+    """Write the job event and, for the prolog, make sure the agent runs; never raises.
+
+    Args:
+        kind: "prolog" or "epilog".
+        settings: collector, token, gpu_source, spool_dir, interval, node (None where unset).
+        env: the hook's environment, as slurmd set it.
+    """
+    from clusterwatch.agent.spool import spool_dir_for, write_event
+
+    try:
+        node = _node(settings, env)
+        spool = spool_dir_for(settings.get("spool_dir"), node)
+        event = _event("start", env) if kind == "prolog" else _event("end", env, exit_code_from(env))
+    except Exception as exc:  # a garbled environment: say so once, the node stays up
+        _say(kind, f"ignored: {exc}")
+        return
+    try:
+        write_event(spool, event)
+    except OSError as exc:
+        _say(kind, f"job {event.job_id}: cannot write its event into {spool} ({exc.strerror or exc}); "
+                   "check that the folder is writable by slurmd's user")
+    if kind == "prolog":
+        _ensure(settings, env, node, spool)
+
+
+def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
+    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+
+    collector = settings.get("collector")
+    if not collector:
+        _say("prolog", "no collector address (CLUSTERWATCH_COLLECTOR, --collector or [agent] collector); "
+                       "the agent is not started")
+        return
+    try:
+        interval = float(settings["interval"]) if settings.get("interval") else None
+        gpu_source = settings.get("gpu_source")
+        if gpu_source not in (None, "auto", "nvml", "sim", "none"):
+            raise ValueError(f"gpu source {str(gpu_source)[:20]!r} is not auto, nvml, sim or none")
+        argv = agent_command(collector, node, spool, gpu_source, interval)
+        result = ensure_agent(spool, argv, agent_environment(os.environ, settings.get("token")))
+    except (OSError, ValueError) as exc:
+        _say("prolog", f"cannot start the agent for {node} in {spool}: {exc}")
+        return
+    if result.action == "busy":
+        _say("prolog", f"another prolog is starting the agent of {node}; left to it")
+
+
+def _hook(kind: str, ctx: click.Context, options: dict) -> None:
+    _arm_deadline(kind)
+    try:
+        run_hook(kind, _settings(ctx, options), dict(os.environ))
+    except BaseException as exc:  # noqa: BLE001 - whatever it is, the node must not drain
+        _say(kind, f"failed: {exc.__class__.__name__}: {exc}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    sys.stdout.flush()
+    os._exit(0)  # skips interpreter teardown: a hook has nothing to clean up and every ms counts
+
+
+_common = [
+    click.option("--spool-dir", envvar="CLUSTERWATCH_SPOOL", default=None,
+                 help="The node's spool folder (default: /run/clusterwatch/<node>; '{node}' is replaced)."),
+    click.option("--node", envvar="CLUSTERWATCH_NODE", default=None,
+                 help="Node name (default: SLURMD_NODENAME, else the host name)."),
+]
+
+
+def _with_common(f):
+    for option in reversed(_common):
+        f = option(f)
+    return f
+
+
+@click.command()
+@click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", default=None, metavar="HOST:PORT",
+              help="Collector address for an agent this prolog starts.")
+@click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for that agent.")
+# Plain strings, checked by the hook: a bad value must not make click exit 2.
+@click.option("--gpu-source", envvar="CLUSTERWATCH_GPU_SOURCE", default=None,
+              help="GPU source for that agent: auto, nvml, sim or none.")
+@click.option("--interval", envvar="CLUSTERWATCH_INTERVAL", default=None, help="Poll interval for that agent.")
+@_with_common
+@click.pass_context
+def prolog(ctx, collector, token, gpu_source, interval, spool_dir, node) -> None:
+    """Slurm Prolog: announce the job to this node's agent, starting the agent if it is not running.
+
+    Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURMD_NODENAME and SLURM_JOB_GPUS (or
+    CUDA_VISIBLE_DEVICES). Always exits 0 within a second.
+    """
+    _hook("prolog", ctx, dict(collector=collector, token=token, gpu_source=gpu_source, interval=interval,
+                              spool_dir=spool_dir, node=node))
+
+
+@click.command()
+@_with_common
+@click.pass_context
+def epilog(ctx, spool_dir, node) -> None:
+    """Slurm Epilog: tell this node's agent the job ended (with SLURM_JOB_EXIT_CODE2). Always exits 0."""
+    _hook("epilog", ctx, dict(spool_dir=spool_dir, node=node))
