@@ -258,8 +258,10 @@ def _provenance(view: query_pb2.JobView) -> list[str]:
     if len(groups) == 1:
         (records,) = groups.values()
         out.append(f"  {describe_code(records[0])}")
-        out.append(f"  all {len(records)} recorded rank(s) run the same code; command: "
-                   + " ".join(records[0].get("cmdline", []))[:WIDTH - 40])
+        out.append(f"  all {len(records)} recorded rank(s) run the same code")
+        command = " ".join(records[0].get("cmdline", []))
+        if command:
+            out.append(f"  command: {command if len(command) <= WIDTH - 11 else command[:WIDTH - 12] + '…'}")
         return out
     out.append(f"  ranks run {len(groups)} different versions of the code:")
     for _, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):

@@ -102,7 +102,13 @@ class CollectorCore:
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
         self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
-        self.on_job_closed: list[Callable[[JobState], None]] = []
+        self.on_job_closed: list[Callable[[JobState, float], None]] = []
+        self.on_provenance: list[Callable[[JobState, float], None]] = []
+        self.on_tick: list[Callable[[float], None]] = []
+        # job id → its alerts as query AlertViews (set when alerting runs)
+        self.alert_views: Callable[[str], list] | None = None
+        # (job id or None, include resolved, limit) → [(job id, AlertView)]
+        self.alert_list: Callable[[str | None, bool, int], list] | None = None
         self._restore()
 
     def _restore(self) -> None:
@@ -178,6 +184,11 @@ class CollectorCore:
         self.counters.samples += len(samples)
         for job_id, pid, start_time, text in records:
             self.store.save_provenance(job_id, node, pid, start_time, text)
+        for job_id in {r[0] for r in records}:
+            job = self.state.jobs.get(job_id)
+            if job is not None:
+                for cb in self.on_provenance:
+                    cb(job, now)
         for cb in self.on_samples:
             cb(node, touched, now)
         for job_id in changed:
@@ -225,10 +236,12 @@ class CollectorCore:
             view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
             for pv in view.processes:
                 pv.alive = False
+        for cb in self.on_job_closed:
+            cb(job, now)
+        if self.alert_views is not None:
+            view.alerts.extend(self.alert_views(job.job_id))
         self.store.save_job(job)
         self.store.save_summary(job.job_id, view.SerializeToString())
-        for cb in self.on_job_closed:
-            cb(job)
         with self.lock:
             self.state.forget_job(job.job_id)
         log.info("job %s ended (%s); summary stored", job.job_id, job.state)
@@ -251,6 +264,8 @@ class CollectorCore:
             self.state.prune(now)
         for job in ended:
             self.close_job(job)
+        for cb in self.on_tick:
+            cb(now)
 
     # -- queries ----------------------------------------------------------------------------
 

@@ -10,10 +10,14 @@ import signal
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
+from .alerting import Alerting
+from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore
 from .exporter import ClusterCollector
+from .rules import load_rules
 from .store import Store, open_db
+from .trace import job_trace_lines
 from .views import DEFAULT_TREND_POINTS, job_info, job_view
 
 log = logging.getLogger("clusterwatch.collector")
@@ -116,9 +120,14 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         points = request.trend_points or DEFAULT_TREND_POINTS
         with core.lock:
             job = core.state.jobs.get(request.job_id)
+            view = None
             if job is not None:
-                return job_view(core.state, job, core.clock(), min(points, 400),
+                view = job_view(core.state, job, core.clock(), min(points, 400),
                                 core.config.agent_down_after_intervals)
+        if view is not None:
+            if core.alert_views is not None:
+                view.alerts.extend(core.alert_views(request.job_id))
+            return view
         stored = core.store.load_summary(request.job_id)
         if stored is not None:
             view = query_pb2.JobView()
@@ -140,7 +149,34 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
             for job in core.store.load_jobs(include_ended=True):
                 if job.job_id not in live:
                     resp.jobs.append(job_info(job))
+        if core.alert_list is not None:
+            for job_id, view in core.alert_list(None, False, 10_000):
+                if view.state == "firing":
+                    resp.firing_alerts[job_id] = resp.firing_alerts.get(job_id, 0) + 1
         return resp
+
+
+    async def ListAlerts(self, request, context):
+        core = self.core
+        resp = query_pb2.ListAlertsResponse()
+        if core.alert_list is None:
+            return resp
+        for job_id, view in core.alert_list(request.job_id or None, request.include_resolved,
+                                            request.limit or 200):
+            resp.alerts.add(job_id=job_id, alert=view)
+        return resp
+
+    async def GetTrace(self, request, context):
+        core = self.core
+        with core.lock:
+            job = core.state.jobs.get(request.job_id)
+            lines = job_trace_lines(core.state, job) if job is not None else None
+        if lines is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job {request.job_id} is not running on this collector; a trace can only be "
+                                "recorded while the collector holds the job's samples")
+        for i in range(0, len(lines), 5000):
+            yield query_pb2.TraceChunk(lines=lines[i:i + 5000])
 
 
 def _server_credentials(config: CollectorConfig) -> grpc.ServerCredentials | None:
@@ -162,8 +198,20 @@ class CollectorServer:
 
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
-        self.core = CollectorCore(config, Store(open_db(config.db_path)))
+        rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
+        conn = open_db(config.db_path)
+        self.core = CollectorCore(config, Store(conn))
         self.ingest = IngestServicer(self.core, config.token)
+        self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal)
+        core = self.core
+        core.on_samples.append(self.alerting.on_samples)
+        core.on_job_closed.append(self.alerting.on_job_closed)
+        core.on_provenance.append(self.alerting.on_provenance)
+        core.on_tick.append(self.alerting.tick)
+        core.alert_views = self.alerting.alert_views
+        core.alert_list = self.alerting.alert_list
+        running = {n for j in core.state.jobs.values() if not j.ended for n in j.nodes}
+        self.alerting.restore_nodes([(n, seen, n in running) for n, seen in core.store.load_node_times()])
         self.grpc_port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -188,6 +236,12 @@ class CollectorServer:
             raise OSError(f"cannot listen on {self.config.listen}")
         await server.start()
         self._server = server
+        self._registry = None
+        if self.config.slurm:
+            from .registry import build_registry
+
+            self._registry = build_registry(self.core, self.config)
+            self._registry.start()
         self._flusher = asyncio.ensure_future(self._flush_loop())
         if self.config.metrics_listen:
             self._start_metrics()
@@ -212,7 +266,7 @@ class CollectorServer:
         self.metrics_port = self._httpd.server_port
 
     def active_alerts(self):
-        return []
+        return self.alerting.exported()
 
     async def run_until_stopped(self) -> None:
         """Serve until SIGTERM/SIGINT, ticking every second; then stop gracefully."""
@@ -243,11 +297,15 @@ class CollectorServer:
             self.ingest.flushed()
 
     async def stop(self) -> None:
+        registry = getattr(self, "_registry", None)
+        if registry is not None:
+            await registry.stop()
         if self._flusher is not None:
             self._flusher.cancel()
         if self._server is not None:
             await self._server.stop(grace=2.0)
         self.core.flush()
+        self.alerting.close()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

@@ -107,6 +107,10 @@ class Store:
             (node, boot_id, version, memory_total, json.dumps(gpus), last_seen),
         )
 
+    def load_node_times(self) -> list[tuple[str, float]]:
+        """(node, last seen) of every node an agent ever reported from."""
+        return self.conn.execute("SELECT node, last_seen FROM nodes").fetchall()
+
     def save_job(self, job: JobState) -> None:
         info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
         self.conn.execute(

@@ -219,3 +219,39 @@ class ListJobsResponse(_message.Message):
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     firing_alerts: _containers.ScalarMap[str, int]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., firing_alerts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ListAlertsRequest(_message.Message):
+    __slots__ = ("job_id", "include_resolved", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    include_resolved: bool
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., include_resolved: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AlertEntry(_message.Message):
+    __slots__ = ("job_id", "alert")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ALERT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    alert: AlertView
+    def __init__(self, job_id: _Optional[str] = ..., alert: _Optional[_Union[AlertView, _Mapping]] = ...) -> None: ...
+
+class ListAlertsResponse(_message.Message):
+    __slots__ = ("alerts",)
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
+    alerts: _containers.RepeatedCompositeFieldContainer[AlertEntry]
+    def __init__(self, alerts: _Optional[_Iterable[_Union[AlertEntry, _Mapping]]] = ...) -> None: ...
+
+class GetTraceRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class TraceChunk(_message.Message):
+    __slots__ = ("lines",)
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lines: _Optional[_Iterable[str]] = ...) -> None: ...

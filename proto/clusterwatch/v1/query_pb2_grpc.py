@@ -44,6 +44,16 @@ class QueryStub:
                 request_serializer=clusterwatch_dot_v1_dot_query__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.ListAlerts = channel.unary_unary(
+                '/clusterwatch.v1.Query/ListAlerts',
+                request_serializer=clusterwatch_dot_v1_dot_query__pb2.ListAlertsRequest.SerializeToString,
+                response_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListAlertsResponse.FromString,
+                _registered_method=True)
+        self.GetTrace = channel.unary_stream(
+                '/clusterwatch.v1.Query/GetTrace',
+                request_serializer=clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.SerializeToString,
+                response_deserializer=clusterwatch_dot_v1_dot_query__pb2.TraceChunk.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -63,6 +73,20 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAlerts(self, request, context):
+        """Alerts, active first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTrace(self, request, context):
+        """The history the collector holds of a running job, as a trace for `clusterwatch replay`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +99,16 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListJobsRequest.FromString,
                     response_serializer=clusterwatch_dot_v1_dot_query__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'ListAlerts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAlerts,
+                    request_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListAlertsRequest.FromString,
+                    response_serializer=clusterwatch_dot_v1_dot_query__pb2.ListAlertsResponse.SerializeToString,
+            ),
+            'GetTrace': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetTrace,
+                    request_deserializer=clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.FromString,
+                    response_serializer=clusterwatch_dot_v1_dot_query__pb2.TraceChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +165,60 @@ class Query:
             '/clusterwatch.v1.Query/ListJobs',
             clusterwatch_dot_v1_dot_query__pb2.ListJobsRequest.SerializeToString,
             clusterwatch_dot_v1_dot_query__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAlerts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterwatch.v1.Query/ListAlerts',
+            clusterwatch_dot_v1_dot_query__pb2.ListAlertsRequest.SerializeToString,
+            clusterwatch_dot_v1_dot_query__pb2.ListAlertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTrace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/clusterwatch.v1.Query/GetTrace',
+            clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.SerializeToString,
+            clusterwatch_dot_v1_dot_query__pb2.TraceChunk.FromString,
             options,
             channel_credentials,
             insecure,

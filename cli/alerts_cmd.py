@@ -1,0 +1,52 @@
+"""`clusterwatch alerts`: the alerts the collector holds, active first."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from .common import collector_option, fail
+
+
+def render_alerts(entries, now: float) -> str:
+    """A table of alerts: state, rule, job, where, since when, and the one-line description."""
+    from .render import human_duration
+
+    if not entries:
+        return "no alerts\n"
+    out = [f"{'STATE':<9} {'SEVERITY':<9} {'RULE':<17} {'JOB':<12} {'NODE':<12} {'RANK':>5} {'FOR':>9}  DESCRIPTION"]
+    for e in entries:
+        a = e.alert
+        rank = str(a.rank) if a.HasField("rank") else "-"
+        end = a.resolved_at or now
+        out.append(f"{a.state:<9} {a.severity:<9} {a.rule:<17} {e.job_id or '-':<12} {a.node[:12]:<12} {rank:>5} "
+                   f"{human_duration(end - a.since):>9}  {a.description}")
+    return "\n".join(out) + "\n"
+
+
+@click.command()
+@collector_option
+@click.option("--job", "job_id", default="", help="Only this job's alerts.")
+@click.option("--all", "include_resolved", is_flag=True, help="Also the latest resolved alerts.")
+@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
+def alerts(collector: str, job_id: str, include_resolved: bool, limit: int, as_json: bool) -> None:
+    """List alerts: pending and firing, and with --all the latest resolved ones."""
+    import grpc
+    from clusterwatch.v1 import query_pb2
+
+    from .status_cmd import _explain, _stub, view_as_dict
+
+    channel, stub = _stub(collector)
+    try:
+        resp = stub.ListAlerts(query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved,
+                                                           limit=limit), timeout=5.0)
+    except grpc.RpcError as exc:
+        fail(_explain(exc, collector, "the alert list"), code=1)
+    finally:
+        channel.close()
+    if as_json:
+        click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
+        return
+    click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)

@@ -1,0 +1,42 @@
+"""`clusterwatch record JOBID -o FILE`: write a running job's history as a trace for `replay`."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from .common import collector_option, fail
+
+
+@click.command()
+@click.argument("job_id")
+@collector_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), required=True,
+              help="Trace file to write (JSON lines, docs/traces.md).")
+def record(job_id: str, collector: str, output: str) -> None:
+    """Save the samples the collector holds of JOB_ID, to replay them with `clusterwatch replay`."""
+    import grpc
+    from clusterwatch.v1 import query_pb2
+
+    from .status_cmd import _explain, _stub
+
+    channel, stub = _stub(collector)
+    tmp = f"{output}.part"
+    lines = 0
+    try:
+        with open(tmp, "w") as f:
+            for chunk in stub.GetTrace(query_pb2.GetTraceRequest(job_id=job_id), timeout=60.0):
+                for line in chunk.lines:
+                    f.write(line + "\n")
+                    lines += 1
+        os.replace(tmp, output)
+    except grpc.RpcError as exc:
+        fail(_explain(exc, collector, f"the trace of {job_id}"), code=1)
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}")
+    finally:
+        channel.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    click.echo(f"wrote {lines} samples of job {job_id} to {output}; replay with: clusterwatch replay {output}",
+               err=True)

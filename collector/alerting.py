@@ -1,0 +1,208 @@
+"""The live side of the rules: state changes in, engine observations out, alerts stored and acted on.
+
+The engine (collector/rules) is pure and knows nothing of the collector; this module
+turns each stored sample into an observation (with the process's GPU size, the node's
+memory, the job's name and partition for overrides), feeds GPU readings and node
+heartbeats, tells the engine when processes and jobs go away, raises `code_mismatch`
+from provenance, and hands every event to the alert table and the actions.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from clusterwatch.model import ProcessKey
+
+from .actions import Dispatcher
+from .alerts import Alert, AlertStore
+from .rules import Engine, RuleSet
+from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
+from .state import ClusterState, JobState, ProcessSeries
+
+log = logging.getLogger("clusterwatch.collector")
+
+
+class Alerting:
+    """Runs the rule engine on the collector's state.
+
+    Args:
+        rules: the rule set (from the rules file).
+        state: the collector's state (read under the collector's lock by the caller).
+        store: the alert table.
+        send_signal: delivers a signal to a process through its node's agent.
+    """
+
+    def __init__(self, rules: RuleSet, state: ClusterState, store: AlertStore,
+                 send_signal: Callable[[str, int, float, int, str], bool] | None = None) -> None:
+        self.rules = rules
+        self.state = state
+        self.store = store
+        self.engine = Engine(rules)
+        self.dispatcher = Dispatcher(store, rules.actions, send_signal=send_signal)
+        self._observed: dict[str, set[ProcessKey]] = {}
+        self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
+
+    # -- feeding the engine ---------------------------------------------------------------------
+
+    def on_samples(self, node: str, touched: list[ProcessSeries], now: float) -> None:
+        """One batch of a node was stored: observe its processes, GPUs and the node itself."""
+        st = self.state
+        events: list[AlertEvent] = []
+        ns = st.nodes.get(node)
+        node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
+        live: set[ProcessKey] = set()
+        for series in touched:
+            s = series.latest
+            live.add(series.key)
+            job = st.jobs.get(s.job_id) if s.job_id else None
+            gpu_uuid = s.gpus[0].gpu_uuid if s.gpus else ""
+            gtotal = None
+            if gpu_uuid:
+                gs = st.gpus.get(gpu_uuid)
+                if gs is not None:
+                    gtotal = (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
+                              else gs.info.memory_total_bytes) or None
+            events.extend(self.engine.observe(ProcessObservation(
+                t=s.time, node=node, job_id=s.job_id, pid=s.pid, start_time=s.start_time, gpu=gpu_uuid,
+                rank=s.rank, user=s.user, command=s.command,
+                job_name=job.name if job else "", partition=job.partition if job else "",
+                gpu_mem_bytes=s.gpu_memory_bytes, gpu_mem_total_bytes=gtotal, gpu_util=s.gpu_utilization,
+                cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, node_mem_total_bytes=node_mem,
+                threads=s.threads, open_fds=s.open_fds, step=series.step,
+            )))
+        # processes of this node that were watched and are gone now
+        for key in self._observed.get(node, set()) - live:
+            series = st.processes.get(key)
+            if series is None or not series.alive:
+                events.extend(self.engine.forget_process(key.node, key.pid, key.start_time, now))
+            else:
+                live.add(key)
+        self._observed[node] = live
+        events.extend(self._gpu_events(node, now))
+        has_jobs = any(node in j.nodes for j in st.jobs.values() if not j.ended)
+        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs)))
+        self._handle(events, now)
+
+    def _gpu_events(self, node: str, now: float) -> list[AlertEvent]:
+        st = self.state
+        ns = st.nodes.get(node)
+        if ns is None:
+            return []
+        users: dict[str, int] = {}
+        for key in self._observed.get(node, ()):
+            series = st.processes.get(key)
+            if series is not None and series.alive:
+                for g in series.latest.gpus:
+                    users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
+        owner = {u: j.job_id for j in st.jobs.values() if not j.ended for u in j.gpus_by_node.get(node, ())}
+        out: list[AlertEvent] = []
+        for uuid in ns.gpus:
+            gs = st.gpus.get(uuid)
+            reading = gs.latest if gs is not None else None
+            out.extend(self.engine.observe_gpu(GpuObservation(
+                t=now, node=node, gpu=uuid, job_id=owner.get(uuid, ""),
+                utilization=reading.utilization if reading else None, processes=users.get(uuid, 0),
+                index=gs.info.index if gs is not None else None)))
+        return out
+
+    def on_job_closed(self, job: JobState, now: float) -> None:
+        """A job ended: its alerts resolve (the engine's and any restored from before a restart)."""
+        events = list(self.engine.forget_job(job.job_id, now))
+        for a in self.store.active(job_id=job.job_id):
+            if not any(e.key == a.key for e in events):
+                events.append(_resolved(a, now, f"job {job.job_id} ended"))
+        self._mismatch.pop(job.job_id, None)
+        self._handle(events, now)
+
+    def on_provenance(self, job: JobState, now: float) -> None:
+        """Ranks of a job reported their code: raise code_mismatch when they differ."""
+        rule = self.rules.code_mismatch
+        if not rule.enabled:
+            return
+        groups: dict[str, list[ProcessKey]] = {}
+        for key, record in job.provenance.items():
+            code = record.get("code_id") or "unknown"
+            if code != "unknown":
+                groups.setdefault(code, []).append(key)
+        signature = ",".join(sorted(groups))
+        if len(groups) < 2 or self._mismatch.get(job.job_id) == signature:
+            return
+        self._mismatch[job.job_id] = signature
+        minority = min(groups.values(), key=len)
+        ranks = []
+        for key in minority:
+            series = self.state.processes.get(key)
+            rank = series.latest.rank if series is not None else None
+            ranks.append(f"rank {rank}" if rank is not None else f"pid {key.pid}")
+        event = AlertEvent(
+            t=now, rule="code_mismatch", state=FIRING, severity=rule.severity, node=minority[0].node,
+            job_id=job.job_id, description=(f"ranks of job {job.job_id} run {len(groups)} different versions of "
+                                            f"the code ({', '.join(ranks)} differ from the rest)"),
+            figures={"versions": len(groups), "code_ids": sorted(groups)})
+        self._handle([event], now)
+
+    def tick(self, now: float) -> None:
+        self._handle(self.engine.tick(now), now)
+        self.dispatcher.tick(now)
+
+    def restore_nodes(self, nodes: list[tuple[str, float, bool]]) -> None:
+        """After a restart: nodes as last seen, so a node whose agent never comes back raises agent_down."""
+        for node, last_seen, has_jobs in nodes:
+            self.engine.heartbeat(NodeHeartbeat(last_seen, node, has_jobs))
+
+    def _handle(self, events: list[AlertEvent], now: float) -> None:
+        if not events:
+            return
+        try:
+            changed = self.dispatcher.process(events, now)
+        except Exception:  # an action that fails must not stop ingest
+            log.exception("alert actions failed")
+            return
+        for a in changed:
+            log.info("alert %s %s: %s", a.rule, a.state, a.description)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def active(self, job_id: str | None = None) -> list[Alert]:
+        return self.store.active(job_id=job_id)
+
+    def alert_views(self, job_id: str, limit: int = 50) -> list:
+        """The job's alerts for `status`: active ones, then the latest resolved."""
+        return [view for _, view in self.alert_list(job_id, True, limit)]
+
+    def alert_list(self, job_id: str | None, include_resolved: bool, limit: int) -> list[tuple[str, object]]:
+        """(job id, AlertView) pairs, active first, then (if asked) the latest resolved."""
+        from clusterwatch.v1 import query_pb2
+
+        alerts = self.store.active(job_id=job_id)
+        if include_resolved:
+            alerts += self.store.history(limit=limit, job_id=job_id)
+        out = []
+        seen = set()
+        for a in alerts:
+            if a.id in seen or len(out) >= limit:
+                continue
+            seen.add(a.id)
+            av = query_pb2.AlertView(
+                rule=a.rule, state=a.state, severity=a.severity, node=a.node, pid=max(a.pid, 0), gpu=a.gpu,
+                since=a.started_at, fired_at=a.fired_at or 0.0, resolved_at=a.resolved_at or 0.0,
+                description=a.description)
+            if a.rank is not None:
+                av.rank = a.rank
+            out.append((a.job_id, av))
+        return out
+
+    def exported(self) -> list[dict]:
+        """Active alerts as label dicts for /metrics."""
+        return [{"rule": a.rule, "severity": a.severity, "state": a.state, "job_id": a.job_id, "node": a.node,
+                 "rank": str(a.rank) if a.rank is not None else (f"pid{a.pid}" if a.pid >= 0 else "")}
+                for a in self.store.active()]
+
+    def close(self) -> None:
+        self.dispatcher.close()
+
+
+def _resolved(a: Alert, t: float, why: str) -> AlertEvent:
+    return AlertEvent(t=t, rule=a.rule, state=RESOLVED, severity=a.severity, node=a.node, job_id=a.job_id,
+                      pid=a.pid, start_time=a.start_time, gpu=a.gpu, rank=a.rank,
+                      description=f"{a.description} (resolved: {why})")
