@@ -24,9 +24,24 @@ from .common import fail, setup_logging
               envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret agents must send.")
 @click.option("--ports-file", default=None, help="Write the bound ports here as JSON.")
+@click.option("--slurm", is_flag=True, envvar="CLUSTERWATCH_SLURM",
+              help="Ask Slurm (scontrol, SLURM_CONF from the environment) about jobs: names, users, states, "
+                   "allocations; close jobs Slurm says ended.")
+@click.option("--slurm-refresh", type=click.FloatRange(min=0.2), default=5.0, show_default=True,
+              help="Seconds between questions to Slurm (backs off while slurmctld does not answer).")
+@click.option("--ssh-known-hosts", type=click.Path(dir_okay=False), default=None,
+              help="known_hosts for the nodes; with --ssh-key, nodes without an agent are asked for the "
+                   "job's pids (scontrol listpids) over SSH.")
+@click.option("--ssh-key", type=click.Path(dir_okay=False), default=None, help="Private key for SSH to the nodes.")
+@click.option("--ssh-user", default="root", show_default=True, help="User for SSH to the nodes.")
+@click.option("--ssh-port", type=click.IntRange(1, 65535), default=22, show_default=True,
+              help="sshd port on the nodes.")
+@click.option("--ssh-address", "ssh_address", multiple=True, metavar="NODE=HOST[:PORT]",
+              help="Where to reach a node over SSH when not by its name (repeatable).")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
-              ports_file, verbose) -> None:
+              ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
+              verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
@@ -34,10 +49,20 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
 
     from clusterwatch.errors import ClusterwatchError
 
+    if bool(ssh_known_hosts) != bool(ssh_key):
+        fail("--ssh-known-hosts and --ssh-key go together (host keys are always checked)")
+    pairs = []
+    for item in ssh_address:
+        node, sep, target = item.partition("=")
+        if not sep or not node or not target:
+            fail(f"--ssh-address {item!r}: expected NODE=HOST[:PORT]")
+        pairs.append((node, target))
     config = CollectorConfig(
         listen=listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points,
         per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
+        slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,
+        ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),
     )
 
     async def main() -> None:

@@ -34,7 +34,15 @@ class CollectorConfig:
         rules_path: rules file (TOML); None: the shipped defaults.
         token: shared secret agents must send; None: no token check.
         tls_cert / tls_key / tls_client_ca: server TLS, and client certificates checked against the CA.
-        slurm: ask Slurm (scontrol) about jobs.
+        slurm: ask Slurm (scontrol) about jobs (collector/registry.py).
+        slurm_refresh_s: seconds between the registry's passes while Slurm answers (it backs off when not).
+        slurm_timeout_s: seconds before one scontrol call counts as Slurm not answering.
+        ssh_known_hosts: known_hosts file the nodes' host keys are checked against; with ssh_key, the
+            registry runs `scontrol listpids` over SSH on nodes without a reporting agent.
+        ssh_key: private key file to log in to the nodes with.
+        ssh_user: user to log in as (root sees every job's processes).
+        ssh_port: sshd port on the nodes.
+        ssh_address: (node, "host[:port]") pairs for nodes not reachable by their own name.
         ports_file: write the bound ports here as JSON (for tests and `run`, which use port 0).
     """
 
@@ -50,4 +58,11 @@ class CollectorConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     slurm: bool = False
+    slurm_refresh_s: float = 5.0
+    slurm_timeout_s: float = 5.0
+    ssh_known_hosts: str | None = None
+    ssh_key: str | None = None
+    ssh_user: str = "root"
+    ssh_port: int = 22
+    ssh_address: tuple[tuple[str, str], ...] = ()
     ports_file: str | None = None

@@ -110,6 +110,9 @@ class JobState:
     nodes_ended: set[str] = field(default_factory=set)
     # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance.py)
     provenance: dict[ProcessKey, dict] = field(default_factory=dict)
+    # node → {pid: global rank or None}: processes `scontrol listpids` named on a node whose agent is
+    # not reporting (collector/registry.py); shown as "mapped by listpids", without figures
+    listed_pids: dict[str, dict[int, int | None]] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:

@@ -56,6 +56,29 @@ def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessV
     return pv
 
 
+def listed_process_views(job: JobState, reported: set[tuple[str, int]]) -> list[query_pb2.ProcessView]:
+    """Processes only `scontrol listpids` knows (their node has no agent reporting): pid and rank, no figures.
+
+    Args:
+        job: the job, with the pids the registry listed per node.
+        reported: (node, pid) of live processes an agent reports; those are not repeated.
+
+    Returns:
+        One view per listed process, by node, then rank, then pid.
+    """
+    out = []
+    for node in sorted(job.listed_pids):
+        listed = job.listed_pids[node]
+        for pid in sorted(listed, key=lambda p: (listed[p] if listed[p] is not None else 1 << 30, p)):
+            if (node, pid) in reported:
+                continue
+            pv = query_pb2.ProcessView(node=node, pid=pid, user=job.user, mapped_by="listpids", alive=not job.ended)
+            if listed[pid] is not None:
+                pv.rank = listed[pid]
+            out.append(pv)
+    return out
+
+
 def job_view(state: ClusterState, job: JobState, now: float, trend_points: int = DEFAULT_TREND_POINTS,
              after_intervals: float = 3.0) -> query_pb2.JobView:
     """The whole job: info, its nodes, processes (by rank), GPUs."""
@@ -70,6 +93,7 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
     )
     for series in procs:
         view.processes.append(process_view(series, trend_points))
+    view.processes.extend(listed_process_views(job, {(p.key.node, p.key.pid) for p in procs if p.alive}))
     for node in job.nodes:
         ns = state.nodes.get(node)
         nv = view.nodes.add(node=node)

@@ -1,0 +1,337 @@
+"""The job registry: what Slurm says of the jobs the collector knows, refreshed every few seconds.
+
+An asyncio task on the collector's event loop. Each pass asks the JobMapper for the running jobs and
+for every other job the collector holds, fills each JobState from Slurm's record (name, user, account,
+partition, state, times, limit, nodes, CPUs, memory, GPUs, ranks expected) and closes the jobs Slurm
+says have ended, with Slurm's final state and exit code. For a job's node with no agent reporting, it
+asks ``scontrol listpids`` on that node (over SSH) and keeps those pids, shown as "mapped by listpids".
+
+Slurm calls are subprocesses or SSH sessions with timeouts (see collector/jobmap), so the loop never
+blocks. When slurmctld does not answer, every job says so in its note and the registry retries with
+exponential backoff; nothing waits on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from clusterwatch.slurm.scontrol import JobRecord
+
+from .core import CollectorCore
+from .jobmap.base import JobMapper, SlurmUnavailable
+from .state import JobState
+
+log = logging.getLogger("clusterwatch.collector.registry")
+
+#: After Slurm says a job ended, the agents get this long to deliver the epilog's end events (which
+#: close the job with its last samples) before the registry closes it itself.
+CLOSE_GRACE_S = 10.0
+#: Closed job ids remembered, so Slurm still listing a job as COMPLETING does not bring it back.
+_CLOSED_MEMORY = 10_000
+_UNREACHABLE = "slurmctld unreachable since"
+
+
+def unreachable_note(since: float) -> str:
+    """The note every job carries while slurmctld does not answer."""
+    return f"{_UNREACHABLE} {time.strftime('%H:%M', time.localtime(since))}: showing what the agents reported"
+
+
+class JobRegistry:
+    """Keeps the collector's jobs in step with Slurm.
+
+    Args:
+        core: the collector core (its state, store, lock and close_job).
+        mapper: where jobs and pids come from (ScontrolMapper, SshJobMapper, FakeJobMapper).
+        interval_s: seconds between passes while Slurm answers.
+        max_backoff_s: the longest wait between passes while it does not.
+        fill_in: ask ``listpids`` for nodes without a reporting agent (needs a mapper that runs it on
+            the node, e.g. over SSH).
+        listpids_concurrency: at most this many listpids calls at once.
+        close_grace_s: see CLOSE_GRACE_S.
+        clock: Unix time (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        core: CollectorCore,
+        mapper: JobMapper,
+        interval_s: float = 5.0,
+        max_backoff_s: float = 60.0,
+        fill_in: bool = False,
+        listpids_concurrency: int = 8,
+        close_grace_s: float = CLOSE_GRACE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.core = core
+        self.mapper = mapper
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self.fill_in = fill_in
+        self.close_grace_s = close_grace_s
+        self.clock = clock
+        self.down_since: float | None = None
+        self.failures = 0
+        self.listpids_errors = 0
+        self._semaphore = asyncio.Semaphore(listpids_concurrency)
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._ended_seen: dict[str, float] = {}
+        self._saved: dict[str, tuple] = {}
+        self._task: asyncio.Task | None = None
+        self._listpids_warned: set[str] = set()
+        core.on_job_closed.append(self._remember_closed)
+
+    def _remember_closed(self, job: JobState, *_: object) -> None:
+        self._closed[job.job_id] = None
+        self._closed.move_to_end(job.job_id)
+        while len(self._closed) > _CLOSED_MEMORY:
+            self._closed.popitem(last=False)
+        self._ended_seen.pop(job.job_id, None)
+        self._saved.pop(job.job_id, None)
+
+    # -- the task -----------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task:
+        """Start the refresh loop on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="clusterwatch-job-registry")
+        return self._task
+
+    async def stop(self) -> None:
+        """Stop the loop (an in-flight Slurm call is cancelled; its subprocess is killed by the mapper)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        close = getattr(self.mapper, "close", None)
+        if close is not None:
+            await close()
+
+    def next_delay(self) -> float:
+        """Seconds to the next pass: the interval, doubled per consecutive failure up to the cap."""
+        if not self.failures:
+            return self.interval_s
+        return min(self.interval_s * 2 ** self.failures, self.max_backoff_s)
+
+    async def run(self) -> None:
+        """Refresh until cancelled."""
+        while True:
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one pass must not end the registry
+                log.exception("job registry pass failed; it runs again")
+            await asyncio.sleep(self.next_delay())
+
+    # -- one pass -----------------------------------------------------------------------------
+
+    def _known(self) -> list[str]:
+        with self.core.lock:
+            # Ended jobs too: one Slurm has marked ended waits out the grace period before it is closed.
+            return [jid for jid in self.core.state.jobs if jid.isdigit()]
+
+    async def refresh(self) -> bool:
+        """One pass: ask Slurm, update the jobs, close the ended ones, fill in pids.
+
+        Returns:
+            True when Slurm answered.
+        """
+        now = self.clock()
+        known = self._known()
+        records: dict[str, JobRecord] = {}
+        try:
+            for record in await self.mapper.list_jobs():
+                records[str(record.job_id)] = record
+            for jid in known:
+                if jid not in records:
+                    record = await self.mapper.show_job(int(jid))
+                    if record is not None:
+                        records[jid] = record
+        except SlurmUnavailable as exc:
+            self._unreachable(now, str(exc))
+            return False
+        self._reachable()
+        to_close = []
+        for jid, record in records.items():
+            if jid in self._closed:
+                continue
+            job = self._apply(record)
+            if job.ended:
+                first = self._ended_seen.setdefault(jid, now)
+                if now - first >= self.close_grace_s or not self._any_agent_up(job, now):
+                    to_close.append(job)
+        for job in to_close:
+            # Checked again right before closing: an epilog's end event may have closed it meanwhile.
+            if self.core.state.jobs.get(job.job_id) is job:
+                self.core.close_job(job)
+        if self.fill_in:
+            await self._fill_in(now)
+        return True
+
+    def _unreachable(self, now: float, why: str) -> None:
+        self.failures += 1
+        if self.down_since is None:
+            self.down_since = now
+            log.warning("slurm: %s; jobs show what the agents report, retrying with backoff", why)
+        note = unreachable_note(self.down_since)
+        with self.core.lock:
+            for job in self.core.state.jobs.values():
+                if not job.ended and not job.job_id.startswith("local-"):
+                    job.note = note
+
+    def _reachable(self) -> None:
+        if self.down_since is not None:
+            log.info("slurm answers again")
+        self.failures = 0
+        self.down_since = None
+        with self.core.lock:
+            for job in self.core.state.jobs.values():
+                if job.note.startswith(_UNREACHABLE):
+                    job.note = ""
+
+    def _apply(self, record: JobRecord) -> JobState:
+        """Fill (or create) the JobState from Slurm's record; stored when it changed."""
+        jid = str(record.job_id)
+        state = self.core.state
+        with self.core.lock:
+            job = state.jobs.get(jid)
+            if job is None:
+                job = state.jobs[jid] = JobState(jid)
+            job.source = "slurm"
+            job.name = record.name or job.name
+            job.user = record.user or job.user
+            job.account = record.account or ""
+            job.partition = record.partition or ""
+            job.state = record.state
+            job.submit_time = float(record.submit_time or 0)
+            job.start_time = float(record.start_time or job.start_time or 0)
+            job.time_limit_s = float(record.time_limit_s or 0)
+            if record.nodes:
+                job.nodes = list(dict.fromkeys([*record.nodes, *job.nodes]))
+            job.cpus = record.cpus or 0
+            job.memory_bytes = record.memory_bytes or 0
+            counts = record.gpu_count_by_node or {n: len(i) for n, i in record.gpus_by_node.items()}
+            job.gpus = sum(counts.values()) or job.gpus
+            job.ranks_expected = record.num_tasks or 0
+            if job.ended:
+                # A running job's EndTime is only its expected end; render reads end_time as "ended".
+                job.end_time = float(record.end_time or self.clock())
+                job.exit_code = _exit_code(record)
+            self._gpus_by_node(job, record)
+            signature = (job.name, job.user, job.state, job.start_time, tuple(job.nodes), job.gpus,
+                         job.ranks_expected, tuple(sorted((n, tuple(u)) for n, u in job.gpus_by_node.items())))
+        if self._saved.get(jid) != signature:
+            self.core.store.save_job(job)
+            self._saved[jid] = signature
+        return job
+
+    def _gpus_by_node(self, job: JobState, record: JobRecord) -> None:
+        """Allocated GPUs by UUID: Slurm's per-node indexes looked up in that node's agent inventory.
+
+        A node whose prolog already named the UUIDs keeps them; a node without an agent (no inventory)
+        stays out, since a GPU is only ever named by its UUID.
+        """
+        state = self.core.state
+        for node, indexes in record.gpus_by_node.items():
+            if node in job.gpus_by_node or node not in state.nodes:
+                continue
+            by_index = {}
+            for uuid in state.nodes[node].gpus:
+                series = state.gpus.get(uuid)
+                if series is not None:
+                    by_index[series.info.index] = uuid
+            uuids = [by_index[i] for i in indexes if i in by_index]
+            if uuids and len(uuids) == len(indexes):
+                job.gpus_by_node[node] = uuids
+
+    def _agent_up(self, node: str, now: float) -> bool:
+        ns = self.core.state.nodes.get(node)
+        return ns is not None and ns.connected and self.core.state.node_up(
+            ns, now, self.core.config.agent_down_after_intervals)
+
+    def _any_agent_up(self, job: JobState, now: float) -> bool:
+        with self.core.lock:
+            return any(self._agent_up(node, now) for node in job.nodes)
+
+    # -- pids of nodes without an agent -----------------------------------------------------------
+
+    async def _fill_in(self, now: float) -> None:
+        wanted: list[tuple[JobState, str]] = []
+        with self.core.lock:
+            for job in self.core.state.jobs.values():
+                if job.source != "slurm" or job.state != "RUNNING":
+                    continue
+                for node in job.nodes:
+                    if self._agent_up(node, now):
+                        job.listed_pids.pop(node, None)  # its agent reports the processes, with figures
+                    else:
+                        wanted.append((job, node))
+        if wanted:
+            await asyncio.gather(*(self._listpids(job, node) for job, node in wanted))
+
+    async def _listpids(self, job: JobState, node: str) -> None:
+        async with self._semaphore:
+            try:
+                entries = await self.mapper.listpids(int(job.job_id), node)
+            except SlurmUnavailable as exc:
+                self.listpids_errors += 1
+                # One line per node, then quiet: a node without sshd would fill the log every pass.
+                if node not in self._listpids_warned:
+                    self._listpids_warned.add(node)
+                    log.warning("listpids for job %s on %s: %s", job.job_id, node, exc)
+                return
+        self._listpids_warned.discard(node)
+        with self.core.lock:
+            if self.core.state.jobs.get(job.job_id) is job:
+                job.listed_pids[node] = {e.pid: e.global_id for e in entries if e.pid > 0}
+
+
+def build_registry(core: CollectorCore, config) -> JobRegistry:
+    """The registry a ``--slurm`` collector runs, from its config.
+
+    Jobs come from ``scontrol`` on the collector host (SLURM_CONF from the environment). With an SSH
+    known_hosts file and key configured, pids of nodes without an agent come from ``scontrol listpids``
+    run on the node over SSH; without them there is no fill-in (listpids only sees its own host).
+
+    Args:
+        core: the collector core.
+        config: the CollectorConfig.
+
+    Returns:
+        The registry, not started.
+    """
+    from pathlib import Path
+
+    from .jobmap.scontrol import ScontrolMapper
+
+    # The registry backs off itself; retries inside one pass would only stretch a pass while Slurm is down.
+    jobs = ScontrolMapper(timeout_s=config.slurm_timeout_s, retries=0)
+    mapper: JobMapper = jobs
+    fill_in = bool(config.ssh_known_hosts and config.ssh_key)
+    if fill_in:
+        from .jobmap.ssh import SshJobMapper, SshListpids
+
+        table = dict(config.ssh_address)
+
+        def address(node: str) -> tuple[str, int]:
+            target = table.get(node, node)
+            host, sep, port = target.rpartition(":")
+            if sep and port.isdigit():
+                return host.strip("[]"), int(port)
+            return target, config.ssh_port
+
+        mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
+                                                username=config.ssh_user, address=address))
+    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in)
+
+
+def _exit_code(record: JobRecord) -> int | None:
+    """Slurm's ExitCode as one number: the code, or 128 + the signal that killed the job."""
+    if record.exit_signal:
+        return 128 + record.exit_signal
+    return record.exit_code
