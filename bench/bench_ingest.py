@@ -81,7 +81,7 @@ def client(address: str, streams: int, batches: int, window: int, tag: str) -> d
         channels = [benchlib.aio_channel(address) for _ in sims]
         t0 = time.monotonic()
         await asyncio.gather(*(benchlib.agent_stream(ch, bb, r, batches=batches, window=window)
-                               for ch, bb, r in zip(channels, bbs, results)))
+                               for ch, bb, r in zip(channels, bbs, results, strict=True)))
         wall = time.monotonic() - t0
         for ch in channels:
             await ch.close()
@@ -127,7 +127,7 @@ def inprocess(streams: int, batches: int, profile: bool = False) -> dict:
         t0 = time.time()
         raw = []
         for k in range(batches):
-            for s, bb in zip(sims, bbs):
+            for s, bb in zip(sims, bbs, strict=True):
                 raw.append((s, bb.next(t0 + k)[1]))
         p0 = time.process_time()
         msgs = [(s, agent_pb2.AgentMessage.FromString(b)) for s, b in raw]

@@ -48,7 +48,8 @@ def table(title: str, header: list[str], rows: list[list], notes: list[str] = ()
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = [title, ""]
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        pairs = enumerate(zip(row, widths, strict=True))
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     if notes:
@@ -479,7 +480,7 @@ def feed_job(address: str, job_id: str, nodes: int = 8, ranks: int = 8, batches:
         results = [StreamResult() for _ in sims]
         channels = [aio_channel(address) for _ in sims]
         await asyncio.gather(*(agent_stream(ch, BatchBytes(s), r, batches=batches, interval=0.2)
-                               for ch, s, r in zip(channels, sims, results)))
+                               for ch, s, r in zip(channels, sims, results, strict=True)))
         for ch in channels:
             await ch.close()
         for r in results:

@@ -46,7 +46,7 @@ def client(address: str, first: int, count: int, duration: float, interval: floa
         await asyncio.gather(*(
             benchlib.agent_stream(ch, bb, r, interval=interval, until=until, window=1_000_000,
                                   phase=interval * i / count, drain_timeout=30.0)
-            for i, (ch, bb, r) in enumerate(zip(channels, bbs, results))
+            for i, (ch, bb, r) in enumerate(zip(channels, bbs, results, strict=True))
         ))
         cpu = time.process_time() - c0
         for ch in channels:
@@ -104,10 +104,12 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
         stored = benchlib.metric_value(text, "clusterwatch_ingest_samples_total")
         scrape = {"bytes": len(text), "fetch_s": time.process_time() - t0}
         collector.stop()
+        with open(collector.log_path, errors="replace") as f:
+            collector_log = [line.rstrip() for line in f if line.strip()][-3:]
     sent = sum(r["sent"] for r in results)
     acked = sum(r["acked"] for r in results)
     delays = sorted(d for r in results for d in r["delays_ms"])
-    errors = [e for r in results for e in r["errors"]]
+    errors = [" ".join(e.split()) for r in results for e in r["errors"]]
     wall = w1 - w0
     cores = (c1 - c0) / wall
     rate = acked / duration
@@ -125,7 +127,7 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
         ["samples sent / acknowledged / collector's ingest_samples_total",
          f"{sent:,} / {acked:,} / {stored:,.0f}" if stored is not None else f"{sent:,} / {acked:,} / -"],
         ["dropped (sent − acknowledged)", f"{dropped:,}"],
-        ["stream errors", str(len(errors)) + (f" (first: {errors[0]})" if errors else "")],
+        ["stream errors", str(len(errors)) + (f" (first: {errors[0][:90]})" if errors else "")],
         ["load clients: processes / CPU s total", f"{clients} / {sum(r['client_cpu'] for r in results):.1f}"],
     ]
     ok_rate = rate >= 0.99 * nodes * 64 / interval * (duration - interval) / duration
@@ -135,6 +137,8 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
         f"final /metrics: {scrape['bytes']:,} bytes. The machine has {os.cpu_count()} cores shared by the "
         "collector and the load clients; the clients' CPU is not the collector's.",
     ]
+    if errors and collector_log:
+        notes.append("collector log, last lines: " + " | ".join(line[:160] for line in collector_log))
     out = table("Load: simulated agents against one collector", ["figure", "value"], rows, notes)
     print(out, flush=True)
     return {"rate": rate, "cores": cores, "p99_ms": pct(delays, 0.99), "dropped": dropped, "table": out,
