@@ -171,9 +171,13 @@ def running_prometheus(root: Path, targets: Sequence[str], rule_files: Sequence[
         prom.stop()
 
 
-@pytest.fixture
-def prometheus_factory(tmp_path: Path):
-    """A function (targets, rule_files=(), scrape_interval="1s") -> Prometheus; all stopped at teardown."""
+@pytest.fixture(scope="module")
+def prometheus_factory(tmp_path_factory: pytest.TempPathFactory):
+    """A function (targets, rule_files=(), scrape_interval="1s") -> Prometheus; all stopped at teardown.
+
+    Module-scoped, so a module can share one Prometheus (and the data it scraped) between tests.
+    """
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     stack = contextlib.ExitStack()
     count = 0
 
