@@ -193,7 +193,7 @@ def measure_real_agent(children: Children, tmp: str, node: str, seconds: float, 
 
 
 def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, seconds: float = 10.0,
-        profile: bool = False) -> dict:
+        profile: bool = False, show: bool = True) -> dict:
     if quick:
         rounds, polls, seconds = 1, 3, 2.0
     node = f"bench-agent-{os.getpid()}"
@@ -225,7 +225,8 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
     ]
     out = table("Agent: CPU ms per poll, 64 watched processes, 8 simulated GPUs",
                 ["monitor", "CPU ms/poll", "runs", "vs agent"], rows, notes)
-    print(out, flush=True)
+    if show:
+        print(out, flush=True)
     if prof:
         print(prof)
     return {"agent_ms": a, "seed_sh_ms": sh, "seed_py_ms": py, "ratio": sh / a, "rss_mib": real["rss_mib"],

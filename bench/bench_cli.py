@@ -108,7 +108,7 @@ def measure_prolog(cw: list[str], tmp: str, repeat: int) -> dict | None:
     return {"first": first, "again": again}
 
 
-def run(quick: bool = False, repeat: int = 9) -> dict:
+def run(quick: bool = False, repeat: int = 9, show: bool = True) -> dict:
     if quick:
         repeat = 2
     cw = console_script()
@@ -156,7 +156,8 @@ def run(quick: bool = False, repeat: int = 9) -> dict:
         "interleaved runs; 'runs' = min–max.",
     ]
     out = table("CLI wall time, Python start-up included", ["command", "ms", "runs", "target"], rows, notes)
-    print(out, flush=True)
+    if show:
+        print(out, flush=True)
     return {"status_ms": st, "prolog_ms": pr, "table": out}
 
 

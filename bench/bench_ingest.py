@@ -150,9 +150,9 @@ def inprocess(streams: int, batches: int, profile: bool = False) -> dict:
 
 
 def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 300, window: int = 16,
-        profile: bool = False) -> dict:
+        profile: bool = False, show: bool = True) -> dict:
     if quick:
-        rounds, streams, batches = 1, 2, 10
+        rounds, streams, batches = 1, 2, 60
     trivial, real, inproc = [], [], []
     note = ""
     with benchlib.tmpdir("cw-bench-ingest-") as tmp, Children() as children:
@@ -201,7 +201,8 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 3
     ]
     out = table("Collector ingest: samples per second per core (server CPU, not wall)",
                 ["path", "samples/s/core", "runs", "CPU µs/batch", "vs floor"], rows, notes)
-    print(out, flush=True)
+    if show:
+        print(out, flush=True)
     if profile and inproc[-1]["prof"] is not None:
         import io
         import pstats
@@ -215,7 +216,7 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 3
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few seconds: 1 round, 2 streams × 10 batches")
+    ap.add_argument("--quick", action="store_true", help="a few seconds: 1 round, 2 streams × 60 batches")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--batches", type=int, default=300, help="batches per stream per round")

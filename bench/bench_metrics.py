@@ -97,7 +97,7 @@ def time_generate(registry, repeat: int) -> tuple[list[float], bytes]:
     return times, text
 
 
-def run(quick: bool = False, nodes: int = 1000, repeat: int = 5) -> dict:
+def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = True) -> dict:
     if quick:
         nodes, repeat = 20, 2
     with benchlib.tmpdir("cw-bench-metrics-") as tmp:
@@ -135,7 +135,8 @@ def run(quick: bool = False, nodes: int = 1000, repeat: int = 5) -> dict:
     ]
     out = table(f"/metrics generation, {nodes:,} nodes at the default cardinality",
                 ["exporter", "ms", "runs", "series", "bytes", "vs clusterwatch"], rows, notes)
-    print(out, flush=True)
+    if show:
+        print(out, flush=True)
     return {"seconds": cw, "baseline": bs, "series": series, "bytes": len(cw_text), "table": out}
 
 

@@ -66,7 +66,7 @@ def pct(sorted_values: list[float], q: float) -> float:
 
 
 def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval: float = 1.0,
-        clients: int = 4) -> dict:
+        clients: int = 4, show: bool = True) -> dict:
     if quick:
         nodes, duration, clients = 20, 3.0, 1
     clients = max(1, min(clients, nodes))
@@ -140,7 +140,8 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
     if errors and collector_log:
         notes.append("collector log, last lines: " + " | ".join(line[:160] for line in collector_log))
     out = table("Load: simulated agents against one collector", ["figure", "value"], rows, notes)
-    print(out, flush=True)
+    if show:
+        print(out, flush=True)
     return {"rate": rate, "cores": cores, "p99_ms": pct(delays, 0.99), "dropped": dropped, "table": out,
             "cpu_ms_per_1000": (c1 - c0) / max(acked, 1) * 1e6}
 
