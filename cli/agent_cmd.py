@@ -173,7 +173,11 @@ def run_agent(agent_obj) -> int:
     from clusterwatch.agent.stream import Sender
 
     config = agent_obj.config
-    sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token)
+    from clusterwatch.agent.signals import SignalHandler
+
+    on_signal = SignalHandler(agent_obj.procs.start_time, agent_obj.procs.is_known)
+    sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token,
+                    on_signal=on_signal)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

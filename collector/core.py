@@ -217,9 +217,12 @@ class CollectorCore:
                     counts.append((key.node, key.pid, key.start_time, series.latest.job_id, series.samples,
                                    series.latest.time))
             seqs = [(b, t.low, sorted(t.above)) for b in self._dirty_seqs if (t := self._seqs.get(b))]
+            # when each node was last heard of, so agent_down after a restart starts from the truth
+            nodes = {key.node for key in self._dirty_procs}
+            seen = [(ns.last_seen, n) for n in nodes if (ns := self.state.nodes.get(n)) is not None]
             self._dirty_seqs.clear()
             self._dirty_procs.clear()
-        self.store.save_ingest(counts, seqs)
+        self.store.save_ingest(counts, seqs, seen)
 
     def disconnected(self, node: str) -> None:
         with self.lock:

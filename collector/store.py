@@ -142,7 +142,7 @@ class Store:
         return row[0] if row else None
 
     def save_ingest(self, counts: list[tuple[str, int, float, str, int, float]],
-                    seqs: list[tuple[str, int, list[int]]]) -> None:
+                    seqs: list[tuple[str, int, list[int]]], nodes_seen: list[tuple[float, str]] = ()) -> None:
         """Record, in one transaction, per-process sample counts and which batches are stored.
 
         The collector acknowledges a batch only after this commit, so after a crash a batch is
@@ -158,6 +158,7 @@ class Store:
                 "INSERT INTO stream_seqs VALUES (?,?,?,?) ON CONFLICT(boot_id) DO UPDATE SET low=excluded.low,"
                 " above=excluded.above, updated=excluded.updated",
                 [(b, low, json.dumps(above), now) for b, low, above in seqs])
+            self.conn.executemany("UPDATE nodes SET last_seen=? WHERE node=?", nodes_seen)
 
     def load_seqs(self) -> list[tuple[str, int, list[int]]]:
         return [(b, low, json.loads(above)) for b, low, above in

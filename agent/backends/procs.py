@@ -146,6 +146,10 @@ class ProcSource:
             return None
         return self.boot_time + st.start_ticks / _CLK_TCK
 
+    def is_known(self, pid: int) -> bool:
+        """Whether the last poll sampled this pid (it is watched)."""
+        return pid in self._known
+
     def sample(self, pids: set[int], now: float, gpu_use: dict[int, list[GpuUse]]) -> list[ProcessSample]:
         """One sample per live pid; vanished pids are skipped (they died between listing and reading).
 
