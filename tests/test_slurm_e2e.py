@@ -112,6 +112,8 @@ def hooked() -> Iterator[tuple[SlurmCluster, Collector, Path]]:
                 _stop_agents(spool)
                 collector.stop()
     finally:
+        # Again once slurmd is gone: a prolog still running at teardown may have started one late.
+        _stop_agents(spool)
         shutil.rmtree(root, ignore_errors=True)
 
 
