@@ -11,6 +11,7 @@ its condition clears, or when its process, job or node is forgotten.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,7 +40,7 @@ class _Proc:
     __slots__ = ("node", "pid", "start_time", "job_id", "gpu", "rank", "user", "command", "job_name",
                  "partition", "rules", "silenced", "gpu_leak", "host_leak", "thr_leak", "fd_leak",
                  "idle_since", "seen_busy", "step", "step_t", "step_moved", "alerts", "handle_firing",
-                 "last_gpu_mem", "last_rss", "t0")
+                 "t0", "util_quiet", "step_quiet", "step_wait")
 
     def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
         self.node = node
@@ -63,8 +64,12 @@ class _Proc:
         self.step_moved = False
         self.alerts: dict[str, str] = {}  # rule → PENDING | FIRING
         self.handle_firing: set[str] = set()
-        self.last_gpu_mem: float | None = None
-        self.last_rss: float | None = None
+        # Fast-path guards (see Engine._ingest), kept true to the state by the slow paths:
+        # utilisation at or above `util_quiet` changes nothing; with `step_quiet`, a new step
+        # only moves the step; a repeated step changes nothing until `step_wait` has passed.
+        self.util_quiet = math.inf
+        self.step_quiet = False
+        self.step_wait = 0.0
 
     def who(self) -> str:
         where = f"pid {self.pid} on {self.node}"
@@ -122,11 +127,11 @@ class Engine:
             Alert events caused by it.
         """
         g = d.get
-        p = self._procs.get((d["node"], d["pid"], g("start_time", 0.0)))
+        key = (d["node"], d["pid"], g("start_time", 0.0))
+        p = self._procs.get(key)
         job_id = g("job_id", "")
         rank = g("rank")
         if p is None or p.job_id != job_id or p.rank != rank:
-            key = (d["node"], d["pid"], g("start_time", 0.0))
             gpu = g("gpu", "")
             p = self._labels(key, p, d["t"], job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
@@ -156,33 +161,55 @@ class Engine:
             p.fd_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
         else:
             p.silenced = found[1]
+        self._guards(p)
         return p
+
+    def _guards(self, p: _Proc) -> None:
+        """Recompute the fast-path guards of a process from its state and rules."""
+        r = p.rules
+        assert r is not None
+        gs = r.gpu_stall
+        if not gs.enabled or "gpu_stall" in p.silenced:
+            p.util_quiet = -math.inf
+        elif p.idle_since is None and "gpu_stall" not in p.alerts and (p.seen_busy or not gs.require_busy_first):
+            p.util_quiet = gs.util_below_percent
+        else:
+            p.util_quiet = math.inf
+        ts = r.training_stall
+        p.step_quiet = p.step_moved and "training_stall" not in p.alerts
+        if "training_stall" in p.alerts:
+            p.step_wait = -math.inf
+        elif not ts.enabled or "training_stall" in p.silenced:
+            p.step_wait = math.inf
+        else:
+            p.step_wait = min(ts.pending_after_s, ts.for_s)
 
     def _on(self, p: _Proc, rule: str) -> bool:
         return getattr(p.rules, rule).enabled and rule not in p.silenced
 
     def _ingest(self, p: _Proc, t: float, gmem: Any, gtotal: Any, util: Any, rss: Any, ntotal: Any,
                 threads: Any, fds: Any, step: Any) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+        # The common cases are inlined, each one or two comparisons: a leak sample inside its
+        # open bucket only lowers the bucket's minimum; a busy GPU with no stall pending, and a
+        # step that moved with no stall alert, change nothing else. The full logic sits in the
+        # methods the slow paths call, which are the only places state changes otherwise.
         out: list[AlertEvent] | None = None
-        # Leak series: the common case (same bucket) is one comparison, kept inline for speed.
         s = p.gpu_leak
         if gmem is not None and s is not None:
-            p.last_gpu_mem = gmem
-            if t >= s.warm_end and int(t // s.bucket_s) == s.cur_b:
+            if t < s.b_end:
                 if gmem < s.cur_min:
                     s.cur_min = gmem
             else:
-                f = s.add(t, gmem, gtotal)
+                f = s.roll(t, gmem, gtotal)
                 if f is not None:
                     out = [self._leak_event(p, "gpu_memory_leak", f, "GPU memory", "GPU")]
         s = p.host_leak
         if rss is not None and s is not None:
-            p.last_rss = rss
-            if t >= s.warm_end and int(t // s.bucket_s) == s.cur_b:
+            if t < s.b_end:
                 if rss < s.cur_min:
                     s.cur_min = rss
             else:
-                f = s.add(t, rss, ntotal)
+                f = s.roll(t, rss, ntotal)
                 if f is not None:
                     ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", "node memory")
                     out = [ev] if out is None else [*out, ev]
@@ -194,10 +221,17 @@ class Engine:
             f = p.fd_leak.add(t, fds)
             if f is not None:
                 out = self._handle_event(p, "open_fds", f, out)
-        if util is not None:
+        if util is not None and util < p.util_quiet:
             out = self._gpu_stall(p, t, util, out)
         if step is not None:
-            out = self._training_stall(p, t, step, util, out)
+            if step != p.step:
+                if p.step_quiet:
+                    p.step = step
+                    p.step_t = t
+                else:
+                    out = self._training_stall(p, t, step, util, out)
+            elif t - p.step_t >= p.step_wait:
+                out = self._training_stall(p, t, step, util, out)
         return _NO_EVENTS if out is None else out
 
     def _event(self, p: _Proc, t: float, rule: str, state: str, severity: str, description: str,
@@ -206,6 +240,8 @@ class Engine:
             p.alerts.pop(rule, None)
         else:
             p.alerts[rule] = state
+        if rule == "gpu_stall" or rule == "training_stall":
+            self._guards(p)
         return AlertEvent(t=t, rule=rule, state=state, severity=severity, node=p.node, job_id=p.job_id,
                           pid=p.pid, start_time=p.start_time, gpu=p.gpu, rank=p.rank,
                           description=description, figures=figures)
@@ -260,6 +296,7 @@ class Engine:
             if util >= r.busy_percent:
                 p.seen_busy = True
             p.idle_since = None
+            self._guards(p)
             if "gpu_stall" in p.alerts:
                 ev = self._event(p, t, "gpu_stall", RESOLVED, r.severity,
                                  f"GPU of {p.who()} is busy again ({util:.0f} %)", {"util_percent": util})
@@ -267,6 +304,7 @@ class Engine:
             return out
         if p.idle_since is None:
             p.idle_since = t
+            p.util_quiet = math.inf
         if r.require_busy_first and not p.seen_busy:
             return out
         idle = t - p.idle_since
@@ -283,8 +321,9 @@ class Engine:
                         ) -> list[AlertEvent] | None:
         r = p.rules.training_stall  # type: ignore[union-attr]
         if step != p.step:
-            if p.step is not None:
+            if p.step is not None and not p.step_moved:
                 p.step_moved = True
+                self._guards(p)
             p.step = step
             p.step_t = t
             if "training_stall" in p.alerts:
