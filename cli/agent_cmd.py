@@ -30,6 +30,12 @@ from .common import fail, setup_logging
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for the collector.")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CA",
+              help="Talk TLS to the collector, trusting this CA (PEM).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CERT",
+              help="Client certificate for mutual TLS (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_KEY",
+              help="The client certificate's private key (PEM).")
 @click.option("--spool-dir", default=None, envvar="CLUSTERWATCH_SPOOL",
               help="This node's folder for the prolog/epilog's job events and the pid file "
                    "(default: /run/clusterwatch/<node>; '{node}' is replaced by the node name).")
@@ -43,6 +49,7 @@ from .common import fail, setup_logging
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
 def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
+          tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
@@ -68,7 +75,12 @@ def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_i
         collector=collector, node=node, interval_s=interval, gpu_source=gpu_source, sim_scenario=sim_scenario,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
+        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
     )
+    if bool(tls_cert) != bool(tls_key):
+        fail("--tls-cert and --tls-key go together")
+    if tls_cert and not tls_ca:
+        fail("--tls-cert needs --tls-ca (the CA that signed the collector's certificate)")
     agent_obj = build_agent(config, live=not once)
     if once:
         from clusterwatch.agent.agent import batch_as_json
@@ -167,6 +179,23 @@ def open_gpus(config):
         fail(str(exc))
 
 
+def channel_credentials(config):
+    """TLS (and mutual TLS) credentials for the stream, None for plaintext."""
+    if not config.tls_ca:
+        return None
+    import grpc
+
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(config.tls_ca),
+        private_key=read(config.tls_key) if config.tls_key else None,
+        certificate_chain=read(config.tls_cert) if config.tls_cert else None,
+    )
+
+
 def run_agent(agent_obj) -> int:
     """Run until SIGTERM/SIGINT; then flush, print the counters line and return 0."""
     from clusterwatch.agent.agent import run_loop, write_pid_file
@@ -177,7 +206,7 @@ def run_agent(agent_obj) -> int:
 
     on_signal = SignalHandler(agent_obj.procs.start_time, agent_obj.procs.is_known)
     sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token,
-                    on_signal=on_signal)
+                    channel_credentials=channel_credentials(config), on_signal=on_signal)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

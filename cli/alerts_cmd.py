@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .common import collector_option, fail
+from .common import collector_option, fail, query_metadata
 
 
 def render_alerts(entries, now: float) -> str:
@@ -41,7 +41,8 @@ def alerts(collector: str, job_id: str, include_resolved: bool, limit: int, as_j
     channel, stub = _stub(collector)
     try:
         resp = stub.ListAlerts(query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved,
-                                                           limit=limit), timeout=5.0)
+                                                           limit=limit), timeout=5.0,
+                                 metadata=query_metadata())
     except grpc.RpcError as exc:
         fail(_explain(exc, collector, "the alert list"), code=1)
     finally:

@@ -38,9 +38,25 @@ from .common import fail, setup_logging
               help="sshd port on the nodes.")
 @click.option("--ssh-address", "ssh_address", multiple=True, metavar="NODE=HOST[:PORT]",
               help="Where to reach a node over SSH when not by its name (repeatable).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CERT",
+              help="Serve gRPC over TLS with this certificate (PEM); see docs/operators.md for making keys.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_KEY",
+              help="The certificate's private key (PEM).")
+@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CLIENT_CA",
+              help="Require client certificates signed by this CA (mutual TLS).")
+@click.option("--query-auth", type=click.Choice(["auto", "munge", "none"]), default="auto", show_default=True,
+              envvar="CLUSTERWATCH_QUERY_AUTH",
+              help="How `status` callers are identified: munge (users see their own jobs), none (everyone "
+                   "sees everything), auto (munge where munged runs on this host).")
+@click.option("--munge-socket", default=None, envvar="CLUSTERWATCH_MUNGE_SOCKET",
+              help="munged's socket, when not the default.")
+@click.option("--query-admin", "query_admins", multiple=True, metavar="USER",
+              help="A user (name or uid) who sees every job under munge (repeatable; root always does).")
+@click.option("--show-all-jobs", is_flag=True, help="Under munge, every identified user sees every job.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
+              tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
@@ -49,6 +65,10 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
 
     from clusterwatch.errors import ClusterwatchError
 
+    if bool(tls_cert) != bool(tls_key):
+        fail("--tls-cert and --tls-key go together")
+    if tls_client_ca and not tls_cert:
+        fail("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS runs over TLS)")
     if bool(ssh_known_hosts) != bool(ssh_key):
         fail("--ssh-known-hosts and --ssh-key go together (host keys are always checked)")
     pairs = []
@@ -63,6 +83,9 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
         per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
         slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,
         ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),
+        tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
+        query_auth=query_auth, munge_socket=munge_socket, query_admins=tuple(query_admins),
+        show_all_jobs=show_all_jobs,
     )
 
     async def main() -> None:

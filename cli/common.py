@@ -28,3 +28,26 @@ collector_option = click.option(
     "--collector", envvar="CLUSTERWATCH_COLLECTOR", default=DEFAULT_COLLECTOR, show_default=True,
     metavar="HOST:PORT", help="Collector address (CLUSTERWATCH_COLLECTOR, or [cli] collector in the config file).",
 )
+
+
+def query_metadata() -> list[tuple[str, str]] | None:
+    """A fresh munge credential for the collector, when munge works here (it proves our uid).
+
+    Without munge the request goes unauthenticated; a collector that requires munge then
+    says so in one line.
+    """
+    import os
+    import shutil
+    import subprocess
+
+    if not shutil.which("munge"):
+        return None
+    args = ["munge", "-n"]
+    socket = os.environ.get("CLUSTERWATCH_MUNGE_SOCKET")
+    if socket:
+        args.append(f"--socket={socket}")
+    try:
+        out = subprocess.run(args, capture_output=True, timeout=5, check=True).stdout.decode().strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [("x-clusterwatch-munge", out)] if out else None

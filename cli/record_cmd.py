@@ -5,7 +5,7 @@ import os
 
 import click
 
-from .common import collector_option, fail
+from .common import collector_option, fail, query_metadata
 
 
 @click.command()
@@ -25,7 +25,8 @@ def record(job_id: str, collector: str, output: str) -> None:
     lines = 0
     try:
         with open(tmp, "w") as f:
-            for chunk in stub.GetTrace(query_pb2.GetTraceRequest(job_id=job_id), timeout=60.0):
+            for chunk in stub.GetTrace(query_pb2.GetTraceRequest(job_id=job_id), timeout=60.0,
+                                       metadata=query_metadata()):
                 for line in chunk.lines:
                     f.write(line + "\n")
                     lines += 1

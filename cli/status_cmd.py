@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .common import collector_option, fail
+from .common import collector_option, fail, query_metadata
 
 QUERY_TIMEOUT_S = 5.0
 
@@ -31,7 +31,7 @@ def _explain(exc, address: str, what: str) -> str:
         return f"the collector at {address} did not answer {what} within {QUERY_TIMEOUT_S:.0f} s; it may be overloaded"
     if code == grpc.StatusCode.NOT_FOUND:
         return exc.details()
-    if code == grpc.StatusCode.PERMISSION_DENIED:
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return f"{exc.details()}"
     return f"the collector at {address} failed {what}: {code.name}: {exc.details()}"
 
@@ -43,7 +43,7 @@ def fetch_job(address: str, job_id: str, trend_points: int = 40):
     channel, stub = _stub(address)
     try:
         return stub.GetJob(query_pb2.GetJobRequest(job_id=job_id, trend_points=trend_points),
-                           timeout=QUERY_TIMEOUT_S)
+                           timeout=QUERY_TIMEOUT_S, metadata=query_metadata())
     finally:
         channel.close()
 
@@ -102,7 +102,8 @@ def jobs(collector: str, include_ended: bool, as_json: bool) -> None:
 
     channel, stub = _stub(collector)
     try:
-        resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S)
+        resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S,
+                             metadata=query_metadata())
     except grpc.RpcError as exc:
         fail(_explain(exc, collector, "the job list"), code=1)
     finally:

@@ -44,6 +44,11 @@ class CollectorConfig:
         ssh_port: sshd port on the nodes.
         ssh_address: (node, "host[:port]") pairs for nodes not reachable by their own name.
         ports_file: write the bound ports here as JSON (for tests and `run`, which use port 0).
+        query_auth: "munge" (callers prove their uid; users see their own jobs), "none", or "auto"
+            (munge where it works on this host, else none, with a warning).
+        munge_socket: munged's socket when not the default.
+        query_admins: users (names or uids) who see every job under munge; root always does.
+        show_all_jobs: under munge, every identified user sees every job (like PrivateData off).
     """
 
     listen: str = "127.0.0.1:50051"
@@ -66,3 +71,7 @@ class CollectorConfig:
     ssh_port: int = 22
     ssh_address: tuple[tuple[str, str], ...] = ()
     ports_file: str | None = None
+    query_auth: str = "auto"
+    munge_socket: str | None = None
+    query_admins: tuple[str, ...] = ()
+    show_all_jobs: bool = False

@@ -1,0 +1,164 @@
+"""Nobody let in: tokens, mutual TLS, munge-identified queries, and malformed or oversized input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
+
+from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from .services.munge import munged  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.e2e
+
+SLEEPER = "import time; time.sleep(600)"
+
+
+def _agent(tmp_path, collector, pid, *extra, name="agent"):
+    return Proc([*CLI, "agent", "--collector", f"localhost:{collector.grpc_port}", "--node", "sec-node",
+                 "--interval", "0.3", "--gpu-source", "none", "--pid", str(pid), "--job-id", "sec-1",
+                 "--no-provenance", "--spool-dir", str(tmp_path / "spool"), "--train-socket",
+                 str(tmp_path / f"{name}.sock"), *extra], tmp_path / f"{name}.log")
+
+
+def _samples(collector) -> float:
+    return metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0
+
+
+def test_token_required(tmp_path):
+    collector = Collector(tmp_path, "--token", "s3cret-token")
+    sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
+    bad = _agent(tmp_path, collector, sleeper.pid, "--token", "wrong", name="bad")
+    good = None
+    try:
+        wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_unauthenticated_total") or 0) >= 1,
+                 what="the wrong token counted")
+        wait_for(lambda: "UNAUTHENTICATED" in bad.text(), what="the agent saying why")
+        assert _samples(collector) == 0
+        assert "s3cret-token" not in bad.text() and "wrong" not in collector.text()
+        bad.stop()
+        good = _agent(tmp_path, collector, sleeper.pid, "--token", "s3cret-token", name="good")
+        wait_for(lambda: _samples(collector) > 0, what="samples with the right token")
+    finally:
+        for p in (good, bad, sleeper, collector):
+            if p is not None:
+                p.stop()
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _make_pki(d):
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, as docs/operators.md says."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=clusterwatch-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    for name, san in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"), ("client", None)):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", cwd=d)
+        extra = []
+        if san:
+            (d / "san.ext").write_text(san + "\n")
+            extra = ["-extfile", "san.ext"]
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-out", f"{name}.pem", *extra, cwd=d)
+
+
+def test_mutual_tls(tmp_path):
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    _make_pki(pki)
+    collector = Collector(tmp_path, "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+                          "--tls-client-ca", str(pki / "ca.pem"))
+    sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
+    no_cert = _agent(tmp_path, collector, sleeper.pid, "--tls-ca", str(pki / "ca.pem"), name="nocert")
+    agent = None
+    try:
+        wait_for(lambda: "UNAVAILABLE" in no_cert.text() or "handshake" in no_cert.text().lower(),
+                 what="the agent without a client certificate refused")
+        assert _samples(collector) == 0
+        no_cert.stop()
+        agent = _agent(tmp_path, collector, sleeper.pid, "--tls-ca", str(pki / "ca.pem"), "--tls-cert",
+                       str(pki / "client.pem"), "--tls-key", str(pki / "client.key"))
+        wait_for(lambda: _samples(collector) > 0, what="samples over mutual TLS")
+    finally:
+        for p in (agent, no_cert, sleeper, collector):
+            if p is not None:
+                p.stop()
+
+
+def test_munge_identified_queries(tmp_path, munged):  # noqa: F811 - fixture
+    collector = Collector(tmp_path, "--query-auth", "munge", "--munge-socket", str(munged))
+    sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
+    agent = _agent(tmp_path, collector, sleeper.pid)
+    env = {"CLUSTERWATCH_MUNGE_SOCKET": str(munged)}
+    try:
+        wait_for(lambda: _samples(collector) > 0, what="samples")
+        # root sees the job (root's own, and root is an admin anyway)
+        r = cli("status", "sec-1", "--collector", collector.address, "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["job"]["user"] == "root"
+        # another user (a real munge credential of uid nobody) is refused root's job and lists no job
+        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-n", f"--socket={munged}"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        channel = grpc.insecure_channel(collector.address)
+        stub = query_pb2_grpc.QueryStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetJob(query_pb2.GetJobRequest(job_id="sec-1"), timeout=10,
+                        metadata=[("x-clusterwatch-munge", cred)])
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "belongs to root" in err.value.details() and "nobody" in err.value.details()
+        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-n", f"--socket={munged}"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        jobs = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=10, metadata=[("x-clusterwatch-munge", cred)])
+        assert list(jobs.jobs) == []
+        # a credential is good once: replaying it is refused
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ListJobs(query_pb2.ListJobsRequest(), timeout=10, metadata=[("x-clusterwatch-munge", cred)])
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        channel.close()
+        # no credential at all (munge unreachable here): refused with what to do
+        r = cli("status", "sec-1", "--collector", collector.address,
+                env={"CLUSTERWATCH_MUNGE_SOCKET": str(tmp_path / "no-such.socket")})
+        assert r.returncode == 1 and "munge credential" in r.stderr
+        assert (metric_value(collector.metrics(), "clusterwatch_ingest_unauthenticated_total") or 0) >= 1
+    finally:
+        for p in (agent, sleeper, collector):
+            p.stop()
+
+
+def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
+    collector = Collector(tmp_path)
+    try:
+        channel = grpc.insecure_channel(collector.address, options=[("grpc.max_send_message_length", -1)])
+        stub = agent_pb2_grpc.IngestStub(channel)
+        # a batch before the hello
+        batch = agent_pb2.AgentMessage(batch=agent_pb2.Batch(seq=1))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([batch]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # a hello without a node name
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello())]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # an oversized message (beyond the 64 MiB limit)
+        huge = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="x" * (65 * 1024 * 1024)))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([huge]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # bytes that are not a message at all
+        raw = channel.stream_stream("/clusterwatch.v1.Ingest/Stream", request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError):
+            list(raw(iter([b"\xff\xff\xff garbage"]), timeout=10))
+        channel.close()
+        text = collector.metrics()
+        assert (metric_value(text, "clusterwatch_ingest_rejected_total") or 0) >= 2
+        assert collector.popen.poll() is None  # still running, still answering
+        assert cli("jobs", "--collector", collector.address).returncode == 0
+    finally:
+        collector.stop()
