@@ -54,12 +54,13 @@ class Proc:
 class Collector(Proc):
     """`clusterwatch collector` on free loopback ports."""
 
-    def __init__(self, tmp: Path, *extra: str, db: Path | None = None, name: str = "collector") -> None:
+    def __init__(self, tmp: Path, *extra: str, db: Path | None = None, name: str = "collector",
+                 listen: str = "127.0.0.1:0") -> None:
         self.ports_file = tmp / f"{name}-ports.json"
         if self.ports_file.exists():
             self.ports_file.unlink()
         super().__init__(
-            [*CLI, "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+            [*CLI, "collector", "--listen", listen, "--metrics-listen", "127.0.0.1:0",
              "--db", str(db or tmp / "clusterwatch.db"), "--ports-file", str(self.ports_file), *extra],
             tmp / f"{name}.log",
         )

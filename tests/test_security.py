@@ -7,7 +7,6 @@ import sys
 
 import grpc
 import pytest
-
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
