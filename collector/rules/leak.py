@@ -71,9 +71,9 @@ class LeakFinding:
 
 class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs", "slope_h",
-                 "gate")
+                 "fitted", "gate", "gate_total", "a3", "b3")
 
-    def __init__(self, length: float, floor: float, bucket_s: float, target: int, gate: float) -> None:
+    def __init__(self, length: float, floor: float, bucket_s: float, target: int, rule: LeakRule) -> None:
         # A point spans a whole number of buckets: points that summarise different numbers
         # of buckets would have different noise, and the noise test assumes one.
         self.wb = max(1, round(length / (target * bucket_s)))
@@ -81,16 +81,24 @@ class _Window:
         self.width = self.wb * bucket_s
         self.length = self.n * self.width
         self.floor = floor
-        self.gate = gate
         self.third = tuple(i * 3 // self.n for i in range(self.n))
+        self.a3, self.b3 = self.third.index(1), self.third.index(2)
+        # Firing needs slope >= floor, slope * W >= min_growth, and each third's minimum above the
+        # previous one's by rise_fraction * slope * W / 3: so by at least `gate`. With a known
+        # total the floor may drop to the rule's own rate (urgent), hence `gate_total`.
+        self.gate = rule.rise_fraction * max(rule.min_growth, floor * self.length / 3600.0) / 3.0
+        self.gate_total = rule.rise_fraction * max(rule.min_growth, rule.min_rate_per_h * self.length / 3600.0) / 3.0
         xs = [(k + 0.5) * self.width for k in range(self.n)]
         mx = sum(xs) / self.n
         self.sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
         self.pt_end = 0  # first bucket index after the open point
-        self.ks: list[int] = []  # point indexes on this window's grid, oldest first
-        self.ys: list[float] = []  # point values (median of the point's bucket minima)
+        # Points (index on this window's grid, value = median of the point's bucket minima),
+        # oldest first. A window of one-bucket points reads the series' bucket lists instead.
+        self.ks: list[int] = []
+        self.ys: list[float] = []
         self.diffs: list[float] = []  # differences of consecutive points, for the noise scale
         self.slope_h = 0.0
+        self.fitted = False
 
 
 class LeakSeries:
@@ -105,7 +113,7 @@ class LeakSeries:
     """
 
     __slots__ = ("rule", "warm_end", "bucket_s", "b_end", "cur_b", "cur_min", "bb", "bv", "next_b", "windows",
-                 "firing", "since", "fired_window", "span_b")
+                 "direct", "every", "due", "grouped", "next_g", "firing", "since", "fired_window", "span_b")
 
     def __init__(self, rule: LeakRule, t0: float) -> None:
         self.rule = rule
@@ -115,15 +123,27 @@ class LeakSeries:
         self.b_end = self.warm_end
         self.cur_b = -1
         self.cur_min = math.inf
-        # Closed buckets over the longest window (the rank test reads them), and any still
-        # needed by a window's open point: indexes, in order, and their minima.
+        # Closed buckets over the longest window (the rank test and one-bucket points read
+        # them), and any a window's open point still needs: indexes, in order, and minima.
         self.bb: list[int] = []
         self.bv: list[float] = []
         target = max(6, int(rule.sub_buckets))
-        gate = rule.rise_fraction * rule.min_growth / 3.0
-        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), self.bucket_s, target, gate)
+        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), self.bucket_s, target, rule)
                         for w in rule.windows]
-        self.span_b = max(w.n * w.wb for w in self.windows)
+        # A window of one-bucket points (at most one: the shortest) reads the bucket lists
+        # straight, and is analysed every fifth of its length (a few buckets: analysing it at
+        # every bucket would cost more than all the samples); the others when a point closes.
+        direct = [w for w in self.windows if w.wb == 1]
+        self.direct = direct[0] if direct else None
+        self.every = max(1, self.direct.n // 5) if self.direct else 1 << 62
+        self.grouped = [w for w in self.windows if w is not self.direct]
+        # Buckets kept: the longest window's, and the direct window's noise history.
+        self.span_b = max(max(w.n * w.wb for w in self.windows),
+                          NOISE_HISTORY_WINDOWS * self.direct.n + 1 if self.direct else 0)
+        # Work is due when a bucket at or past these closes: the direct window's analysis, a
+        # grouped window's point, either.
+        self.due = 0 if self.direct is not None else 1 << 62
+        self.next_g = 0
         self.next_b = 0
         self.firing = False
         self.since = 0.0
@@ -150,62 +170,86 @@ class LeakSeries:
         """A reading at or after the end of the open bucket: close it and open the reading's."""
         bs = self.bucket_s
         b = int(t // bs)
-        if b <= self.cur_b:  # float rounding at a bucket edge: still the open bucket
+        cb = self.cur_b
+        if b <= cb:  # float rounding at a bucket edge: still the open bucket
             if value < self.cur_min:
                 self.cur_min = value
-            self.b_end = (self.cur_b + 1) * bs
+            self.b_end = (cb + 1) * bs
             return None
-        found = None
-        if self.cur_b >= 0:
-            found = self._close_bucket(self.cur_b, self.cur_min, t, total)
+        low = self.cur_min
         self.cur_b = b
         self.cur_min = value
         self.b_end = (b + 1) * bs
-        return found
+        if cb < 0:
+            return None  # the first bucket after the warm-up opens
+        bb = self.bb
+        bb.append(cb)
+        self.bv.append(low)
+        if cb + 1 < self.next_b:
+            # No window is due: the usual bucket close ends here.
+            if bb[0] <= cb - self.span_b:
+                del bb[0]
+                del self.bv[0]
+            return None
+        return self._points(cb, now=t, total=total)
 
-    def _close_bucket(self, b: int, low: float, now: float, total: float | None) -> LeakFinding | None:
-        bb, bv = self.bb, self.bv
-        bb.append(b)
-        bv.append(low)
-        if b + 1 < self.next_b:
-            return None  # no window's point is complete yet
+    def _points(self, b: int, now: float, total: float | None) -> LeakFinding | None:
+        """Bucket `b` closed, and some window is due: the direct one, or a grouped one's point is complete."""
         found = None
-        for w in self.windows:
-            if b + 1 < w.pt_end:
-                continue
-            wb = w.wb
-            if b >= w.pt_end:
-                # A gap: `b` opens a later point. Close the earlier one if it had buckets.
-                lo, hi = w.pt_end - wb, w.pt_end
-                vals = bv[bisect_left(bb, lo):bisect_left(bb, hi)]
-                if vals:
-                    f = self._point(w, hi // wb - 1, vals, now, total)
-                    if f is not None:
-                        found = f
-                w.pt_end = (b // wb + 1) * wb
-            if b + 1 == w.pt_end:
-                lo = w.pt_end - wb
-                vals = bv[bisect_left(bb, lo):] if wb > 1 else [low]
-                f = self._point(w, b // wb, vals, now, total)
-                if f is not None:
-                    found = f
-                w.pt_end += wb
-        # Keep the longest window's buckets, and any a window's open point still needs.
-        keep = min(b + 1 - self.span_b, *(w.pt_end - w.wb for w in self.windows))
+        if b + 1 >= self.due and self.direct is not None:
+            found = self._direct(self.direct, b, now, total)
+            self.due = ((b + 1) // self.every + 1) * self.every
+        bb, bv = self.bb, self.bv
+        if b + 1 >= self.next_g:
+            next_g = 1 << 62
+            for w in self.grouped:
+                wb = w.wb
+                if b + 1 >= w.pt_end:
+                    if b >= w.pt_end:
+                        # A gap: `b` opens a later point. Close the earlier one if it had buckets.
+                        lo, hi = w.pt_end - wb, w.pt_end
+                        vals = bv[bisect_left(bb, lo):bisect_left(bb, hi)]
+                        if vals:
+                            f = self._push(w, hi // wb - 1, median(vals), now, total)
+                            if f is not None:
+                                found = f
+                        w.pt_end = (b // wb + 1) * wb
+                    if b + 1 == w.pt_end:
+                        f = self._push(w, b // wb, median(bv[bisect_left(bb, b + 1 - wb):]), now, total)
+                        if f is not None:
+                            found = f
+                        w.pt_end += wb
+                if w.pt_end < next_g:
+                    next_g = w.pt_end
+            self.next_g = next_g
+        self.next_b = min(self.due, self.next_g)
+        # Keep the buckets the windows still read (every open point starts within them).
+        keep = b + 1 - self.span_b
         if bb[0] < keep:
             del bb[:bisect_left(bb, keep)]
             del bv[:len(bv) - len(bb)]
-        self.next_b = min(w.pt_end for w in self.windows)
         return found
 
-    def _point(self, w: _Window, k: int, vals: list[float], now: float, total: float | None
-               ) -> LeakFinding | None:
-        n = len(vals)
-        if n == 1:
-            y = vals[0]
-        else:
-            vals.sort()
-            y = vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+    def _direct(self, w: _Window, b: int, now: float, total: float | None) -> LeakFinding | None:
+        """Analyse the window of one-bucket points that ends with bucket `b`."""
+        bb, bv = self.bb, self.bv
+        n = w.n
+        m = len(bb)
+        if m >= n and bb[-n] == b - n + 1 and not self.firing:
+            # Full and contiguous: the thirds' minima must each rise by `gate`, which firing
+            # implies (see _Window). Most analyses of a healthy process end here.
+            g = w.gate if total is None else w.gate_total
+            l1 = min(bv[w.a3 - n:w.b3 - n])
+            if min(bv[w.b3 - n:]) - l1 < g or l1 - min(bv[-n:w.a3 - n]) < g:
+                return None
+            return self._evaluate(w, b, bb[-n:], bv[-n:], now, total)
+        i = bisect_left(bb, b - n + 1)
+        if m - i < n - 2:
+            return None
+        return self._evaluate(w, b, bb[i:], bv[i:], now, total)
+
+    def _push(self, w: _Window, k: int, y: float, now: float, total: float | None) -> LeakFinding | None:
+        """Append point (k, y) to a grouped window and analyse the window when it may fire (or resolve)."""
         ks, ys = w.ks, w.ys
         if ks and ks[-1] == k - 1:
             d = w.diffs
@@ -214,26 +258,36 @@ class LeakSeries:
                 del d[0]
         ks.append(k)
         ys.append(y)
-        first_k = k - w.n + 1
+        n = w.n
+        first_k = k - n + 1
         while ks[0] < first_k:
             del ks[0]
             del ys[0]
-        if len(ks) < w.n - 2:
+        m = len(ks)
+        if m < n - 2:
             return None
-        return self._evaluate(w, k, now, total)
+        if m == n and not self.firing:
+            # Full window (n distinct indexes in n slots: contiguous); the same gate as above.
+            a3, b3 = w.a3, w.b3
+            g = w.gate if total is None else w.gate_total
+            l1 = min(ys[a3:b3])
+            if min(ys[b3:]) - l1 < g or l1 - min(ys[:a3]) < g:
+                return None
+        return self._evaluate(w, k, ks, ys, now, total)
 
-    def _evaluate(self, w: _Window, last_k: int, now: float, total: float | None) -> LeakFinding | None:
+    def _evaluate(self, w: _Window, last_k: int, ks: list[int], ys: list[float], now: float, total: float | None
+                  ) -> LeakFinding | None:
+        """The full test of one window whose points are (ks, ys), the last at index `last_k`."""
         rule = self.rule
         if self.firing and w.length < self.fired_window.length:  # type: ignore[union-attr]
             return None
         n = w.n
         first_k = last_k - n + 1
-        ks, ys = w.ks, w.ys
-        third = w.third
         if len(ks) == n:
-            a, b = third.index(1), third.index(2)
+            a, b = w.a3, w.b3
             l0, l1, l2 = min(ys[:a]), min(ys[a:b]), min(ys[b:])
         else:
+            third = w.third
             lows = [math.inf, math.inf, math.inf]
             for k, y in zip(ks, ys, strict=True):
                 i = third[k - first_k]
@@ -242,11 +296,16 @@ class LeakSeries:
             l0, l1, l2 = lows
             if l2 == math.inf or l1 == math.inf or l0 == math.inf:
                 return None
-        if not self.firing and (l1 - l0 < w.gate or l2 - l1 < w.gate):
-            # Necessary for firing (each third rises by rise_fraction of slope * W / 3, at least
-            # rise_fraction * min_growth / 3): most windows of a healthy process end here, unfitted.
+        if not self.firing and (l1 - l0 < w.gate_total or l2 - l1 < w.gate_total):
             return None
-        if len(w.diffs) < n - 1:
+        if w is self.direct:
+            # The direct window's points are the buckets: its differences come from the bucket lists.
+            bb, bv = self.bb, self.bv
+            i = bisect_left(bb, last_k - NOISE_HISTORY_WINDOWS * n)
+            diffs = [bv[j] - bv[j - 1] for j in range(i + 1, len(bb)) if bb[j] == bb[j - 1] + 1]
+        else:
+            diffs = w.diffs
+        if len(diffs) < n - 1:
             return None
         width = w.width
         xs = [(k + 0.5) * width for k in ks]
@@ -255,6 +314,7 @@ class LeakSeries:
         level = icpt + slope * end
         rate_h = slope * 3600.0
         w.slope_h = rate_h
+        w.fitted = True
         ttf = None
         if total is not None and total > 0 and slope > 0:
             ttf = max(0.0, (total - level) / slope)
@@ -262,8 +322,7 @@ class LeakSeries:
             fw = self.fired_window
             assert fw is not None
             limit = rule.resolve_fraction * rule.min_rate_per_h
-            if rate_h < limit and all(x.slope_h < limit for x in self.windows
-                                      if x.length >= fw.length and len(x.ks) >= x.n - 2):
+            if rate_h < limit and all(x.slope_h < limit for x in self.windows if x.length >= fw.length and x.fitted):
                 self.firing = False
                 self.fired_window = None
                 return LeakFinding(False, now, rate_h, now - self.since, level, ttf, w.length)
@@ -279,7 +338,7 @@ class LeakSeries:
         # Noise of one point: the larger of the long-run scale of point-to-point differences
         # (a difference of two points has sqrt(2) times a point's noise) and the scale of this
         # window's residuals. Either alone comes out small by chance too often.
-        sigma_d = mad_sigma(w.diffs) / math.sqrt(2.0)
+        sigma_d = mad_sigma(diffs) / math.sqrt(2.0)
         sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
         sigma = max(sigma_d, sigma_r)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
@@ -295,8 +354,7 @@ class LeakSeries:
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
         # so it needs no noise scale and holds where the scales above came out small by chance;
         # on bucket minima (not points) it keeps the power that the reduction to points loses.
-        lo_b = (last_k + 1) * w.wb - w.n * w.wb
-        ranked = self.bv[bisect_left(self.bb, lo_b):]
+        ranked = self.bv[bisect_left(self.bb, (first_k) * w.wb):]
         if mann_kendall_z(mann_kendall_s(ranked), len(ranked)) < rule.min_mk_z:
             return None
         begin = end - w.length
