@@ -65,6 +65,10 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
     try:
         ctx.default_map = load_default_map(config_path)
     except ConfigError as exc:
+        if ctx.invoked_subcommand in ("prolog", "epilog"):
+            # a hook must never fail a job start or drain a node: say it, and go on with defaults
+            click.echo(f"clusterwatch: {exc}; the hook goes on with defaults", err=True)
+            return
         raise click.UsageError(str(exc)) from None
 
 

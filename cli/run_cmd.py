@@ -47,9 +47,11 @@ def _status_line(view) -> str:
 @click.option("--rules", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Rules file for the embedded collector.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+@click.option("--summary-dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Also write the job's JSON summary (clusterwatch-local-PID.json) into this folder.")
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="Keep the store and logs in this folder instead of a temporary one.")
-def run(command, interval, status_every, gpu_source, rules, as_json, keep) -> None:
+def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir, keep) -> None:
     """Run COMMAND and watch its whole process tree (use `--` before the command)."""
     from clusterwatch.agent.spool import write_event
 
@@ -67,7 +69,10 @@ def run(command, interval, status_every, gpu_source, rules, as_json, keep) -> No
     code = 1
     try:
         try:
-            stack.start_collector(["--rules", rules] if rules else [])
+            extra = ["--rules", rules] if rules else []
+            if summary_dir:
+                extra += ["--summary-dir", os.path.abspath(summary_dir)]
+            stack.start_collector(extra)
         except ClusterwatchError as exc:
             fail(str(exc))
         try:

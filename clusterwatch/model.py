@@ -7,11 +7,15 @@ its UUID, never its index. Every reading that could not be taken is None.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessKey:
-    """Identity of a process across polls: a reused pid gets a new start time."""
+class ProcessKey(NamedTuple):
+    """Identity of a process across polls: a reused pid gets a new start time.
+
+    A named tuple rather than a dataclass: the collector hashes millions of these, and a
+    tuple hashes and compares in C.
+    """
 
     node: str
     pid: int

@@ -49,6 +49,32 @@ def process_to_proto(s: ProcessSample, out: agent_pb2.ProcessSample) -> None:
             pg.sm_utilization = g.sm_utilization
 
 
+def update_readings(s: ProcessSample, m: agent_pb2.ProcessSample) -> None:
+    """Refresh only what changes from poll to poll (time, CPU, memory, threads, fds, GPUs) in place.
+
+    For a process whose identity and labels are unchanged this replaces a full conversion:
+    the collector's ingest does it for nearly every sample.
+    """
+    has = m.HasField
+    s.time = m.time
+    s.cpu_percent = m.cpu_percent if has("cpu_percent") else None
+    s.rss_bytes = m.rss_bytes if has("rss_bytes") else None
+    s.threads = m.threads if has("threads") else None
+    s.open_fds = m.open_fds if has("open_fds") else None
+    gpus = m.gpus
+    if gpus or s.gpus:
+        s.gpus = tuple(
+            GpuUse(g.gpu_uuid, g.used_memory_bytes if g.HasField("used_memory_bytes") else None,
+                   g.sm_utilization if g.HasField("sm_utilization") else None) for g in gpus
+        )
+
+
+def same_labels(s: ProcessSample, m: agent_pb2.ProcessSample) -> bool:
+    """Whether a new sample keeps the job labels the process had (the common case)."""
+    return (s.job_id == m.job_id and s.mapped_by == m.mapped_by
+            and s.rank == (m.rank if m.HasField("rank") else None))
+
+
 def process_from_proto(m: agent_pb2.ProcessSample) -> ProcessSample:
     return ProcessSample(
         time=m.time,

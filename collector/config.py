@@ -49,6 +49,7 @@ class CollectorConfig:
         munge_socket: munged's socket when not the default.
         query_admins: users (names or uids) who see every job under munge; root always does.
         show_all_jobs: under munge, every identified user sees every job (like PrivateData off).
+        summary_dir: write each ended job's JSON summary here (None: off).
     """
 
     listen: str = "127.0.0.1:50051"
@@ -75,3 +76,4 @@ class CollectorConfig:
     munge_socket: str | None = None
     query_admins: tuple[str, ...] = ()
     show_all_jobs: bool = False
+    summary_dir: str | None = None

@@ -20,13 +20,13 @@ from clusterwatch.wire import (
     gpu_info_from_proto,
     gpu_reading_from_proto,
     job_event_from_proto,
-    process_from_proto,
     training_from_proto,
 )
 
 from .config import CollectorConfig
 from .state import ClusterState, JobState
 from .store import Store
+from .summary import write_summary
 from .views import job_view
 
 log = logging.getLogger("clusterwatch.collector")
@@ -101,6 +101,7 @@ class CollectorCore:
         self._dirty_procs: set = set()
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
+        self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
         self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
         self.on_job_closed: list[Callable[[JobState, float], None]] = []
         self.on_provenance: list[Callable[[JobState, float], None]] = []
@@ -148,18 +149,21 @@ class CollectorCore:
             self.counters.duplicates += 1
             return False
         self._dirty_seqs.add(boot_id)
-        samples = [process_from_proto(p) for p in batch.processes]
-        for s in samples:
-            s.node = node  # the stream's node is authoritative: one agent cannot write for another
+        msgs = batch.processes
         readings = [(g.time, gpu_reading_from_proto(g)) for g in batch.gpus]
         now = self.clock()
         with self.lock:
             st = self.state
+            # a job closed already stays closed: late samples lose its label, late events are dropped
+            jobs = st.jobs
+            late = {m.job_id for m in msgs if m.job_id and m.job_id not in jobs}
+            late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
+            closed = frozenset(j for j in late if self._is_closed(j))
             # job events first: a prolog's start names the job before its samples arrive
-            events = [job_event_from_proto(e) for e in batch.job_events]
+            events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
             starts = [e for e in events if e.kind == "start"]
             changed = {st.job_event(node, e).job_id for e in starts}
-            touched = st.add_processes(node, samples, now)
+            touched = st.add_processes(node, msgs, now, closed)
             st.add_gpus(node, readings)
             for t in batch.training:
                 st.add_training(node, training_from_proto(t))
@@ -178,10 +182,11 @@ class CollectorCore:
                 job = st.add_provenance(node, prov.pid, prov.start_time, record)
                 if job is not None:
                     records.append((job.job_id, prov.pid, prov.start_time, prov.json))
-            changed |= {s.job_id for s in samples if s.job_id and s.job_id not in self._saved}
+            # jobs first named by these samples are written to the store once
+            changed |= {j for j in late if j in jobs and j not in self._saved}
         self._dirty_procs.update(s.key for s in touched)
         self.counters.batches += 1
-        self.counters.samples += len(samples)
+        self.counters.samples += len(msgs)
         for job_id, pid, start_time, text in records:
             self.store.save_provenance(job_id, node, pid, start_time, text)
         for job_id in {r[0] for r in records}:
@@ -200,6 +205,15 @@ class CollectorCore:
             if job.ended:
                 self.close_job(job)
         return True
+
+    def _is_closed(self, job_id: str) -> bool:
+        """Whether a job not in memory was closed before (its summary is stored)."""
+        if job_id in self._closed:
+            return True
+        if self.store.load_summary(job_id) is not None:
+            self._closed.add(job_id)
+            return True
+        return False
 
     def flush(self) -> None:
         """Make what was ingested since the last flush durable (batch numbers, per-process counts).
@@ -245,8 +259,15 @@ class CollectorCore:
             view.alerts.extend(self.alert_views(job.job_id))
         self.store.save_job(job)
         self.store.save_summary(job.job_id, view.SerializeToString())
+        if self.config.summary_dir:
+            try:
+                write_summary(self.config.summary_dir, view)
+            except OSError as exc:
+                log.warning("cannot write the summary of job %s into %s: %s", job.job_id,
+                            self.config.summary_dir, exc.strerror or exc)
         with self.lock:
             self.state.forget_job(job.job_id)
+        self._closed.add(job.job_id)
         log.info("job %s ended (%s); summary stored", job.job_id, job.state)
 
     def tick(self) -> None:

@@ -21,6 +21,28 @@ def rank_label(rank: int | None, pid: int) -> str:
     return str(rank) if rank is not None else f"pid{pid}"
 
 
+def tag_labels(tags: dict[str, str]) -> dict[str, str]:
+    """Run tags as label pairs: tag_<name>, the name reduced to what Prometheus allows."""
+    out = {}
+    for key, value in list(tags.items())[:16]:
+        name = "tag_" + "".join(c if c.isalnum() or c == "_" else "_" for c in key)[:48]
+        out[name] = str(value)[:128]
+    return out
+
+
+def code_labels(records) -> list[str]:
+    """commit, branch, dirty, remote and the number of versions over a job's provenance records."""
+    counts: dict[str, list[dict]] = {}
+    for r in records:
+        counts.setdefault(r.get("code_id", "unknown"), []).append(r)
+    known = {k: v for k, v in counts.items() if k != "unknown"} or counts
+    main = max(known.values(), key=len)[0].get("git") or {}
+    dirty = main.get("dirty")
+    return [str(main.get("commit", "unknown")), str(main.get("branch", "unknown")),
+            "unknown" if dirty in (None, "unknown") else str(bool(dirty)).lower(),
+            str(main.get("remote_url", "") or ""), str(len(known))]
+
+
 class ClusterCollector(Collector):
     """Yields every clusterwatch family from a ClusterState.
 
@@ -65,8 +87,11 @@ class ClusterCollector(Collector):
                 yield CounterMetricFamily(name, help_text, value=value)
 
     def _jobs(self, st: ClusterState):
-        info = InfoMetricFamily("clusterwatch_job", "A running job (value 1; labels describe it).",
-                                labels=["job_id", "user", "name", "partition", "state"])
+        info = InfoMetricFamily("clusterwatch_job", "A running job (value 1; labels describe it, run tags as "
+                                "tag_<name>).", labels=["job_id", "user", "name", "partition", "state"])
+        code = InfoMetricFamily("clusterwatch_job_code", "The code a running job runs, from git provenance "
+                                "(the most common version when ranks differ; versions counts them).",
+                                labels=["job_id", "commit", "branch", "dirty", "remote", "versions"])
         procs = GaugeMetricFamily("clusterwatch_job_processes", "Live processes of the job.", labels=["job_id"])
         jgmem = GaugeMetricFamily("clusterwatch_job_gpu_memory_used_bytes",
                                   "GPU memory used by all the job's processes.", labels=["job_id"])
@@ -109,7 +134,9 @@ class ClusterCollector(Collector):
         for job in st.jobs.values():
             if job.ended:
                 continue
-            info.add_metric([job.job_id, job.user, job.name, job.partition, job.state], {})
+            info.add_metric([job.job_id, job.user, job.name, job.partition, job.state], tag_labels(job.tags))
+            if job.provenance:
+                code.add_metric([job.job_id, *code_labels(job.provenance.values())], {})
             n = 0
             gsum = rsum = 0
             for series in st.job_processes(job):
@@ -147,6 +174,7 @@ class ClusterCollector(Collector):
             jgmem.add_metric([job.job_id], gsum)
             jrss.add_metric([job.job_id], rsum)
         yield info
+        yield code
         yield procs
         yield jgmem
         yield jrss

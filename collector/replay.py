@@ -7,6 +7,10 @@ skipped, not fatal: a trace cut off by a crash still replays.
 """
 from __future__ import annotations
 
+import heapq
+import os
+import pickle
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +31,16 @@ class ReplayStats:
         samples: Observations fed to the engine.
         bad_lines: Lines skipped as malformed.
         first_bad: Up to five (line number, reason) of skipped lines.
-        out_of_order: Observations older than the one before (fed anyway, counted).
+        out_of_order: Observations older than the one before in the same reader's share
+            of the trace (fed anyway, counted).
+        records: GPU and node records read.
     """
 
     samples: int = 0
     bad_lines: int = 0
     first_bad: list[tuple[int, str]] = field(default_factory=list)
     out_of_order: int = 0
+    records: int = 0
 
 
 def _bad(stats: ReplayStats, lineno: int, why: str) -> None:
@@ -54,13 +61,34 @@ def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: Repl
     Yields:
         Alert events, oldest first. `agent_down` is checked at every "node" record.
     """
-    st = stats if stats is not None else ReplayStats()
-    eng = Engine(rules)
+    for _, ev in _run(lines, Engine(rules), stats if stats is not None else ReplayStats(), 0, 1):
+        yield ev
+
+
+def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: int, share: int
+         ) -> Iterator[tuple[int, AlertEvent]]:
+    """The replay loop: (line number, event) for every event, in line order.
+
+    With `share` > 1 this reader takes only the lines whose series `_owner` gives to
+    reader `me`, and skips the rest unparsed (see `replay_file`).
+    """
     observe = eng.observe_mapping
     loads = orjson.loads
     last_t = float("-inf")
     n = 0
+    owners: dict[bytes, int] = {}
     for lineno, line in enumerate(lines, 1):
+        if share > 1:
+            i = line.find(b'"pid":')
+            if i < 0:
+                o = 0  # no pid: GPU and node records, and malformed lines, all go to reader 0
+            else:
+                key = line[i + 6:i + 14]
+                o = owners.get(key)
+                if o is None:
+                    o = owners[key] = zlib.crc32(key) % share
+            if o != me:
+                continue
         try:
             d = loads(line)
         except orjson.JSONDecodeError:
@@ -74,10 +102,12 @@ def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: Repl
                 d["pid"] + 0  # noqa: B018 - a non-numeric pid is a bad line, caught below
                 events = observe(d)
             elif kind == "gpu":
+                st.records += 1
                 events = eng.observe_gpu(GpuObservation(
                     t=float(t), node=str(d["node"]), gpu=str(d["gpu"]), job_id=str(d.get("job_id", "")),
                     utilization=d.get("utilization"), processes=d.get("processes"), index=d.get("index")))
             elif kind == "node":
+                st.records += 1
                 hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)))
                 events = [*eng.tick(hb.t), *eng.heartbeat(hb)]
             else:
@@ -92,31 +122,126 @@ def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: Repl
             st.out_of_order += 1
         else:
             last_t = t
-        if events:
-            yield from events
+        for ev in events:
+            yield lineno, ev
     st.samples += n
 
 
-def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = None) -> Iterator[AlertEvent]:
+#: Traces at least this large are replayed by several processes (when the machine has the cores).
+PARALLEL_MIN_BYTES = 16 * 1024 * 1024
+
+
+def default_workers(path: str | Path) -> int:
+    """How many processes `replay_file` uses for a trace: 1 for small ones, else up to 4 cores."""
+    if not hasattr(os, "fork"):
+        return 1
+    try:
+        if os.path.getsize(path) < PARALLEL_MIN_BYTES:
+            return 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except OSError:
+        return 1
+    return max(1, min(4, cores))
+
+
+def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = None, workers: int | None = None
+                ) -> Iterator[AlertEvent]:
     """Replay a trace file; see `replay_lines`.
+
+    With several workers, each process reads the whole file but parses only the lines
+    of its share of the series (a series, found from the text after `"pid":`, always
+    goes to the same one), runs its own engine over them, and the events are merged in
+    line order: the output is the one a single engine gives, event for event. The
+    engines' rules are per process, GPU and node, so series do not interact; GPU and
+    node records all go to the first worker. Should a series still land in two workers
+    (a trace that spells one pid two ways), the trace is replayed again in one process.
 
     Args:
         path: Trace file (JSON lines).
         rules: The rule set.
         stats: Filled with counts, when given.
+        workers: Processes to use; None picks (see `default_workers`).
 
     Yields:
-        Alert events, oldest first.
+        Alert events, oldest first. With several workers they come once all are done.
 
     Raises:
         ParseError: The file cannot be opened.
     """
+    st = stats if stats is not None else ReplayStats()
+    k = default_workers(path) if workers is None else max(1, workers)
+    if k > 1 and hasattr(os, "fork"):
+        merged = _replay_parallel(path, rules, k)
+        if merged is not None:
+            events, parts = merged
+            for part in parts:
+                st.samples += part.samples
+                st.bad_lines += part.bad_lines
+                st.out_of_order += part.out_of_order
+            st.first_bad = sorted(x for part in parts for x in part.first_bad)[:5]
+            yield from events
+            return
+    f = _open(path)
+    with f:
+        for _, ev in _run(f, Engine(rules), st, 0, 1):
+            yield ev
+
+
+def _open(path: str | Path) -> IO[bytes]:
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below, after the generator is drained
+        return open(path, "rb")  # noqa: SIM115 - the callers close it
     except OSError as exc:
         raise ParseError(f"{path}: cannot read the trace: {exc.strerror or exc}") from exc
-    with f:
-        yield from replay_lines(f, rules, stats)
+
+
+def _share(path: str | Path, rules: RuleSet, me: int, share: int
+           ) -> tuple[list[tuple[int, AlertEvent]], ReplayStats, set[tuple[Any, ...]]]:
+    st = ReplayStats()
+    eng = Engine(rules)
+    with _open(path) as f:
+        events = list(_run(f, eng, st, me, share))
+    return events, st, eng.series()
+
+
+def _replay_parallel(path: str | Path, rules: RuleSet, k: int
+                     ) -> tuple[list[AlertEvent], list[ReplayStats]] | None:
+    """Replay with k processes (this one and k - 1 forked); None when the shares overlapped or a worker failed."""
+    _open(path).close()  # a missing file is the caller's error, raised here once
+    children = []
+    for me in range(1, k):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child; its result is checked by the parent
+            code = 1
+            try:
+                os.close(r)
+                data = pickle.dumps(_share(path, rules, me, k), protocol=pickle.HIGHEST_PROTOCOL)
+                with os.fdopen(w, "wb") as out:
+                    out.write(data)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        children.append((pid, r))
+    results = [_share(path, rules, 0, k)]
+    ok = True
+    for pid, r in children:
+        with os.fdopen(r, "rb") as inp:
+            data = inp.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or not data:
+            ok = False
+            continue
+        results.append(pickle.loads(data))
+    if not ok:
+        return None
+    seen: set[tuple[Any, ...]] = set()
+    for i, (_, part, series) in enumerate(results):
+        if (i > 0 and part.records) or not seen.isdisjoint(series):
+            return None  # GPU or node records outside reader 0, or a series split: not one engine's result
+        seen |= series
+    merged = heapq.merge(*(ev for ev, _, _ in results), key=lambda x: x[0])
+    return [ev for _, ev in merged], [part for _, part, _ in results]
 
 
 def event_json(ev: AlertEvent) -> bytes:

@@ -66,6 +66,14 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
             exc = reader.exception() if reader.done() and not reader.cancelled() else None
             if exc is not None:
                 raise exc
+            # The agent half-closed its side: its last batches are stored but their acks wait for
+            # the next durable flush. Deliver them before ending the stream, or they would be resent.
+            while any(box is outbox for box, _ in self.after_flush):
+                await asyncio.sleep(FLUSH_S / 4)
+            while not outbox.empty():
+                msg = outbox.get_nowait()
+                if msg is not None:
+                    yield msg
         finally:
             reader.cancel()
 

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from clusterwatch.model import GpuInfo, GpuReading, JobEvent, ProcessKey, ProcessSample, TrainingReport
+from clusterwatch.wire import process_from_proto, same_labels, update_readings
 
 # Job states in Slurm's words; ended ones leave /metrics.
 ENDED_STATES = frozenset(
@@ -163,28 +164,40 @@ class ClusterState:
 
     # -- samples ----------------------------------------------------------------------------
 
-    def add_processes(self, node: str, samples: list[ProcessSample], batch_time: float) -> list[ProcessSeries]:
-        """Record one poll of a node; processes missing from it are marked not alive.
+    def add_processes(self, node: str, msgs, batch_time: float, unlabel: frozenset[str] = frozenset()
+                      ) -> list[ProcessSeries]:
+        """Record one poll of a node (wire ProcessSamples); processes missing from it are marked not alive.
 
-        Returns the series that got a new sample (for the rules).
+        A known process whose labels did not change gets its readings refreshed in place;
+        anything else is converted whole. Samples of jobs in `unlabel` (closed already) lose
+        their job labels. Returns the series that got a new sample (for the rules).
         """
         ns = self.nodes.get(node)
         if ns is not None:
             ns.last_seen = max(ns.last_seen, batch_time)
         live: set[ProcessKey] = set()
         touched = []
-        for s in samples:
-            key = ProcessKey(node, s.pid, s.start_time)
+        processes = self.processes
+        for m in msgs:
+            key = ProcessKey(node, m.pid, m.start_time)
             live.add(key)
-            series = self.processes.get(key)
-            if series is None:
+            series = processes.get(key)
+            if series is not None:
+                s = series.latest
+                if m.time < s.time:
+                    continue  # an old batch resent after a newer one: history stays in time order
+                if same_labels(s, m):
+                    update_readings(s, m)
+                else:
+                    s = series.latest = self._convert(node, m, unlabel)
+                    self._join_job(key, s)
+            else:
+                s = self._convert(node, m, unlabel)
                 series = ProcessSeries(key, s, deque(maxlen=self.history_points))
                 series.samples = self.restored_samples.pop(key, 0)
-                self.processes[key] = series
-                self._by_pid[(node, s.pid)] = key
-            elif s.time < series.latest.time:
-                continue  # an old batch resent after a newer one: history stays in time order
-            series.latest = s
+                processes[key] = series
+                self._by_pid[(node, m.pid)] = key
+                self._join_job(key, s)
             series.alive = True
             gmem = s.gpu_memory_bytes
             series.history.append(
@@ -195,25 +208,38 @@ class ClusterState:
                 series.rss_peak = s.rss_bytes
             if gmem is not None and gmem > series.gpu_memory_peak:
                 series.gpu_memory_peak = gmem
-            if s.job_id:
-                job = self.jobs.get(s.job_id)
-                if job is None:
-                    job = self.jobs[s.job_id] = JobState(s.job_id, user=s.user, start_time=s.start_time)
-                    job.source = "local" if s.job_id.startswith("local-") else "agent"
-                if key not in job.processes:
-                    job.processes.add(key)
-                    if node not in job.nodes:
-                        job.nodes.append(node)
-                if not job.user:
-                    job.user = s.user
             touched.append(series)
-        prev = self._node_live.get(node, set())
-        for key in prev - live:
-            series = self.processes.get(key)
-            if series is not None:
-                series.alive = False
+        prev = self._node_live.get(node)
+        if prev:
+            for key in prev - live:
+                series = processes.get(key)
+                if series is not None:
+                    series.alive = False
         self._node_live[node] = live
         return touched
+
+    @staticmethod
+    def _convert(node: str, m, unlabel: frozenset[str]) -> ProcessSample:
+        s = process_from_proto(m)
+        s.node = node  # the stream's node is authoritative: one agent cannot write for another
+        if s.job_id in unlabel:
+            s.job_id, s.rank, s.local_rank, s.mapped_by = "", None, None, ""
+        return s
+
+    def _join_job(self, key: ProcessKey, s: ProcessSample) -> None:
+        """Put a process into its job (creating the job when an agent is the first to name it)."""
+        if not s.job_id:
+            return
+        job = self.jobs.get(s.job_id)
+        if job is None:
+            job = self.jobs[s.job_id] = JobState(s.job_id, user=s.user, start_time=s.start_time)
+            job.source = "local" if s.job_id.startswith("local-") else "agent"
+        if key not in job.processes:
+            job.processes.add(key)
+            if key.node not in job.nodes:
+                job.nodes.append(key.node)
+        if not job.user:
+            job.user = s.user
 
     def add_gpus(self, node: str, readings: list[tuple[float, GpuReading]]) -> None:
         for t, r in readings:

@@ -498,6 +498,10 @@ class Engine:
         return [AlertEvent(t=t, rule="agent_down", state=RESOLVED, severity=self.rules.agent_down.severity,
                            node=node, description=f"{node} is no longer watched")]
 
+    def series(self) -> set[tuple[str, int, float]]:
+        """Processes the engine holds state for: (node, pid, start_time)."""
+        return set(self._procs)
+
     def active(self) -> list[tuple[str, str, str, int, float]]:
         """Alerts now pending or firing about processes: (rule, state, node, pid, start_time)."""
         return [(rule, state, p.node, p.pid, p.start_time)

@@ -1,0 +1,55 @@
+"""The JSON summary of an ended job (--summary-dir): what ran, on what, how it went.
+
+Written once when the job closes, for checkpoints, model cards and experiment logs:
+provenance, hardware, command, per-rank peaks, GPU averages and the alerts raised.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from clusterwatch.v1 import query_pb2
+from google.protobuf.json_format import MessageToDict
+
+
+def summary_of(view: query_pb2.JobView) -> dict:
+    """A compact, stable summary of a job's final view."""
+    job = view.job
+    provenance = json.loads(view.provenance_json) if view.provenance_json else []
+    ranks = []
+    for p in view.processes:
+        ranks.append({
+            "node": p.node, "pid": p.pid, "rank": p.rank if p.HasField("rank") else None, "command": p.command,
+            "gpu_memory_peak_bytes": p.gpu_memory_peak_bytes, "rss_peak_bytes": p.rss_peak_bytes,
+            "last_step": p.step if p.HasField("step") else None, "samples": p.samples_held,
+        })
+    gpus = []
+    for g in view.gpus:
+        trend = list(g.utilization_trend)
+        gpus.append({
+            "node": g.node, "uuid": g.uuid, "index": g.index, "name": g.name,
+            "memory_total_bytes": g.memory_total_bytes, "memory_peak_bytes": g.memory_peak_bytes,
+            "utilization_mean_percent": round(sum(trend) / len(trend), 1) if trend else None,
+            "processes": g.processes,
+        })
+    command = provenance[0].get("cmdline") if provenance else None
+    return {
+        "version": 1,
+        "job": MessageToDict(job, preserving_proto_field_name=True),
+        "command": command,
+        "hardware": {"nodes": list(job.nodes), "gpus": gpus},
+        "ranks": ranks,
+        "provenance": provenance,
+        "tags": dict(view.tags),
+        "alerts": [MessageToDict(a, preserving_proto_field_name=True) for a in view.alerts],
+    }
+
+
+def write_summary(directory: str, view: query_pb2.JobView) -> str:
+    """Write `<directory>/clusterwatch-<job id>.json`; never follows a symlink planted there."""
+    safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in view.job.job_id)
+    path = os.path.join(directory, f"clusterwatch-{safe_id}.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(summary_of(view), f, indent=2, sort_keys=True)
+    return path
