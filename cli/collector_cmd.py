@@ -55,11 +55,13 @@ from .common import fail, setup_logging
 @click.option("--show-all-jobs", is_flag=True, help="Under munge, every identified user sees every job.")
 @click.option("--summary-dir", type=click.Path(file_okay=False), default=None, envvar="CLUSTERWATCH_SUMMARY_DIR",
               help="Write each ended job's JSON summary (provenance, hardware, command, peaks, alerts) here.")
+@click.option("--agent-rate-limit", type=click.FloatRange(min=1), default=50_000.0, show_default=True,
+              help="Process samples a second one agent may send (10 s bursts); a flood beyond it is slowed down.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
-              summary_dir, verbose) -> None:
+              summary_dir, agent_rate_limit, verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
@@ -87,7 +89,7 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
         ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
         query_auth=query_auth, munge_socket=munge_socket, query_admins=tuple(query_admins),
-        show_all_jobs=show_all_jobs, summary_dir=summary_dir,
+        show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
     )
 
     async def main() -> None:

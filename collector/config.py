@@ -50,6 +50,8 @@ class CollectorConfig:
         query_admins: users (names or uids) who see every job under munge; root always does.
         show_all_jobs: under munge, every identified user sees every job (like PrivateData off).
         summary_dir: write each ended job's JSON summary here (None: off).
+        agent_rate_limit: process samples a second one agent may send on average (bursts of 10 s
+            allowed); beyond it its batches are slowed down and counted.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -77,3 +79,4 @@ class CollectorConfig:
     query_admins: tuple[str, ...] = ()
     show_all_jobs: bool = False
     summary_dir: str | None = None
+    agent_rate_limit: float = 50_000.0

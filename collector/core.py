@@ -77,6 +77,7 @@ class IngestCounters:
     duplicates: int = 0
     rejected: int = 0
     unauthenticated: int = 0
+    throttled: int = 0
 
 
 class CollectorCore:
@@ -301,4 +302,5 @@ class CollectorCore:
             "clusterwatch_ingest_duplicates": (c.duplicates, "Resent batches dropped as duplicates."),
             "clusterwatch_ingest_rejected": (c.rejected, "Messages rejected as malformed or oversized."),
             "clusterwatch_ingest_unauthenticated": (c.unauthenticated, "Streams refused for bad credentials."),
+            "clusterwatch_ingest_throttled": (c.throttled, "Batches slowed down because one agent sent too much."),
         }

@@ -6,6 +6,7 @@ import hmac
 import json
 import logging
 import signal
+import time
 
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
@@ -27,16 +28,42 @@ log = logging.getLogger("clusterwatch.collector")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TICK_S = 1.0
+# One agent's batch holds its node's processes: thousands at most. More is a bug or an attack.
+MAX_SAMPLES_PER_BATCH = 50_000
+# A node polled every second with a thousand processes sends 1,000 samples/s; fifty times that
+# from one stream is a flood, slowed down so it cannot starve the other agents.
+MAX_SAMPLES_PER_S_PER_AGENT = 50_000.0
 # Acks wait for the store: a batch is acknowledged only once durable (at most this late).
 FLUSH_S = 0.2
+
+
+class TokenBucket:
+    """Allows `rate` samples a second on average, bursts of `burst_s` seconds' worth.
+
+    `take` returns how long the caller should wait before going on (0 when within budget).
+    """
+
+    def __init__(self, rate: float, burst_s: float) -> None:
+        self.rate = rate
+        self.capacity = rate * burst_s
+        self.tokens = self.capacity
+        self.last = time.monotonic()
+
+    def take(self, n: int, now: float) -> float:
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= n
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
 class IngestServicer(agent_pb2_grpc.IngestServicer):
     """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
 
-    def __init__(self, core: CollectorCore, token: str | None) -> None:
+    def __init__(self, core: CollectorCore, token: str | None,
+                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
         self.core = core
         self.token = token
+        self.max_samples_per_s = max_samples_per_s
         # node → queue of messages (acks, signal requests) to push to that node's agent
         self.outboxes: dict[str, asyncio.Queue] = {}
         # acks held until the next durable flush
@@ -80,6 +107,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
     async def _read(self, request_iterator, context, outbox: asyncio.Queue) -> None:
         """Store each batch; its ack is queued once the flusher has made it durable."""
         node = boot_id = None
+        bucket = TokenBucket(self.max_samples_per_s, burst_s=10.0)
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("body")
@@ -93,6 +121,16 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if node is None:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
+                    n = len(msg.batch.processes)
+                    if n > MAX_SAMPLES_PER_BATCH:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"a batch of {n} process samples; at most {MAX_SAMPLES_PER_BATCH}")
+                    # a flooding agent is slowed down (its acks come later), never allowed to starve the rest
+                    delay = bucket.take(n, time.monotonic())
+                    if delay > 0:
+                        self.core.counters.throttled += 1
+                        await asyncio.sleep(delay)
                     self.core.batch(node, boot_id, msg.batch)
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
                     self.after_flush.append((outbox, ack))
@@ -248,7 +286,7 @@ class CollectorServer:
         rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
         conn = open_db(config.db_path)
         self.core = CollectorCore(config, Store(conn))
-        self.ingest = IngestServicer(self.core, config.token)
+        self.ingest = IngestServicer(self.core, config.token, config.agent_rate_limit)
         self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal)
         core = self.core
         core.on_samples.append(self.alerting.on_samples)

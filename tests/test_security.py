@@ -161,3 +161,39 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         assert cli("jobs", "--collector", collector.address).returncode == 0
     finally:
         collector.stop()
+
+
+def test_a_flooding_agent_is_slowed_down_and_an_absurd_batch_refused(tmp_path):
+    collector = Collector(tmp_path, "--agent-rate-limit", "200")
+    try:
+        channel = grpc.insecure_channel(collector.address, options=[("grpc.max_send_message_length", -1)])
+        stub = agent_pb2_grpc.IngestStub(channel)
+
+        def flood():
+            yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flood", boot_id="f1"))
+            for seq in range(1, 11):  # 10 × 500 samples: 2.5× the 10 s burst of 2,000
+                b = agent_pb2.Batch(seq=seq)
+                for i in range(500):
+                    b.processes.add(time=float(seq), node="flood", pid=10_000 + i, start_time=1.0)
+                yield agent_pb2.AgentMessage(batch=b)
+
+        acks = [m.ack.seq for m in stub.Stream(flood(), timeout=120)]
+        assert acks == list(range(1, 11))  # slowed down, but nothing lost
+        text = collector.metrics()
+        assert (metric_value(text, "clusterwatch_ingest_throttled_total") or 0) >= 1
+        assert metric_value(text, "clusterwatch_ingest_samples_total") == 5000
+
+        def absurd():
+            yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flood", boot_id="f2"))
+            b = agent_pb2.Batch(seq=1)
+            for i in range(50_001):
+                b.processes.add(pid=i)
+            yield agent_pb2.AgentMessage(batch=b)
+
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(absurd(), timeout=60))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 50000" in err.value.details()
+        channel.close()
+    finally:
+        collector.stop()
