@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 import click
 
-from .common import collector_option, fail, query_metadata
+from .common import DEFAULT_COLLECTOR, collector_option, fail, query_metadata
 
 QUERY_TIMEOUT_S = 5.0
 
@@ -54,8 +55,26 @@ def view_as_dict(view) -> dict:
     return MessageToDict(view, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
+def complete_job_ids(ctx: click.Context, param, incomplete: str):
+    """Shell completion of JOBID: the running jobs the collector knows (quietly nothing when it is away)."""
+    from click.shell_completion import CompletionItem
+    from clusterwatch.v1 import query_pb2
+
+    address = ctx.params.get("collector") or os.environ.get("CLUSTERWATCH_COLLECTOR", DEFAULT_COLLECTOR)
+    try:
+        channel, stub = _stub(address)
+        try:
+            resp = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=1.0, metadata=query_metadata())
+        finally:
+            channel.close()
+    except Exception:
+        return []
+    return [CompletionItem(j.job_id, help=f"{j.user} {j.name}".strip()) for j in resp.jobs
+            if j.job_id.startswith(incomplete)]
+
+
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_job_ids)
 @collector_option
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON document.")
 @click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
