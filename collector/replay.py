@@ -228,7 +228,7 @@ def _replay_parallel(path: str | Path, rules: RuleSet, k: int
     for pid, r in children:
         with os.fdopen(r, "rb") as inp:
             data = inp.read()
-        _, status = os.waitpid(pid, 0)
+        _, status, _ = os.wait4(pid, 0)
         if status != 0 or not data:
             ok = False
             continue

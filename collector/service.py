@@ -17,7 +17,7 @@ from .alerting import Alerting
 from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore
-from .exporter import ClusterCollector
+from .exporter import ClusterCollector, Exposition, serve_metrics
 from .query_auth import AuthError, Caller, MungeAuth, NoAuth, munge_works
 from .rules import load_rules
 from .store import Store, open_db
@@ -353,16 +353,15 @@ class CollectorServer:
         return MungeAuth(frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket)
 
     def _start_metrics(self) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Locked(ClusterCollector(
+        # A scrape copies what it exports under the core's lock (ingest writes the state under it)
+        # and writes the text outside it (collector/exporter.py).
+        exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.core.counter_values, alerts=self.active_alerts,
             after_intervals=self.config.agent_down_after_intervals,
-        ), self.core.lock))
+        ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")
-        self._httpd, _ = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
+        self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
         self.metrics_port = self._httpd.server_port
 
     def active_alerts(self):
@@ -409,19 +408,3 @@ class CollectorServer:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
-
-
-class _Locked:
-    """Wraps a collector so a scrape reads the state under the core's lock (ingest writes it)."""
-
-    def __init__(self, inner, lock) -> None:
-        self.inner = inner
-        self.lock = lock
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        with self.lock:
-            families = list(self.inner.collect())
-        return families

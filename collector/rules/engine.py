@@ -127,16 +127,65 @@ class Engine:
             Alert events caused by it.
         """
         g = d.get
+        t = d["t"]
         key = (d["node"], d["pid"], g("start_time", 0.0))
         p = self._procs.get(key)
         job_id = g("job_id", "")
         rank = g("rank")
         if p is None or p.job_id != job_id or p.rank != rank:
             gpu = g("gpu", "")
-            p = self._labels(key, p, d["t"], job_id, "" if gpu is None else str(gpu), rank,
+            p = self._labels(key, p, t, job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
-        return self._ingest(p, d["t"], g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"),
-                            g("rss_bytes"), g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"))
+        # `_ingest`, inlined: replay pushes every sample of a trace through here, and a call
+        # with ten arguments costs more than the fast paths themselves. The same fast paths,
+        # the same slow-path methods (test_rules_engine checks both entries agree).
+        out: list[AlertEvent] | None = None
+        v = g("gpu_mem_bytes")
+        s = p.gpu_leak
+        if v is not None and s is not None:
+            if t < s.b_end:
+                if v < s.cur_min:
+                    s.cur_min = v
+            else:
+                f = s.roll(t, v, g("gpu_mem_total_bytes"))
+                if f is not None:
+                    out = [self._leak_event(p, "gpu_memory_leak", f, "GPU memory", "GPU")]
+        v = g("rss_bytes")
+        s = p.host_leak
+        if v is not None and s is not None:
+            if t < s.b_end:
+                if v < s.cur_min:
+                    s.cur_min = v
+            else:
+                f = s.roll(t, v, g("node_mem_total_bytes"))
+                if f is not None:
+                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", "node memory")
+                    out = [ev] if out is None else [*out, ev]
+        if p.thr_leak is not None:
+            v = g("threads")
+            if v is not None:
+                f = p.thr_leak.add(t, v)
+                if f is not None:
+                    out = self._handle_event(p, "threads", f, out)
+            v = g("open_fds")
+            if v is not None and p.fd_leak is not None:
+                f = p.fd_leak.add(t, v)
+                if f is not None:
+                    out = self._handle_event(p, "open_fds", f, out)
+        util = g("gpu_util")
+        if util is not None and util < p.util_quiet:
+            out = self._gpu_stall(p, t, util, out)
+        step = g("step")
+        if step is not None:
+            if step != p.step:
+                if p.step_quiet:
+                    p.step = step
+                    p.step_t = t
+                else:
+                    out = self._training_stall(p, t, step, util, out)
+            elif t - p.step_t >= p.step_wait:
+                out = self._training_stall(p, t, step, util, out)
+        return _NO_EVENTS if out is None else out
 
     def _labels(self, key: tuple[str, int, float], p: _Proc | None, t: float, job_id: str, gpu: str,
                 rank: int | None, user: str, command: str, job_name: str, partition: str) -> _Proc:

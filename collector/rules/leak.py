@@ -131,11 +131,11 @@ class LeakSeries:
         self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), self.bucket_s, target, rule)
                         for w in rule.windows]
         # A window of one-bucket points (at most one: the shortest) reads the bucket lists
-        # straight, and is analysed every fifth of its length (a few buckets: analysing it at
+        # straight, and is analysed every third of its length (a few buckets: analysing it at
         # every bucket would cost more than all the samples); the others when a point closes.
         direct = [w for w in self.windows if w.wb == 1]
         self.direct = direct[0] if direct else None
-        self.every = max(1, self.direct.n // 5) if self.direct else 1 << 62
+        self.every = max(1, self.direct.n // 3) if self.direct else 1 << 62
         self.grouped = [w for w in self.windows if w is not self.direct]
         # Buckets kept: the longest window's, and the direct window's noise history.
         self.span_b = max(max(w.n * w.wb for w in self.windows),
