@@ -10,7 +10,6 @@ import pytest
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
-from .services.munge import munged  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +89,7 @@ def test_mutual_tls(tmp_path):
                 p.stop()
 
 
-def test_munge_identified_queries(tmp_path, munged):  # noqa: F811 - fixture
+def test_munge_identified_queries(tmp_path, munged):
     collector = Collector(tmp_path, "--query-auth", "munge", "--munge-socket", str(munged))
     sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
     agent = _agent(tmp_path, collector, sleeper.pid)
