@@ -57,11 +57,14 @@ from .common import fail, setup_logging
               help="Write each ended job's JSON summary (provenance, hardware, command, peaks, alerts) here.")
 @click.option("--agent-rate-limit", type=click.FloatRange(min=1), default=50_000.0, show_default=True,
               help="Process samples a second one agent may send (10 s bursts); a flood beyond it is slowed down.")
+@click.option("--rules-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between two looks of the rules at one process (polls in between are stored, "
+                   "not evaluated; the rules work in minutes).")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
-              summary_dir, agent_rate_limit, verbose) -> None:
+              summary_dir, agent_rate_limit, rules_interval, verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
@@ -90,6 +93,7 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
         query_auth=query_auth, munge_socket=munge_socket, query_admins=tuple(query_admins),
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
+        rules_interval_s=rules_interval,
     )
 
     async def main() -> None:

@@ -30,10 +30,13 @@ class Alerting:
         state: the collector's state (read under the collector's lock by the caller).
         store: the alert table.
         send_signal: delivers a signal to a process through its node's agent.
+        min_interval_s: a process is observed at most this often. Every rule works in minutes,
+            so a node polled every second costs the engine what one polled every 5 s does.
     """
 
     def __init__(self, rules: RuleSet, state: ClusterState, store: AlertStore,
-                 send_signal: Callable[[str, int, float, int, str], bool] | None = None) -> None:
+                 send_signal: Callable[[str, int, float, int, str], bool] | None = None,
+                 min_interval_s: float = 5.0) -> None:
         self.rules = rules
         self.state = state
         self.store = store
@@ -41,6 +44,10 @@ class Alerting:
         self.dispatcher = Dispatcher(store, rules.actions, send_signal=send_signal)
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
+        self.min_interval_s = min_interval_s
+        self._last_observed: dict[ProcessKey, float] = {}
+        # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
+        self._gpu_owner: dict[str, str] = {}
 
     # -- feeding the engine ---------------------------------------------------------------------
 
@@ -51,10 +58,18 @@ class Alerting:
         ns = st.nodes.get(node)
         node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
         live: set[ProcessKey] = set()
+        last_observed = self._last_observed
+        has_jobs = False
         for series in touched:
             s = series.latest
+            key = series.key
+            live.add(key)
+            if s.job_id:
+                has_jobs = True
+            if s.time - last_observed.get(key, -1e18) < self.min_interval_s:
+                continue
+            last_observed[key] = s.time
             point = series.history[-1]  # GPU sums were computed once, when the sample was stored
-            live.add(series.key)
             job = st.jobs.get(s.job_id) if s.job_id else None
             gpu_uuid = s.gpus[0].gpu_uuid if s.gpus else ""
             gtotal = None
@@ -76,11 +91,11 @@ class Alerting:
             series = st.processes.get(key)
             if series is None or not series.alive:
                 events.extend(self.engine.forget_process(key.node, key.pid, key.start_time, now))
+                last_observed.pop(key, None)
             else:
                 live.add(key)
         self._observed[node] = live
         events.extend(self._gpu_events(node, now))
-        has_jobs = any(node in j.nodes for j in st.jobs.values() if not j.ended)
         events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs)))
         self._handle(events, now)
 
@@ -95,7 +110,7 @@ class Alerting:
             if series is not None and series.alive:
                 for g in series.latest.gpus:
                     users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
-        owner = {u: j.job_id for j in st.jobs.values() if not j.ended for u in j.gpus_by_node.get(node, ())}
+        owner = self._gpu_owner
         out: list[AlertEvent] = []
         for uuid in ns.gpus:
             gs = st.gpus.get(uuid)
@@ -143,6 +158,8 @@ class Alerting:
         self._handle([event], now)
 
     def tick(self, now: float) -> None:
+        self._gpu_owner = {u: j.job_id for j in self.state.jobs.values() if not j.ended
+                           for uuids in j.gpus_by_node.values() for u in uuids}
         self._handle(self.engine.tick(now), now)
         self.dispatcher.tick(now)
 

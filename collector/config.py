@@ -52,6 +52,7 @@ class CollectorConfig:
         summary_dir: write each ended job's JSON summary here (None: off).
         agent_rate_limit: process samples a second one agent may send on average (bursts of 10 s
             allowed); beyond it its batches are slowed down and counted.
+        rules_interval_s: each process is shown to the rules at most this often (they work in minutes).
     """
 
     listen: str = "127.0.0.1:50051"
@@ -80,3 +81,4 @@ class CollectorConfig:
     show_all_jobs: bool = False
     summary_dir: str | None = None
     agent_rate_limit: float = 50_000.0
+    rules_interval_s: float = 5.0

@@ -287,7 +287,8 @@ class CollectorServer:
         conn = open_db(config.db_path)
         self.core = CollectorCore(config, Store(conn))
         self.ingest = IngestServicer(self.core, config.token, config.agent_rate_limit)
-        self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal)
+        self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal,
+                                 min_interval_s=config.rules_interval_s)
         core = self.core
         core.on_samples.append(self.alerting.on_samples)
         core.on_job_closed.append(self.alerting.on_job_closed)
