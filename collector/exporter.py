@@ -165,15 +165,14 @@ class Snapshot(NamedTuple):
 def format_value(v) -> str:
     """A sample value as prometheus_client writes it (Go's float formatting), quickly for the common cases."""
     cls = v.__class__
-    if cls is float:
-        if -1e16 < v < 1e6:
-            return repr(v)
-    elif cls is int:
+    if cls is int:
         if -9007199254740992 < v < 1000000:
             return f"{v}.0"
         if v < 9007199254740992:  # exactly representable: repr(float(v)) is the digits then ".0"
             s = str(v)
             return f"{(s[0] + '.' + s[1:]).rstrip('0.')}e+{len(s) - 1:02d}"
+    elif cls is float and -1e16 < v < 1e6:
+        return repr(v)
     return floatToGoString(v)
 
 
@@ -424,18 +423,37 @@ class ClusterCollector(Collector):
         for fam in (JOB_INFO, JOB_CODE, *JOB_FAMILIES):
             generic(fam, by_name[fam.name], "job")
 
-        # ranks: one label string per rank for its ten families
+        # ranks: one label string per rank for its ten families (written out: this loop is most of a scrape)
         cache, used = old.get("rank", {}), new.setdefault("rank", {})
+        get = cache.get
         lines_by_family: list[list[str]] = [[] for _ in RANK_FAMILIES]
-        prefixes = [fam.sample_name for fam in RANK_FAMILIES]
-        for key, *values in snap.ranks:
-            lbl = cache.get(key)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = (lines.append for lines in lines_by_family)
+        p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = (fam.sample_name for fam in RANK_FAMILIES)
+        for key, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 in snap.ranks:
+            lbl = get(key)
             if lbl is None:
                 lbl = _label_string(RANK_LABELS, key)
             used[key] = lbl
-            for lines, prefix, value in zip(lines_by_family, prefixes, values, strict=True):
-                if value is not None:
-                    lines.append(f"{prefix}{lbl}{fmt(value)}\n")
+            if v0 is not None:
+                a0(f"{p0}{lbl}{fmt(v0)}\n")
+            if v1 is not None:
+                a1(f"{p1}{lbl}{fmt(v1)}\n")
+            if v2 is not None:
+                a2(f"{p2}{lbl}{fmt(v2)}\n")
+            if v3 is not None:
+                a3(f"{p3}{lbl}{fmt(v3)}\n")
+            if v4 is not None:
+                a4(f"{p4}{lbl}{fmt(v4)}\n")
+            if v5 is not None:
+                a5(f"{p5}{lbl}{fmt(v5)}\n")
+            if v6 is not None:
+                a6(f"{p6}{lbl}{fmt(v6)}\n")
+            if v7 is not None:
+                a7(f"{p7}{lbl}{fmt(v7)}\n")
+            if v8 is not None:
+                a8(f"{p8}{lbl}{fmt(v8)}\n")
+            if v9 is not None:
+                a9(f"{p9}{lbl}{fmt(v9)}\n")
         for fam, lines in zip(RANK_FAMILIES, lines_by_family, strict=True):
             emit(fam, lines)
 
