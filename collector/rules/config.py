@@ -80,7 +80,7 @@ class LeakRule:
     bucket_s: float = 60.0
     windows: tuple[LeakWindow, ...] = (
         LeakWindow(900.0, 500 * MB),
-        LeakWindow(3600.0, 100 * MB),
+        LeakWindow(2700.0, 100 * MB),
         LeakWindow(7200.0, 50 * MB),
         LeakWindow(14400.0, 50 * MB),
     )

@@ -361,4 +361,15 @@ class LeakSeries:
         self.firing = True
         self.fired_window = w
         self.since = begin
+        # A short window often fires while it still holds some flat time before the leak began,
+        # so its slope understates the rate. The alert reports the later half's slope when that
+        # is steeper (and projects the time to full from it): an underestimated rate would
+        # promise hours that are not there.
+        half = len(xs) // 2
+        recent, icpt2 = theil_sen(xs[half:], ys[half:])
+        if recent > slope:
+            rate_h = recent * 3600.0
+            level = icpt2 + recent * end
+            if total is not None and total > 0:
+                ttf = max(0.0, (total - level) / recent)
         return LeakFinding(True, now, rate_h, now - begin, level, ttf, w.length)
