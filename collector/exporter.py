@@ -168,7 +168,7 @@ def format_value(v) -> str:
     if cls is int:
         if -9007199254740992 < v < 1000000:
             return f"{v}.0"
-        if v < 9007199254740992:  # exactly representable: repr(float(v)) is the digits then ".0"
+        if 0 < v < 9007199254740992:  # exactly representable: repr(float(v)) is the digits then ".0"
             s = str(v)
             return f"{(s[0] + '.' + s[1:]).rstrip('0.')}e+{len(s) - 1:02d}"
     elif cls is float and -1e16 < v < 1e6:
