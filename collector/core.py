@@ -99,7 +99,7 @@ class CollectorCore:
         self._seqs: dict[str, SeqTracker] = {}
         # what changed since the last durable flush (see flush())
         self._dirty_seqs: set[str] = set()
-        self._dirty_procs: set = set()
+        self._dirty_nodes: set[str] = set()
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
@@ -185,7 +185,7 @@ class CollectorCore:
                     records.append((job.job_id, prov.pid, prov.start_time, prov.json))
             # jobs first named by these samples are written to the store once
             changed |= {j for j in late if j in jobs and j not in self._saved}
-        self._dirty_procs.update(s.key for s in touched)
+        self._dirty_nodes.add(node)
         self.counters.batches += 1
         self.counters.samples += len(msgs)
         for job_id, pid, start_time, text in records:
@@ -222,22 +222,21 @@ class CollectorCore:
         Called every few hundred milliseconds; acknowledgements go out only after it, so
         one SQLite transaction covers many batches.
         """
-        if not self._dirty_seqs and not self._dirty_procs:
+        if not self._dirty_seqs and not self._dirty_nodes:
             return
         with self.lock:
-            counts = []
-            for key in self._dirty_procs:
-                series = self.state.processes.get(key)
-                if series is not None:
-                    counts.append((key.node, key.pid, key.start_time, series.latest.job_id, series.samples,
-                                   series.latest.time))
+            st = self.state
+            node_counts = []
+            for node in self._dirty_nodes:
+                keys = st.live_keys(node)
+                node_counts.append((node, [(k.pid, k.start_time, st.processes[k].samples) for k in keys
+                                           if k in st.processes]))
             seqs = [(b, t.low, sorted(t.above)) for b in self._dirty_seqs if (t := self._seqs.get(b))]
             # when each node was last heard of, so agent_down after a restart starts from the truth
-            nodes = {key.node for key in self._dirty_procs}
-            seen = [(ns.last_seen, n) for n in nodes if (ns := self.state.nodes.get(n)) is not None]
+            seen = [(ns.last_seen, n) for n in self._dirty_nodes if (ns := st.nodes.get(n)) is not None]
             self._dirty_seqs.clear()
-            self._dirty_procs.clear()
-        self.store.save_ingest(counts, seqs, seen)
+            self._dirty_nodes.clear()
+        self.store.save_ingest(node_counts, seqs, seen)
 
     def disconnected(self, node: str) -> None:
         with self.lock:

@@ -241,6 +241,10 @@ class ClusterState:
         if not job.user:
             job.user = s.user
 
+    def live_keys(self, node: str) -> set[ProcessKey]:
+        """The processes of a node in its latest poll."""
+        return self._node_live.get(node, set())
+
     def add_gpus(self, node: str, readings: list[tuple[float, GpuReading]]) -> None:
         for t, r in readings:
             gs = self.gpus.get(r.uuid)

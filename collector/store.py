@@ -40,14 +40,11 @@ CREATE TABLE IF NOT EXISTS job_summaries (
     view BLOB NOT NULL,            -- the final clusterwatch.v1.JobView, serialised
     written REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS process_counts (
-    node TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    start_time REAL NOT NULL,
-    job_id TEXT NOT NULL,
-    samples INTEGER NOT NULL,      -- samples of this process the collector has stored (and acknowledged)
-    last_time REAL NOT NULL,
-    PRIMARY KEY (node, pid, start_time)
+CREATE TABLE IF NOT EXISTS node_counts (
+    node TEXT PRIMARY KEY,
+    counts TEXT NOT NULL,          -- JSON [[pid, start_time, samples], ...]: samples stored (and acknowledged)
+                                   -- of each live process of the node; one row a node keeps the flush cheap
+    updated REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS stream_seqs (
     boot_id TEXT PRIMARY KEY,      -- one agent instance
@@ -141,7 +138,7 @@ class Store:
         row = self.conn.execute("SELECT view FROM job_summaries WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else None
 
-    def save_ingest(self, counts: list[tuple[str, int, float, str, int, float]],
+    def save_ingest(self, node_counts: list[tuple[str, list[tuple[int, float, int]]]],
                     seqs: list[tuple[str, int, list[int]]], nodes_seen: list[tuple[float, str]] = ()) -> None:
         """Record, in one transaction, per-process sample counts and which batches are stored.
 
@@ -152,8 +149,9 @@ class Store:
         with self.conn:
             self.conn.execute("BEGIN")
             self.conn.executemany(
-                "INSERT INTO process_counts VALUES (?,?,?,?,?,?) ON CONFLICT(node, pid, start_time) DO UPDATE SET"
-                " job_id=excluded.job_id, samples=excluded.samples, last_time=excluded.last_time", counts)
+                "INSERT INTO node_counts VALUES (?,?,?) ON CONFLICT(node) DO UPDATE SET counts=excluded.counts,"
+                " updated=excluded.updated",
+                [(node, json.dumps(counts, separators=(",", ":")), now) for node, counts in node_counts])
             self.conn.executemany(
                 "INSERT INTO stream_seqs VALUES (?,?,?,?) ON CONFLICT(boot_id) DO UPDATE SET low=excluded.low,"
                 " above=excluded.above, updated=excluded.updated",
@@ -165,13 +163,16 @@ class Store:
                 self.conn.execute("SELECT boot_id, low, above FROM stream_seqs")]
 
     def load_process_counts(self) -> dict[tuple[str, int, float], int]:
-        return {(n, p, s): c for n, p, s, c in
-                self.conn.execute("SELECT node, pid, start_time, samples FROM process_counts")}
+        out = {}
+        for node, counts in self.conn.execute("SELECT node, counts FROM node_counts"):
+            for pid, start_time, samples in json.loads(counts):
+                out[(node, pid, start_time)] = samples
+        return out
 
     def forget_stale(self, before: float) -> None:
-        """Drop counts of processes and agent instances not heard of since `before` (Unix seconds)."""
+        """Drop counts of nodes and agent instances not heard of since `before` (Unix seconds)."""
         with self.conn:
-            self.conn.execute("DELETE FROM process_counts WHERE last_time < ?", (before,))
+            self.conn.execute("DELETE FROM node_counts WHERE updated < ?", (before,))
             self.conn.execute("DELETE FROM stream_seqs WHERE updated < ?", (before,))
 
     def save_provenance(self, job_id: str, node: str, pid: int, start_time: float, record: str) -> None:
