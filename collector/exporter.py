@@ -369,7 +369,11 @@ class ClusterCollector(Collector):
 
     def collect(self):
         """prometheus_client families (for a CollectorRegistry; the HTTP endpoint uses render())."""
-        for fam, rows in self.series(self.snapshot()):
+        return self.families(self.snapshot())
+
+    def families(self, snap: Snapshot):
+        """A snapshot's families as prometheus_client objects."""
+        for fam, rows in self.series(snap):
             if fam.type == "info":
                 f = InfoMetricFamily(fam.name, fam.help, labels=fam.labels)
                 for names, values, _ in rows:
