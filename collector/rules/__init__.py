@@ -5,6 +5,7 @@ Public surface::
     load_rules(path=None) -> RuleSet         parse_rules(text, source) -> RuleSet
     Engine(rules).observe(ProcessObservation) / observe_mapping(dict) / observe_gpu(GpuObservation)
                  .heartbeat(NodeHeartbeat) / tick(now) / forget_process(...) / forget_job(...)
+                 .forget_node(...) / active() / series()
     evaluate(rules, observations) -> list[AlertEvent]
 """
 from .config import (
