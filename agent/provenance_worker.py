@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from clusterwatch.model import ProcessSample
@@ -36,6 +37,7 @@ class ProvenanceWorker:
         self._done: list[Provenance] = []
         self._lock = threading.Lock()
         self.skipped = 0
+        self.captured = 0  # captures run (once per new rank process)
         self._thread = threading.Thread(target=self._run, name="clusterwatch-provenance", daemon=True)
         self._thread.start()
 
@@ -65,12 +67,27 @@ class ProvenanceWorker:
     def _run(self) -> None:
         while True:
             pid = self._todo.get()
-            if pid is None:
-                return
-            record = self._capture(pid, self.config)
-            if record.pid is not None and record.start_time:
-                with self._lock:
-                    self._done.append(record)
+            try:
+                if pid is None:
+                    return
+                record = self._capture(pid, self.config)
+                self.captured += 1
+                if record.pid is not None and record.start_time:
+                    with self._lock:
+                        self._done.append(record)
+            finally:
+                self._todo.task_done()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every queued process has been recorded; False if that took longer than `timeout` s."""
+        deadline = time.monotonic() + timeout
+        with self._todo.all_tasks_done:
+            while self._todo.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._todo.all_tasks_done.wait(left)
+        return True
 
     def close(self) -> None:
         try:

@@ -1,9 +1,26 @@
 """Process sampling from /proc: the watched processes and all their descendants.
 
-Reads `/proc/<pid>/stat` and `statm` directly: for 64 known pids that costs about a
-seventh of psutil's per-process calls (reference/PERF-BASELINES.md). A process is
-identified by (pid, start time): CPU deltas and caches never join a reused pid to
-the process that had it before.
+A process is identified by (pid, start time): CPU deltas and caches never join a reused
+pid to the process that had it before.
+
+What a poll costs, and why (reference/PERF-BASELINES.md; a /proc open costs ~25 µs on a
+noisy VM, a read of an open file a quarter of that):
+
+- Each watched process is read through file descriptors the source keeps open while it
+  watches it: `/proc/<pid>/stat` (one `pread` a poll gives state, parent, CPU, threads,
+  start time and RSS) and `/proc/<pid>/fd` (an `fstat` gives the number of open
+  descriptors on Linux >= 6.2; a listing otherwise). Both are opened relative to the
+  same `/proc/<pid>` directory, and a descriptor of /proc stays tied to the process it
+  was opened for: once that process is reaped, reads fail with ESRCH, so a reused pid
+  can never be read as the old process.
+- The tree is kept, not walked again: each poll re-reads the members (their parent may
+  change) and looks for processes that started since the last poll. Whether any did is
+  one `pread` of /proc/loadavg (the last pid the kernel handed out); only then, and every
+  `rescan_every`-th poll regardless, is /proc listed and the stat read of the new pids
+  alone (the /proc inode of an old pid tells that it is the same process). A child is
+  found by its parent pid, so children forked from any thread are found.
+- A root not in the tree yet is walked exactly, once: every thread's `children` file
+  (or, where the kernel has none, the parents of all processes).
 """
 from __future__ import annotations
 
@@ -14,6 +31,15 @@ from clusterwatch.model import GpuUse, ProcessSample
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_RO = os.O_RDONLY | os.O_CLOEXEC
+_RO_DIR = _RO | os.O_DIRECTORY
+_STAT_MAX = 4096  # a stat line is well under 1 KiB (comm is at most 64 bytes)
+_GONE_STATES = (b"Z", b"X")  # exited, waiting to be reaped: its figures are zeros, not readings
+
+# List /proc at least every this many polls, whatever /proc/loadavg says (see NewPids).
+DEFAULT_FULL_EVERY = 30
+# More new pids than this since the last poll: list /proc rather than read each one's stat.
+DEFAULT_MAX_PROBE = 256
 
 
 def read_boot_time(proc: str = "/proc") -> float:
@@ -42,7 +68,7 @@ def parse_stat(text: bytes) -> StatFields:
     """Parse /proc/<pid>/stat. The command name may hold spaces and parentheses: split at the last ')'."""
     close = text.rindex(b")")
     comm = text[text.index(b"(") + 1 : close].decode("utf-8", "replace")
-    rest = text[close + 2 :].split()
+    rest = text[close + 2 :].split(None, 22)
     # rest[0] is field 3 (state); field n is rest[n - 3]
     return StatFields(
         comm=comm,
@@ -55,15 +81,144 @@ def parse_stat(text: bytes) -> StatFields:
     )
 
 
+class NewPids:
+    """Which pids may be processes that started since the last call, at a cost that follows what started.
+
+    The last field of /proc/loadavg is the last pid the kernel handed out in this pid
+    namespace, and pids are handed out in turn: the processes (and threads) started since
+    the last call have the pids between the number then and the number now. While it
+    stays, nothing started (one `pread` of a kept descriptor); when it moved by a little,
+    those pids are the candidates; the caller reads their stat and skips threads (see
+    `probe`). /proc is listed instead (the pids whose /proc inode changed since the last
+    listing are the candidates) on the first call, when the number moved by more than
+    `max_probe` or wrapped, where /proc/loadavg cannot be read, and every `full_every`-th
+    call anyway: a pid set explicitly (clone3 set_tid, checkpoint/restore) does not move
+    the number.
+
+    Attributes:
+        listing: pid → /proc inode at the last listing (None before the first).
+        listed: whether the last call listed /proc.
+    """
+
+    def __init__(self, proc: str = "/proc", full_every: int = DEFAULT_FULL_EVERY,
+                 max_probe: int = DEFAULT_MAX_PROBE) -> None:
+        self.proc = proc
+        self.full_every = max(1, full_every)
+        self.max_probe = max_probe
+        self.listing: dict[int, int] | None = None
+        self.listed = False
+        self.listings = 0
+        self.errors = 0
+        self._calls = 0
+        self._last: int | None = None
+        try:
+            self._fd = os.open(f"{proc}/loadavg", _RO)
+        except OSError:
+            self._fd = -1
+
+    def _last_pid(self) -> int | None:
+        if self._fd < 0:
+            return None
+        try:
+            return int(os.pread(self._fd, 128, 0).rsplit(None, 1)[-1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def poll(self) -> set[int] | None:
+        """The candidate pids; None after the first listing (no baseline yet: every listed pid is new)."""
+        last = self._last_pid()  # before listing: what starts after this read is found next time
+        prev, self._last = self._last, last
+        self._calls += 1
+        self.listed = False
+        if last is not None and prev is not None and self.listing is not None and self._calls < self.full_every:
+            if last == prev:
+                return set()
+            if prev < last <= prev + self.max_probe:
+                return set(range(prev + 1, last + 1))
+        return self._list()
+
+    def force(self) -> None:
+        """List /proc at the next call."""
+        self._calls = self.full_every
+
+    def reset(self) -> None:
+        """Forget the baseline: the next call lists /proc and returns None."""
+        self.listing = None
+
+    def _list(self) -> set[int] | None:
+        self._calls = 0
+        try:
+            entries = os.scandir(self.proc)
+        except OSError:
+            self.errors += 1
+            self._last = None  # list again at the next call
+            return set()
+        old = self.listing
+        inodes: dict[int, int] = {}
+        new: set[int] = set()
+        with entries:
+            for entry in entries:
+                name = entry.name
+                if name.isdigit():
+                    pid = int(name)
+                    inode = inodes[pid] = entry.inode()  # from getdents: no extra system call
+                    if old is not None and old.get(pid) != inode:
+                        new.add(pid)
+        self.listing = inodes
+        self.listed = True
+        self.listings += 1
+        return new if old is not None else None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def probe(data: bytes) -> tuple[int, int] | None:
+    """(parent pid, start ticks) of a process's stat text; None for a thread (exit_signal -1) or bad text."""
+    try:
+        rest = data[data.rindex(b")") + 2 :].split(None, 36)
+        if rest[35] == b"-1":
+            return None  # a thread: /proc/<tid> is there too, but a thread is not a process
+        return int(rest[1]), int(rest[19])
+    except (ValueError, IndexError):
+        return None
+
+
 @dataclass(slots=True)
 class _Known:
-    """What the source remembers of a process between polls."""
+    """What the source remembers of a sampled process between polls."""
 
+    start_ticks: int
     start_time: float
     cpu_ticks: int
     sampled_at: float
     uid: int
     user: str
+    comm_raw: bytes
+    comm: str
+
+
+@dataclass(slots=True)
+class _Held:
+    """Descriptors kept open for a watched process: its stat file and its fd directory (-1: none)."""
+
+    stat_fd: int
+    fd_dir: int
+
+
+def _held_budget() -> int:
+    """How many processes may keep descriptors open: two each, a quarter of the soft limit in all, at most 4096."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 16
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(0, min(4096, soft // 8))
 
 
 class ProcSource:
@@ -72,62 +227,216 @@ class ProcSource:
     Args:
         node: node name written into every sample.
         proc: the /proc mount point.
-        count_fds: count open file descriptors (a directory listing per process).
+        count_fds: count open file descriptors.
+        full_every: list /proc for new processes at least every this many polls (see NewPids).
+        max_held: how many processes may keep descriptors open (default: from the descriptor limit);
+            the others are opened and closed at every read.
     """
 
-    def __init__(self, node: str, proc: str = "/proc", count_fds: bool = True) -> None:
+    def __init__(self, node: str, proc: str = "/proc", count_fds: bool = True,
+                 full_every: int = DEFAULT_FULL_EVERY, max_held: int | None = None) -> None:
         self.node = node
         self.proc = proc
         self.count_fds = count_fds
         self.boot_time = read_boot_time(proc)
         self.read_errors = 0
-        self._known: dict[int, _Known] = {}
+        self._known: dict[int, _Known] = {}  # pid → sampled at the last poll
         self._users: dict[int, str] = {}
         self._children_files = os.path.exists(f"{proc}/self/task/{os.getpid()}/children")
+        self._fd_dir_size = count_fds and _fd_dir_counts(proc)
+        self._news = NewPids(proc, full_every)
+        self._members: set[int] = set()  # the tree at the last poll
+        self._held: dict[int, _Held] = {}
+        self._max_held = _held_budget() if max_held is None else max_held
+        self._fresh: dict[int, bytes] = {}  # stat texts read by descendants() for sample() of the same poll
+
+    # -- descriptors ----------------------------------------------------------------------
+
+    def _hold(self, pid: int) -> _Held | None:
+        """Open and keep `pid`'s stat file (and fd directory), both relative to one /proc/<pid>.
+
+        Returns None when no more descriptors may be kept or they cannot be opened (the caller reads by path);
+        raises FileNotFoundError when the process is gone.
+        """
+        if len(self._held) >= self._max_held:
+            return None
+        try:
+            base = os.open(f"{self.proc}/{pid}", _RO_DIR)
+        except (FileNotFoundError, ProcessLookupError):
+            raise FileNotFoundError(pid) from None
+        except OSError:
+            return None
+        try:
+            stat_fd = os.open("stat", _RO, dir_fd=base)
+        except (FileNotFoundError, ProcessLookupError):
+            os.close(base)
+            raise FileNotFoundError(pid) from None
+        except OSError:
+            os.close(base)
+            return None
+        fd_dir = -1
+        if self.count_fds:
+            try:
+                fd_dir = os.open("fd", _RO_DIR, dir_fd=base)
+            except OSError:
+                fd_dir = -1  # another user's process (the agent is not root): counted at each read
+        os.close(base)
+        held = _Held(stat_fd, fd_dir)
+        self._held[pid] = held
+        return held
+
+    def _release(self, pid: int) -> None:
+        held = self._held.pop(pid, None)
+        if held is not None:
+            os.close(held.stat_fd)
+            if held.fd_dir >= 0:
+                os.close(held.fd_dir)
+
+    def close(self) -> None:
+        """Close every kept descriptor (the source stays usable and reopens what it needs)."""
+        for pid in list(self._held):
+            self._release(pid)
+        self._members = set()
+        self._news.reset()
+
+    def _read(self, pid: int, hold: bool) -> bytes | None:
+        """The stat text of `pid`, None when it is gone (or unreadable: counted)."""
+        held = self._held.get(pid)
+        if held is None and hold:
+            try:
+                held = self._hold(pid)
+            except FileNotFoundError:
+                return None
+        if held is not None:
+            try:
+                data = os.pread(held.stat_fd, _STAT_MAX, 0)
+            except ProcessLookupError:
+                data = b""  # reaped: the pid may already be another process's
+            except OSError:
+                self.read_errors += 1
+                data = b""
+            if not data:
+                self._release(pid)
+                return None
+            return data
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb", buffering=0) as f:
+                return f.read(_STAT_MAX) or None
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except OSError:
+            self.read_errors += 1
+            return None
 
     # -- the tree -------------------------------------------------------------------------
 
     def descendants(self, roots: set[int]) -> set[int]:
-        """The roots that exist and every process below them."""
-        if not roots:
-            return set()
-        if self._children_files:
-            return self._walk_children(roots)
-        return self._walk_scan(roots)
+        """The roots that exist and every process below them.
 
-    def _walk_children(self, roots: set[int]) -> set[int]:
+        The stat texts read here are kept for `sample()` of the same poll, which reads nothing twice.
+        """
+        fresh: dict[int, bytes] = {}
+        self._fresh = fresh
+        if not roots:
+            self.close()
+            return set()
+        new = self._news.poll() or ()  # None: the first listing; the new roots below are walked exactly
+        members = self._members
+        parents: dict[int, int] = {}
+        read = self._read
+        for pid in members | roots:
+            data = read(pid, True)
+            if data is None:
+                continue
+            try:
+                parents[pid] = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+            except (ValueError, IndexError):
+                self.read_errors += 1
+                self._release(pid)
+                continue
+            fresh[pid] = data
+        probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
+        new_roots = [r for r in roots if r in parents and r not in members]
+        if new_roots:
+            new = set(new) | self._walk(new_roots, members)
+        for pid in new:
+            if pid in parents:
+                continue
+            data = read(pid, False)
+            got = probe(data) if data is not None else None
+            if got is not None:
+                fresh[pid] = data
+                parents[pid] = got[0]
+                probed[pid] = got[1]
+        # the tree: every process a live root reaches through parent links
+        children: dict[int, list[int]] = {}
+        for pid, ppid in parents.items():
+            children.setdefault(ppid, []).append(pid)
+        tree: set[int] = set()
+        todo = [r for r in roots if r in parents]
+        while todo:
+            pid = todo.pop()
+            if pid not in tree:
+                tree.add(pid)
+                todo.extend(children.get(pid, ()))
+        for pid in parents:
+            if pid not in tree:
+                self._release(pid)
+                del fresh[pid]
+        # found by a read without a descriptor: keep one now, if the pid is still the same process
+        for pid, start in probed.items():
+            if pid in tree:
+                data = read(pid, True)
+                got = probe(data) if data is not None else None
+                if got is None or got[1] != start:  # gone, or reused meanwhile: the next poll finds the new one
+                    self._release(pid)
+                    tree.discard(pid)
+                    fresh.pop(pid, None)
+                else:
+                    fresh[pid] = data
+        self._members = tree
+        return set(tree)
+
+    def _walk(self, roots: list[int], stop: set[int]) -> set[int]:
+        """The trees below `roots`, exactly (children of every thread); not below a pid in `stop`."""
+        if not self._children_files:
+            return self._walk_scan(roots)
         seen: set[int] = set()
-        todo = [p for p in roots if os.path.exists(f"{self.proc}/{p}")]
+        todo = list(roots)
+        proc = self.proc
         while todo:
             pid = todo.pop()
             if pid in seen:
                 continue
             seen.add(pid)
+            if pid in stop:
+                continue  # already in the tree: what is below it is followed by parent links
             try:
-                tids = os.listdir(f"{self.proc}/{pid}/task")
+                tids = os.listdir(f"{proc}/{pid}/task")
             except OSError:
-                continue
+                continue  # gone
             for tid in tids:
                 try:
-                    with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
+                    with open(f"{proc}/{pid}/task/{tid}/children", "rb", buffering=0) as f:
                         todo.extend(int(c) for c in f.read().split())
                 except OSError:
                     continue
         return seen
 
-    def _walk_scan(self, roots: set[int]) -> set[int]:
+    def _walk_scan(self, roots: list[int]) -> set[int]:
         children: dict[int, list[int]] = {}
         for name in os.listdir(self.proc):
             if not name.isdigit():
                 continue
             try:
-                with open(f"{self.proc}/{name}/stat", "rb") as f:
-                    ppid = parse_stat(f.read()).ppid
-            except (OSError, ValueError, IndexError):
+                with open(f"{self.proc}/{name}/stat", "rb", buffering=0) as f:
+                    got = probe(f.read(_STAT_MAX))
+            except OSError:
                 continue
-            children.setdefault(ppid, []).append(int(name))
+            if got is not None:
+                children.setdefault(got[0], []).append(int(name))
         seen: set[int] = set()
-        todo = [p for p in roots if os.path.exists(f"{self.proc}/{p}")]
+        todo = list(roots)
         while todo:
             pid = todo.pop()
             if pid not in seen:
@@ -158,67 +467,86 @@ class ProcSource:
             now: the poll's time (Unix seconds).
             gpu_use: per pid, the GPUs it uses, from the GPU source.
         """
+        fresh, self._fresh = self._fresh, {}
+        members = self._members
+        old = self._known
+        known: dict[int, _Known] = {}
         out: list[ProcessSample] = []
-        alive: set[int] = set()
         for pid in pids:
-            sample = self._sample_one(pid, now, gpu_use.get(pid, ()))
+            data = fresh.get(pid)
+            if data is None:
+                data = self._read(pid, pid in members)
+                if data is None:
+                    continue
+            sample = self._sample_one(pid, data, now, gpu_use.get(pid, ()), old, known)
             if sample is not None:
                 out.append(sample)
-                alive.add(pid)
-        for pid in [p for p in self._known if p not in alive]:
-            del self._known[pid]
+        self._known = known
         return out
 
-    def _sample_one(self, pid: int, now: float, gpus) -> ProcessSample | None:
-        base = f"{self.proc}/{pid}"
+    def _sample_one(self, pid: int, data: bytes, now: float, gpus, old: dict[int, _Known],
+                    known: dict[int, _Known]) -> ProcessSample | None:
         try:
-            with open(f"{base}/stat", "rb") as f:
-                st = parse_stat(f.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, IndexError):
+            close = data.rindex(b")")
+            rest = data[close + 2 :].split(None, 22)
+            state = rest[0]
+            if state in _GONE_STATES:
+                return None
+            ppid = int(rest[1])
+            cpu_ticks = int(rest[11]) + int(rest[12])
+            threads = int(rest[17])
+            start_ticks = int(rest[19])
+            rss_pages = int(rest[21])
+        except (ValueError, IndexError):
             self.read_errors += 1
             return None
-        if st.state in ("Z", "X"):
-            return None  # exited, waiting to be reaped: its figures are zeros, not readings
-        start_time = round(self.boot_time + st.start_ticks / _CLK_TCK, 2)
-        known = self._known.get(pid)
-        if known is None or known.start_time != start_time:
+        k = old.get(pid)
+        if k is None or k.start_ticks != start_ticks:
             try:
-                uid = os.stat(base).st_uid
+                uid = os.stat(f"{self.proc}/{pid}").st_uid
             except OSError:
                 return None
-            known = _Known(start_time, st.cpu_ticks, now, uid, self._user_name(uid))
-            self._known[pid] = known
+            raw = data[data.index(b"(") + 1 : close]
+            k = _Known(start_ticks, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
+                       self._user_name(uid), raw, raw.decode("utf-8", "replace"))
             cpu_percent = None  # no previous reading of this process yet
         else:
-            dt = now - known.sampled_at
-            cpu_percent = (
-                round(100.0 * (st.cpu_ticks - known.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
-            )
-            known.cpu_ticks = st.cpu_ticks
-            known.sampled_at = now
-        open_fds = None
-        if self.count_fds:
-            try:
-                open_fds = len(os.listdir(f"{base}/fd"))
-            except OSError:
-                self.read_errors += 1
+            dt = now - k.sampled_at
+            cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
+            k.cpu_ticks = cpu_ticks
+            k.sampled_at = now
+            raw = data[data.index(b"(") + 1 : close]
+            if raw != k.comm_raw:  # renamed (prctl PR_SET_NAME, exec)
+                k.comm_raw, k.comm = raw, raw.decode("utf-8", "replace")
+        known[pid] = k
         return ProcessSample(
             time=now,
             node=self.node,
             pid=pid,
-            start_time=start_time,
-            ppid=st.ppid,
-            uid=known.uid,
-            user=known.user,
-            command=st.comm,
+            start_time=k.start_time,
+            ppid=ppid,
+            uid=k.uid,
+            user=k.user,
+            command=k.comm,
             cpu_percent=cpu_percent,
-            rss_bytes=st.rss_pages * _PAGE_SIZE,
-            threads=st.threads,
-            open_fds=open_fds,
+            rss_bytes=rss_pages * _PAGE_SIZE,
+            threads=threads,
+            open_fds=self._open_fds(pid) if self.count_fds else None,
             gpus=tuple(gpus),
         )
+
+    def _open_fds(self, pid: int) -> int | None:
+        held = self._held.get(pid)
+        try:
+            if self._fd_dir_size:
+                n = os.fstat(held.fd_dir).st_size if held is not None and held.fd_dir >= 0 \
+                    else os.stat(f"{self.proc}/{pid}/fd").st_size
+                if n > 0:
+                    return n
+            return len(os.listdir(f"{self.proc}/{pid}/fd"))
+        except OSError:
+            self.read_errors += 1
+            return None
 
     def _user_name(self, uid: int) -> str:
         name = self._users.get(uid)
@@ -231,3 +559,14 @@ class ProcSource:
                 name = str(uid)
             self._users[uid] = name
         return name
+
+
+def _fd_dir_counts(proc: str) -> bool:
+    """Whether stat() of /proc/<pid>/fd gives the number of open descriptors (Linux >= 6.2)."""
+    try:
+        listed = len(os.listdir(f"{proc}/self/fd"))
+        size = os.stat(f"{proc}/self/fd").st_size
+    except OSError:
+        return False
+    # the listing holds one more descriptor (its own) than the stat() after it sees
+    return size > 0 and abs(size - listed) <= 1
