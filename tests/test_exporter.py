@@ -3,8 +3,10 @@
 A small state built through ClusterState's ingest methods: two nodes, one job of two ranks (each
 with a DataLoader worker) plus an unranked process, a second job that ends, GPUs with and without
 owners. The text must parse, escape label values, drop an ended job's series, never name a label
-`job`, and be byte for byte what prometheus_client's generate_latest (and its OpenMetrics writer)
-make of the same families; over HTTP: the Content-Type, gzip when asked, OpenMetrics when asked.
+`job`, and be what prometheus_client's generate_latest (and its OpenMetrics writer) make of the same
+families, line for line, with one intended difference: integer values written as integers
+(`3221225472`, where prometheus_client writes `3.221225472e+09`). Over HTTP: the Content-Type, gzip
+when asked, OpenMetrics when asked.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from clusterwatch.collector.exporter import (
     ClusterCollector,
     Exposition,
     format_value,
+    same_exposition,
     serve_metrics,
     wants_openmetrics,
 )
@@ -203,15 +206,20 @@ def test_an_ended_job_leaves_every_series_and_the_label_cache():
 
 
 @pytest.mark.parametrize("per_process", [False, True])
-def test_text_is_what_prometheus_client_writes_for_the_same_families(per_process):
+def test_text_says_what_prometheus_client_writes_for_the_same_families(per_process):
     st = _state()
     c = _collector(st, per_process)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(c)
     for round_ in range(3):
         snap = c.snapshot()
-        assert c.render(snap) == generate_latest(registry)
-        assert c.render(snap, openmetrics=True) == openmetrics_latest(registry)
+        ours, theirs = c.render(snap), generate_latest(registry)
+        assert same_exposition(ours, theirs)
+        assert same_exposition(c.render(snap, openmetrics=True), openmetrics_latest(registry))
+        # the one difference: integers as integers; everything else byte for byte
+        differ = [(x, y) for x, y in zip(ours.split(b"\n"), theirs.split(b"\n"), strict=True) if x != y]
+        assert differ and all(x.rpartition(b" ")[2].lstrip(b"-").isdigit() for x, _ in differ), differ[:3]
+        assert any(y.endswith(b"e+09") for _, y in differ) and any(y.endswith(b".0") for _, y in differ)
         # change values and labels between scrapes: the cached label strings must follow
         st.jobs["7001"].name = f"renamed {round_}"
         st.jobs["7001"].tags["round"] = str(round_)
@@ -222,7 +230,7 @@ def test_text_is_what_prometheus_client_writes_for_the_same_families(per_process
     assert 'name="renamed 2"' in last and 'tag_round="2"' in last and 'index="7"' in last
     assert 'name="renamed 1"' not in last and 'index="6"' not in last
     assert ('clusterwatch_gpu_memory_used_bytes{gpu="GPU-gpu001-0",index="0",job_id="7001",node="gpu001"} '
-            '2.147483648e+09') in last
+            '2147483648\n') in last
     assert per_process == ("clusterwatch_process_rss_bytes{" in last)
 
 
@@ -237,7 +245,12 @@ def test_name_filter_keeps_only_the_asked_families():
                   hst.sampled_from([0, 1, 999_999, 1_000_000, 1_000_001, 10**15, 2**53 - 1, 2**53, 2**53 + 1,
                                     1e6, 999_999.5, 1e16, -1e16, 0.0, -0.0, 1e-7, True, False])))
 def test_format_value_is_prometheus_clients(value):
-    assert format_value(value) == floatToGoString(value)
+    ours, theirs = format_value(value), floatToGoString(value)
+    if value.__class__ is int:
+        assert ours == str(value)
+        assert float(ours) == float(theirs)  # what a parser reads: the same float
+    else:
+        assert ours == theirs
 
 
 def test_accept_header_choice():
@@ -287,3 +300,12 @@ def test_http_content_type_gzip_and_openmetrics():
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_same_exposition_tells_a_different_value_or_label():
+    a = b'# HELP m x\n# TYPE m gauge\nm{a="1"} 3221225472\n'
+    assert same_exposition(a, b'# HELP m x\n# TYPE m gauge\nm{a="1"} 3.221225472e+09\n')
+    assert not same_exposition(a, b'# HELP m x\n# TYPE m gauge\nm{a="1"} 3.221225473e+09\n')
+    assert not same_exposition(a, b'# HELP m x\n# TYPE m gauge\nm{a="2"} 3.221225472e+09\n')
+    assert not same_exposition(a, b'# HELP m y\n# TYPE m gauge\nm{a="1"} 3.221225472e+09\n')
+    assert not same_exposition(a, a + b'm{a="3"} 1.0\n')
