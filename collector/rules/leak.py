@@ -73,11 +73,11 @@ class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs", "slope_h",
                  "fitted", "gate", "gate_total", "a3", "b3")
 
-    def __init__(self, length: float, floor: float, bucket_s: float, target: int, rule: LeakRule) -> None:
+    def __init__(self, length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> None:
         # A point spans a whole number of buckets: points that summarise different numbers
         # of buckets would have different noise, and the noise test assumes one.
-        self.wb = max(1, round(length / (target * bucket_s)))
-        self.n = max(6, round(length / (self.wb * bucket_s)))
+        self.wb = wb
+        self.n = max(6, round(length / (wb * bucket_s)))
         self.width = self.wb * bucket_s
         self.length = self.n * self.width
         self.floor = floor
@@ -128,14 +128,21 @@ class LeakSeries:
         self.bb: list[int] = []
         self.bv: list[float] = []
         target = max(6, int(rule.sub_buckets))
-        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), self.bucket_s, target, rule)
-                        for w in rule.windows]
-        # A window of one-bucket points (at most one: the shortest) reads the bucket lists
-        # straight, and is analysed every third of its length (a few buckets: analysing it at
-        # every bucket would cost more than all the samples); the others when a point closes.
+        bs = self.bucket_s
+        # Buckets per point: about `sub_buckets` points per window. A window of one-bucket points
+        # (the shortest, at most one) reads the bucket lists straight and is analysed every third
+        # of its length (analysing it at every bucket would cost more than all the samples); the
+        # others when one of their points closes, and their points span whole multiples of that
+        # cadence, so that all analyses fall on the same few buckets.
+        wbs = [max(1, round(w.window_s / (target * bs))) for w in rule.windows]
+        every = max(1, round(rule.windows[wbs.index(1)].window_s / bs) // 3) if 1 in wbs else 1
+        wbs = [1 if (wb == 1 and i == wbs.index(1)) else max(every, round(wb / every) * every)
+               for i, wb in enumerate(wbs)]
+        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
+                        for w, wb in zip(rule.windows, wbs, strict=True)]
         direct = [w for w in self.windows if w.wb == 1]
         self.direct = direct[0] if direct else None
-        self.every = max(1, self.direct.n // 3) if self.direct else 1 << 62
+        self.every = every if self.direct else 1 << 62
         self.grouped = [w for w in self.windows if w is not self.direct]
         # Buckets kept: the longest window's, and the direct window's noise history.
         self.span_b = max(max(w.n * w.wb for w in self.windows),
@@ -215,7 +222,12 @@ class LeakSeries:
                                 found = f
                         w.pt_end = (b // wb + 1) * wb
                     if b + 1 == w.pt_end:
-                        f = self._push(w, b // wb, median(bv[bisect_left(bb, b + 1 - wb):]), now, total)
+                        # The point's buckets end the lists; all of them unless some were missing.
+                        vals = bv[-wb:] if len(bb) >= wb and bb[-wb] == b + 1 - wb else bv[bisect_left(bb, b + 1 - wb):]
+                        vals.sort()
+                        h = len(vals) // 2
+                        f = self._push(w, b // wb, vals[h] if len(vals) % 2 else 0.5 * (vals[h - 1] + vals[h]),
+                                       now, total)
                         if f is not None:
                             found = f
                         w.pt_end += wb
@@ -260,9 +272,10 @@ class LeakSeries:
         ys.append(y)
         n = w.n
         first_k = k - n + 1
-        while ks[0] < first_k:
-            del ks[0]
-            del ys[0]
+        if ks[0] < first_k:
+            while ks[0] < first_k:
+                del ks[0]
+                del ys[0]
         m = len(ks)
         if m < n - 2:
             return None
