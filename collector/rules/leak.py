@@ -130,12 +130,12 @@ class LeakSeries:
         target = max(6, int(rule.sub_buckets))
         bs = self.bucket_s
         # Buckets per point: about `sub_buckets` points per window. A window of one-bucket points
-        # (the shortest, at most one) reads the bucket lists straight and is analysed every third
+        # (the shortest, at most one) reads the bucket lists straight and is analysed every quarter
         # of its length (analysing it at every bucket would cost more than all the samples); the
         # others when one of their points closes, and their points span whole multiples of that
         # cadence, so that all analyses fall on the same few buckets.
         wbs = [max(1, round(w.window_s / (target * bs))) for w in rule.windows]
-        every = max(1, round(rule.windows[wbs.index(1)].window_s / bs) // 3) if 1 in wbs else 1
+        every = max(1, round(round(rule.windows[wbs.index(1)].window_s / bs) / 4)) if 1 in wbs else 1
         wbs = [1 if (wb == 1 and i == wbs.index(1)) else max(every, round(wb / every) * every)
                for i, wb in enumerate(wbs)]
         self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
