@@ -9,9 +9,11 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    is all most samples cost). The minimum ignores upward spikes (checkpoint saves).
 3. Every window W is cut into about `sub_buckets` points on a fixed grid whose width is
    a whole number of buckets (so every point summarises the same number of buckets);
-   a point is the median of its bucket minima. Only when a point closes is the window
-   analysed, and most analyses end at a cheap necessary test (the minimum of each third
-   of the window must rise). The full test asks for:
+   a point is the median of its bucket minima. The shortest window's points are single
+   buckets and it is analysed every quarter of its length; the others' points span whole
+   multiples of that cadence and a window is analysed when one of its points closes, so
+   most bucket closes cost two appends. Most analyses end at a cheap necessary test (the
+   minimum of each third of the window must rise). The full test asks for:
    - a Theil–Sen slope at or above the window's rate floor and the rule's minimum rate;
    - growth over the window (slope * W) of at least `min_growth`;
    - a slope at least `min_t_stat` standard errors above zero, where the noise of a
@@ -27,6 +29,9 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    Short windows have high rate floors (a fast leak fires within minutes), long ones
    the rule's own (a slow leak fires within hours). When the series would be full
    within `urgent_time_to_full_s`, every window uses the rule's own minimum rate.
+   The alert reports the later half's slope when that is steeper (a short window that
+   fires soon after the leak began still holds flat time) and projects the time to full
+   from it.
 4. A firing leak resolves when the slope over the window that fired (and every longer
    one) falls below `resolve_fraction` of the rule's minimum rate.
 
