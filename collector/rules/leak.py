@@ -17,9 +17,10 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    - a Theil–Sen slope at or above the window's rate floor and the rule's minimum rate;
    - growth over the window (slope * W) of at least `min_growth`;
    - a slope at least `min_t_stat` standard errors above zero, where the noise of a
-     point is the larger of a robust scale of the point-to-point differences over the
-     last eight windows (trend-free: centred on their median) and the robust scale of
-     the window's own residuals;
+     point is the largest of a robust scale of the point-to-point differences over the
+     last eight windows (trend-free: centred on their median), the robust scale of the
+     window's own residuals, and the scale of consecutive bucket minima over all the
+     buckets kept, scaled to a point (steady while the process is young);
    - a Mann–Kendall score of at least `min_mk_z`: rank-based, so it needs no noise
      scale and holds when the scale above came out small by chance;
    - the minimum of each third of the window above the previous third's by at least
@@ -358,7 +359,15 @@ class LeakSeries:
         # window's residuals. Either alone comes out small by chance too often.
         sigma_d = mad_sigma(diffs) / math.sqrt(2.0)
         sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
-        sigma = max(sigma_d, sigma_r)
+        # A third, steadier floor while the process is young (few point differences yet): the
+        # scale of consecutive bucket minima over every bucket kept, scaled to a median of `wb` of
+        # them (var ~ pi / (2 wb + 1) for normal noise, a little above the exact value).
+        bb, bv = self.bb, self.bv
+        bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
+        sigma_b = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= n else 0.0
+        if w.wb > 1:
+            sigma_b *= math.sqrt(math.pi / (2 * w.wb + 1))
+        sigma = max(sigma_d, sigma_r, sigma_b)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
         if se > 0 and slope < rule.min_t_stat * se:
             return None
