@@ -143,13 +143,13 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     elif kind == "warmup_plateau":
         pass
     elif kind == "noisy_flat":
-        p["noise"] = rng.uniform(150, 300) * MB
+        p["noise"] = rng.uniform(150, 400) * MB
     elif kind == "eval_sawtooth":
-        p.update(period=rng.uniform(30, 90) * 60, eval_s=rng.uniform(3, 12) * 60, eval_bytes=rng.uniform(1, 5) * GB)
+        p.update(period=rng.uniform(25, 120) * 60, eval_s=rng.uniform(3, 20) * 60, eval_bytes=rng.uniform(1, 5) * GB)
     elif kind == "one_step":
-        p.update(step_at=rng.uniform(1.5, 5) * H, step_bytes=rng.uniform(1, 6) * GB)
+        p.update(step_at=rng.uniform(1.5, 5) * H, step_bytes=rng.uniform(1, 8) * GB)
     elif kind == "ckpt_spikes":
-        p.update(period=rng.uniform(30, 90) * 60, ckpt_s=rng.uniform(60, 180), spike_bytes=rng.uniform(0.5, 3) * GB)
+        p.update(period=rng.uniform(30, 90) * 60, ckpt_s=rng.uniform(60, 300), spike_bytes=rng.uniform(0.5, 5) * GB)
     elif kind in ("linear_leak", "rank_leak"):
         p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(100, 600) * MB)
     elif kind == "noisy_leak":

@@ -86,7 +86,7 @@ class LeakRule:
     )
     sub_buckets: int = 12
     min_t_stat: float = 4.0
-    min_mk_z: float = 3.0
+    min_mk_z: float = 3.5
     rise_fraction: float = 0.25
     max_jump_fraction: float = 0.6
     urgent_time_to_full_s: float = 6 * 3600.0
