@@ -60,8 +60,8 @@ class LeakRule:
         windows: Look-back windows, each with its own rate floor.
         sub_buckets: Points a window is reduced to (at least 6; each needs a sample).
         min_t_stat: Least slope / standard error of the slope (noise guard).
-        min_mk_z: Least Mann–Kendall score of the window's points (a rank test of rising
-            order that needs no noise scale: a second, independent noise guard).
+        min_mk_z: Least Mann–Kendall score of the window's bucket minima (a rank test of
+            rising order that needs no noise scale: a second, independent noise guard).
         rise_fraction: Each third of the window must sit above the previous third by
             this fraction of the rise the slope predicts (growth is sustained, not one step).
         max_jump_fraction: No two consecutive sub-bucket increments may carry more than this
@@ -344,7 +344,8 @@ _LEAK_MEMORY_KEYS = {
     "enabled": ("enabled", None), "severity": ("severity", None),
     "min_rate_mb_per_h": ("min_rate_per_h", MB), "min_growth_mb": ("min_growth", MB),
     "warmup_s": ("warmup_s", 1.0), "bucket_s": ("bucket_s", 1.0), "windows": ("windows", MB),
-    "min_t_stat": ("min_t_stat", 1.0), "min_mk_z": ("min_mk_z", 1.0), "rise_fraction": ("rise_fraction", 1.0),
+    "min_t_stat": ("min_t_stat", 1.0), "min_mk_z": ("min_mk_z", 1.0),
+    "rise_fraction": ("rise_fraction", 1.0),
     "max_jump_fraction": ("max_jump_fraction", 1.0), "sub_buckets": ("sub_buckets", 1.0),
     "urgent_time_to_full_s": ("urgent_time_to_full_s", 1.0),
     "resolve_fraction": ("resolve_fraction", 1.0),
