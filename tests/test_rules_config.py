@@ -43,3 +43,10 @@ def test_errors_name_file_and_line(text, needle):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_rules(tmp_path / "none.toml")
+
+
+def test_leak_noise_guards_and_windows_defaults():
+    r = load_rules().gpu_memory_leak
+    assert r.min_t_stat == 4.0 and r.min_mk_z == 3.5
+    assert [w.window_s for w in r.windows] == [900, 2700, 7200, 14400]
+    assert parse_rules("[host_memory_leak]\nmin_mk_z = 2.5\n").host_memory_leak.min_mk_z == 2.5
