@@ -20,10 +20,10 @@ from clusterwatch.v1 import agent_pb2
 from clusterwatch import __version__
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.wire import (
+    ProcessFiller,
     gpu_info_to_proto,
     gpu_reading_to_proto,
     job_event_to_proto,
-    process_to_proto,
     training_to_proto,
 )
 
@@ -82,6 +82,7 @@ class Agent:
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
+        self._filler = ProcessFiller()
 
     def hello(self) -> agent_pb2.Hello:
         """The Hello that opens every stream."""
@@ -116,8 +117,7 @@ class Agent:
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
-        for s in samples:
-            process_to_proto(s, batch.processes.add())
+        self._filler.fill(samples, batch.processes)
         for r in gpu_poll.readings:
             gpu_reading_to_proto(r, now, batch.gpus.add())
         if self.spool is not None:

@@ -111,9 +111,18 @@ def time_seed(seed: SeedMonitor, polls: int, gap: float) -> list[float]:
 
 def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: int, gap: float) -> dict:
     agent = build_agent(node, spool)
-    batch, samples = agent.poll()  # first poll: environ reads, user names, labels cached
+    c0, k0 = time.process_time(), children_cpu()
+    batch, samples = agent.poll()  # first poll: environ reads, user names, labels cached, trees walked
+    first_ms = (time.process_time() - c0) * 1000
     if len(samples) != len(pids):
         raise RuntimeError(f"the agent sampled {len(samples)} processes, expected {len(pids)}")
+    # Provenance is taken once per rank process, by a worker thread, off the poll; its CPU (and git's)
+    # is counted apart, once it is done, so that the rounds below measure the steady poll.
+    prov_ms = prov_n = None
+    if agent.provenance is not None:
+        agent.provenance.wait_idle(120)
+        prov_ms = (time.process_time() - c0 + children_cpu() - k0) * 1000 - first_ms
+        prov_n = agent.provenance.captured
     gpu_procs = sum(1 for s in samples if s.gpus)
     seeds = {"sh": SeedMonitor(pids, SH_STANDIN), "py": SeedMonitor(pids, PY_STANDIN)}
     for s in seeds.values():
@@ -139,6 +148,7 @@ def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: in
     res["samples"] = len(samples)
     res["gpu_procs"] = gpu_procs
     res["batch_bytes"] = len(batch.SerializeToString())
+    res["first_ms"], res["prov_ms"], res["prov_n"] = first_ms, prov_ms, prov_n
     return res
 
 
@@ -222,6 +232,9 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
     notes = [
         f"{res['samples']} processes sampled ({res['gpu_procs']} on 8 simulated GPUs), batch {res['batch_bytes']:,} B;"
         f" {rounds} rounds × {polls} polls, median of round medians; 'runs' = min–max of round medians.",
+        f"first poll (trees walked, environments read) {res['first_ms']:.1f} ms; provenance, once per rank process "
+        f"off the poll: " + (f"{res['prov_n']} processes, {res['prov_ms']:.0f} ms CPU with git's, before the rounds"
+                              if res["prov_n"] is not None else "off"),
         "stand-in for nvidia-smi: /bin/sh -c printf of the 8-GPU CSV. It pays what every nvidia-smi call pays "
         "(fork, exec, dynamic loading, a pipe read, a wait) but not NVML initialisation, so it is a LOWER bound "
         "on the real nvidia-smi: the ratio is conservative. The python3 -S row shows a heavier executable.",

@@ -248,7 +248,9 @@ class ProcSource:
         self._members: set[int] = set()  # the tree at the last poll
         self._held: dict[int, _Held] = {}
         self._max_held = _held_budget() if max_held is None else max_held
-        self._fresh: dict[int, bytes] = {}  # stat texts read by descendants() for sample() of the same poll
+        self._fresh: dict[int, tuple] = {}  # stat texts read by descendants() for sample() of the same poll
+        self._roots: set[int] = set()
+        self._parents: dict[int, int] = {}  # pid → parent of every process read at the last tree change
 
     # -- descriptors ----------------------------------------------------------------------
 
@@ -297,6 +299,7 @@ class ProcSource:
         for pid in list(self._held):
             self._release(pid)
         self._members = set()
+        self._roots, self._parents = set(), {}
         self._news.reset()
 
     def _read(self, pid: int, hold: bool) -> bytes | None:
@@ -335,7 +338,7 @@ class ProcSource:
 
         The stat texts read here are kept for `sample()` of the same poll, which reads nothing twice.
         """
-        fresh: dict[int, bytes] = {}
+        fresh: dict[int, tuple] = {}
         self._fresh = fresh
         if not roots:
             self.close()
@@ -343,31 +346,47 @@ class ProcSource:
         new = self._news.poll() or ()  # None: the first listing; the new roots below are walked exactly
         members = self._members
         parents: dict[int, int] = {}
-        read = self._read
+        held_of = self._held.get
+        pread = os.pread
         for pid in members | roots:
-            data = read(pid, True)
-            if data is None:
-                continue
+            held = held_of(pid)
+            if held is not None:
+                try:
+                    data = pread(held.stat_fd, _STAT_MAX, 0)
+                except OSError as exc:
+                    if not isinstance(exc, ProcessLookupError):
+                        self.read_errors += 1
+                    data = b""  # ESRCH: reaped, and the pid may already be another process's
+                if not data:
+                    self._release(pid)
+                    continue
+            else:
+                data = self._read(pid, True)
+                if data is None:
+                    continue
             try:
-                parents[pid] = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+                close = data.rindex(b")")
+                rest = data[close + 2 :].split(None, 22)
+                parents[pid] = int(rest[1])
             except (ValueError, IndexError):
                 self.read_errors += 1
                 self._release(pid)
                 continue
-            fresh[pid] = data
+            fresh[pid] = (data, close, rest)
         probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
         new_roots = [r for r in roots if r in parents and r not in members]
         if new_roots:
             new = set(new) | self._walk(new_roots, members)
         for pid in new:
-            if pid in parents:
-                continue
-            data = read(pid, False)
-            got = probe(data) if data is not None else None
-            if got is not None:
-                fresh[pid] = data
-                parents[pid] = got[0]
-                probed[pid] = got[1]
+            if pid not in parents:
+                data = self._read(pid, False)
+                got = probe(data) if data is not None else None
+                if got is not None:
+                    parents[pid] = got[0]
+                    probed[pid] = got[1]
+        if not probed and not new_roots and roots == self._roots and parents == self._parents:
+            return set(members)  # nothing started, ended or moved: the same tree
+        self._roots, self._parents = set(roots), parents
         # the tree: every process a live root reaches through parent links
         children: dict[int, list[int]] = {}
         for pid, ppid in parents.items():
@@ -380,20 +399,22 @@ class ProcSource:
                 tree.add(pid)
                 todo.extend(children.get(pid, ()))
         for pid in parents:
-            if pid not in tree:
+            if pid not in tree and pid not in probed:
                 self._release(pid)
                 del fresh[pid]
         # found by a read without a descriptor: keep one now, if the pid is still the same process
         for pid, start in probed.items():
-            if pid in tree:
-                data = read(pid, True)
-                got = probe(data) if data is not None else None
-                if got is None or got[1] != start:  # gone, or reused meanwhile: the next poll finds the new one
-                    self._release(pid)
-                    tree.discard(pid)
-                    fresh.pop(pid, None)
-                else:
-                    fresh[pid] = data
+            if pid not in tree:
+                continue
+            data = self._read(pid, True)
+            got = probe(data) if data is not None else None
+            if got is None or got[1] != start:  # gone, or reused meanwhile: the next poll finds the new one
+                self._release(pid)
+                tree.discard(pid)
+                parents.pop(pid, None)
+            else:
+                close = data.rindex(b")")
+                fresh[pid] = (data, close, data[close + 2 :].split(None, 22))
         self._members = tree
         return set(tree)
 
@@ -471,82 +492,87 @@ class ProcSource:
         members = self._members
         old = self._known
         known: dict[int, _Known] = {}
+        held_of = self._held.get
+        count_fds, fd_dir_size = self.count_fds, self._fd_dir_size
+        fstat = os.fstat
+        node = self.node
         out: list[ProcessSample] = []
         for pid in pids:
-            data = fresh.get(pid)
-            if data is None:
-                data = self._read(pid, pid in members)
-                if data is None:
+            got = fresh.get(pid)
+            try:
+                if got is None:
+                    data = self._read(pid, pid in members)
+                    if data is None:
+                        continue
+                    close = data.rindex(b")")
+                    rest = data[close + 2 :].split(None, 22)
+                else:
+                    data, close, rest = got
+                if rest[0] in _GONE_STATES:
                     continue
-            sample = self._sample_one(pid, data, now, gpu_use.get(pid, ()), old, known)
-            if sample is not None:
-                out.append(sample)
+                ppid = int(rest[1])
+                cpu_ticks = int(rest[11]) + int(rest[12])
+                threads = int(rest[17])
+                start_ticks = int(rest[19])
+                rss_pages = int(rest[21])
+            except (ValueError, IndexError):
+                self.read_errors += 1
+                continue
+            k = old.get(pid)
+            if k is None or k.start_ticks != start_ticks:
+                k = self._first_sight(pid, data, close, start_ticks, cpu_ticks, now)
+                if k is None:
+                    continue
+                cpu_percent = None  # no previous reading of this process yet
+            else:
+                dt = now - k.sampled_at
+                cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
+                k.cpu_ticks = cpu_ticks
+                k.sampled_at = now
+                raw = data[data.index(b"(") + 1 : close]
+                if raw != k.comm_raw:  # renamed (prctl PR_SET_NAME, exec)
+                    k.comm_raw, k.comm = raw, raw.decode("utf-8", "replace")
+            known[pid] = k
+            open_fds = None
+            if count_fds:
+                held = held_of(pid)
+                if fd_dir_size and held is not None and held.fd_dir >= 0:
+                    try:
+                        open_fds = fstat(held.fd_dir).st_size or self._list_fds(pid)
+                    except OSError:
+                        self.read_errors += 1
+                else:
+                    open_fds = self._count_fds(pid)
+            # positional, in ProcessSample's field order (a third of the cost of keywords; tests check each field)
+            out.append(ProcessSample(now, node, pid, k.start_time, ppid, k.uid, k.user, k.comm, "", None, None, "",
+                                     "", cpu_percent, rss_pages * _PAGE_SIZE, threads, open_fds,
+                                     tuple(gpu_use.get(pid, ()))))
         self._known = known
         return out
 
-    def _sample_one(self, pid: int, data: bytes, now: float, gpus, old: dict[int, _Known],
-                    known: dict[int, _Known]) -> ProcessSample | None:
+    def _first_sight(self, pid: int, data: bytes, close: int, start_ticks: int, cpu_ticks: int,
+                     now: float) -> _Known | None:
         try:
-            close = data.rindex(b")")
-            rest = data[close + 2 :].split(None, 22)
-            state = rest[0]
-            if state in _GONE_STATES:
-                return None
-            ppid = int(rest[1])
-            cpu_ticks = int(rest[11]) + int(rest[12])
-            threads = int(rest[17])
-            start_ticks = int(rest[19])
-            rss_pages = int(rest[21])
-        except (ValueError, IndexError):
-            self.read_errors += 1
+            uid = os.stat(f"{self.proc}/{pid}").st_uid
+        except OSError:
             return None
-        k = old.get(pid)
-        if k is None or k.start_ticks != start_ticks:
-            try:
-                uid = os.stat(f"{self.proc}/{pid}").st_uid
-            except OSError:
-                return None
-            raw = data[data.index(b"(") + 1 : close]
-            k = _Known(start_ticks, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
-                       self._user_name(uid), raw, raw.decode("utf-8", "replace"))
-            cpu_percent = None  # no previous reading of this process yet
-        else:
-            dt = now - k.sampled_at
-            cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
-            k.cpu_ticks = cpu_ticks
-            k.sampled_at = now
-            raw = data[data.index(b"(") + 1 : close]
-            if raw != k.comm_raw:  # renamed (prctl PR_SET_NAME, exec)
-                k.comm_raw, k.comm = raw, raw.decode("utf-8", "replace")
-        known[pid] = k
-        return ProcessSample(
-            time=now,
-            node=self.node,
-            pid=pid,
-            start_time=k.start_time,
-            ppid=ppid,
-            uid=k.uid,
-            user=k.user,
-            command=k.comm,
-            cpu_percent=cpu_percent,
-            rss_bytes=rss_pages * _PAGE_SIZE,
-            threads=threads,
-            open_fds=self._open_fds(pid) if self.count_fds else None,
-            gpus=tuple(gpus),
-        )
+        raw = data[data.index(b"(") + 1 : close]
+        return _Known(start_ticks, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
+                      self._user_name(uid), raw, raw.decode("utf-8", "replace"))
 
-    def _open_fds(self, pid: int) -> int | None:
-        held = self._held.get(pid)
+    def _count_fds(self, pid: int) -> int | None:
         try:
             if self._fd_dir_size:
-                n = os.fstat(held.fd_dir).st_size if held is not None and held.fd_dir >= 0 \
-                    else os.stat(f"{self.proc}/{pid}/fd").st_size
+                n = os.stat(f"{self.proc}/{pid}/fd").st_size
                 if n > 0:
                     return n
-            return len(os.listdir(f"{self.proc}/{pid}/fd"))
+            return self._list_fds(pid)
         except OSError:
             self.read_errors += 1
             return None
+
+    def _list_fds(self, pid: int) -> int:
+        return len(os.listdir(f"{self.proc}/{pid}/fd"))
 
     def _user_name(self, uid: int) -> str:
         name = self._users.get(uid)

@@ -20,6 +20,7 @@ linear in utilisation. The scenario format is in `sim_scenario.py`.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import stat
 import uuid
@@ -28,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from clusterwatch.agent.backends.gpu import GpuPoll
+from clusterwatch.agent.backends.procs import NewPids, probe
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch.errors import ConfigError
@@ -87,14 +89,19 @@ def parse_sim_environ(data: bytes) -> SimSpec | None:
 
 @dataclass(slots=True)
 class _Known:
-    """A host process as last seen: its /proc inode tells us cheaply if the pid was reused."""
+    """A host process as last seen: its start time tells a reused pid apart; a played one has a pidfd."""
 
-    inode: int
     start_ticks: int
     sim: _SimProc | None
+    pidfd: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+# Kinds whose memory curve is flat: their readings change only with the second of life (utilisation
+# noise) and, for a stall, at the stall; they are computed once a second, not once a poll.
+_FLAT_KINDS = ("steady", "idle", "stall")
+
+
+@dataclass(slots=True)
 class _SimProc:
     start_time: float
     gpus: tuple[int, ...]
@@ -102,6 +109,9 @@ class _SimProc:
     base_bytes: int | None
     mem_file: str | None
     seed: int
+    flat: bool = False
+    stall_after_s: float = float("inf")
+    last: tuple | None = None  # (second, stalled, used, sm, uses) of a flat curve
 
 
 class SimGpuSource:
@@ -134,6 +144,13 @@ class SimGpuSource:
             for i in range(spec.count)
         ]
         self._known: dict[int, _Known] = {}
+        self._played: dict[int, _SimProc] = {}  # the processes of _known that use a simulated GPU
+        # New processes are found from /proc/loadavg's last pid (a listing of /proc only now and then); a
+        # played process's exit from its pidfd, all of them in one poll() call.
+        self._news = NewPids(proc_root)
+        self._exits = select.poll()
+        self._by_pidfd: dict[int, int] = {}
+        self._pidfds = hasattr(os, "pidfd_open")
         self._boot_time = _boot_time(proc_root)
         self._tick = os.sysconf("SC_CLK_TCK")
         self._pending_errors = 0
@@ -158,23 +175,34 @@ class SimGpuSource:
         spec = self.scenario.gpus
         mem = [0] * spec.count
         util = [0.0] * spec.count
+        room = spec.memory_bytes - spec.base_memory_bytes
         out = GpuPoll()
-        for pid, known in self._known.items():
-            sim = known.sim
-            if sim is None:
-                continue
+        processes = out.processes
+        for pid, sim in self._played.items():
             t = now - sim.start_time
+            last = sim.last
+            if sim.flat:
+                second, stalled = int(t), t >= sim.stall_after_s
+                if last is not None and last[0] == second and last[1] == stalled:
+                    used, sm, uses = last[2], last[3], last[4]
+                    for index in sim.gpus:
+                        mem[index] += used
+                        util[index] += sm
+                    processes[pid] = list(uses)
+                    continue
             used = _read_mem_file(sim.mem_file) if sim.mem_file else None
             if used is None:
                 used = sim.profile.memory_at(t, sim.base_bytes)
-            used = min(used, spec.memory_bytes - spec.base_memory_bytes)
+            used = min(used, room)
             sm = sim.profile.utilization_at(t, sim.seed)
             uses = []
             for index in sim.gpus:
                 mem[index] += used
                 util[index] += sm
                 uses.append(GpuUse(self._gpus[index].uuid, used_memory_bytes=used, sm_utilization=sm))
-            out.processes[pid] = uses
+            processes[pid] = uses
+            if sim.flat:
+                sim.last = (second, stalled, used, sm, tuple(uses))
         for info in self._gpus:
             i = info.index
             u = min(100.0, util[i])
@@ -191,49 +219,74 @@ class SimGpuSource:
         return out
 
     def close(self) -> None:
-        """Forget the processes seen; nothing else is held."""
-        self._known.clear()
+        """Forget the processes seen and close their pidfds."""
+        for pid in list(self._known):
+            self._forget(pid)
+        self._news.reset()
 
     # --- finding the processes ---------------------------------------------------------
 
     def _scan(self) -> None:
         known = self._known
-        fresh: dict[int, _Known] = {}
-        try:
-            entries = os.scandir(self._proc)
-        except OSError:
-            self._pending_errors += 1
-            return
-        with entries:
-            for entry in entries:
-                name = entry.name
-                if not name.isdigit():
+        if not self._pidfds:
+            self._news.force()  # no pidfds: only a listing tells that a process has exited
+        new = self._news.poll()
+        if self._news.listed:
+            listing = self._news.listing or {}
+            for pid in [p for p in known if p not in listing]:
+                self._forget(pid)
+            if new is None:
+                new = listing.keys()
+        for pid in new:
+            got = self._probe(pid)
+            if got is None:
+                continue  # exited meanwhile, or a thread
+            cur = known.get(pid)
+            if cur is not None:
+                if cur.start_ticks == got:
                     continue
-                pid = int(name)
-                inode = entry.inode()  # from getdents: no extra system call
-                cur = known.get(pid)
-                if cur is not None and cur.inode == inode:
-                    fresh[pid] = cur
-                    continue
-                # New to us, or its /proc entry was rebuilt: the start time says which.
-                start = self._start_ticks(pid)
-                if start is None:
-                    continue  # exited meanwhile
-                if cur is not None and cur.start_ticks == start:
-                    cur.inode = inode
-                    fresh[pid] = cur
-                    continue
-                fresh[pid] = _Known(inode, start, self._inspect(pid, start))
-        self._known = fresh
+                self._forget(pid)  # the pid was reused
+            sim = self._inspect(pid, got)
+            entry = known[pid] = _Known(got, sim)
+            if sim is not None:
+                self._played[pid] = sim
+                if self._pidfds:
+                    self._watch_exit(pid, entry)
+        if self._by_pidfd:
+            for fd, _ in self._exits.poll(0):
+                self._forget(self._by_pidfd[fd])
 
-    def _start_ticks(self, pid: int) -> int | None:
+    def _watch_exit(self, pid: int, entry: _Known) -> None:
+        """Open a pidfd for a played process; checked against its start time, so it is that process's."""
         try:
-            with open(f"{self._proc}/{pid}/stat", "rb") as f:
-                data = f.read()
-            # comm may hold spaces and parentheses: the fields start after the last ')'.
-            return int(data[data.rindex(b")") + 2 :].split()[19])
-        except (OSError, ValueError, IndexError):
+            fd = os.pidfd_open(pid)
+        except OSError:
+            self._pidfds = False  # no pidfds here (or no descriptors left): list /proc at every poll
+            return
+        if self._probe(pid) != entry.start_ticks:
+            os.close(fd)
+            self._forget(pid)  # gone, or reused meanwhile: a new pid is found as new
+            return
+        entry.pidfd = fd
+        self._by_pidfd[fd] = pid
+        self._exits.register(fd, select.POLLIN)
+
+    def _forget(self, pid: int) -> None:
+        self._played.pop(pid, None)
+        entry = self._known.pop(pid, None)
+        if entry is not None and entry.pidfd >= 0:
+            self._exits.unregister(entry.pidfd)
+            del self._by_pidfd[entry.pidfd]
+            os.close(entry.pidfd)
+
+    def _probe(self, pid: int) -> int | None:
+        """The start ticks of a process, None when it is gone or is a thread."""
+        try:
+            with open(f"{self._proc}/{pid}/stat", "rb", buffering=0) as f:
+                got = probe(f.read(4096))
+        except OSError:
             return None
+        return got[1] if got is not None else None
 
     def _inspect(self, pid: int, start_ticks: int) -> _SimProc | None:
         self.environ_reads += 1
@@ -260,6 +313,8 @@ class SimGpuSource:
             base_bytes=int(spec.base_mib * MiB) if spec.base_mib is not None else None,
             mem_file=spec.mem_file,
             seed=(pid << 32) ^ start_ticks,
+            flat=profile.kind in _FLAT_KINDS and not spec.mem_file,
+            stall_after_s=profile.stall_after_s if profile.kind == "stall" else float("inf"),
         )
 
 
