@@ -3,8 +3,8 @@
     python bench/bench_replay.py [--samples 1000000]
 
 Prints samples/s of the whole command (reading the file included; by default the
-series are shared by one process per core) and its peak memory, the same in one
-process (--jobs 1), and on a trace of 2,048 series, beside two baselines measured
+series are shared by one process per idle core) and its peak memory, the same in
+one and in two processes (--jobs), and on a trace of 2,048 series, beside two baselines measured
 in the same run on the same file: bare JSON parsing of the lines in one process
 (orjson, the single-core floor), and the naive per-sample least-squares over a
 full one-hour window (what a straightforward implementation does; measured on a
@@ -103,6 +103,7 @@ def main() -> None:
         rows = [
             ("clusterwatch replay (whole command)", *bench_replay(path, a.samples)),
             ("clusterwatch replay --jobs 1", *bench_replay(path, a.samples, "--jobs", "1")),
+            ("clusterwatch replay --jobs 2", *bench_replay(path, a.samples, "--jobs", "2")),
             (f"clusterwatch replay, {a.many:,} series", *bench_replay(many, a.samples)),
             ("baseline: orjson parse only", bench_parse(path), None),
             ("baseline: naive per-sample 1 h least squares", bench_naive(path), None),
@@ -110,7 +111,8 @@ def main() -> None:
     print(f"{'what':48s} {'samples/s':>12s} {'peak MiB':>9s}")
     for name, rate, mem in rows:
         print(f"{name:48s} {rate:12,.0f} {'' if mem is None else f'{mem:9.0f}'}")
-    print(json.dumps({"samples": a.samples, "cores": len(os.sched_getaffinity(0))}))
+    print(json.dumps({"samples": a.samples, "cores": len(os.sched_getaffinity(0)),
+                      "load_average_1m": round(os.getloadavg()[0], 2)}))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from clusterwatch.errors import ConfigError, ParseError
 @click.option("--format", "fmt", type=click.Choice(["human", "jsonl"]), default="human", show_default=True,
               help="human: one readable line per event; jsonl: one JSON object per event.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes that share the trace's series (default: one per core, up to 4, for traces of "
-                   "16 MB or more; else 1). The output is the same for any number.")
+              help="Processes that share the trace's series (default: one per idle core, up to 4, for traces "
+                   "of 16 MB or more; else 1). The output is the same for any number.")
 def replay(trace: str, rules_path: str | None, fmt: str, jobs: int | None) -> None:
     """Replay TRACE (JSON lines, docs/traces.md) through the leak and stall rules.
 

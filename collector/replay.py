@@ -132,16 +132,22 @@ PARALLEL_MIN_BYTES = 16 * 1024 * 1024
 
 
 def default_workers(path: str | Path) -> int:
-    """How many processes `replay_file` uses for a trace: 1 for small ones, else up to 4 cores."""
+    """How many processes `replay_file` uses for a trace: 1 for small ones; else one per idle core, up to 4.
+
+    A core counts as idle when the one-minute load average leaves it free: on a busy machine
+    the shares would only take turns on the same cores, and sharing costs some work (each
+    process reads every line), so there one process is faster.
+    """
     if not hasattr(os, "fork"):
         return 1
     try:
         if os.path.getsize(path) < PARALLEL_MIN_BYTES:
             return 1
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        load = os.getloadavg()[0]
     except OSError:
         return 1
-    return max(1, min(4, cores))
+    return max(1, min(4, cores, int(cores - load + 0.5)))
 
 
 def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = None, workers: int | None = None
