@@ -122,3 +122,17 @@ def test_node_without_jobs_is_not_down():
     eng = Engine(load_rules())
     eng.heartbeat(NodeHeartbeat(t=0.0, node="idle", has_jobs=False))
     assert eng.tick(10_000.0) == []
+
+
+def test_leak_that_stops_resolves():
+    # 1 GB/h from 1 h to 3 h, then flat: fires during the growth, resolves once the windows
+    # that fired (and the longer ones) see it flat, and does not fire again.
+    evs = []
+    eng = Engine(load_rules())
+    for i in range(int(9 * 3600 / 20)):
+        t = i * 20.0
+        grown = min(max(t - 3600, 0.0), 7200.0) / 3600 * 1024 * MB
+        evs += eng.observe(ProcessObservation(t=t, node="n", pid=3, gpu_mem_bytes=30 * GB + grown + (i % 7) * MB))
+    assert [e.state for e in evs] == ["firing", "resolved"]
+    assert 3600 < evs[0].t < 3 * 3600 < evs[1].t
+    assert "stopped growing" in evs[1].description

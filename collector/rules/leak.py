@@ -76,8 +76,8 @@ class LeakFinding:
 
 
 class _Window:
-    __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs", "slope_h",
-                 "fitted", "gate", "gate_total", "a3", "b3")
+    __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
+                 "gate", "gate_total", "a3", "b3")
 
     def __init__(self, length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> None:
         # A point spans a whole number of buckets: points that summarise different numbers
@@ -103,8 +103,6 @@ class _Window:
         self.ks: list[int] = []
         self.ys: list[float] = []
         self.diffs: list[float] = []  # differences of consecutive points, for the noise scale
-        self.slope_h = 0.0
-        self.fitted = False
 
 
 class LeakSeries:
@@ -294,12 +292,18 @@ class LeakSeries:
                 return None
         return self._evaluate(w, k, ks, ys, now, total)
 
+    def _rate_h(self, w: _Window) -> float:
+        """Theil–Sen slope per hour of a grouped window's points now (-inf with too few of them)."""
+        if len(w.ks) < w.n - 2:
+            return -math.inf
+        return theil_sen([(k + 0.5) * w.width for k in w.ks], w.ys)[0] * 3600.0
+
     def _evaluate(self, w: _Window, last_k: int, ks: list[int], ys: list[float], now: float, total: float | None
                   ) -> LeakFinding | None:
         """The full test of one window whose points are (ks, ys), the last at index `last_k`."""
         rule = self.rule
-        if self.firing and w.length < self.fired_window.length:  # type: ignore[union-attr]
-            return None
+        if self.firing and w is not self.fired_window:
+            return None  # while firing only the window that fired is watched; longer ones at resolution
         n = w.n
         first_k = last_k - n + 1
         if len(ks) == n:
@@ -315,7 +319,13 @@ class LeakSeries:
             l0, l1, l2 = lows
             if l2 == math.inf or l1 == math.inf or l0 == math.inf:
                 return None
-        if not self.firing and (l1 - l0 < w.gate_total or l2 - l1 < w.gate_total):
+        if self.firing:
+            # Still clearly growing (each third's minimum above the last by what the resolve rate
+            # would give over a third): no fit needed. A leak that stops flattens the thirds first.
+            rise = rule.resolve_fraction * rule.min_rate_per_h * w.length / 3600.0 / 3.0
+            if l1 - l0 >= rise and l2 - l1 >= rise:
+                return None
+        elif l1 - l0 < w.gate_total or l2 - l1 < w.gate_total:
             return None
         if w is self.direct:
             # The direct window's points are the buckets: its differences come from the bucket lists.
@@ -332,16 +342,12 @@ class LeakSeries:
         end = (last_k + 1) * width
         level = icpt + slope * end
         rate_h = slope * 3600.0
-        w.slope_h = rate_h
-        w.fitted = True
         ttf = None
         if total is not None and total > 0 and slope > 0:
             ttf = max(0.0, (total - level) / slope)
         if self.firing:
-            fw = self.fired_window
-            assert fw is not None
             limit = rule.resolve_fraction * rule.min_rate_per_h
-            if rate_h < limit and all(x.slope_h < limit for x in self.windows if x.length >= fw.length and x.fitted):
+            if rate_h < limit and all(self._rate_h(x) < limit for x in self.grouped if x.length > w.length):
                 self.firing = False
                 self.fired_window = None
                 return LeakFinding(False, now, rate_h, now - self.since, level, ttf, w.length)
