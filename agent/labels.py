@@ -24,6 +24,8 @@ class JobLabels:
     mapped_by: str = ""
 
 
+_UNSEEN = object()
+
 # pid → labels found from the process's own /proc entries, or None
 SlurmLookup = Callable[[int], "JobLabels | None"]
 # (pid, job id) → labels of a process the agent was told to watch as that job
@@ -48,11 +50,19 @@ class JobLabeler:
 
     def label(self, samples: list[ProcessSample]) -> None:
         """Fill job_id, rank, local_rank, step_id and mapped_by on each sample."""
-        by_pid = {s.pid: s for s in samples}
+        by_pid: dict[int, ProcessSample] | None = None
         fresh: dict[tuple[int, float], JobLabels | None] = {}
+        cache = self._cache
         for s in samples:
-            labels = self._own(s, fresh)
+            key = (s.pid, s.start_time)
+            labels = cache.get(key, _UNSEEN)
+            if labels is _UNSEEN:  # first sight of this process: look it up
+                labels = self._own(s, fresh)
+            else:
+                fresh[key] = labels
             if labels is None:
+                if by_pid is None:
+                    by_pid = {s.pid: s for s in samples}
                 labels = self._inherited(s, by_pid, fresh)
             if labels is not None:
                 s.job_id = labels.job_id

@@ -10,11 +10,10 @@ job's variables too (SLURM_SCRIPT_CONTEXT tells them apart) and are never counte
 """
 from __future__ import annotations
 
-import os
-
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
 
+from .backends.procs import NewPids, probe
 from .labels import JobLabels
 
 _NOT_TASK_STEPS = ("batch", "extern", "interactive")
@@ -49,6 +48,8 @@ class ProcLookup:
         self.proc = proc
         self.node = node
         self.errors = 0
+        self._news = NewPids(proc)
+        self._starts: dict[int, int] = {}  # pid → start ticks of every process on the node, as last read
 
     def _environ(self, pid: int) -> dict[str, str] | None:
         data = _read(f"{self.proc}/{pid}/environ")
@@ -104,28 +105,33 @@ class ProcLookup:
         """Pids on this node whose cgroup or environment puts them in one of `job_ids`.
 
         Only processes not seen before are read (the cache maps (pid, start ticks) to
-        their job or None), so a poll costs a directory listing plus new processes.
+        their job or None). Which processes are new comes from /proc/loadavg's last pid
+        (NewPids): a poll costs one read while nothing starts, the new pids' stat when
+        some do, and a listing of /proc now and then (which also forgets the gone ones).
         """
-        found: set[int] = set()
-        live: set[tuple[int, int]] = set()
-        for name in os.listdir(self.proc):
-            if not name.isdigit():
-                continue
-            pid = int(name)
+        news = self._news
+        starts = self._starts
+        new = news.poll()
+        if news.listed:
+            listing = news.listing or {}
+            for pid in [p for p in starts if p not in listing]:
+                cache.pop((pid, starts.pop(pid)), None)
+            if new is None:
+                new = listing.keys()
+        for pid in new:
             stat = _read(f"{self.proc}/{pid}/stat", 4096)
-            if stat is None:
+            got = probe(stat) if stat is not None else None
+            if got is None:
+                continue  # gone, or a thread
+            start = got[1]
+            old = starts.get(pid)
+            if old == start:
                 continue
-            try:
-                start = int(stat[stat.rindex(b")") + 2:].split()[19])
-            except (ValueError, IndexError):
-                continue
+            if old is not None:
+                cache.pop((pid, old), None)  # the pid was reused
+            starts[pid] = start
             key = (pid, start)
-            live.add(key)
             if key not in cache:
                 labels = self.slurm_labels(pid)
                 cache[key] = labels.job_id if labels else None
-            if cache[key] in job_ids:
-                found.add(pid)
-        for key in [k for k in cache if k not in live]:
-            del cache[key]
-        return found
+        return {pid for pid, start in starts.items() if cache.get((pid, start)) in job_ids}

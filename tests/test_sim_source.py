@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -305,3 +306,30 @@ def test_poll_cost_stays_low_with_many_processes(spawn) -> None:
     assert all(src.inspected[c.pid] == 1 for c in children)  # read once, then cached
     # A few hundred µs on a laptop; the bound leaves room for a loaded CI machine.
     assert per_poll_ms < 25.0, f"{per_poll_ms:.2f} ms per poll"
+
+
+THREADS = ("import threading, time\n"
+           "for _ in range(4): threading.Thread(target=time.sleep, args=(300,), daemon=True).start()\n"
+           "print('ready', flush=True)\ntime.sleep(300)\n")
+
+
+def test_a_process_started_later_is_found_and_its_threads_are_not_processes(scenario_file: str) -> None:
+    src = counting(scenario_file)
+    first = src.poll(time.time())
+    assert first.errors == 0
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
+    child = subprocess.Popen([sys.executable, "-c", THREADS], env={**clean, "CLUSTERWATCH_SIM_GPU": "1"},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        tids = {int(t) for t in os.listdir(f"/proc/{child.pid}/task")} - {child.pid}
+        assert len(tids) == 4
+        poll = src.poll(time.time())
+        assert list(poll.processes) == [child.pid]  # the threads share its environment, but are not processes
+        assert src.inspected[child.pid] == 1 and not tids & set(src.inspected)
+        assert src.poll(time.time()).processes.keys() == {child.pid}
+        assert src.inspected[child.pid] == 1  # read once
+    finally:
+        child.kill()
+        child.wait()
+    assert src.poll(time.time()).processes == {}

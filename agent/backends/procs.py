@@ -294,6 +294,10 @@ class ProcSource:
             if held.fd_dir >= 0:
                 os.close(held.fd_dir)
 
+    def _drop(self, pid: int) -> None:
+        self._release(pid)
+        return None
+
     def close(self) -> None:
         """Close every kept descriptor (the source stays usable and reopens what it needs)."""
         for pid in list(self._held):
@@ -305,23 +309,27 @@ class ProcSource:
     def _read(self, pid: int, hold: bool) -> bytes | None:
         """The stat text of `pid`, None when it is gone (or unreadable: counted)."""
         held = self._held.get(pid)
-        if held is None and hold:
-            try:
-                held = self._hold(pid)
-            except FileNotFoundError:
-                return None
         if held is not None:
             try:
                 data = os.pread(held.stat_fd, _STAT_MAX, 0)
             except ProcessLookupError:
-                data = b""  # reaped: the pid may already be another process's
+                data = b""  # reaped: the pid may already be another process's, read below anew
             except OSError:
                 self.read_errors += 1
                 data = b""
-            if not data:
-                self._release(pid)
+            if data:
+                return data
+            self._release(pid)
+        if hold:
+            try:
+                held = self._hold(pid)
+            except FileNotFoundError:
                 return None
-            return data
+            if held is not None:
+                try:
+                    return os.pread(held.stat_fd, _STAT_MAX, 0) or self._drop(pid)
+                except OSError:
+                    return self._drop(pid)
         try:
             with open(f"{self.proc}/{pid}/stat", "rb", buffering=0) as f:
                 return f.read(_STAT_MAX) or None
@@ -353,13 +361,12 @@ class ProcSource:
             if held is not None:
                 try:
                     data = pread(held.stat_fd, _STAT_MAX, 0)
-                except OSError as exc:
-                    if not isinstance(exc, ProcessLookupError):
-                        self.read_errors += 1
-                    data = b""  # ESRCH: reaped, and the pid may already be another process's
-                if not data:
-                    self._release(pid)
-                    continue
+                except OSError:
+                    data = b""
+                if not data:  # ESRCH: reaped, and the pid may already be another process's
+                    data = self._read(pid, True)
+                    if data is None:
+                        continue
             else:
                 data = self._read(pid, True)
                 if data is None:

@@ -1,0 +1,312 @@
+"""The /proc process source: stat parsing, the kept tree (real children, grandchildren and children
+forked from a non-main thread), identity across a reused pid, zombies, CPU percent from deltas."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusterwatch.agent.backends.procs import NewPids, ProcSource, parse_stat, probe
+
+from clusterwatch.model import GpuUse, ProcessSample
+
+# A real /proc/<pid>/stat line of a process, with {comm} and a few fields to vary.
+STAT = ("{pid} ({comm}) {state} 1 100 100 0 -1 4194560 2000 0 0 0 {utime} {stime} 0 0 20 0 {threads} 0 {start} "
+        "1000000 {rss} 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+
+
+def stat_text(pid: int = 42, comm: str = "python", state: str = "S", utime: int = 150, stime: int = 50,
+              threads: int = 7, start: int = 123456, rss: int = 2560) -> bytes:
+    return STAT.format(pid=pid, comm=comm, state=state, utime=utime, stime=stime, threads=threads, start=start,
+                       rss=rss).encode()
+
+
+@pytest.mark.parametrize("comm", [
+    "python", "my prog", "a) b (c", "))", "((", ") S 1 2 3 (", "x" * 15, "pt_main_thread", "ü ñ", "", "a\nb",
+])
+def test_parse_stat_takes_the_name_up_to_the_last_parenthesis(comm: str) -> None:
+    st = parse_stat(stat_text(comm=comm))
+    assert st.comm == comm
+    assert (st.state, st.ppid, st.cpu_ticks, st.threads, st.start_ticks, st.rss_pages) == ("S", 1, 200, 7, 123456,
+                                                                                            2560)
+    assert probe(stat_text(comm=comm)) == (1, 123456)
+
+
+def test_probe_tells_a_thread_from_a_process() -> None:
+    thread = stat_text().replace(b" 17 1 0 0 0", b" -1 1 0 0 0")
+    assert probe(thread) is None
+    assert probe(b"garbage") is None
+    assert probe(stat_text()) == (1, 123456)
+
+
+# -- real processes ---------------------------------------------------------------------------------------
+
+TREE_SCRIPT = r"""
+import json, os, subprocess, sys, threading, time
+SLEEP = ["sleep", "600"]
+def spawn():
+    middle = subprocess.Popen([sys.executable, "-c",
+        "import subprocess, time; p = subprocess.Popen(['sleep', '600']); print(p.pid, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    grandchild = int(middle.stdout.readline())
+    out = {}
+    hold = threading.Event()
+    def from_thread():
+        out["thread_child"] = subprocess.Popen(SLEEP).pid
+        out["thread_id"] = threading.get_native_id()
+        started.set()
+        hold.wait()  # the thread stays alive: its child stays in its own children list
+    started = threading.Event()
+    threading.Thread(target=from_thread, daemon=True).start()
+    started.wait()
+    return middle, {"middle": middle.pid, "grandchild": grandchild, **out}
+for line in sys.stdin:
+    if line.strip() == "spawn":
+        middle, pids = spawn()
+        print(json.dumps(pids), flush=True)
+    elif line.strip() == "kill-middle":
+        middle.kill()  # not waited for: it stays a zombie, its child goes to init
+        while open(f"/proc/{middle.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
+        print("done", flush=True)
+"""
+
+
+class Tree:
+    """A root process that, on request, starts a child with a grandchild and a child from another thread."""
+
+    def __init__(self) -> None:
+        self.root = subprocess.Popen([sys.executable, "-c", TREE_SCRIPT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.pids: dict[str, int] = {}
+
+    def ask(self, line: str) -> str:
+        assert self.root.stdin is not None and self.root.stdout is not None
+        self.root.stdin.write(line + "\n")
+        self.root.stdin.flush()
+        return self.root.stdout.readline()
+
+    def spawn(self) -> dict[str, int]:
+        self.pids = json.loads(self.ask("spawn"))
+        return self.pids
+
+    def stop(self) -> None:
+        for name in ("grandchild", "thread_child", "middle"):
+            if name in self.pids:
+                try:
+                    os.kill(self.pids[name], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.root.kill()
+        self.root.wait()
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    t = Tree()
+    yield t
+    t.stop()
+
+
+@pytest.mark.parametrize(("when", "full_every"), [("before", 1000), ("after", 1000), ("after", 1)])
+def test_the_tree_holds_children_grandchildren_and_children_of_other_threads(tree: Tree, when: str,
+                                                                           full_every: int) -> None:
+    src = ProcSource("n1", full_every=full_every)
+    root = tree.root.pid
+    if when == "before":  # the first look at a root walks its tree (every thread's children)
+        pids = tree.spawn()
+    else:  # the tree is known; the children come later and are found by their parent pid
+        assert src.descendants({root}) == {root}
+        pids = tree.spawn()
+    assert pids["thread_id"] != root  # forked from a thread that is not the main thread
+    middle, grandchild, thread_child = pids["middle"], pids["grandchild"], pids["thread_child"]
+    assert src.descendants({root}) == {root, middle, grandchild, thread_child}
+    samples = {s.pid: s for s in src.sample(src.descendants({root}), time.time(), {})}
+    assert set(samples) == {root, middle, grandchild, thread_child}
+    assert (samples[middle].ppid, samples[grandchild].ppid, samples[thread_child].ppid) == (root, middle, root)
+    assert samples[grandchild].command == samples[thread_child].command == "sleep"
+    # The middle process dies and is not reaped: a zombie in the tree, never sampled; its child went to
+    # another parent and is no longer below the root.
+    assert tree.ask("kill-middle").strip() == "done"
+    now_tree = src.descendants({root})
+    assert middle in now_tree and grandchild not in now_tree and thread_child in now_tree
+    assert {s.pid for s in src.sample(now_tree, time.time(), {})} == {root, thread_child}
+    # Roots that are gone leave nothing behind.
+    assert src.descendants({2**22 + 7}) == set()
+    assert src.descendants(set()) == set()
+
+
+def test_samples_read_the_real_process(tree: Tree) -> None:
+    src = ProcSource("n1")
+    root = tree.root.pid
+    pids = tree.spawn()
+    use = [GpuUse("GPU-x", 123, 45.0)]
+    first = {s.pid: s for s in src.sample(src.descendants({root}), 1000.0, {root: use})}
+    s = first[root]
+    assert isinstance(s, ProcessSample)
+    with open(f"/proc/{root}/stat", "rb") as f:
+        st = parse_stat(f.read())
+    assert s.node == "n1" and s.pid == root and s.ppid == os.getpid() and s.command == st.comm
+    assert s.start_time == round(src.boot_time + st.start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    assert s.uid == os.stat(f"/proc/{root}").st_uid and s.user
+    assert s.threads == len(os.listdir(f"/proc/{root}/task"))
+    assert s.open_fds == len(os.listdir(f"/proc/{root}/fd"))
+    assert s.rss_bytes == st.rss_pages * os.sysconf("SC_PAGE_SIZE") and s.rss_bytes > 0
+    assert s.cpu_percent is None  # first sight: no previous reading
+    assert s.gpus == (GpuUse("GPU-x", 123, 45.0),)
+    assert (s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by) == ("", None, None, "", "")
+    assert first[pids["grandchild"]].gpus == ()
+    second = {s.pid: s for s in src.sample(src.descendants({root}), 1001.0, {})}
+    assert second[root].cpu_percent is not None and second[root].cpu_percent >= 0.0
+    assert second[root].start_time == s.start_time
+    assert src.is_known(root) and src.start_time(root) == pytest.approx(s.start_time, abs=0.01)
+    # Without kept descriptors (over the budget) the same processes read the same.
+    plain = ProcSource("n1", max_held=0)
+    plain_samples = {s.pid: s for s in plain.sample(plain.descendants({root}), 1000.0, {})}
+    assert set(plain_samples) == set(first)
+    for pid, p in plain_samples.items():
+        assert (p.ppid, p.start_time, p.command, p.uid, p.threads, p.open_fds) == (
+            first[pid].ppid, first[pid].start_time, first[pid].command, first[pid].uid, first[pid].threads,
+            first[pid].open_fds)
+
+
+RENAME = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+for line in sys.stdin:
+    libc.prctl(15, line.rstrip("\n").encode(), 0, 0, 0)  # PR_SET_NAME
+    sys.stdout.write("renamed\n"); sys.stdout.flush()
+"""
+
+
+def test_a_renamed_process_reads_its_new_name() -> None:
+    child = subprocess.Popen([sys.executable, "-c", RENAME], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        src = ProcSource("n1")
+        names = []
+        for name in ("a) b (c", "x y", "))"):
+            child.stdin.write(name + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "renamed\n"
+            [s] = src.sample(src.descendants({child.pid}), time.time(), {})
+            names.append(s.command)
+        assert names == ["a) b (c", "x y", "))"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_reaped_process_is_gone_even_though_its_descriptor_is_kept() -> None:
+    child = subprocess.Popen(["sleep", "600"])
+    src = ProcSource("n1")
+    assert {s.pid for s in src.sample(src.descendants({child.pid}), time.time(), {})} == {child.pid}
+    child.kill()
+    child.wait()
+    assert src.descendants({child.pid}) == set()
+    assert src.sample({child.pid}, time.time(), {}) == []
+    assert not src.is_known(child.pid)
+
+
+def test_a_reused_pid_is_a_new_process() -> None:
+    """The kernel hands a dead process's pid to a new one (set through ns_last_pid; the suite runs as root)."""
+    src = ProcSource("n1")
+    first = subprocess.Popen(["sleep", "600"])
+    pid = first.pid
+    [old] = src.sample(src.descendants({pid}), time.time(), {})
+    time.sleep(0.05)  # the next process starts some clock ticks later: identity is (pid, start time in ticks)
+    first.kill()
+    first.wait()
+    second = None
+    for _ in range(50):  # another process on the host may take the pid first: try again
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        p = subprocess.Popen(["sleep", "601"])
+        if p.pid == pid:
+            second = p
+            break
+        p.kill()
+        p.wait()
+    assert second is not None, f"could not get pid {pid} again"
+    try:
+        [new] = src.sample(src.descendants({pid}), time.time(), {})
+        assert new.pid == old.pid and new.start_time != old.start_time
+        assert new.cpu_percent is None  # never a delta against the process that had the pid before
+    finally:
+        second.kill()
+        second.wait()
+
+
+# -- a /proc fixture: exact figures -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_proc(tmp_path: Path) -> Path:
+    (tmp_path / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
+    return tmp_path
+
+
+def write_proc(root: Path, pid: int, **fields) -> None:
+    d = root / str(pid)
+    d.mkdir(exist_ok=True)
+    (d / "stat").write_bytes(stat_text(pid=pid, **fields))  # rewritten in place, as /proc reads anew
+
+
+def test_cpu_percent_from_tick_deltas_and_identity_by_start_time(fake_proc: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    write_proc(fake_proc, 42, utime=100, stime=50, start=500)
+    src = ProcSource("n1", proc=str(fake_proc), count_fds=False)
+    [a] = src.sample(src.descendants({42}), 1000.0, {})
+    assert a.cpu_percent is None and a.start_time == round(1700000000 + 500 / tick, 2) and a.open_fds is None
+    write_proc(fake_proc, 42, utime=100 + tick // 2, stime=50 + tick // 2, start=500)  # one tick-second in 2 s
+    [b] = src.sample(src.descendants({42}), 1002.0, {})
+    assert b.cpu_percent == 50.0
+    write_proc(fake_proc, 42, utime=100 + tick // 2, stime=50 + tick // 2, start=500)
+    [c] = src.sample(src.descendants({42}), 1003.0, {})
+    assert c.cpu_percent == 0.0
+    # The pid now belongs to a process that started later: a new identity, no delta against the old one.
+    write_proc(fake_proc, 42, utime=5, stime=0, start=900)
+    [d] = src.sample(src.descendants({42}), 1004.0, {})
+    assert d.cpu_percent is None and d.start_time == round(1700000000 + 900 / tick, 2)
+    write_proc(fake_proc, 42, utime=5 + tick, stime=0, start=900)
+    [e] = src.sample(src.descendants({42}), 1005.0, {})
+    assert e.cpu_percent == 100.0
+
+
+def test_zombies_are_skipped_and_the_tree_follows_parents(fake_proc: Path) -> None:
+    write_proc(fake_proc, 10, start=1)
+    src = ProcSource("n1", proc=str(fake_proc), count_fds=False)
+    assert src.descendants({10}) == {10}
+    (fake_proc / "11").mkdir()
+    (fake_proc / "11" / "stat").write_bytes(stat_text(pid=11, start=2).replace(b" S 1 ", b" S 10 "))
+    (fake_proc / "12").mkdir()
+    (fake_proc / "12" / "stat").write_bytes(stat_text(pid=12, state="Z", start=3).replace(b" Z 1 ", b" Z 11 "))
+    assert src.descendants({10}) == {10, 11, 12}
+    assert sorted(s.pid for s in src.sample({10, 11, 12}, 5.0, {})) == [10, 11]
+
+
+def test_new_pids_come_from_the_last_pid_and_a_listing_now_and_then() -> None:
+    news = NewPids(full_every=1000)
+    assert news.poll() is None and news.listed  # the first call lists /proc: the baseline
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        found = news.poll()
+        assert child.pid in found
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            text = f.read()
+        assert probe(text) == (os.getpid(), parse_stat(text).start_ticks)
+        news.force()
+        assert child.pid in news.poll() and news.listed  # new since the last listing (the first call)
+        news.force()
+        assert child.pid not in news.poll() and news.listed  # not new since the last listing
+        assert news.listing is not None and child.pid in news.listing
+    finally:
+        child.kill()
+        child.wait()
