@@ -24,7 +24,7 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    - a Mann–Kendall score of at least `min_mk_z`: rank-based, so it needs no noise
      scale and holds when the scale above came out small by chance;
    - the minimum of each third of the window above the previous third's by at least
-     `rise_fraction` of the predicted rise, and no two consecutive increments carrying
+     `rise_fraction` of the predicted rise (and half the floor's), and no two consecutive increments carrying
      more than `max_jump_fraction` of the growth: growth that goes on, where one step
      followed by a plateau, or an evaluation phase that comes and goes, does not.
    Short windows have high rate floors (a fast leak fires within minutes), long ones
@@ -50,6 +50,10 @@ from .robust import THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall
 
 #: Point-to-point differences kept per window for the noise scale, in windows.
 NOISE_HISTORY_WINDOWS = 8
+#: Each third's minimum must rise by at least this fraction of what the window's rate floor
+#: gives over a third (besides `rise_fraction` of the fitted rise): growth at the floor rate
+#: shows in the minima, and most analyses of a healthy series end at this test, unfitted.
+RISE_AT_FLOOR = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +96,9 @@ class _Window:
         # Firing needs slope >= floor, slope * W >= min_growth, and each third's minimum above the
         # previous one's by rise_fraction * slope * W / 3: so by at least `gate`. With a known
         # total the floor may drop to the rule's own rate (urgent), hence `gate_total`.
-        self.gate = rule.rise_fraction * max(rule.min_growth, floor * self.length / 3600.0) / 3.0
-        self.gate_total = rule.rise_fraction * max(rule.min_growth, rule.min_rate_per_h * self.length / 3600.0) / 3.0
+        self.gate = max(rule.rise_fraction * rule.min_growth, RISE_AT_FLOOR * floor * self.length / 3600.0) / 3.0
+        self.gate_total = max(rule.rise_fraction * rule.min_growth,
+                              RISE_AT_FLOOR * rule.min_rate_per_h * self.length / 3600.0) / 3.0
         xs = [(k + 0.5) * self.width for k in range(self.n)]
         mx = sum(xs) / self.n
         self.sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
@@ -358,7 +363,8 @@ class LeakSeries:
         if rate_h < floor or slope * w.length < rule.min_growth:
             return None
         expected = slope * w.length / 3.0
-        if l1 - l0 < rule.rise_fraction * expected or l2 - l1 < rule.rise_fraction * expected:
+        need = max(rule.rise_fraction * expected, RISE_AT_FLOOR * floor * w.length / 3600.0 / 3.0)
+        if l1 - l0 < need or l2 - l1 < need:
             return None
         # Noise of one point: the larger of the long-run scale of point-to-point differences
         # (a difference of two points has sqrt(2) times a point's noise) and the scale of this
