@@ -188,21 +188,25 @@ def measure_real_agent(children: Children, tmp: str, node: str, seconds: float, 
         if p.poll() is not None:
             raise RuntimeError("clusterwatch agent exited early; see " + log.name)
         time.sleep(2 * interval)  # settle: imports done, first polls taken
-        c0, t0 = benchlib.proc_cpu_s(p.pid), time.monotonic()
-        rss = []
-        end = t0 + seconds
-        while time.monotonic() < end:
-            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-            rss.append(benchlib.proc_rss_bytes(p.pid))
-        c1, t1 = benchlib.proc_cpu_s(p.pid), time.monotonic()
+        # Two windows one after the other: the first holds the one-time work on the 64 new processes
+        # (provenance: git, forked from the agent); the second is the agent's steady cost.
+        cpu, wall, rss = [benchlib.proc_cpu_s(p.pid)], [time.monotonic()], []
+        for _ in range(2):
+            end = wall[-1] + seconds
+            while time.monotonic() < end:
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+                rss.append(benchlib.proc_rss_bytes(p.pid))
+            cpu.append(benchlib.proc_cpu_s(p.pid))
+            wall.append(time.monotonic())
         samples = benchlib.metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0
     finally:
         children.stop(p)
         log.close()
         collector.stop()
-    polls = (t1 - t0) / interval
-    return {"rss_mib": max(rss) / benchlib.MiB, "cpu_ms_per_poll": (c1 - c0) * 1000 / polls, "polls": polls,
-            "collector_samples": samples}
+    per_poll = [(cpu[i + 1] - cpu[i]) * 1000 / ((wall[i + 1] - wall[i]) / interval) for i in range(2)]
+    polls = (wall[2] - wall[0]) / interval
+    return {"rss_mib": max(rss) / benchlib.MiB, "cpu_ms_per_poll": per_poll[1], "first_ms_per_poll": per_poll[0],
+            "polls": polls, "collector_samples": samples}
 
 
 def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, seconds: float = 10.0,
@@ -224,9 +228,11 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         ["seed: psutil ×64 + /bin/sh printf stand-in", sh, spread(res["sh"]), f"{sh / a:.1f}×"],
         ["seed: psutil ×64 + python3 -S -c stand-in", py, spread(res["py"]), f"{py / a:.1f}×"],
         ["  (psutil ×64 alone, no subprocess)", ps, spread(res["psutil"]), f"{ps / a:.1f}×"],
-        ["real `clusterwatch agent` process (all threads)", real["cpu_ms_per_poll"], "-",
+        [f"real `clusterwatch agent`, first {seconds:g} s (+ provenance)", real["first_ms_per_poll"], "-",
+         f"{sh / real['first_ms_per_poll']:.1f}× (vs sh seed)"],
+        [f"real `clusterwatch agent`, next {seconds:g} s (all threads)", real["cpu_ms_per_poll"], "-",
          f"{sh / real['cpu_ms_per_poll']:.1f}× (vs sh seed)"],
-        ["real `clusterwatch agent --no-provenance` process", noprov["cpu_ms_per_poll"], "-",
+        [f"real `clusterwatch agent --no-provenance`, next {seconds:g} s", noprov["cpu_ms_per_poll"], "-",
          f"{sh / noprov['cpu_ms_per_poll']:.1f}× (vs sh seed)"],
     ]
     notes = [
@@ -242,9 +248,10 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         f"real agent (interval 0.5 s, {real['polls']:.0f} polls, collector got {real['collector_samples']:.0f} "
         f"samples): RSS {real['rss_mib']:.1f} MiB (--no-provenance {noprov['rss_mib']:.1f} MiB), "
         f"target ≤ 60 MiB → {verdict(real['rss_mib'] <= 60)}",
-        "real agent rows: process CPU (all threads: poll loop, gRPC sender, provenance worker, train socket) over "
-        "the run divided by the polls taken; the 64 watched processes run in a git checkout, so provenance runs "
-        "git for them.",
+        "real agent rows: process CPU (all threads: poll loop, gRPC sender, provenance worker, train socket; not "
+        "git's own CPU) divided by the polls taken, in two windows one after the other; the 64 watched processes "
+        "run in a git checkout, so provenance runs git for them once, in the first window. --no-provenance first "
+        f"window: {noprov['first_ms_per_poll']:.1f} ms/poll.",
     ]
     out = table("Agent: CPU ms per poll, 64 watched processes, 8 simulated GPUs",
                 ["monitor", "CPU ms/poll", "runs", "vs agent"], rows, notes)
