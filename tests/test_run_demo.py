@@ -65,7 +65,7 @@ def test_run_with_a_missing_command_says_so():
 
 
 def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
-    proc = subprocess.Popen([*CLI, "demo", "--duration", "15", "--interval", "0.5", "--refresh", "5",
+    proc = subprocess.Popen([*CLI, "demo", "--duration", "65", "--interval", "0.5", "--refresh", "5",
                              "--keep", str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -80,6 +80,9 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
     assert "Final summary" in out and "COMPLETED" in out
     for rank in range(4):
         assert f"\n      {rank} demo-node" in out  # every rank shows in the table
+    # the growing rank is flagged while the demo runs, with the demo's short-window rules
+    assert "FIRING   gpu_memory_leak" in out and "FIRING   host_memory_leak" in out
+    assert "rank 3 (pid" in out
     # every process the demo started is gone: collector, agents and ranks
     assert not [p for p in started if _alive(p)]
 
