@@ -119,6 +119,7 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
         lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
 
     lines.extend(_overall(view))
+    lines.extend(_nodes(view))
     lines.extend(_ranks(view, now))
     lines.extend(_gpus(view))
     lines.extend(_alerts(view))
@@ -132,13 +133,19 @@ def _overall(view: query_pb2.JobView) -> list[str]:
     live = [p for p in view.processes if p.alive] or list(view.processes)
     gpus = list(view.gpus)
     if gpus:
+        # averaged over the history held, as a job report should (the latest value is in the GPU table)
+        trend = [u for g in gpus for u in g.utilization_trend]
         util = [g.utilization for g in gpus if g.HasField("utilization")]
-        out.append(f"  GPU utilisation  {meter(sum(util) / len(util) / 100 if util else None)}")
-        used = sum(g.memory_used_bytes for g in gpus if g.HasField("memory_used_bytes"))
+        avg = sum(trend) / len(trend) if trend else (sum(util) / len(util) if util else None)
+        out.append(f"  GPU utilisation  {meter(avg / 100 if avg is not None else None)}  average")
+        ended = bool(view.job.end_time)
+        # an ended job is judged by its peaks (its last readings are after the processes left)
+        used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
+                   if ended or g.HasField("memory_used_bytes"))
         total = sum(g.memory_total_bytes for g in gpus)
         frac = used / total if total else None
         out.append(f"  GPU memory       {meter(frac)}"
-                   + (f"  {human_bytes(used)} of {human_bytes(total)}" if total else ""))
+                   + (f"  {human_bytes(used)} of {human_bytes(total)}{' at peak' if ended else ''}" if total else ""))
     else:
         out.append("  GPU              no GPU reported for this job")
     cpu = sum(p.cpu_percent for p in live if p.HasField("cpu_percent"))
@@ -150,6 +157,34 @@ def _overall(view: query_pb2.JobView) -> list[str]:
     label = "of allocated" if view.job.memory_bytes else "of node RAM"
     out.append(f"  Host memory      {meter(rss / mem if mem else None)}"
                + (f"  {human_bytes(rss)} {label} {human_bytes(mem)}" if mem else ""))
+    return out
+
+
+def _nodes(view: query_pb2.JobView) -> list[str]:
+    """Per node: is its agent reporting, and what the job uses there (jobstats' per-node lines)."""
+    if len(view.nodes) < 1:
+        return []
+    out = [_title("Nodes")]
+    out.append(f"  {'NODE':<14} {'AGENT':<6} {'PROCS':>5} {'CPU CORES':>9} {'HOST MEM':>10} {'GPUS':>4} "
+               f"{'GPU UTIL':>8} {'GPU MEM (peak)' if view.job.end_time else 'GPU MEM':>19}")
+    ended = bool(view.job.end_time)
+    for n in sorted(view.nodes, key=lambda n: n.node):
+        procs = [p for p in view.processes if p.node == n.node and (p.alive or ended)]
+        cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
+        rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes"))
+        gpus = [g for g in view.gpus if g.node == n.node]
+        trend = [u for g in gpus for u in g.utilization_trend]
+        util = f"{sum(trend) / len(trend):.0f}%" if trend else "-"
+        used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
+                   if ended or g.HasField("memory_used_bytes"))
+        total = sum(g.memory_total_bytes for g in gpus)
+        mem = f"{human_bytes(used)} / {human_bytes(total)}" if total else "-"
+        agent = "ended" if ended else ("up" if n.agent_up else "DOWN")
+        out.append(f"  {n.node[:14]:<14} {agent:<6} {len(procs):>5} {cpu:>9.1f} {human_bytes(rss):>10} "
+                   f"{len(gpus):>4} {util:>8} {mem:>19}")
+    down = [n.node for n in view.nodes if not n.agent_up and not ended]
+    if down:
+        out.append(f"  no recent samples from {', '.join(down)}: its figures are the last ones received")
     return out
 
 
