@@ -151,17 +151,21 @@ def test_samples_read_the_real_process(tree: Tree) -> None:
     s = first[root]
     assert isinstance(s, ProcessSample)
     with open(f"/proc/{root}/stat", "rb") as f:
-        st = parse_stat(f.read())
-    assert s.node == "n1" and s.pid == root and s.ppid == os.getpid() and s.command == st.comm
-    assert s.start_time == round(src.boot_time + st.start_ticks / os.sysconf("SC_CLK_TCK"), 2)
-    assert s.uid == os.stat(f"/proc/{root}").st_uid and s.user
-    assert s.threads == len(os.listdir(f"/proc/{root}/task"))
-    assert s.open_fds == len(os.listdir(f"/proc/{root}/fd"))
-    assert s.rss_bytes == st.rss_pages * os.sysconf("SC_PAGE_SIZE") and s.rss_bytes > 0
-    assert s.cpu_percent is None  # first sight: no previous reading
+        assert s.command == parse_stat(f.read()).comm == os.path.basename(sys.executable)[:15]
+    assert s.node == "n1" and s.pid == root and s.ppid == os.getpid() and s.uid == os.getuid()
     assert s.gpus == (GpuUse("GPU-x", 123, 45.0),)
+    assert s.cpu_percent is None  # first sight: no previous reading
     assert (s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by) == ("", None, None, "", "")
-    assert first[pids["grandchild"]].gpus == ()
+    # A sleeping `sleep`: its figures stay put, so a second read of /proc must agree with the sample.
+    g = first[pids["grandchild"]]
+    with open(f"/proc/{g.pid}/stat", "rb") as f:
+        st = parse_stat(f.read())
+    assert g.command == st.comm == "sleep" and g.ppid == pids["middle"] and g.gpus == ()
+    assert g.start_time == round(src.boot_time + st.start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    assert g.uid == os.stat(f"/proc/{g.pid}").st_uid and g.user
+    assert g.threads == st.threads == len(os.listdir(f"/proc/{g.pid}/task")) == 1
+    assert g.open_fds == len(os.listdir(f"/proc/{g.pid}/fd"))
+    assert g.rss_bytes == st.rss_pages * os.sysconf("SC_PAGE_SIZE") and g.rss_bytes > 0
     second = {s.pid: s for s in src.sample(src.descendants({root}), 1001.0, {})}
     assert second[root].cpu_percent is not None and second[root].cpu_percent >= 0.0
     assert second[root].start_time == s.start_time
@@ -171,9 +175,10 @@ def test_samples_read_the_real_process(tree: Tree) -> None:
     plain_samples = {s.pid: s for s in plain.sample(plain.descendants({root}), 1000.0, {})}
     assert set(plain_samples) == set(first)
     for pid, p in plain_samples.items():
-        assert (p.ppid, p.start_time, p.command, p.uid, p.threads, p.open_fds) == (
-            first[pid].ppid, first[pid].start_time, first[pid].command, first[pid].uid, first[pid].threads,
-            first[pid].open_fds)
+        assert (p.ppid, p.start_time, p.command, p.uid) == (
+            first[pid].ppid, first[pid].start_time, first[pid].command, first[pid].uid)
+    q = plain_samples[g.pid]
+    assert (q.threads, q.open_fds, q.rss_bytes) == (g.threads, g.open_fds, g.rss_bytes)
 
 
 RENAME = r"""

@@ -14,11 +14,11 @@ noisy VM, a read of an open file a quarter of that):
   was opened for: once that process is reaped, reads fail with ESRCH, so a reused pid
   can never be read as the old process.
 - The tree is kept, not walked again: each poll re-reads the members (their parent may
-  change) and looks for processes that started since the last poll. Whether any did is
-  one `pread` of /proc/loadavg (the last pid the kernel handed out); only then, and every
-  `rescan_every`-th poll regardless, is /proc listed and the stat read of the new pids
-  alone (the /proc inode of an old pid tells that it is the same process). A child is
-  found by its parent pid, so children forked from any thread are found.
+  change, and those reads are the samples' too) and reads the stat of the pids handed
+  out since the last poll, which /proc/loadavg's last pid tells (NewPids); a new process
+  whose parent is in the tree joins it, whichever thread forked it. /proc is listed
+  (and only the pids new since the last listing read) on the first poll, when many
+  pids were handed out, and every `full_every`-th poll anyway.
 - A root not in the tree yet is walked exactly, once: every thread's `children` file
   (or, where the kernel has none, the parents of all processes).
 """
@@ -196,7 +196,8 @@ class _Known:
     sampled_at: float
     uid: int
     user: str
-    comm_raw: bytes
+    close: int  # where the name ends in the stat text
+    head: bytes  # the stat text up to there: "pid (name"; while it stays, so does the name
     comm: str
 
 
@@ -536,9 +537,9 @@ class ProcSource:
                 cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
                 k.cpu_ticks = cpu_ticks
                 k.sampled_at = now
-                raw = data[data.index(b"(") + 1 : close]
-                if raw != k.comm_raw:  # renamed (prctl PR_SET_NAME, exec)
-                    k.comm_raw, k.comm = raw, raw.decode("utf-8", "replace")
+                if close != k.close or not data.startswith(k.head):  # renamed (prctl PR_SET_NAME, exec)
+                    k.close, k.head = close, data[:close]
+                    k.comm = data[data.index(b"(") + 1 : close].decode("utf-8", "replace")
             known[pid] = k
             open_fds = None
             if count_fds:
@@ -563,9 +564,9 @@ class ProcSource:
             uid = os.stat(f"{self.proc}/{pid}").st_uid
         except OSError:
             return None
-        raw = data[data.index(b"(") + 1 : close]
         return _Known(start_ticks, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
-                      self._user_name(uid), raw, raw.decode("utf-8", "replace"))
+                      self._user_name(uid), close, data[:close],
+                      data[data.index(b"(") + 1 : close].decode("utf-8", "replace"))
 
     def _count_fds(self, pid: int) -> int | None:
         try:
