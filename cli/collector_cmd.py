@@ -19,6 +19,9 @@ from .common import fail, setup_logging
                    "else ~/.local/state/clusterwatch/clusterwatch.db).")
 @click.option("--history", "history_points", type=click.IntRange(min=10), default=720, show_default=True,
               help="Samples kept in memory per process and GPU.")
+@click.option("--history-step", "history_step", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between two history points of a process (trends and `record`; every sample still "
+                   "updates the latest figures and peaks).")
 @click.option("--per-process-metrics", is_flag=True, help="Also export per-process series (label pid).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
@@ -61,7 +64,7 @@ from .common import fail, setup_logging
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
                    "not evaluated; the rules work in minutes).")
 @click.option("-v", "--verbose", count=True)
-def collector(listen, metrics_listen, db_path, history_points, per_process_metrics, rules_path, token,
+def collector(listen, metrics_listen, db_path, history_points, history_step, per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, verbose) -> None:
@@ -86,7 +89,7 @@ def collector(listen, metrics_listen, db_path, history_points, per_process_metri
         pairs.append((node, target))
     config = CollectorConfig(
         listen=listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
-        db_path=db_path or default_db_path(), history_points=history_points,
+        db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
         per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
         slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,
         ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),

@@ -69,7 +69,6 @@ class Alerting:
             if s.time - last_observed.get(key, -1e18) < self.min_interval_s:
                 continue
             last_observed[key] = s.time
-            point = series.history[-1]  # GPU sums were computed once, when the sample was stored
             job = st.jobs.get(s.job_id) if s.job_id else None
             gpu_uuid = s.gpus[0].gpu_uuid if s.gpus else ""
             gtotal = None
@@ -82,7 +81,7 @@ class Alerting:
                 t=s.time, node=node, job_id=s.job_id, pid=s.pid, start_time=s.start_time, gpu=gpu_uuid,
                 rank=s.rank, user=s.user, command=s.command,
                 job_name=job.name if job else "", partition=job.partition if job else "",
-                gpu_mem_bytes=point.gpu_memory_bytes, gpu_mem_total_bytes=gtotal, gpu_util=point.gpu_utilization,
+                gpu_mem_bytes=s.gpu_memory_bytes, gpu_mem_total_bytes=gtotal, gpu_util=s.gpu_utilization,
                 cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, node_mem_total_bytes=node_mem,
                 threads=s.threads, open_fds=s.open_fds, step=series.step,
             )))

@@ -29,6 +29,7 @@ class CollectorConfig:
         metrics_listen: HTTP address of the Prometheus endpoint, HOST:PORT; None: no endpoint.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
+        history_step_s: at most one history point per process this often (trends, `record`).
         per_process_metrics: also export per-process series (label pid) on /metrics.
         agent_down_after_intervals: a node is down after this many poll intervals without a batch.
         rules_path: rules file (TOML); None: the shipped defaults.
@@ -59,6 +60,7 @@ class CollectorConfig:
     metrics_listen: str | None = "127.0.0.1:9750"
     db_path: str = ":memory:"
     history_points: int = 720
+    history_step_s: float = 5.0
     per_process_metrics: bool = False
     agent_down_after_intervals: float = 3.0
     rules_path: str | None = None

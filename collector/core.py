@@ -93,7 +93,7 @@ class CollectorCore:
         self.config = config
         self.store = store
         self.clock = clock
-        self.state = ClusterState(config.history_points)
+        self.state = ClusterState(config.history_points, config.history_step_s)
         self.counters = IngestCounters()
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}

@@ -125,10 +125,12 @@ class ClusterState:
 
     Args:
         history_points: points kept per process and GPU series.
+        history_step_s: at most one history point per process this often (720 × 5 s = 1 hour).
     """
 
-    def __init__(self, history_points: int = 720) -> None:
+    def __init__(self, history_points: int = 720, history_step_s: float = 5.0) -> None:
         self.history_points = history_points
+        self.history_step_s = history_step_s
         self.nodes: dict[str, NodeState] = {}
         self.processes: dict[ProcessKey, ProcessSeries] = {}
         self.gpus: dict[str, GpuSeries] = {}
@@ -200,9 +202,12 @@ class ClusterState:
                 self._join_job(key, s)
             series.alive = True
             gmem = s.gpu_memory_bytes
-            series.history.append(
-                Point(s.time, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads, s.open_fds)
-            )
+            hist = series.history
+            # history keeps a point every history_step_s: trends need no more, and a 1 Hz node
+            # would otherwise hold five times the memory (peaks and the latest reading see every sample)
+            if not hist or s.time - hist[-1].t >= self.history_step_s:
+                hist.append(Point(s.time, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads,
+                                  s.open_fds))
             series.samples += 1
             if s.rss_bytes is not None and s.rss_bytes > series.rss_peak:
                 series.rss_peak = s.rss_bytes

@@ -91,7 +91,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
     rules = _rules(tmp_path, url)
     db = tmp_path / "cw.db"
     marker = tmp_path / "usr1"
-    collector = Collector(tmp_path, "--rules", str(rules), db=db)
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0", db=db)
     leaker = Proc([sys.executable, "-c", LEAKER, str(marker)], tmp_path / "leaker.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
                   "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-1", "--no-provenance",
@@ -127,7 +127,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
 
         # restart: the alert comes back from the store and is not sent again
         assert collector.stop() == 0
-        collector = Collector(tmp_path, "--rules", str(rules), db=db, name="collector2")
+        collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0", db=db, name="collector2")
         agent.stop()
         agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
                       "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-1", "--no-provenance",

@@ -24,7 +24,7 @@ for i in range(600):
 
 @pytest.fixture
 def stack(tmp_path):
-    collector = Collector(tmp_path)
+    collector = Collector(tmp_path, "--history-step", "0")  # every sample in the trend
     workload = Proc([sys.executable, "-c", WORKLOAD], tmp_path / "workload.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "e2e-node", "--interval", "0.5",
                   "--gpu-source", "none", "--pid", str(workload.pid), "--job-id", "e2e-1",
