@@ -18,35 +18,33 @@ def _opt(msg, name: str):
 
 def process_to_proto(s: ProcessSample, out: agent_pb2.ProcessSample) -> None:
     """Fill `out` (usually `batch.processes.add()`) from a sample."""
-    out.time = s.time
-    out.node = s.node
-    out.pid = s.pid
-    out.start_time = s.start_time
-    out.ppid = s.ppid
-    out.uid = s.uid
-    out.user = s.user
-    out.command = s.command
-    out.job_id = s.job_id
-    out.step_id = s.step_id
-    out.mapped_by = s.mapped_by
-    if s.rank is not None:
-        out.rank = s.rank
-    if s.local_rank is not None:
-        out.local_rank = s.local_rank
-    if s.cpu_percent is not None:
-        out.cpu_percent = s.cpu_percent
-    if s.rss_bytes is not None:
-        out.rss_bytes = s.rss_bytes
-    if s.threads is not None:
-        out.threads = s.threads
-    if s.open_fds is not None:
-        out.open_fds = s.open_fds
-    for g in s.gpus:
-        pg = out.gpus.add(gpu_uuid=g.gpu_uuid)
-        if g.used_memory_bytes is not None:
-            pg.used_memory_bytes = g.used_memory_bytes
-        if g.sm_utilization is not None:
-            pg.sm_utilization = g.sm_utilization
+    _fill_static(s, out)
+    _fill_readings(s, out)
+
+
+def _fill_readings(s: ProcessSample, m: agent_pb2.ProcessSample) -> None:
+    """The figures that change every poll; `m.gpus` already holds one entry per GPU of the sample."""
+    m.time = s.time
+    v = s.cpu_percent
+    if v is not None:
+        m.cpu_percent = v
+    v = s.rss_bytes
+    if v is not None:
+        m.rss_bytes = v
+    v = s.threads
+    if v is not None:
+        m.threads = v
+    v = s.open_fds
+    if v is not None:
+        m.open_fds = v
+    if s.gpus:
+        for g, pg in zip(s.gpus, m.gpus, strict=True):
+            v = g.used_memory_bytes
+            if v is not None:
+                pg.used_memory_bytes = v
+            v = g.sm_utilization
+            if v is not None:
+                pg.sm_utilization = v
 
 
 def _static_key(s: ProcessSample) -> tuple:
@@ -81,27 +79,7 @@ class ProcessFiller:
             templates[s.pid] = entry
             m = add()
             m.CopyFrom(entry[1])
-            m.time = s.time
-            v = s.cpu_percent
-            if v is not None:
-                m.cpu_percent = v
-            v = s.rss_bytes
-            if v is not None:
-                m.rss_bytes = v
-            v = s.threads
-            if v is not None:
-                m.threads = v
-            v = s.open_fds
-            if v is not None:
-                m.open_fds = v
-            if s.gpus:
-                for g, pg in zip(s.gpus, m.gpus, strict=True):
-                    v = g.used_memory_bytes
-                    if v is not None:
-                        pg.used_memory_bytes = v
-                    v = g.sm_utilization
-                    if v is not None:
-                        pg.sm_utilization = v
+            _fill_readings(s, m)
         self._templates = templates
 
 
