@@ -11,7 +11,7 @@ queue (net.unix.max_dgram_qlen, often 10 datagrams) does not drop reports betwee
 polls of the agent loop; it parses each one into a `TrainingReport` and keeps it in a
 bounded queue that the loop empties with `drain()`. When the queue is full the oldest
 report goes (`overflowed`); a datagram that is too large, not a JSON object of the
-documented shape, or from a process that is already gone, is `rejected`.
+documented shape is `rejected`; one from a process that has exited since keeps start time 0.0.
 
 The datagram format is documented in clusterwatch/train.py.
 """
@@ -119,8 +119,7 @@ class TrainEndpoint:
 
     Attributes:
         received: datagrams read from the socket.
-        rejected: of those, malformed, oversized, without credentials, or from a
-            process already gone.
+        rejected: of those, malformed, oversized, or without the sender's credentials.
         overflowed: reports dropped because the queue was full.
     """
 
@@ -278,9 +277,9 @@ class TrainEndpoint:
             return None
         if pid not in starts:
             starts[pid] = self._lookup_start(pid)
-        start = starts[pid]
-        if start is None:
-            return None
+        # A process that exited right after its last report is gone by now; that last step still
+        # counts. Its start time is unknown (0.0): the collector matches reports by node and pid.
+        start = starts[pid] or 0.0
         try:
             return parse_datagram(data, pid, start, self._clock())
         except ValueError:
