@@ -12,6 +12,9 @@ from .common import fail, setup_logging
 @click.command()
 @click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
               help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts).")
+@click.option("--query-listen", default=None, envvar="CLUSTERWATCH_QUERY_LISTEN",
+              help="Also serve the query service alone here, with TLS but no client certificate when --tls-cert "
+                   "is set (for `status` on login nodes while agents use mutual TLS).")
 @click.option("--metrics-listen", default="127.0.0.1:9750", envvar="CLUSTERWATCH_METRICS_LISTEN",
               show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
@@ -64,7 +67,8 @@ from .common import fail, setup_logging
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
                    "not evaluated; the rules work in minutes).")
 @click.option("-v", "--verbose", count=True)
-def collector(listen, metrics_listen, db_path, history_points, history_step, per_process_metrics, rules_path, token,
+def collector(listen, query_listen, metrics_listen, db_path, history_points, history_step, per_process_metrics,
+              rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, verbose) -> None:
@@ -88,7 +92,7 @@ def collector(listen, metrics_listen, db_path, history_points, history_step, per
             fail(f"--ssh-address {item!r}: expected NODE=HOST[:PORT]")
         pairs.append((node, target))
     config = CollectorConfig(
-        listen=listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
+        listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
         per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
         slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,

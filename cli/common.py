@@ -24,10 +24,37 @@ def setup_logging(verbose: int) -> None:
         logging.getLogger("clusterwatch").setLevel(logging.INFO)
 
 
-collector_option = click.option(
-    "--collector", envvar="CLUSTERWATCH_COLLECTOR", default=DEFAULT_COLLECTOR, show_default=True,
-    metavar="HOST:PORT", help="Collector address (CLUSTERWATCH_COLLECTOR, or [cli] collector in the config file).",
-)
+def _remember_tls_ca(ctx: click.Context, param, value: str | None) -> None:
+    # the query channel is opened in helpers that take only an address; they read it from here
+    if value:
+        import os
+
+        os.environ["CLUSTERWATCH_TLS_CA"] = value
+
+
+def collector_option(f):
+    """--collector HOST:PORT and --tls-ca for the commands that query the collector."""
+    f = click.option("--tls-ca", envvar="CLUSTERWATCH_TLS_CA", type=click.Path(exists=True, dir_okay=False),
+                     expose_value=False, callback=_remember_tls_ca, is_eager=True,
+                     help="Talk TLS to the collector, trusting this CA (its --query-listen port, or its main "
+                          "port when that does not require client certificates).")(f)
+    return click.option(
+        "--collector", envvar="CLUSTERWATCH_COLLECTOR", default=DEFAULT_COLLECTOR, show_default=True,
+        metavar="HOST:PORT", help="Collector address (CLUSTERWATCH_COLLECTOR, or [cli] collector in the config file).",
+    )(f)
+
+
+def query_channel(address: str):
+    """A channel to the collector's query service: TLS when a CA is given (--tls-ca, CLUSTERWATCH_TLS_CA)."""
+    import os
+
+    import grpc
+
+    ca = os.environ.get("CLUSTERWATCH_TLS_CA")
+    if not ca:
+        return grpc.insecure_channel(address)
+    with open(ca, "rb") as f:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()))
 
 
 def query_metadata() -> list[tuple[str, str]] | None:

@@ -8,16 +8,15 @@ import time
 
 import click
 
-from .common import DEFAULT_COLLECTOR, collector_option, fail, query_metadata
+from .common import DEFAULT_COLLECTOR, collector_option, fail, query_channel, query_metadata
 
 QUERY_TIMEOUT_S = 5.0
 
 
 def _stub(address: str):
-    import grpc
     from clusterwatch.v1 import query_pb2_grpc
 
-    channel = grpc.insecure_channel(address)
+    channel = query_channel(address)
     return channel, query_pb2_grpc.QueryStub(channel)
 
 

@@ -26,6 +26,8 @@ class CollectorConfig:
 
     Attributes:
         listen: gRPC address for agents and the query service, HOST:PORT (port 0: any free port).
+        query_listen: a second address serving only the query service, with TLS but no client
+            certificate when TLS is on (login nodes have no agent certificates); None: none.
         metrics_listen: HTTP address of the Prometheus endpoint, HOST:PORT; None: no endpoint.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
@@ -57,6 +59,7 @@ class CollectorConfig:
     """
 
     listen: str = "127.0.0.1:50051"
+    query_listen: str | None = None
     metrics_listen: str | None = "127.0.0.1:9750"
     db_path: str = ":memory:"
     history_points: int = 720

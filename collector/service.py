@@ -303,6 +303,8 @@ class CollectorServer:
         self._server: grpc.aio.Server | None = None
         self._httpd = None
         self._flusher: asyncio.Future | None = None
+        self._query_server: grpc.aio.Server | None = None
+        self.query_port = 0
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[
@@ -312,7 +314,8 @@ class CollectorServer:
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ])
         agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
-        query_pb2_grpc.add_QueryServicer_to_server(QueryServicer(self.core, await self._query_auth()), server)
+        query = QueryServicer(self.core, await self._query_auth())
+        query_pb2_grpc.add_QueryServicer_to_server(query, server)
         creds = _server_credentials(self.config)
         if creds is None:
             self.grpc_port = server.add_insecure_port(self.config.listen)
@@ -322,6 +325,8 @@ class CollectorServer:
             raise OSError(f"cannot listen on {self.config.listen}")
         await server.start()
         self._server = server
+        if self.config.query_listen:
+            await self._start_query_server(query)
         self._registry = None
         if self.config.slurm:
             from .registry import build_registry
@@ -333,10 +338,28 @@ class CollectorServer:
             self._start_metrics()
         if self.config.ports_file:
             with open(self.config.ports_file + ".tmp", "w") as f:
-                json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port}, f)
+                json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port, "query": self.query_port}, f)
             import os
 
             os.replace(self.config.ports_file + ".tmp", self.config.ports_file)
+
+    async def _start_query_server(self, query: QueryServicer) -> None:
+        """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
+        server = grpc.aio.server()
+        query_pb2_grpc.add_QueryServicer_to_server(query, server)
+        cfg = self.config
+        if cfg.tls_cert:
+            with open(cfg.tls_cert, "rb") as f:
+                cert = f.read()
+            with open(cfg.tls_key, "rb") as f:
+                key = f.read()
+            self.query_port = server.add_secure_port(cfg.query_listen, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            self.query_port = server.add_insecure_port(cfg.query_listen)
+        if not self.query_port:
+            raise OSError(f"cannot listen on {cfg.query_listen}")
+        await server.start()
+        self._query_server = server
 
     async def _query_auth(self):
         """The query service's authentication, as configured (auto: munge where it works)."""
@@ -402,6 +425,8 @@ class CollectorServer:
             await registry.stop()
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._query_server is not None:
+            await self._query_server.stop(grace=1.0)
         if self._server is not None:
             await self._server.stop(grace=2.0)
         self.core.flush()

@@ -71,7 +71,7 @@ def test_mutual_tls(tmp_path):
     pki.mkdir()
     _make_pki(pki)
     collector = Collector(tmp_path, "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
-                          "--tls-client-ca", str(pki / "ca.pem"))
+                          "--tls-client-ca", str(pki / "ca.pem"), "--query-listen", "127.0.0.1:0")
     sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
     no_cert = _agent(tmp_path, collector, sleeper.pid, "--tls-ca", str(pki / "ca.pem"), name="nocert")
     agent = None
@@ -83,6 +83,14 @@ def test_mutual_tls(tmp_path):
         agent = _agent(tmp_path, collector, sleeper.pid, "--tls-ca", str(pki / "ca.pem"), "--tls-cert",
                        str(pki / "client.pem"), "--tls-key", str(pki / "client.key"))
         wait_for(lambda: _samples(collector) > 0, what="samples over mutual TLS")
+        # a login node has no client certificate: status goes to the query port, TLS with the CA only
+        query = json.loads(collector.ports_file.read_text())["query"]
+        r = cli("status", "sec-1", "--collector", f"localhost:{query}", "--tls-ca", str(pki / "ca.pem"), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["job"]["job_id"] == "sec-1"
+        # without the CA the TLS port does not answer a plaintext client
+        r = cli("status", "sec-1", "--collector", f"localhost:{query}")
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     finally:
         for p in (agent, no_cert, sleeper, collector):
             if p is not None:
