@@ -65,7 +65,7 @@ from .common import fail, setup_logging
               help="Process samples a second one agent may send (10 s bursts); a flood beyond it is slowed down.")
 @click.option("--rules-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
-                   "not evaluated; the rules work in minutes).")
+                   "not evaluated; the rules work in minutes). Capped at a third of the shortest leak bucket.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, db_path, history_points, history_step, per_process_metrics,
               rules_path, token,

@@ -287,8 +287,10 @@ class CollectorServer:
         conn = open_db(config.db_path)
         self.core = CollectorCore(config, Store(conn))
         self.ingest = IngestServicer(self.core, config.token, config.agent_rate_limit)
+        # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
+        buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
         self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal,
-                                 min_interval_s=config.rules_interval_s)
+                                 min_interval_s=min(config.rules_interval_s, min(buckets) / 3))
         core = self.core
         core.on_samples.append(self.alerting.on_samples)
         core.on_job_closed.append(self.alerting.on_job_closed)
