@@ -219,24 +219,13 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
             bad += 1
         else:
             body += ',"step":' + text
-    if loss is not None:
-        text = _number(loss)
-        if text is None:
-            bad += 1
-        else:
-            body += ',"loss":' + text
-    if lr is not None:
-        text = _number(lr)
-        if text is None:
-            bad += 1
-        else:
-            body += ',"lr":' + text
-    if epoch is not None:
-        text = _number(epoch)
-        if text is None:
-            bad += 1
-        else:
-            body += ',"epoch":' + text
+    for key, value in (("loss", loss), ("lr", lr), ("epoch", epoch)):
+        if value is not None:
+            text = _number(value)
+            if text is None:
+                bad += 1
+            else:
+                body += f',"{key}":' + text
     if metrics:
         items = []
         for name, value in metrics.items():
