@@ -181,6 +181,34 @@ def test_samples_read_the_real_process(tree: Tree) -> None:
     assert (q.threads, q.open_fds, q.rss_bytes) == (g.threads, g.open_fds, g.rss_bytes)
 
 
+def test_open_fds_are_counted_when_first_seen_then_once_a_period() -> None:
+    """Between counts a sample carries the last count (not None, which means unknown)."""
+    me = os.getpid()
+
+    def open_fds(src: ProcSource, now: float) -> int | None:
+        [s] = [s for s in src.sample(src.descendants({me}), now, {}) if s.pid == me]
+        return s.open_fds
+
+    src, every_poll = ProcSource("n1", fd_count_every_s=5.0), ProcSource("n1", fd_count_every_s=0.0)
+    open_fds(every_poll, 1000.0)  # (each source keeps descriptors of this process open: both are counted)
+    first = open_fds(src, 1000.0)
+    assert first is not None and first > 0 and open_fds(every_poll, 1000.5) == first
+    r, w = os.pipe()
+    try:
+        assert open_fds(src, 1002.0) == open_fds(src, 1004.9) == first  # within the period: the count at 1000
+        assert open_fds(every_poll, 1001.0) == first + 2
+        assert open_fds(src, 1005.0) == first + 2  # the period has passed: counted anew, the pipe is there
+        os.close(w)
+        assert open_fds(src, 1009.0) == first + 2
+        assert open_fds(src, 990.0) == first + 1  # the clock stepped back: counted anew
+    finally:
+        os.close(r)
+        try:
+            os.close(w)
+        except OSError:
+            pass
+
+
 RENAME = r"""
 import ctypes, sys
 libc = ctypes.CDLL(None)

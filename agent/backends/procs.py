@@ -40,6 +40,12 @@ _GONE_STATES = (b"Z", b"X")  # exited, waiting to be reaped: its figures are zer
 DEFAULT_FULL_EVERY = 30
 # More new pids than this since the last poll: list /proc rather than read each one's stat.
 DEFAULT_MAX_PROBE = 256
+# Count a process's open descriptors when it is first seen and then at most this often (seconds).
+# The collector's rules look at a process at most every 5 s (collector/alerting.py min_interval_s)
+# and judge fd leaks over minutes, so a count up to this old loses them nothing; between counts a
+# sample carries the last count (None stays "unknown": a count that failed). Counting costs an
+# fstat (a listing on Linux < 6.2) per process, a sixth of a poll's /proc work.
+DEFAULT_FD_COUNT_EVERY_S = 5.0
 
 
 def read_boot_time(proc: str = "/proc") -> float:
@@ -199,6 +205,8 @@ class _Known:
     close: int  # where the name ends in the stat text
     head: bytes  # the stat text up to there: "pid (name"; while it stays, so does the name
     comm: str
+    open_fds: int | None = None  # at the last count
+    fds_at: float = float("-inf")  # when they were counted (a poll's time)
 
 
 @dataclass(slots=True)
@@ -229,16 +237,20 @@ class ProcSource:
         node: node name written into every sample.
         proc: the /proc mount point.
         count_fds: count open file descriptors.
+        fd_count_every_s: count a process's descriptors when first seen, then at most this often;
+            samples in between carry the last count (see DEFAULT_FD_COUNT_EVERY_S).
         full_every: list /proc for new processes at least every this many polls (see NewPids).
         max_held: how many processes may keep descriptors open (default: from the descriptor limit);
             the others are opened and closed at every read.
     """
 
     def __init__(self, node: str, proc: str = "/proc", count_fds: bool = True,
-                 full_every: int = DEFAULT_FULL_EVERY, max_held: int | None = None) -> None:
+                 full_every: int = DEFAULT_FULL_EVERY, max_held: int | None = None,
+                 fd_count_every_s: float = DEFAULT_FD_COUNT_EVERY_S) -> None:
         self.node = node
         self.proc = proc
         self.count_fds = count_fds
+        self.fd_count_every_s = fd_count_every_s
         self.boot_time = read_boot_time(proc)
         self.read_errors = 0
         self._known: dict[int, _Known] = {}  # pid → sampled at the last poll
@@ -501,7 +513,7 @@ class ProcSource:
         old = self._known
         known: dict[int, _Known] = {}
         held_of = self._held.get
-        count_fds, fd_dir_size = self.count_fds, self._fd_dir_size
+        count_fds, fd_dir_size, fd_every = self.count_fds, self._fd_dir_size, self.fd_count_every_s
         fstat = os.fstat
         node = self.node
         out: list[ProcessSample] = []
@@ -543,14 +555,20 @@ class ProcSource:
             known[pid] = k
             open_fds = None
             if count_fds:
-                held = held_of(pid)
-                if fd_dir_size and held is not None and held.fd_dir >= 0:
-                    try:
-                        open_fds = fstat(held.fd_dir).st_size or self._list_fds(pid)
-                    except OSError:
-                        self.read_errors += 1
+                if 0.0 <= now - k.fds_at < fd_every:  # (a clock stepped back counts anew)
+                    open_fds = k.open_fds
                 else:
-                    open_fds = self._count_fds(pid)
+                    held = held_of(pid)
+                    if fd_dir_size and held is not None and held.fd_dir >= 0:
+                        try:
+                            open_fds = fstat(held.fd_dir).st_size or self._list_fds(pid)
+                        except OSError:
+                            self.read_errors += 1
+                    else:
+                        open_fds = self._count_fds(pid)
+                    k.open_fds = open_fds
+                    if open_fds is not None:  # a failed count is tried again at the next poll
+                        k.fds_at = now
             # positional, in ProcessSample's field order (a third of the cost of keywords; tests check each field)
             out.append(ProcessSample(now, node, pid, k.start_time, ppid, k.uid, k.user, k.comm, "", None, None, "",
                                      "", cpu_percent, rss_pages * _PAGE_SIZE, threads, open_fds,
