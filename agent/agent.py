@@ -20,10 +20,11 @@ from clusterwatch.v1 import agent_pb2
 from clusterwatch import __version__
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.wire import (
-    ProcessFiller,
     gpu_info_to_proto,
     gpu_reading_to_proto,
     job_event_to_proto,
+    processes_from_table,
+    processes_to_table,
     training_to_proto,
 )
 
@@ -82,7 +83,6 @@ class Agent:
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
-        self._filler = ProcessFiller()
 
     def hello(self) -> agent_pb2.Hello:
         """The Hello that opens every stream."""
@@ -117,7 +117,7 @@ class Agent:
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
-        self._filler.fill(samples, batch.processes)
+        processes_to_table(samples, batch.processes)
         for r in gpu_poll.readings:
             gpu_reading_to_proto(r, now, batch.gpus.add())
         if self.spool is not None:
@@ -169,7 +169,17 @@ def batch_as_json(batch: agent_pb2.Batch, hello: agent_pb2.Hello) -> str:
         "hello": MessageToDict(hello, preserving_proto_field_name=True),
         "batch": MessageToDict(batch, preserving_proto_field_name=True),
     }
+    # the wire's columns, as one object a process, for people to read
+    doc["batch"]["processes"] = [_sample_dict(s) for s in processes_from_table(batch.processes, hello.node)]
     return json.dumps(doc, indent=2, sort_keys=True)
+
+
+def _sample_dict(s: ProcessSample) -> dict:
+    """A sample as JSON, without what is unknown (None) or empty."""
+    doc = {name: getattr(s, name) for name in s.__slots__ if name != "gpus"}
+    doc["gpus"] = [{k: v for k, v in (("gpu_uuid", g.gpu_uuid), ("used_memory_bytes", g.used_memory_bytes),
+                                      ("sm_utilization", g.sm_utilization)) if v is not None} for g in s.gpus]
+    return {k: v for k, v in doc.items() if v is not None and v != "" and v != []}
 
 
 def write_pid_file(spool_dir: str) -> str | None:

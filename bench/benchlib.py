@@ -255,23 +255,27 @@ class NodeSim:
 
     def batch(self, now: float | None = None):
         """The next numbered batch, as an AgentMessage."""
+        from clusterwatch.model import GpuUse, ProcessSample
+        from clusterwatch.wire import processes_to_table
+
         pb = self.pb
         now = time.time() if now is None else now
         self.seq += 1
         rng = self.rng
         b = pb.Batch(seq=self.seq, sent_at=now)
+        samples = []
         for pid, ppid, start, rank, local_rank, gpu, how in self.procs:
-            p = b.processes.add(
+            uses = ()
+            if gpu is not None:
+                uses = (GpuUse(self.gpus[gpu], 60 * GiB + rng.randrange(256 * MiB), round(rng.uniform(80, 99), 1)),)
+            samples.append(ProcessSample(
                 time=now, node=self.node, pid=pid, start_time=start, ppid=ppid, uid=self.uid, user=self.user,
                 command="python" if gpu is not None else "pt_data_worker", job_id=self.job_id, rank=rank,
                 local_rank=local_rank, step_id="0", mapped_by=how,
                 cpu_percent=round(rng.uniform(95, 180) if gpu is not None else rng.uniform(5, 60), 1),
                 rss_bytes=(6 * GiB if gpu is not None else 900 * MiB) + rng.randrange(64 * MiB),
-                threads=48 if gpu is not None else 4, open_fds=180 if gpu is not None else 40,
-            )
-            if gpu is not None:
-                p.gpus.add(gpu_uuid=self.gpus[gpu], used_memory_bytes=60 * GiB + rng.randrange(256 * MiB),
-                           sm_utilization=round(rng.uniform(80, 99), 1))
+                threads=48 if gpu is not None else 4, open_fds=180 if gpu is not None else 40, gpus=uses))
+        processes_to_table(samples, b.processes)
         for u in self.gpus:
             b.gpus.add(time=now, uuid=u, utilization=round(rng.uniform(85, 100), 1),
                        memory_used_bytes=61 * GiB + rng.randrange(256 * MiB), memory_total_bytes=80 * GiB,

@@ -16,141 +16,139 @@ def _opt(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-def process_to_proto(s: ProcessSample, out: agent_pb2.ProcessSample) -> None:
-    """Fill `out` (usually `batch.processes.add()`) from a sample."""
-    _fill_static(s, out)
-    _fill_readings(s, out)
+# -- process samples: the columnar ProcessTable ------------------------------------------------
+
+_NAN = float("nan")
+
+# The fields of a ProcessSample that a ProcessLabels holds, in ProcessSample's order.
+LABEL_FIELDS = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
 
 
-def _fill_readings(s: ProcessSample, m: agent_pb2.ProcessSample) -> None:
-    """The figures that change every poll; `m.gpus` already holds one entry per GPU of the sample."""
-    m.time = s.time
-    v = s.cpu_percent
-    if v is not None:
-        m.cpu_percent = v
-    v = s.rss_bytes
-    if v is not None:
-        m.rss_bytes = v
-    v = s.threads
-    if v is not None:
-        m.threads = v
-    v = s.open_fds
-    if v is not None:
-        m.open_fds = v
-    if s.gpus:
-        for g, pg in zip(s.gpus, m.gpus, strict=True):
+def label_key(s: ProcessSample) -> tuple:
+    """A sample's labels as a tuple (LABEL_FIELDS order): equal tuples share one ProcessLabels."""
+    return (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
+
+
+def processes_to_table(samples: list[ProcessSample], out: agent_pb2.ProcessTable) -> None:
+    """Write samples as rows of `out` (usually `batch.processes`, empty)."""
+    label_index: dict[tuple, int] = {}
+    uuid_index: dict[str, int] = {}
+    times, pids, starts, labels, cpu, rss, threads, fds, gcount = [], [], [], [], [], [], [], [], []
+    gidx, gmem, gsm = [], [], []
+    for s in samples:
+        key = (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
+        li = label_index.get(key)
+        if li is None:
+            li = label_index[key] = len(label_index)
+        times.append(s.time)
+        pids.append(s.pid)
+        starts.append(s.start_time)
+        labels.append(li)
+        v = s.cpu_percent
+        cpu.append(_NAN if v is None else v)
+        v = s.rss_bytes
+        rss.append(-1 if v is None else v)
+        v = s.threads
+        threads.append(-1 if v is None else v)
+        v = s.open_fds
+        fds.append(-1 if v is None else v)
+        gcount.append(len(s.gpus))
+        for g in s.gpus:
+            gi = uuid_index.get(g.gpu_uuid)
+            if gi is None:
+                gi = uuid_index[g.gpu_uuid] = len(uuid_index)
+            gidx.append(gi)
             v = g.used_memory_bytes
-            if v is not None:
-                pg.used_memory_bytes = v
+            gmem.append(-1 if v is None else v)
             v = g.sm_utilization
-            if v is not None:
-                pg.sm_utilization = v
+            gsm.append(_NAN if v is None else v)
+    out.time.extend(times)
+    out.pid.extend(pids)
+    out.start_time.extend(starts)
+    out.labels.extend(labels)
+    out.cpu_percent.extend(cpu)
+    out.rss_bytes.extend(rss)
+    out.threads.extend(threads)
+    out.open_fds.extend(fds)
+    out.gpu_count.extend(gcount)
+    out.gpu.extend(gidx)
+    out.gpu_memory_bytes.extend(gmem)
+    out.gpu_sm_utilization.extend(gsm)
+    out.gpu_uuids.extend(uuid_index)
+    add = out.label_sets.add
+    for ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by in label_index:
+        m = add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,
+                mapped_by=mapped_by)
+        if rank is not None:
+            m.rank = rank
+        if local_rank is not None:
+            m.local_rank = local_rank
 
 
-def _static_key(s: ProcessSample) -> tuple:
-    return (s.node, s.start_time, s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id,
-            s.mapped_by, tuple([g.gpu_uuid for g in s.gpus]))
+class ProcessColumns:
+    """A ProcessTable decoded into Python lists, checked for consistency.
 
-
-class ProcessFiller:
-    """Fills a repeated ProcessSample field from samples, as process_to_proto does, at about half its cost.
-
-    What rarely changes from poll to poll (identity, owner, command, labels, GPU UUIDs) is
-    kept per process as a template message, copied in one call; the readings are set on
-    the copy. A template is rebuilt whenever any of those fields differs, and forgotten
-    when its process is missing from a poll. The wire content is the same, byte for byte.
+    Raises ValueError (a one-line reason) for a table whose columns disagree: the
+    collector rejects such a batch rather than guessing.
     """
 
-    def __init__(self) -> None:
-        self._templates: dict[int, tuple[tuple, agent_pb2.ProcessSample]] = {}
+    __slots__ = ("rows", "time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads",
+                 "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets",
+                 "gpu_uuids")
 
-    def fill(self, samples: list[ProcessSample], out) -> None:
-        """Append one message per sample to `out` (e.g. `batch.processes`)."""
-        old = self._templates
-        templates: dict[int, tuple[tuple, agent_pb2.ProcessSample]] = {}
-        add = out.add
-        for s in samples:
-            key = _static_key(s)
-            entry = old.get(s.pid)
-            if entry is None or entry[0] != key:
-                template = agent_pb2.ProcessSample()
-                _fill_static(s, template)
-                entry = (key, template)
-            templates[s.pid] = entry
-            m = add()
-            m.CopyFrom(entry[1])
-            _fill_readings(s, m)
-        self._templates = templates
+    def __init__(self, t: agent_pb2.ProcessTable) -> None:
+        self.pid = list(t.pid)
+        n = self.rows = len(self.pid)
+        self.time, self.start_time, self.labels = list(t.time), list(t.start_time), list(t.labels)
+        self.cpu_percent, self.rss_bytes = list(t.cpu_percent), list(t.rss_bytes)
+        self.threads, self.open_fds, self.gpu_count = list(t.threads), list(t.open_fds), list(t.gpu_count)
+        for name in ("time", "start_time", "labels", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpu_count"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"process table: column {name} has {len(getattr(self, name))} rows, pid has {n}")
+        self.gpu, self.gpu_memory_bytes = list(t.gpu), list(t.gpu_memory_bytes)
+        self.gpu_sm_utilization = list(t.gpu_sm_utilization)
+        uses = sum(self.gpu_count)
+        for name in ("gpu", "gpu_memory_bytes", "gpu_sm_utilization"):
+            if len(getattr(self, name)) != uses:
+                raise ValueError(f"process table: column {name} has {len(getattr(self, name))} entries, "
+                                 f"gpu_count adds up to {uses}")
+        # label sets as tuples in LABEL_FIELDS order, compared whole by the collector
+        self.label_sets = [(m.ppid, m.uid, m.user, m.command, m.job_id,
+                            m.rank if m.HasField("rank") else None,
+                            m.local_rank if m.HasField("local_rank") else None, m.step_id, m.mapped_by)
+                           for m in t.label_sets]
+        self.gpu_uuids = list(t.gpu_uuids)
+        if n and max(self.labels) >= len(self.label_sets):
+            raise ValueError(f"process table: a row points at label set {max(self.labels)} "
+                             f"of {len(self.label_sets)}")
+        if uses and max(self.gpu) >= len(self.gpu_uuids):
+            raise ValueError(f"process table: a GPU use points at GPU {max(self.gpu)} of {len(self.gpu_uuids)}")
 
+    def gpu_uses(self, first: int, count: int) -> tuple[GpuUse, ...]:
+        """The GPU-use entries first .. first+count as GpuUse values (unknown readings None)."""
+        uuids, mem, sm = self.gpu_uuids, self.gpu_memory_bytes, self.gpu_sm_utilization
+        out = []
+        for j in range(first, first + count):
+            m, u = mem[j], sm[j]
+            out.append(GpuUse(uuids[self.gpu[j]], m if m >= 0 else None, u if u == u else None))
+        return tuple(out)
 
-def _fill_static(s: ProcessSample, out: agent_pb2.ProcessSample) -> None:
-    out.node = s.node
-    out.pid = s.pid
-    out.start_time = s.start_time
-    out.ppid = s.ppid
-    out.uid = s.uid
-    out.user = s.user
-    out.command = s.command
-    out.job_id = s.job_id
-    out.step_id = s.step_id
-    out.mapped_by = s.mapped_by
-    if s.rank is not None:
-        out.rank = s.rank
-    if s.local_rank is not None:
-        out.local_rank = s.local_rank
-    for g in s.gpus:
-        out.gpus.add(gpu_uuid=g.gpu_uuid)
-
-
-def update_readings(s: ProcessSample, m: agent_pb2.ProcessSample) -> None:
-    """Refresh only what changes from poll to poll (time, CPU, memory, threads, fds, GPUs) in place.
-
-    For a process whose identity and labels are unchanged this replaces a full conversion:
-    the collector's ingest does it for nearly every sample.
-    """
-    has = m.HasField
-    s.time = m.time
-    s.cpu_percent = m.cpu_percent if has("cpu_percent") else None
-    s.rss_bytes = m.rss_bytes if has("rss_bytes") else None
-    s.threads = m.threads if has("threads") else None
-    s.open_fds = m.open_fds if has("open_fds") else None
-    gpus = m.gpus
-    if gpus or s.gpus:
-        s.gpus = tuple(
-            GpuUse(g.gpu_uuid, g.used_memory_bytes if g.HasField("used_memory_bytes") else None,
-                   g.sm_utilization if g.HasField("sm_utilization") else None) for g in gpus
-        )
+    def sample(self, i: int, node: str, gpu_first: int) -> ProcessSample:
+        """Row i as a ProcessSample; gpu_first is where its GPU-use entries start."""
+        c, r, th, fd = self.cpu_percent[i], self.rss_bytes[i], self.threads[i], self.open_fds[i]
+        return ProcessSample(self.time[i], node, self.pid[i], self.start_time[i], *self.label_sets[self.labels[i]],
+                             c if c == c else None, r if r >= 0 else None, th if th >= 0 else None,
+                             fd if fd >= 0 else None, self.gpu_uses(gpu_first, self.gpu_count[i]))
 
 
-def same_labels(s: ProcessSample, m: agent_pb2.ProcessSample) -> bool:
-    """Whether a new sample keeps the job labels the process had (the common case)."""
-    return (s.job_id == m.job_id and s.mapped_by == m.mapped_by
-            and s.rank == (m.rank if m.HasField("rank") else None))
-
-
-def process_from_proto(m: agent_pb2.ProcessSample) -> ProcessSample:
-    return ProcessSample(
-        time=m.time,
-        node=m.node,
-        pid=m.pid,
-        start_time=m.start_time,
-        ppid=m.ppid,
-        uid=m.uid,
-        user=m.user,
-        command=m.command,
-        job_id=m.job_id,
-        rank=_opt(m, "rank"),
-        local_rank=_opt(m, "local_rank"),
-        step_id=m.step_id,
-        mapped_by=m.mapped_by,
-        cpu_percent=_opt(m, "cpu_percent"),
-        rss_bytes=_opt(m, "rss_bytes"),
-        threads=_opt(m, "threads"),
-        open_fds=_opt(m, "open_fds"),
-        gpus=tuple(
-            GpuUse(g.gpu_uuid, _opt(g, "used_memory_bytes"), _opt(g, "sm_utilization")) for g in m.gpus
-        ),
-    )
+def processes_from_table(t: agent_pb2.ProcessTable, node: str) -> list[ProcessSample]:
+    """Every row of a table as a ProcessSample of `node` (ValueError for an inconsistent table)."""
+    cols = ProcessColumns(t)
+    out, g = [], 0
+    for i in range(cols.rows):
+        out.append(cols.sample(i, node, g))
+        g += cols.gpu_count[i]
+    return out
 
 
 def gpu_reading_to_proto(r: GpuReading, time: float, out: agent_pb2.GpuSample) -> None:

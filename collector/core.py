@@ -17,6 +17,7 @@ from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
+    ProcessColumns,
     gpu_info_from_proto,
     gpu_reading_from_proto,
     job_event_from_proto,
@@ -142,7 +143,16 @@ class CollectorCore:
         return msg.node
 
     def batch(self, node: str, boot_id: str, batch: agent_pb2.Batch) -> bool:
-        """Store one batch; False when it is a duplicate (already stored, ack it again)."""
+        """Store one batch; False when it is a duplicate (already stored, ack it again).
+
+        Raises ValueError, with the reason, for a batch whose process table is inconsistent
+        (nothing of it is stored, and it is counted as rejected).
+        """
+        try:
+            cols = ProcessColumns(batch.processes)
+        except ValueError:
+            self.counters.rejected += 1
+            raise
         tracker = self._seqs.get(boot_id)
         if tracker is None:
             tracker = self._seqs[boot_id] = SeqTracker()
@@ -150,21 +160,20 @@ class CollectorCore:
             self.counters.duplicates += 1
             return False
         self._dirty_seqs.add(boot_id)
-        msgs = batch.processes
         readings = [(g.time, gpu_reading_from_proto(g)) for g in batch.gpus]
         now = self.clock()
         with self.lock:
             st = self.state
             # a job closed already stays closed: late samples lose its label, late events are dropped
             jobs = st.jobs
-            late = {m.job_id for m in msgs if m.job_id and m.job_id not in jobs}
+            late = {lab[4] for lab in cols.label_sets if lab[4] and lab[4] not in jobs}  # lab[4]: job id
             late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
             closed = frozenset(j for j in late if self._is_closed(j))
             # job events first: a prolog's start names the job before its samples arrive
             events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
             starts = [e for e in events if e.kind == "start"]
             changed = {st.job_event(node, e).job_id for e in starts}
-            touched = st.add_processes(node, msgs, now, closed)
+            touched = st.add_processes(node, cols, now, closed)
             st.add_gpus(node, readings)
             for t in batch.training:
                 st.add_training(node, training_from_proto(t))
@@ -187,7 +196,7 @@ class CollectorCore:
             changed |= {j for j in late if j in jobs and j not in self._saved}
         self._dirty_nodes.add(node)
         self.counters.batches += 1
-        self.counters.samples += len(msgs)
+        self.counters.samples += cols.rows
         for job_id, pid, start_time, text in records:
             self.store.save_provenance(job_id, node, pid, start_time, text)
         for job_id in {r[0] for r in records}:

@@ -253,7 +253,7 @@ class ClusterCollector(Collector):
         st = self.state
         now = self.clock()
         procs_by_key = st.processes
-        by_pid = st._by_pid
+        pids = st.pids
         per_process = self.per_process
         jobs, ranks = [], []
         processes = [] if per_process else None
@@ -289,8 +289,7 @@ class ClusterCollector(Collector):
                 # job totals.
                 rank = s.rank
                 if s.mapped_by == "tree" and rank is not None:
-                    parent_key = by_pid.get((s.node, s.ppid))
-                    parent = procs_by_key.get(parent_key) if parent_key else None
+                    parent = pids.get(s.node, {}).get(s.ppid)
                     if parent is not None and parent.alive and parent.latest.rank == rank:
                         continue
                 cpu = s.cpu_percent

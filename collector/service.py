@@ -121,7 +121,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if node is None:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
-                    n = len(msg.batch.processes)
+                    n = len(msg.batch.processes.pid)
                     if n > MAX_SAMPLES_PER_BATCH:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -131,7 +131,10 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if delay > 0:
                         self.core.counters.throttled += 1
                         await asyncio.sleep(delay)
-                    self.core.batch(node, boot_id, msg.batch)
+                    try:
+                        self.core.batch(node, boot_id, msg.batch)
+                    except ValueError as exc:  # counted by the core
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; the batch was not stored")
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
                     self.after_flush.append((outbox, ack))
                 else:

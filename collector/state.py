@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from clusterwatch.model import GpuInfo, GpuReading, JobEvent, ProcessKey, ProcessSample, TrainingReport
-from clusterwatch.wire import process_from_proto, same_labels, update_readings
+from clusterwatch.wire import ProcessColumns
 
 # Job states in Slurm's words; ended ones leave /metrics.
 ENDED_STATES = frozenset(
@@ -51,6 +51,7 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
+    labels: tuple = ()  # the labels as last sent (wire.label_key order), to tell a change cheaply
 
 
 @dataclass(slots=True)
@@ -138,7 +139,8 @@ class ClusterState:
         self._node_live: dict[str, set[ProcessKey]] = {}
         # samples stored before a restart, per process: a series that comes back counts on from there
         self.restored_samples: dict[ProcessKey, int] = {}
-        self._by_pid: dict[tuple[str, int], ProcessKey] = {}
+        # node → pid → the process's latest series (the one with that pid's newest start time)
+        self.pids: dict[str, dict[int, ProcessSeries]] = {}
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -166,56 +168,81 @@ class ClusterState:
 
     # -- samples ----------------------------------------------------------------------------
 
-    def add_processes(self, node: str, msgs, batch_time: float, unlabel: frozenset[str] = frozenset()
-                      ) -> list[ProcessSeries]:
-        """Record one poll of a node (wire ProcessSamples); processes missing from it are marked not alive.
+    def add_processes(self, node: str, cols: ProcessColumns, batch_time: float,
+                      unlabel: frozenset[str] = frozenset()) -> list[ProcessSeries]:
+        """Record one poll of a node (a decoded ProcessTable); processes missing from it are marked not alive.
 
-        A known process whose labels did not change gets its readings refreshed in place;
-        anything else is converted whole. Samples of jobs in `unlabel` (closed already) lose
-        their job labels. Returns the series that got a new sample (for the rules).
+        A known process whose labels did not change gets its readings refreshed in place
+        (the common case, kept cheap: this loop is the collector's ingest cost); anything
+        else is converted whole. Samples of jobs in `unlabel` (closed already) lose their
+        job labels. Returns the series that got a new sample (for the rules).
         """
         ns = self.nodes.get(node)
         if ns is not None:
             ns.last_seen = max(ns.last_seen, batch_time)
         live: set[ProcessKey] = set()
         touched = []
-        processes = self.processes
-        for m in msgs:
-            key = ProcessKey(node, m.pid, m.start_time)
-            live.add(key)
-            series = processes.get(key)
-            if series is not None:
+        pids_of = self.pids.get(node)
+        if pids_of is None:
+            pids_of = self.pids[node] = {}
+        step = self.history_step_s
+        label_sets, labels = cols.label_sets, cols.labels
+        cpus, rsss, threads, fds = cols.cpu_percent, cols.rss_bytes, cols.threads, cols.open_fds
+        gcounts = cols.gpu_count
+        g = 0  # where this row's GPU-use entries start
+        for i, (t, pid, start) in enumerate(zip(cols.time, cols.pid, cols.start_time, strict=True)):
+            gcount = gcounts[i]
+            series = pids_of.get(pid)
+            if series is not None and series.key.start_time != start:  # a reused pid, or an older batch
+                series = self.processes.get(ProcessKey(node, pid, start))
+            if series is None:
+                series = self._new_series(node, cols.sample(i, node, g), label_sets[labels[i]], unlabel)
+                if pid not in pids_of or pids_of[pid].key.start_time < start:
+                    pids_of[pid] = series
                 s = series.latest
-                if m.time < s.time:
-                    continue  # an old batch resent after a newer one: history stays in time order
-                if same_labels(s, m):
-                    update_readings(s, m)
-                else:
-                    s = series.latest = self._convert(node, m, unlabel)
-                    self._join_job(key, s)
             else:
-                s = self._convert(node, m, unlabel)
-                series = ProcessSeries(key, s, deque(maxlen=self.history_points))
-                series.samples = self.restored_samples.pop(key, 0)
-                processes[key] = series
-                self._by_pid[(node, m.pid)] = key
-                self._join_job(key, s)
+                s = series.latest
+                if t < s.time:
+                    g += gcount
+                    continue  # an old batch resent after a newer one: history stays in time order
+                lab = label_sets[labels[i]]
+                if lab != series.labels:
+                    s = series.latest = self._convert(node, cols.sample(i, node, g), unlabel)
+                    series.labels = lab
+                    self._join_job(series.key, s)
+                else:
+                    s.time = t
+                    v = cpus[i]
+                    s.cpu_percent = v if v == v else None  # NaN: unknown
+                    v = rsss[i]
+                    s.rss_bytes = v if v >= 0 else None  # -1: unknown
+                    v = threads[i]
+                    s.threads = v if v >= 0 else None
+                    v = fds[i]
+                    s.open_fds = v if v >= 0 else None
+                    if gcount:
+                        s.gpus = cols.gpu_uses(g, gcount)
+                    elif s.gpus:
+                        s.gpus = ()
+            g += gcount
+            live.add(series.key)
             series.alive = True
-            gmem = s.gpu_memory_bytes
+            gmem = s.gpu_memory_bytes if gcount else None
             hist = series.history
             # history keeps a point every history_step_s: trends need no more, and a 1 Hz node
             # would otherwise hold five times the memory (peaks and the latest reading see every sample)
-            if not hist or s.time - hist[-1].t >= self.history_step_s:
-                hist.append(Point(s.time, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads,
-                                  s.open_fds))
+            if not hist or t - hist[-1].t >= step:
+                hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads, s.open_fds))
             series.samples += 1
-            if s.rss_bytes is not None and s.rss_bytes > series.rss_peak:
-                series.rss_peak = s.rss_bytes
+            v = s.rss_bytes
+            if v is not None and v > series.rss_peak:
+                series.rss_peak = v
             if gmem is not None and gmem > series.gpu_memory_peak:
                 series.gpu_memory_peak = gmem
             touched.append(series)
         prev = self._node_live.get(node)
         if prev:
+            processes = self.processes
             for key in prev - live:
                 series = processes.get(key)
                 if series is not None:
@@ -223,9 +250,18 @@ class ClusterState:
         self._node_live[node] = live
         return touched
 
+    def _new_series(self, node: str, sample: ProcessSample, labels: tuple, unlabel: frozenset[str]
+                    ) -> ProcessSeries:
+        s = self._convert(node, sample, unlabel)
+        key = ProcessKey(node, s.pid, s.start_time)
+        series = ProcessSeries(key, s, deque(maxlen=self.history_points), labels=labels)
+        series.samples = self.restored_samples.pop(key, 0)
+        self.processes[key] = series
+        self._join_job(key, s)
+        return series
+
     @staticmethod
-    def _convert(node: str, m, unlabel: frozenset[str]) -> ProcessSample:
-        s = process_from_proto(m)
+    def _convert(node: str, s: ProcessSample, unlabel: frozenset[str]) -> ProcessSample:
         s.node = node  # the stream's node is authoritative: one agent cannot write for another
         if s.job_id in unlabel:
             s.job_id, s.rank, s.local_rank, s.mapped_by = "", None, None, ""
@@ -265,8 +301,7 @@ class ClusterState:
 
     def add_training(self, node: str, report: TrainingReport) -> ProcessSeries | None:
         """Attach a training report to its process; the step rate comes from step deltas."""
-        key = self._by_pid.get((node, report.pid))
-        series = self.processes.get(key) if key else None
+        series = self.pids.get(node, {}).get(report.pid)
         if series is None:
             return None
         if report.step is not None:
@@ -338,16 +373,19 @@ class ClusterState:
             return
         for key in job.processes:
             self.processes.pop(key, None)
-            if self._by_pid.get((key.node, key.pid)) == key:
-                del self._by_pid[(key.node, key.pid)]
+            self._forget_pid(key)
 
     def prune(self, now: float, keep_dead_s: float = 600.0) -> None:
         """Forget processes that are gone and belong to no job, after a while."""
         for key, series in list(self.processes.items()):
             if not series.alive and not series.latest.job_id and now - series.latest.time > keep_dead_s:
                 del self.processes[key]
-                if self._by_pid.get((key.node, key.pid)) == key:
-                    del self._by_pid[(key.node, key.pid)]
+                self._forget_pid(key)
+
+    def _forget_pid(self, key: ProcessKey) -> None:
+        pids = self.pids.get(key.node)
+        if pids is not None and (series := pids.get(key.pid)) is not None and series.key == key:
+            del pids[key.pid]
 
 
 def step_rate(points: deque) -> float | None:

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessSample, TrainingReport
-from clusterwatch.wire import process_to_proto
+from clusterwatch.wire import ProcessColumns, processes_to_table
 
 NOW = 1_800_000_000.0
 GiB = 1 << 30
@@ -47,13 +47,10 @@ PROMETHEUS3_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow
                       "escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
 
 
-def _protos(samples: list[ProcessSample]) -> list[agent_pb2.ProcessSample]:
-    out = []
-    for s in samples:
-        m = agent_pb2.ProcessSample()
-        process_to_proto(s, m)
-        out.append(m)
-    return out
+def _table(samples: list[ProcessSample]) -> ProcessColumns:
+    t = agent_pb2.ProcessTable()
+    processes_to_table(samples, t)
+    return ProcessColumns(t)
 
 
 def _state(t: float = NOW) -> ClusterState:
@@ -80,7 +77,7 @@ def _state(t: float = NOW) -> ClusterState:
                                          job_id="7002", rank=0, mapped_by="env", cpu_percent=99.0,
                                          rss_bytes=2 * GiB, threads=8, open_fds=20,
                                          gpus=(GpuUse(f"GPU-{node}-1", 5 * GiB, 40.0),)))
-        st.add_processes(node, _protos(samples), t)
+        st.add_processes(node, _table(samples), t)
         st.add_gpus(node, [(t, GpuReading(f"GPU-{node}-0", 87.0, 20 * GiB, 80 * GiB, 310.5)),
                            (t, GpuReading(f"GPU-{node}-1", 40.0 if node == "gpu002" else 0.0, 5 * GiB, 80 * GiB,
                                           95.25))])

@@ -1,17 +1,20 @@
-"""The agent's process messages from per-process templates are byte for byte those of process_to_proto."""
+"""Process samples through the columnar ProcessTable and back: nothing changes, nothing is invented."""
 from __future__ import annotations
 
+import math
+
+import pytest
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterwatch.model import GpuUse, ProcessSample
-from clusterwatch.wire import ProcessFiller, process_to_proto
+from clusterwatch.wire import ProcessColumns, processes_from_table, processes_to_table
 
 UUIDS = ["GPU-a", "GPU-b", "GPU-c"]
 maybe_int = st.none() | st.integers(min_value=0, max_value=2**40)
 gpu_use = st.builds(GpuUse, st.sampled_from(UUIDS), maybe_int,
-                    st.none() | st.floats(min_value=0, max_value=100, allow_nan=False))
+                    st.none() | st.floats(min_value=0, max_value=100, allow_nan=False, width=32))
 sample = st.builds(
     ProcessSample,
     time=st.floats(min_value=0, max_value=2e9, allow_nan=False),
@@ -27,7 +30,7 @@ sample = st.builds(
     local_rank=st.none() | st.integers(min_value=0, max_value=8),
     step_id=st.sampled_from(["", "0", "batch"]),
     mapped_by=st.sampled_from(["", "cgroup", "environ", "tree", "pid"]),
-    cpu_percent=st.none() | st.floats(min_value=0, max_value=6400, allow_nan=False),
+    cpu_percent=st.none() | st.floats(min_value=0, max_value=6400, allow_nan=False, width=32),
     rss_bytes=maybe_int,
     threads=st.none() | st.integers(min_value=0, max_value=5000),
     open_fds=st.none() | st.integers(min_value=0, max_value=100000),
@@ -37,34 +40,49 @@ polls = st.lists(st.lists(sample, max_size=6).map(lambda ss: list({s.pid: s for 
                  min_size=1, max_size=6)
 
 
-def reference(samples: list[ProcessSample]) -> bytes:
-    batch = agent_pb2.Batch(sent_at=1.5)
-    for s in samples:
-        process_to_proto(s, batch.processes.add())
-    return batch.SerializeToString()
+def roundtrip(samples: list[ProcessSample], node: str) -> list[ProcessSample]:
+    t = agent_pb2.ProcessTable()
+    processes_to_table(samples, t)
+    return processes_from_table(agent_pb2.ProcessTable.FromString(t.SerializeToString()), node)
 
 
 @settings(max_examples=300, deadline=None)
 @given(polls)
-def test_the_filler_writes_what_process_to_proto_writes(polls: list[list[ProcessSample]]) -> None:
-    filler = ProcessFiller()
+def test_samples_come_back_as_they_went(polls: list[list[ProcessSample]]) -> None:
     for samples in polls:
-        batch = agent_pb2.Batch(sent_at=1.5)
-        filler.fill(samples, batch.processes)
-        assert batch.SerializeToString() == reference(samples)
+        for s in samples:
+            s.node = "n1"  # the node is the stream's, not the table's
+        assert roundtrip(samples, "n1") == samples
 
 
-def test_a_changed_label_or_gpu_rebuilds_the_template() -> None:
-    filler = ProcessFiller()
-    s = ProcessSample(time=1.0, node="n1", pid=5, start_time=2.0, command="python", cpu_percent=1.5,
-                      gpus=(GpuUse("GPU-a", 10, 50.0),))
-    for change in ({}, {"job_id": "9", "rank": 3, "mapped_by": "environ"}, {"gpus": (GpuUse("GPU-b", 11, None),)},
-                   {"cpu_percent": None, "rank": None}, {"command": "renamed", "ppid": 9}):
-        for k, v in change.items():
-            setattr(s, k, v)
-        batch = agent_pb2.Batch(sent_at=1.5)
-        filler.fill([s], batch.processes)
-        assert batch.SerializeToString() == reference([s])
-        [m] = batch.processes
-        assert (m.job_id, m.HasField("rank"), [g.gpu_uuid for g in m.gpus]) == (
-            s.job_id, s.rank is not None, [g.gpu_uuid for g in s.gpus])
+def test_labels_and_gpus_are_written_once_per_batch() -> None:
+    samples = [ProcessSample(1.0, "n", pid, 2.0, ppid=1, user="ann", command="python", job_id="9", rank=0,
+                             mapped_by="environ", gpus=(GpuUse("GPU-a", 10, 50.0),)) for pid in range(10, 20)]
+    t = agent_pb2.ProcessTable()
+    processes_to_table(samples, t)
+    assert len(t.label_sets) == 1 and list(t.gpu_uuids) == ["GPU-a"]
+    assert list(t.labels) == [0] * 10 and list(t.gpu_count) == [1] * 10
+
+
+def test_unknown_readings_stay_unknown_not_zero() -> None:
+    s = ProcessSample(1.0, "n", 5, 2.0, gpus=(GpuUse("GPU-a"),))
+    t = agent_pb2.ProcessTable()
+    processes_to_table([s], t)
+    assert math.isnan(t.cpu_percent[0]) and t.rss_bytes[0] == -1 and t.open_fds[0] == -1
+    [back] = processes_from_table(t, "n")
+    assert (back.cpu_percent, back.rss_bytes, back.threads, back.open_fds) == (None, None, None, None)
+    assert back.gpus == (GpuUse("GPU-a", None, None),) and back.rank is None
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda t: t.time.append(3.0), "column time has 2 rows, pid has 1"),
+    (lambda t: t.gpu_count.__setitem__(0, 2), "column gpu has 1 entries, gpu_count adds up to 2"),
+    (lambda t: t.labels.__setitem__(0, 4), "a row points at label set 4 of 1"),
+    (lambda t: t.gpu.__setitem__(0, 1), "a GPU use points at GPU 1 of 1"),
+])
+def test_an_inconsistent_table_is_refused_with_its_reason(spoil, reason) -> None:
+    t = agent_pb2.ProcessTable()
+    processes_to_table([ProcessSample(1.0, "n", 5, 2.0, gpus=(GpuUse("GPU-a", 1, 2.0),))], t)
+    spoil(t)
+    with pytest.raises(ValueError, match=reason):
+        ProcessColumns(t)

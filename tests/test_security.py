@@ -9,6 +9,9 @@ import grpc
 import pytest
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
+from clusterwatch.model import ProcessSample
+from clusterwatch.wire import processes_to_table
+
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -156,6 +159,15 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             list(stub.Stream(iter([huge]), timeout=30))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a process table whose columns disagree: refused whole, with the reason
+        bad = agent_pb2.Batch(seq=1)
+        processes_to_table([ProcessSample(1.0, "n", 5, 1.0, job_id="9")], bad.processes)
+        bad.processes.rss_bytes.append(7)  # a second rss for one row
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")),
+                                   agent_pb2.AgentMessage(batch=bad)]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "column rss_bytes has 2 rows, pid has 1" in err.value.details()
         # bytes that are not a message at all
         raw = channel.stream_stream("/clusterwatch.v1.Ingest/Stream", request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
@@ -163,7 +175,7 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
             list(raw(iter([b"\xff\xff\xff garbage"]), timeout=10))
         channel.close()
         text = collector.metrics()
-        assert (metric_value(text, "clusterwatch_ingest_rejected_total") or 0) >= 2
+        assert (metric_value(text, "clusterwatch_ingest_rejected_total") or 0) >= 3
         assert collector.popen.poll() is None  # still running, still answering
         assert cli("jobs", "--collector", collector.address).returncode == 0
     finally:
@@ -180,8 +192,8 @@ def test_a_flooding_agent_is_slowed_down_and_an_absurd_batch_refused(tmp_path):
             yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flood", boot_id="f1"))
             for seq in range(1, 11):  # 10 × 500 samples: 2.5× the 10 s burst of 2,000
                 b = agent_pb2.Batch(seq=seq)
-                for i in range(500):
-                    b.processes.add(time=float(seq), node="flood", pid=10_000 + i, start_time=1.0)
+                processes_to_table([ProcessSample(float(seq), "flood", 10_000 + i, 1.0) for i in range(500)],
+                                   b.processes)
                 yield agent_pb2.AgentMessage(batch=b)
 
         acks = [m.ack.seq for m in stub.Stream(flood(), timeout=120)]
@@ -193,8 +205,7 @@ def test_a_flooding_agent_is_slowed_down_and_an_absurd_batch_refused(tmp_path):
         def absurd():
             yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flood", boot_id="f2"))
             b = agent_pb2.Batch(seq=1)
-            for i in range(50_001):
-                b.processes.add(pid=i)
+            processes_to_table([ProcessSample(1.0, "flood", i, 1.0) for i in range(50_001)], b.processes)
             yield agent_pb2.AgentMessage(batch=b)
 
         with pytest.raises(grpc.RpcError) as err:

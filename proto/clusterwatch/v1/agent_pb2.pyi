@@ -39,22 +39,8 @@ class Hello(_message.Message):
     node_memory_total_bytes: int
     def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ...) -> None: ...
 
-class ProcessGpuUse(_message.Message):
-    __slots__ = ("gpu_uuid", "used_memory_bytes", "sm_utilization")
-    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
-    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SM_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
-    gpu_uuid: str
-    used_memory_bytes: int
-    sm_utilization: float
-    def __init__(self, gpu_uuid: _Optional[str] = ..., used_memory_bytes: _Optional[int] = ..., sm_utilization: _Optional[float] = ...) -> None: ...
-
-class ProcessSample(_message.Message):
-    __slots__ = ("time", "node", "pid", "start_time", "ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "mapped_by", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpus", "step_id")
-    TIME_FIELD_NUMBER: _ClassVar[int]
-    NODE_FIELD_NUMBER: _ClassVar[int]
-    PID_FIELD_NUMBER: _ClassVar[int]
-    START_TIME_FIELD_NUMBER: _ClassVar[int]
+class ProcessLabels(_message.Message):
+    __slots__ = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
     PPID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -62,17 +48,8 @@ class ProcessSample(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
-    MAPPED_BY_FIELD_NUMBER: _ClassVar[int]
-    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
-    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
-    THREADS_FIELD_NUMBER: _ClassVar[int]
-    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
-    GPUS_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
-    time: float
-    node: str
-    pid: int
-    start_time: float
+    MAPPED_BY_FIELD_NUMBER: _ClassVar[int]
     ppid: int
     uid: int
     user: str
@@ -80,14 +57,41 @@ class ProcessSample(_message.Message):
     job_id: str
     rank: int
     local_rank: int
-    mapped_by: str
-    cpu_percent: float
-    rss_bytes: int
-    threads: int
-    open_fds: int
-    gpus: _containers.RepeatedCompositeFieldContainer[ProcessGpuUse]
     step_id: str
-    def __init__(self, time: _Optional[float] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., ppid: _Optional[int] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProcessGpuUse, _Mapping]]] = ..., step_id: _Optional[str] = ...) -> None: ...
+    mapped_by: str
+    def __init__(self, ppid: _Optional[int] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step_id: _Optional[str] = ..., mapped_by: _Optional[str] = ...) -> None: ...
+
+class ProcessTable(_message.Message):
+    __slots__ = ("time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets", "gpu_uuids")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_SM_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SETS_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    time: _containers.RepeatedScalarFieldContainer[float]
+    pid: _containers.RepeatedScalarFieldContainer[int]
+    start_time: _containers.RepeatedScalarFieldContainer[float]
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    cpu_percent: _containers.RepeatedScalarFieldContainer[float]
+    rss_bytes: _containers.RepeatedScalarFieldContainer[int]
+    threads: _containers.RepeatedScalarFieldContainer[int]
+    open_fds: _containers.RepeatedScalarFieldContainer[int]
+    gpu_count: _containers.RepeatedScalarFieldContainer[int]
+    gpu: _containers.RepeatedScalarFieldContainer[int]
+    gpu_memory_bytes: _containers.RepeatedScalarFieldContainer[int]
+    gpu_sm_utilization: _containers.RepeatedScalarFieldContainer[float]
+    label_sets: _containers.RepeatedCompositeFieldContainer[ProcessLabels]
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, time: _Optional[_Iterable[float]] = ..., pid: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[int]] = ..., cpu_percent: _Optional[_Iterable[float]] = ..., rss_bytes: _Optional[_Iterable[int]] = ..., threads: _Optional[_Iterable[int]] = ..., open_fds: _Optional[_Iterable[int]] = ..., gpu_count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., gpu_memory_bytes: _Optional[_Iterable[int]] = ..., gpu_sm_utilization: _Optional[_Iterable[float]] = ..., label_sets: _Optional[_Iterable[_Union[ProcessLabels, _Mapping]]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts")
@@ -203,13 +207,13 @@ class Batch(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
-    processes: _containers.RepeatedCompositeFieldContainer[ProcessSample]
+    processes: ProcessTable
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     training: _containers.RepeatedCompositeFieldContainer[TrainingSample]
     provenance: _containers.RepeatedCompositeFieldContainer[Provenance]
     job_events: _containers.RepeatedCompositeFieldContainer[JobEvent]
     counters: AgentCounters
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessSample, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "batch")
