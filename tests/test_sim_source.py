@@ -139,6 +139,23 @@ def test_the_same_time_reads_the_same_values(scenario_file: str, spawn) -> None:
     assert len(utils) > 5 and all(40.0 <= u <= 60.0 for u in utils)
 
 
+def test_readings_kept_between_polls_are_what_a_fresh_source_reads(tmp_path: Path, spawn) -> None:
+    """Utilisation (and a flat curve's readings) are kept for the second of life they hold for: polls that
+    move back and forth, within a second, across a stall and before the start read what a new source reads."""
+    path = tmp_path / "scenario.toml"
+    path.write_text(SCENARIO.replace("stall_after_s = 100", "stall_after_s = 100.5"))  # a stall within a second
+    kids = [spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="stalled"),
+            spawn(CLUSTERWATCH_SIM_GPU="0,1", CLUSTERWATCH_SIM_PROFILE="leak"), spawn(CLUSTERWATCH_SIM_GPU="1")]
+    t0 = start_time(kids[0].pid)
+    kept = open_sim_source(str(path), node="n1")
+    times = [0.0, 0.3, 0.9, 1.0, 1.2, 99.5, 99.99, 100.0, 100.01, 100.6, 99.7, 5.5, 5.1, -3.0, -0.5, 0.2, 3600.0]
+    for dt in times + [100.0 + k / 20 for k in range(21)] + [101.0 - k / 20 for k in range(21)]:
+        fresh = open_sim_source(str(path), node="n1").poll(t0 + dt)
+        got = kept.poll(t0 + dt)
+        assert {k.pid: got.processes[k.pid] for k in kids} == {k.pid: fresh.processes[k.pid] for k in kids}, dt
+        assert got.readings == fresh.readings, dt
+
+
 def test_a_stalled_process_drops_to_zero_and_the_gpu_to_idle_power(scenario_file: str, spawn) -> None:
     src = open_sim_source(scenario_file, node="n1")
     child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="stalled")

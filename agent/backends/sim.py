@@ -103,6 +103,10 @@ _FLAT_KINDS = ("steady", "idle", "stall")
 
 @dataclass(slots=True)
 class _SimProc:
+    """A played process. Its utilisation is a function of its second of life (noise) and of which side of
+    its stall it is on, so it is kept for the span of life [lo, hi) it holds for; so are the memory and
+    the GpuUse readings of a flat curve."""
+
     start_time: float
     gpus: tuple[int, ...]
     profile: Profile
@@ -111,7 +115,11 @@ class _SimProc:
     seed: int
     flat: bool = False
     stall_after_s: float = float("inf")
-    last: tuple | None = None  # (second, stalled, used, sm, uses) of a flat curve
+    lo: float = 1.0  # [lo, hi): seconds of life for which `sm` (and for a flat curve `used`, `uses`) hold
+    hi: float = 0.0  # (empty at first)
+    sm: float = 0.0
+    used: int = 0
+    uses: tuple[GpuUse, ...] = ()
 
 
 class SimGpuSource:
@@ -143,12 +151,14 @@ class SimGpuSource:
             )
             for i in range(spec.count)
         ]
+        self._uuids = [g.uuid for g in self._gpus]
         self._known: dict[int, _Known] = {}
         self._played: dict[int, _SimProc] = {}  # the processes of _known that use a simulated GPU
         # New processes are found from /proc/loadavg's last pid (a listing of /proc only now and then); a
-        # played process's exit from its pidfd, all of them in one poll() call.
+        # played process's exit from its pidfd, all of them in one epoll call (which costs what the exits
+        # since the last call cost, where poll() visits every pidfd).
         self._news = NewPids(proc_root)
-        self._exits = select.poll()
+        self._exits = select.epoll() if hasattr(select, "epoll") else select.poll()
         self._by_pidfd: dict[int, int] = {}
         self._pidfds = hasattr(os, "pidfd_open")
         self._boot_time = _boot_time(proc_root)
@@ -176,45 +186,50 @@ class SimGpuSource:
         mem = [0] * spec.count
         util = [0.0] * spec.count
         room = spec.memory_bytes - spec.base_memory_bytes
+        uuids = self._uuids
         out = GpuPoll()
         processes = out.processes
         for pid, sim in self._played.items():
             t = now - sim.start_time
-            last = sim.last
-            if sim.flat:
-                second, stalled = int(t), t >= sim.stall_after_s
-                if last is not None and last[0] == second and last[1] == stalled:
-                    used, sm, uses = last[2], last[3], last[4]
+            if sim.lo <= t < sim.hi:
+                sm = sim.sm
+                if sim.flat:
+                    used = sim.used
                     for index in sim.gpus:
                         mem[index] += used
                         util[index] += sm
-                    processes[pid] = list(uses)
+                    processes[pid] = list(sim.uses)
                     continue
+            else:
+                sm = sim.profile.utilization_at(t, sim.seed)
+                if t >= 0.0:  # the span of life this utilisation holds for: this second, this side of a stall
+                    lo = float(int(t))
+                    hi, stall = lo + 1.0, sim.stall_after_s
+                    if lo < stall < hi:
+                        if t < stall:
+                            hi = stall
+                        else:
+                            lo = stall
+                    sim.lo, sim.hi, sim.sm = lo, hi, sm
+                else:  # before the process's start (a clock stepped back): not kept
+                    sim.lo, sim.hi = 1.0, 0.0
             used = _read_mem_file(sim.mem_file) if sim.mem_file else None
             if used is None:
                 used = sim.profile.memory_at(t, sim.base_bytes)
-            used = min(used, room)
-            sm = sim.profile.utilization_at(t, sim.seed)
-            uses = []
+            if used > room:
+                used = room
             for index in sim.gpus:
                 mem[index] += used
                 util[index] += sm
-                uses.append(GpuUse(self._gpus[index].uuid, used_memory_bytes=used, sm_utilization=sm))
-            processes[pid] = uses
+            uses = tuple([GpuUse(uuids[index], used, sm) for index in sim.gpus])
+            processes[pid] = list(uses)
             if sim.flat:
-                sim.last = (second, stalled, used, sm, tuple(uses))
-        for info in self._gpus:
-            i = info.index
+                sim.used, sim.uses = used, uses
+        total, base = spec.memory_bytes, spec.base_memory_bytes
+        readings = out.readings
+        for i, uuid_ in enumerate(uuids):
             u = min(100.0, util[i])
-            out.readings.append(
-                GpuReading(
-                    uuid=info.uuid,
-                    utilization=u,
-                    memory_used_bytes=min(spec.memory_bytes, spec.base_memory_bytes + mem[i]),
-                    memory_total_bytes=spec.memory_bytes,
-                    power_watts=round(spec.power(u), 1),
-                )
-            )
+            readings.append(GpuReading(uuid_, u, min(total, base + mem[i]), total, round(spec.power(u), 1)))
         out.errors, self._pending_errors = self._pending_errors, 0
         return out
 
