@@ -9,7 +9,8 @@ noisy VM, a read of an open file a quarter of that):
 - Each watched process is read through file descriptors the source keeps open while it
   watches it: `/proc/<pid>/stat` (one `pread` a poll gives state, parent, CPU, threads,
   start time and RSS) and `/proc/<pid>/fd` (an `fstat` gives the number of open
-  descriptors on Linux >= 6.2; a listing otherwise). Both are opened relative to the
+  descriptors on Linux >= 6.2; a listing otherwise), counted when the process is first
+  seen and then every `fd_count_every_s` (see DEFAULT_FD_COUNT_EVERY_S). Both are opened relative to the
   same `/proc/<pid>` directory, and a descriptor of /proc stays tied to the process it
   was opened for: once that process is reaped, reads fail with ESRCH, so a reused pid
   can never be read as the old process.
@@ -357,7 +358,8 @@ class ProcSource:
     def descendants(self, roots: set[int]) -> set[int]:
         """The roots that exist and every process below them.
 
-        The stat texts read here are kept for `sample()` of the same poll, which reads nothing twice.
+        The stat texts read here (split, with the parent pid) are kept for `sample()` of the same poll,
+        which reads and parses nothing twice.
         """
         fresh: dict[int, tuple] = {}
         self._fresh = fresh
@@ -387,12 +389,12 @@ class ProcSource:
             try:
                 close = data.rindex(b")")
                 rest = data[close + 2 :].split(None, 22)
-                parents[pid] = int(rest[1])
+                parents[pid] = ppid = int(rest[1])
             except (ValueError, IndexError):
                 self.read_errors += 1
                 self._release(pid)
                 continue
-            fresh[pid] = (data, close, rest)
+            fresh[pid] = (data, close, rest, ppid)
         probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
         new_roots = [r for r in roots if r in parents and r not in members]
         if new_roots:
@@ -434,7 +436,7 @@ class ProcSource:
                 parents.pop(pid, None)
             else:
                 close = data.rindex(b")")
-                fresh[pid] = (data, close, data[close + 2 :].split(None, 22))
+                fresh[pid] = (data, close, data[close + 2 :].split(None, 22), got[0])
         self._members = tree
         return set(tree)
 
@@ -526,11 +528,11 @@ class ProcSource:
                         continue
                     close = data.rindex(b")")
                     rest = data[close + 2 :].split(None, 22)
+                    ppid = int(rest[1])
                 else:
-                    data, close, rest = got
+                    data, close, rest, ppid = got
                 if rest[0] in _GONE_STATES:
                     continue
-                ppid = int(rest[1])
                 cpu_ticks = int(rest[11]) + int(rest[12])
                 threads = int(rest[17])
                 start_ticks = int(rest[19])
