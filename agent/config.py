@@ -16,6 +16,9 @@ class AgentConfig:
         collector: collector address HOST:PORT; None to only print (`--once --json`).
         node: node name written on every sample.
         interval_s: poll interval in seconds.
+        send_interval_s: polls are joined into one batch sent this often (each poll when the poll
+            interval is as long or longer); a job event goes out with its poll. At 1 Hz a batch of
+            five polls costs the collector about what one poll does (the cost is per message).
         gpu_source: "auto", "nvml", "sim" or "none".
         sim_scenario: scenario file for the simulated GPU source (None: the embedded default).
         pids: processes to watch besides those on a GPU (and their descendants).
@@ -33,6 +36,7 @@ class AgentConfig:
     collector: str | None
     node: str
     interval_s: float = 5.0
+    send_interval_s: float = 5.0
     gpu_source: str = "auto"
     sim_scenario: str | None = None
     pids: tuple[int, ...] = ()

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Collector ingest in samples/s per core, beside the bare gRPC receive rate of the same batches.
 
-    .venv/bin/python bench/bench_ingest.py [--quick] [--rounds 3] [--streams 8] [--batches 300] [--profile]
+    .venv/bin/python bench/bench_ingest.py [--quick] [--rounds 3] [--streams 8] [--batches 300] [--polls 5]
+                                           [--profile]
 
-Batches of 64 process samples (8 ranks × 7 DataLoader workers, each rank on a GPU, realistic
-field values, plus 8 GPU samples), several streams, each with its own node and a window of
-16 unacknowledged batches. In the same run, alternating, a client process sends the same
-number of batches to:
+Batches as an agent polling every second sends them with its default 5 s send interval: five
+polls of 64 processes (8 ranks × 7 DataLoader workers, each rank on a GPU, realistic field
+values, plus 8 GPU samples a poll), 320 process samples a batch (`--polls 1`: one poll a
+batch, as at a 5 s poll interval). Several streams, each with its own node and a window of
+16 unacknowledged batches; the batches of a stream follow one another on their own timeline
+(a second a poll), so the rules see what a live node would show them. In the same run,
+alternating, a client process sends the same number of batches to:
 
 - a trivial gRPC server: the generated Ingest servicer on grpc.aio with the collector's
   options, which parses each AgentMessage and answers an Ack, nothing else (the floor);
@@ -73,10 +77,10 @@ def serve_trivial(ports_file: str) -> None:
 
 # -- the client (run as a child process) ---------------------------------------------------------
 
-def client(address: str, streams: int, batches: int, window: int, tag: str) -> dict:
+def client(address: str, streams: int, batches: int, window: int, tag: str, polls: int) -> dict:
     async def main() -> dict:
         sims = [benchlib.NodeSim(f"ingest-{tag}-{i}", f"job-{tag}-{i}") for i in range(streams)]
-        bbs = [benchlib.BatchBytes(s) for s in sims]
+        bbs = [benchlib.BatchBytes(s, polls=polls, realtime=False) for s in sims]
         results = [benchlib.StreamResult() for _ in sims]
         channels = [benchlib.aio_channel(address) for _ in sims]
         t0 = time.monotonic()
@@ -91,9 +95,9 @@ def client(address: str, streams: int, batches: int, window: int, tag: str) -> d
     return asyncio.run(main())
 
 
-def run_client(address: str, streams: int, batches: int, window: int, tag: str) -> dict:
+def run_client(address: str, streams: int, batches: int, window: int, tag: str, polls: int) -> dict:
     out = subprocess.run([PYTHON, HERE, "--client", address, "--streams", str(streams), "--batches", str(batches),
-                          "--window", str(window), "--tag", tag],
+                          "--window", str(window), "--tag", tag, "--polls", str(polls)],
                          capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"ingest client failed: {out.stderr[-2000:]}")
@@ -103,10 +107,10 @@ def run_client(address: str, streams: int, batches: int, window: int, tag: str) 
     return res
 
 
-def measure_server(pid: int, address: str, streams: int, batches: int, window: int, tag: str) -> dict:
+def measure_server(pid: int, address: str, streams: int, batches: int, window: int, tag: str, polls: int) -> dict:
     time.sleep(0.3)  # let the server go idle
     c0 = benchlib.proc_cpu_s(pid)
-    res = run_client(address, streams, batches, window, tag)
+    res = run_client(address, streams, batches, window, tag, polls)
     c1 = benchlib.proc_cpu_s(pid)
     res["cpu"] = c1 - c0
     res["rate"] = res["acked"] / res["cpu"] if res["cpu"] > 0 else float("nan")
@@ -115,7 +119,7 @@ def measure_server(pid: int, address: str, streams: int, batches: int, window: i
 
 # -- CollectorCore.batch in this process ----------------------------------------------------------
 
-def inprocess(streams: int, batches: int, profile: bool = False) -> dict:
+def inprocess(streams: int, batches: int, polls: int, profile: bool = False) -> dict:
     from clusterwatch.v1 import agent_pb2
 
     with benchlib.tmpdir("cw-bench-ingest-") as tmp:
@@ -123,12 +127,12 @@ def inprocess(streams: int, batches: int, profile: bool = False) -> dict:
         sims = [benchlib.NodeSim(f"inproc-{i}", f"job-inproc-{i}") for i in range(streams)]
         for s in sims:
             core.hello(s.hello().hello)
-        bbs = [benchlib.BatchBytes(s) for s in sims]
-        t0 = time.time()
+        bbs = [benchlib.BatchBytes(s, polls=polls) for s in sims]
+        t0 = time.time() - 3600.0
         raw = []
         for k in range(batches):
             for s, bb in zip(sims, bbs, strict=True):
-                raw.append((s, bb.next(t0 + k)[1]))
+                raw.append((s, bb.next(t0 + k * polls)[1]))
         p0 = time.process_time()
         msgs = [(s, agent_pb2.AgentMessage.FromString(b)) for s, b in raw]
         parse = time.process_time() - p0
@@ -149,10 +153,10 @@ def inprocess(streams: int, batches: int, profile: bool = False) -> dict:
             "note": note, "prof": prof, "samples": samples}
 
 
-def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 300, window: int = 16,
-        profile: bool = False, show: bool = True) -> dict:
+def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 100, window: int = 16,
+        profile: bool = False, show: bool = True, polls: int = 5) -> dict:
     if quick:
-        rounds, streams, batches = 1, 2, 60
+        rounds, streams, batches = 1, 2, 20
     trivial, real, inproc = [], [], []
     note = ""
     with benchlib.tmpdir("cw-bench-ingest-") as tmp, Children() as children:
@@ -166,12 +170,12 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 3
             taddr = f"127.0.0.1:{json.load(f)['grpc']}"
         collector = CollectorProc(children, tmp, name="ingest-collector")
         for r in range(rounds):
-            trivial.append(measure_server(tp.pid, taddr, streams, batches, window, f"t{r}"))
-            real.append(measure_server(collector.pid, collector.address, streams, batches, window, "real"))
-            res = inprocess(streams, batches)
+            trivial.append(measure_server(tp.pid, taddr, streams, batches, window, f"t{r}", polls))
+            real.append(measure_server(collector.pid, collector.address, streams, batches, window, "real", polls))
+            res = inprocess(streams, batches, polls)
             inproc.append(res)
             note = res["note"]
-        profiled = inprocess(streams, batches, profile=True) if profile else None  # not in the figures
+        profiled = inprocess(streams, batches, polls, profile=True) if profile else None  # not in the figures
         metrics_samples = benchlib.metric_value(collector.metrics(), "clusterwatch_ingest_samples_total")
         collector.stop()
         children.stop(tp)
@@ -189,7 +193,8 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 3
     sent = sum(x["sent"] for x in real)
     acked = sum(x["acked"] for x in real)
     notes = [
-        f"{streams} streams × {batches} batches × 64 samples a round, window 16, {rounds} round(s) alternating; "
+        f"{streams} streams × {batches} batches × {polls} polls × 64 samples a round, window 16, {rounds} round(s) "
+        "alternating; "
         "median of rounds; 'runs' = min–max.",
         f"server CPU = utime+stime of the server process (all threads) during the client's run; "
         f"parsing an AgentMessage in Python costs {median(x['parse_us'] for x in inproc):.0f} µs a batch "
@@ -220,8 +225,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few seconds: 1 round, 2 streams × 60 batches")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--batches", type=int, default=300, help="batches per stream per round")
+    ap.add_argument("--batches", type=int, default=100, help="batches per stream per round")
     ap.add_argument("--window", type=int, default=16, help="unacknowledged batches in flight per stream")
+    ap.add_argument("--polls", type=int, default=5, help="polls a batch joins (the agent at 1 Hz: 5)")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of CollectorCore.batch")
     ap.add_argument("--serve-trivial", metavar="PORTS_FILE", help=argparse.SUPPRESS)
     ap.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -230,9 +236,9 @@ def main() -> None:
     if args.serve_trivial:
         serve_trivial(args.serve_trivial)
     elif args.client:
-        print(json.dumps(client(args.client, args.streams, args.batches, args.window, args.tag)))
+        print(json.dumps(client(args.client, args.streams, args.batches, args.window, args.tag, args.polls)))
     else:
-        run(args.quick, args.rounds, args.streams, args.batches, args.window, args.profile)
+        run(args.quick, args.rounds, args.streams, args.batches, args.window, args.profile, polls=args.polls)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Load: simulated agents for 1,000 nodes × 64 processes at 1 Hz against one real collector.
 
-    .venv/bin/python bench/load.py [--nodes 1000] [--duration 60] [--interval 1] [--clients 4] [--quick]
+    .venv/bin/python bench/load.py [--nodes 1000] [--duration 60] [--interval 1] [--polls 5] [--clients 4] [--quick]
 
 A real `clusterwatch collector` process (fresh store, loopback), and `--clients` OS processes,
 each multiplexing its share of the nodes on grpc.aio: one channel and one stream per node,
 as a real agent has, a hello and then one numbered batch of 64 process samples (8 ranks × 7
-DataLoader workers, 8 GPUs) per interval, the nodes' phases spread over the interval.
+DataLoader workers, 8 GPUs) per interval, joined as the agent joins them: with its default 5 s
+send interval an agent polling every second sends a batch of five polls every 5 s (`--polls 1`:
+a batch every poll). The nodes' phases are spread over the send interval.
 
 Reported: samples/s ingested (acknowledged), the collector's CPU (utime+stime of its
 process from /proc/<pid>/stat over the run, in cores), its RSS at the end, acknowledgement
@@ -30,7 +32,8 @@ from benchlib import PYTHON, Children, CollectorProc, table, verdict  # noqa: E4
 HERE = os.path.abspath(__file__)
 
 
-def client(address: str, first: int, count: int, duration: float, interval: float, start_at: float) -> dict:
+def client(address: str, first: int, count: int, duration: float, interval: float, start_at: float,
+           polls: int) -> dict:
     """Nodes first..first+count-1, each one stream, sending from start_at (Unix time) for `duration`."""
 
     async def main() -> dict:
@@ -39,13 +42,14 @@ def client(address: str, first: int, count: int, duration: float, interval: floa
             await asyncio.sleep(delay)
         until = time.monotonic() + duration
         sims = [benchlib.NodeSim(f"load-node{n:04d}", f"load-job{n:04d}") for n in range(first, first + count)]
-        bbs = [benchlib.BatchBytes(s) for s in sims]
+        bbs = [benchlib.BatchBytes(s, polls=polls, interval=interval) for s in sims]
+        every = interval * polls
         results = [benchlib.StreamResult() for _ in sims]
         channels = [benchlib.aio_channel(address) for _ in sims]
         c0 = time.process_time()
         await asyncio.gather(*(
-            benchlib.agent_stream(ch, bb, r, interval=interval, until=until, window=1_000_000,
-                                  phase=interval * i / count, drain_timeout=30.0)
+            benchlib.agent_stream(ch, bb, r, interval=every, until=until, window=1_000_000,
+                                  phase=every * i / count, drain_timeout=30.0)
             for i, (ch, bb, r) in enumerate(zip(channels, bbs, results, strict=True))
         ))
         cpu = time.process_time() - c0
@@ -66,7 +70,7 @@ def pct(sorted_values: list[float], q: float) -> float:
 
 
 def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval: float = 1.0,
-        clients: int = 4, show: bool = True) -> dict:
+        clients: int = 4, show: bool = True, polls: int = 5) -> dict:
     if quick:
         nodes, duration, clients = 20, 3.0, 1
     clients = max(1, min(clients, nodes))
@@ -80,7 +84,7 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
             out = open(os.path.join(tmp, f"client{i}.json"), "wb")
             err = open(os.path.join(tmp, f"client{i}.log"), "wb")
             p = children.start([PYTHON, HERE, "--client", collector.address, "--first", str(first), "--count",
-                                str(n), "--duration", str(duration), "--interval", str(interval),
+                                str(n), "--duration", str(duration), "--interval", str(interval), "--polls", str(polls),
                                 "--start-at", repr(start_at)], stdout=out, stderr=err)
             procs.append((p, out, err))
             first += n
@@ -115,7 +119,7 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
     rate = acked / duration
     dropped = sent - acked
     rows = [
-        ["nodes × processes at interval", f"{nodes:,} × 64 every {interval:g} s"],
+        ["nodes × processes at interval", f"{nodes:,} × 64 every {interval:g} s, {polls} polls a batch"],
         ["duration (sending) / wall incl. drain", f"{duration:g} s / {wall:.1f} s"],
         ["samples offered per second", f"{nodes * 64 / interval:,.0f}"],
         ["samples/s ingested (acknowledged / duration)", f"{rate:,.0f}"],
@@ -130,7 +134,7 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
         ["stream errors", str(len(errors)) + (f" (first: {errors[0][:90]})" if errors else "")],
         ["load clients: processes / CPU s total", f"{clients} / {sum(r['client_cpu'] for r in results):.1f}"],
     ]
-    ok_rate = rate >= 0.99 * nodes * 64 / interval * (duration - interval) / duration
+    ok_rate = rate >= 0.99 * nodes * 64 / interval * (duration - interval * polls) / duration
     notes = [
         f"dropped must be 0: {verdict(dropped == 0 and (stored is None or stored == acked))}; "
         f"kept up with the offered rate: {verdict(ok_rate)}",
@@ -152,6 +156,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of sending")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between a node's batches")
+    ap.add_argument("--polls", type=int, default=5, help="polls a batch joins (the agent at 1 Hz: 5)")
     ap.add_argument("--clients", type=int, default=4, help="load client processes")
     ap.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -159,10 +164,10 @@ def main() -> None:
     ap.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
-        res = client(args.client, args.first, args.count, args.duration, args.interval, args.start_at)
+        res = client(args.client, args.first, args.count, args.duration, args.interval, args.start_at, args.polls)
         sys.stdout.write(json.dumps(res) + "\n")
     else:
-        run(args.quick, args.nodes, args.duration, args.interval, args.clients)
+        run(args.quick, args.nodes, args.duration, args.interval, args.clients, polls=args.polls)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ from .common import fail, setup_logging
               help="Node name (default: SLURMD_NODENAME, else the host name).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, envvar="CLUSTERWATCH_INTERVAL",
               show_default=True, help="Poll interval in seconds.")
+@click.option("--send-interval", type=click.FloatRange(min=0.0), default=5.0, envvar="CLUSTERWATCH_SEND_INTERVAL",
+              show_default=True,
+              help="Send a batch this often, joining the polls in between (0: every poll; a job event goes at once).")
 @click.option("--gpu-source", type=click.Choice(["auto", "nvml", "sim", "none"]), default="auto",
               envvar="CLUSTERWATCH_GPU_SOURCE", show_default=True,
               help="Where GPU data comes from; `sim` plays a scenario for machines without a GPU.")
@@ -48,7 +51,7 @@ from .common import fail, setup_logging
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
-def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
+def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
           tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
@@ -72,7 +75,8 @@ def agent(collector, node, interval, gpu_source, sim_scenario, pids, local_job_i
     if ensure:
         sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token))
     config = AgentConfig(
-        collector=collector, node=node, interval_s=interval, gpu_source=gpu_source, sim_scenario=sim_scenario,
+        collector=collector, node=node, interval_s=interval, send_interval_s=send_interval, gpu_source=gpu_source,
+        sim_scenario=sim_scenario,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -198,7 +202,7 @@ def channel_credentials(config):
 
 def run_agent(agent_obj) -> int:
     """Run until SIGTERM/SIGINT; then flush, print the counters line and return 0."""
-    from clusterwatch.agent.agent import run_loop, write_pid_file
+    from clusterwatch.agent.agent import PollJoiner, run_loop, submit, write_pid_file
     from clusterwatch.agent.stream import Sender
 
     config = agent_obj.config
@@ -215,13 +219,18 @@ def run_agent(agent_obj) -> int:
     logging.getLogger("clusterwatch.agent").info(
         "agent on %s: polling every %.1fs, GPU source %s, collector %s",
         config.node, config.interval_s, agent_obj.gpus.name, config.collector)
-    run_loop(agent_obj, sender, stop)
-    # a last poll so the final state (e.g. a job's end event) goes out, then flush
+    joiner = PollJoiner(config.interval_s, config.send_interval_s)
+    run_loop(agent_obj, sender, stop, joiner)
+    # a last poll so the final state (e.g. a job's end event) goes out with the polls held, then flush
     try:
-        batch, samples = agent_obj.poll()
-        sender.submit(batch, len(samples))
+        due = joiner.add(*agent_obj.poll_parts(), time.monotonic())
+        if due is not None:
+            submit(agent_obj, sender, *due)
     except Exception:
-        pass
+        logging.getLogger("clusterwatch.agent").exception("the last poll failed; what was held is sent")
+    held = joiner.take()
+    if held is not None:
+        submit(agent_obj, sender, *held)
     sender.flush(timeout=5.0)
     sender.stop()
     agent_obj.gpus.close()

@@ -106,8 +106,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                           for i in range(RANKS_PER_NODE)]
             ranks += node_ranks
             pid_args = [a for p in node_ranks for a in ("--pid", str(p.pid))]
-            stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval), "--job-id", job_id,
-                                     *pid_args])
+            stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval), "--send-interval", "0",
+                                     "--job-id", job_id, *pid_args])
         click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
                    f"http://127.0.0.1:{stack.metrics_port}/metrics, job {job_id} on {', '.join(NODES)}; "
                    f"rank {LEAKING_RANK} leaks host and GPU memory.")

@@ -85,8 +85,9 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
             fail(f"command not executable: {command[0]}", code=126)
         job_id = f"local-{child.pid}"
         write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
+        # one machine, a few processes: every poll goes out, so what is shown is never behind
         stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
-                                 "--gpu-source", gpu_source])
+                                 "--send-interval", "0", "--gpu-source", gpu_source])
         click.echo(f"[clusterwatch] watching {job_id} ({' '.join(command)}); "
                    f"collector on {stack.address}", err=True)
         last_line = time.monotonic()

@@ -138,7 +138,7 @@ class CollectorCore:
         gpus = [gpu_info_from_proto(g) for g in msg.gpus]
         with self.lock:
             ns = self.state.hello(msg.node, msg.boot_id, msg.agent_version, msg.interval_s, msg.gpu_source,
-                                  msg.node_memory_total_bytes, gpus, now)
+                                  msg.node_memory_total_bytes, gpus, now, msg.send_interval_s)
         self.store.save_node(ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes, ns.gpus, now)
         return msg.node
 

@@ -74,6 +74,7 @@ class NodeState:
     boot_id: str = ""
     agent_version: str = ""
     interval_s: float = 5.0
+    send_interval_s: float = 5.0  # a batch is due at least this often (never less than interval_s)
     gpu_source: str = ""
     memory_total_bytes: int = 0
     last_seen: float = 0.0
@@ -145,10 +146,11 @@ class ClusterState:
     # -- agents -----------------------------------------------------------------------------
 
     def hello(self, node: str, boot_id: str, version: str, interval_s: float, gpu_source: str,
-              memory_total: int, gpus: list[GpuInfo], now: float) -> NodeState:
+              memory_total: int, gpus: list[GpuInfo], now: float, send_interval_s: float = 0.0) -> NodeState:
         """An agent (re)connected: record its node and GPU inventory."""
         ns = self.nodes.get(node) or NodeState(node)
         ns.boot_id, ns.agent_version, ns.interval_s = boot_id, version, interval_s or 5.0
+        ns.send_interval_s = max(ns.interval_s, send_interval_s)
         ns.gpu_source, ns.memory_total_bytes = gpu_source, memory_total
         ns.connected, ns.last_seen = True, max(ns.last_seen, now)
         ns.gpus = [g.uuid for g in gpus]
@@ -170,17 +172,20 @@ class ClusterState:
 
     def add_processes(self, node: str, cols: ProcessColumns, batch_time: float,
                       unlabel: frozenset[str] = frozenset()) -> list[ProcessSeries]:
-        """Record one poll of a node (a decoded ProcessTable); processes missing from it are marked not alive.
+        """Record the polls of a node in a batch (a decoded ProcessTable); processes missing from the
+        last of them are marked not alive.
 
         A known process whose labels did not change gets its readings refreshed in place
         (the common case, kept cheap: this loop is the collector's ingest cost); anything
         else is converted whole. Samples of jobs in `unlabel` (closed already) lose their
-        job labels. Returns the series that got a new sample (for the rules).
+        job labels. Returns the series that got a new sample (for the rules), each once.
         """
         ns = self.nodes.get(node)
         if ns is not None:
             ns.last_seen = max(ns.last_seen, batch_time)
-        live: set[ProcessKey] = set()
+        live: set[ProcessKey] = set()  # in the batch's last poll
+        early: dict[ProcessKey, ProcessSeries] = {}  # in an earlier poll of it
+        last_poll = max(cols.time, default=0.0)  # the rows of one poll share its time
         touched = []
         pids_of = self.pids.get(node)
         if pids_of is None:
@@ -225,7 +230,11 @@ class ClusterState:
                     elif s.gpus:
                         s.gpus = ()
             g += gcount
-            live.add(series.key)
+            if t == last_poll:
+                live.add(series.key)
+                touched.append(series)
+            else:
+                early[series.key] = series
             series.alive = True
             gmem = s.gpu_memory_bytes if gcount else None
             hist = series.history
@@ -239,15 +248,16 @@ class ClusterState:
                 series.rss_peak = v
             if gmem is not None and gmem > series.gpu_memory_peak:
                 series.gpu_memory_peak = gmem
-            touched.append(series)
-        prev = self._node_live.get(node)
-        if prev:
+        gone = early.keys() | self._node_live.get(node, set())
+        if gone:
             processes = self.processes
-            for key in prev - live:
+            for key in gone - live:
                 series = processes.get(key)
                 if series is not None:
                     series.alive = False
         self._node_live[node] = live
+        # the rules see each process once a batch: as of its last row (it is updated in place)
+        touched.extend(series for key, series in early.items() if key not in live)
         return touched
 
     def _new_series(self, node: str, sample: ProcessSample, labels: tuple, unlabel: frozenset[str]
@@ -364,7 +374,7 @@ class ClusterState:
         return [self.processes[k] for k in job.processes if k in self.processes]
 
     def node_up(self, node: NodeState, now: float, after_intervals: float) -> bool:
-        return node.last_seen > 0 and now - node.last_seen <= after_intervals * node.interval_s + 1.0
+        return node.last_seen > 0 and now - node.last_seen <= after_intervals * node.send_interval_s + 1.0
 
     def forget_job(self, job_id: str) -> None:
         """Drop an ended job's processes from memory (its summary is in the store)."""

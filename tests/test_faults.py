@@ -23,8 +23,9 @@ time.sleep(600)
 
 
 def _agent(tmp_path, address, pid, name="agent"):
+    # a batch every second (five polls): the faults below are timed in seconds
     return Proc([*CLI, "agent", "--collector", address, "--node", "fault-node", "--interval", "0.2",
-                 "--gpu-source", "none", "--pid", str(pid), "--job-id", "fault-1", "--no-provenance",
+                 "--send-interval", "1", "--gpu-source", "none", "--pid", str(pid), "--job-id", "fault-1", "--no-provenance",
                  "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / f"{name}.sock")],
                 tmp_path / f"{name}.log")
 
@@ -75,7 +76,9 @@ def test_killed_agent_raises_agent_down(tmp_path):
         wait_for(lambda: metric_value(collector.metrics(), "clusterwatch_alert", rule="agent_down",
                                       node="fault-node", state="firing") == 1.0, timeout=30,
                  what="agent_down firing")
-        assert metric_value(collector.metrics(), "clusterwatch_node_up", node="fault-node") == 0.0
+        # down after three send intervals without a batch
+        wait_for(lambda: metric_value(collector.metrics(), "clusterwatch_node_up", node="fault-node") == 0.0,
+                 timeout=10, what="the node down")
         alerts = cli("alerts", "--collector", collector.address)
         assert "agent_down" in alerts.stdout and "fault-node" in alerts.stdout
         # the agent comes back: the alert resolves

@@ -20,7 +20,7 @@ class GpuInfo(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes")
+    __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes", "send_interval_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Hello(_message.Message):
     GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     NODE_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEND_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     node: str
     boot_id: str
     agent_version: str
@@ -37,7 +38,8 @@ class Hello(_message.Message):
     gpu_source: str
     sent_at: float
     node_memory_total_bytes: int
-    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ...) -> None: ...
+    send_interval_s: float
+    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ..., send_interval_s: _Optional[float] = ...) -> None: ...
 
 class ProcessLabels(_message.Message):
     __slots__ = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
