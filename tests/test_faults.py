@@ -25,7 +25,8 @@ time.sleep(600)
 def _agent(tmp_path, address, pid, name="agent"):
     # a batch every second (five polls): the faults below are timed in seconds
     return Proc([*CLI, "agent", "--collector", address, "--node", "fault-node", "--interval", "0.2",
-                 "--send-interval", "1", "--gpu-source", "none", "--pid", str(pid), "--job-id", "fault-1", "--no-provenance",
+                 "--send-interval", "1", "--gpu-source", "none", "--pid", str(pid), "--job-id", "fault-1",
+                 "--no-provenance",
                  "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / f"{name}.sock")],
                 tmp_path / f"{name}.log")
 
