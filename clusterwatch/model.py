@@ -32,18 +32,16 @@ class GpuInfo:
     memory_total_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class GpuUse:
-    """Use of one GPU by one process."""
+class GpuUse(NamedTuple):
+    """Use of one GPU by one process (a named tuple: the collector builds one per process per poll)."""
 
     gpu_uuid: str
     used_memory_bytes: int | None = None
     sm_utilization: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    """One GPU at one poll."""
+class GpuReading(NamedTuple):
+    """One GPU at one poll (a named tuple, as GpuUse)."""
 
     uuid: str
     utilization: float | None = None

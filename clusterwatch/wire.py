@@ -124,6 +124,31 @@ class ProcessColumns:
         if uses and max(self.gpu) >= len(self.gpu_uuids):
             raise ValueError(f"process table: a GPU use points at GPU {max(self.gpu)} of {len(self.gpu_uuids)}")
 
+    def poll_width(self) -> int:
+        """Rows a poll when the table's polls list the same processes in the same order, with the same
+        labels and GPUs (a batch of the agent's, unless a process came or went); 0 otherwise.
+
+        Polls are told apart by their time: the rows of one poll share it, and polls follow in time order.
+        """
+        n, times = self.rows, self.time
+        if not n:
+            return 0
+        width = times.count(times[0])
+        if n % width or times[:width].count(times[0]) != width:
+            return 0
+        uses = sum(self.gpu_count[:width])
+        columns = (self.pid, self.start_time, self.labels, self.gpu_count)
+        for a in range(width, n, width):
+            b = a + width
+            if times[a] <= times[a - 1] or times[a:b].count(times[a]) != width:
+                return 0
+            if any(col[a:b] != col[:width] for col in columns):
+                return 0
+            k = a // width * uses
+            if self.gpu[k:k + uses] != self.gpu[:uses]:
+                return 0
+        return width
+
     def gpu_uses(self, first: int, count: int) -> tuple[GpuUse, ...]:
         """The GPU-use entries first .. first+count as GpuUse values (unknown readings None)."""
         uuids, mem, sm = self.gpu_uuids, self.gpu_memory_bytes, self.gpu_sm_utilization

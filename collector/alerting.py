@@ -45,7 +45,6 @@ class Alerting:
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
         self.min_interval_s = min_interval_s
-        self._last_observed: dict[ProcessKey, float] = {}
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
 
@@ -57,46 +56,52 @@ class Alerting:
         events: list[AlertEvent] = []
         ns = st.nodes.get(node)
         node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
-        live: set[ProcessKey] = set()
-        last_observed = self._last_observed
+        live = {series.key for series in touched}
         has_jobs = False
+        min_interval = self.min_interval_s
+        observe = self.engine.observe
+        jobs, gpus = st.jobs, st.gpus
+        job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
+        gpu_totals: dict[str, int | None] = {}
         for series in touched:
             s = series.latest
-            key = series.key
-            live.add(key)
             if s.job_id:
                 has_jobs = True
-            if s.time - last_observed.get(key, -1e18) < self.min_interval_s:
+            if s.time - series.rules_t < min_interval:
                 continue
-            last_observed[key] = s.time
-            job = st.jobs.get(s.job_id) if s.job_id else None
-            gpu_uuid = s.gpus[0].gpu_uuid if s.gpus else ""
-            gtotal = None
-            if gpu_uuid:
-                gs = st.gpus.get(gpu_uuid)
-                if gs is not None:
-                    gtotal = (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
-                              else gs.info.memory_total_bytes) or None
-            events.extend(self.engine.observe(ProcessObservation(
-                t=s.time, node=node, job_id=s.job_id, pid=s.pid, start_time=s.start_time, gpu=gpu_uuid,
-                rank=s.rank, user=s.user, command=s.command,
-                job_name=job.name if job else "", partition=job.partition if job else "",
-                gpu_mem_bytes=s.gpu_memory_bytes, gpu_mem_total_bytes=gtotal, gpu_util=s.gpu_utilization,
-                cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, node_mem_total_bytes=node_mem,
-                threads=s.threads, open_fds=s.open_fds, step=series.step,
-            )))
+            series.rules_t = s.time
+            if s.job_id != job_id:
+                job_id = s.job_id
+                job = jobs.get(job_id) if job_id else None
+            gpu_uuid = gtotal = gmem = gutil = None
+            if s.gpus:
+                gpu_uuid = s.gpus[0].gpu_uuid
+                gtotal = gpu_totals.get(gpu_uuid, 0)
+                if gtotal == 0:
+                    gs = gpus.get(gpu_uuid)
+                    gtotal = gpu_totals[gpu_uuid] = (
+                        (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
+                         else gs.info.memory_total_bytes) or None) if gs is not None else None
+                gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+            # positional, in ProcessObservation's field order (keywords cost three times as much)
+            found = observe(ProcessObservation(
+                s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
+                job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
+                s.rss_bytes, node_mem, s.threads, s.open_fds, series.step))
+            if found:
+                events.extend(found)
         # processes of this node that were watched and are gone now
         for key in self._observed.get(node, set()) - live:
             series = st.processes.get(key)
             if series is None or not series.alive:
                 events.extend(self.engine.forget_process(key.node, key.pid, key.start_time, now))
-                last_observed.pop(key, None)
             else:
                 live.add(key)
         self._observed[node] = live
         events.extend(self._gpu_events(node, now))
         events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs)))
-        self._handle(events, now)
+        if events:
+            self._handle(events, now)
 
     def _gpu_events(self, node: str, now: float) -> list[AlertEvent]:
         st = self.state

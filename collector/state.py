@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from clusterwatch.model import GpuInfo, GpuReading, JobEvent, ProcessKey, ProcessSample, TrainingReport
 from clusterwatch.wire import ProcessColumns
@@ -52,6 +53,7 @@ class ProcessSeries:
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
     labels: tuple = ()  # the labels as last sent (wire.label_key order), to tell a change cheaply
+    rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
 
 
 @dataclass(slots=True)
@@ -175,79 +177,36 @@ class ClusterState:
         """Record the polls of a node in a batch (a decoded ProcessTable); processes missing from the
         last of them are marked not alive.
 
-        A known process whose labels did not change gets its readings refreshed in place
-        (the common case, kept cheap: this loop is the collector's ingest cost); anything
-        else is converted whole. Samples of jobs in `unlabel` (closed already) lose their
-        job labels. Returns the series that got a new sample (for the rules), each once.
+        Every row counts: each process's sample count, its peaks and its history (a point
+        every history_step_s) see every poll; its latest reading is that of its last row.
+        Samples of jobs in `unlabel` (closed already) lose their job labels. Returns the
+        series that got a new sample (for the rules), each once.
         """
         ns = self.nodes.get(node)
         if ns is not None:
             ns.last_seen = max(ns.last_seen, batch_time)
-        live: set[ProcessKey] = set()  # in the batch's last poll
-        early: dict[ProcessKey, ProcessSeries] = {}  # in an earlier poll of it
-        last_poll = max(cols.time, default=0.0)  # the rows of one poll share its time
-        touched = []
         pids_of = self.pids.get(node)
         if pids_of is None:
             pids_of = self.pids[node] = {}
-        step = self.history_step_s
-        label_sets, labels = cols.label_sets, cols.labels
-        cpus, rsss, threads, fds = cols.cpu_percent, cols.rss_bytes, cols.threads, cols.open_fds
-        gcounts = cols.gpu_count
-        g = 0  # where this row's GPU-use entries start
-        for i, (t, pid, start) in enumerate(zip(cols.time, cols.pid, cols.start_time, strict=True)):
-            gcount = gcounts[i]
-            series = pids_of.get(pid)
-            if series is not None and series.key.start_time != start:  # a reused pid, or an older batch
-                series = self.processes.get(ProcessKey(node, pid, start))
+        live: set[ProcessKey] = set()  # in the batch's last poll
+        early: dict[ProcessKey, ProcessSeries] = {}  # in an earlier poll of it
+        touched: list[ProcessSeries] = []
+        last_poll = max(cols.time, default=0.0)  # the rows of one poll share its time
+        gstart = list(accumulate(cols.gpu_count, initial=0))  # row i's GPU-use entries start at gstart[i]
+        width = cols.poll_width()
+        if width:
+            rows = self._add_polls(node, pids_of, cols, width, gstart, unlabel, live, touched)
+        else:
+            rows = range(cols.rows)
+        for i in rows:  # rows the per-poll path left (and every row of a batch not shaped for it)
+            series = self._add_row(node, pids_of, cols, i, gstart[i], unlabel)
             if series is None:
-                series = self._new_series(node, cols.sample(i, node, g), label_sets[labels[i]], unlabel)
-                if pid not in pids_of or pids_of[pid].key.start_time < start:
-                    pids_of[pid] = series
-                s = series.latest
-            else:
-                s = series.latest
-                if t < s.time:
-                    g += gcount
-                    continue  # an old batch resent after a newer one: history stays in time order
-                lab = label_sets[labels[i]]
-                if lab != series.labels:
-                    s = series.latest = self._convert(node, cols.sample(i, node, g), unlabel)
-                    series.labels = lab
-                    self._join_job(series.key, s)
-                else:
-                    s.time = t
-                    v = cpus[i]
-                    s.cpu_percent = v if v == v else None  # NaN: unknown
-                    v = rsss[i]
-                    s.rss_bytes = v if v >= 0 else None  # -1: unknown
-                    v = threads[i]
-                    s.threads = v if v >= 0 else None
-                    v = fds[i]
-                    s.open_fds = v if v >= 0 else None
-                    if gcount:
-                        s.gpus = cols.gpu_uses(g, gcount)
-                    elif s.gpus:
-                        s.gpus = ()
-            g += gcount
-            if t == last_poll:
+                continue
+            if cols.time[i] == last_poll:
                 live.add(series.key)
                 touched.append(series)
             else:
                 early[series.key] = series
-            series.alive = True
-            gmem = s.gpu_memory_bytes if gcount else None
-            hist = series.history
-            # history keeps a point every history_step_s: trends need no more, and a 1 Hz node
-            # would otherwise hold five times the memory (peaks and the latest reading see every sample)
-            if not hist or t - hist[-1].t >= step:
-                hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, s.gpu_utilization, s.threads, s.open_fds))
-            series.samples += 1
-            v = s.rss_bytes
-            if v is not None and v > series.rss_peak:
-                series.rss_peak = v
-            if gmem is not None and gmem > series.gpu_memory_peak:
-                series.gpu_memory_peak = gmem
         gone = early.keys() | self._node_live.get(node, set())
         if gone:
             processes = self.processes
@@ -259,6 +218,114 @@ class ClusterState:
         # the rules see each process once a batch: as of its last row (it is updated in place)
         touched.extend(series for key, series in early.items() if key not in live)
         return touched
+
+    def _add_polls(self, node: str, pids_of: dict[int, ProcessSeries], cols: ProcessColumns, width: int,
+                   gstart: list[int], unlabel: frozenset[str], live: set[ProcessKey],
+                   touched: list[ProcessSeries]) -> list[int]:
+        """The common shape, fast: every poll of the batch lists the same processes, in the same order.
+
+        Process j's rows are j, j + width, j + 2·width…: its count, peaks and history are
+        taken from column slices, its latest reading from its last row, in one step per
+        process rather than one per row. Returns the rows left for the row path (a new or
+        changed process, or one whose batch is older than what is held).
+        """
+        times, pids, starts, labels, label_sets = cols.time, cols.pid, cols.start_time, cols.labels, cols.label_sets
+        cpus, rsss, threads, fds = cols.cpu_percent, cols.rss_bytes, cols.threads, cols.open_fds
+        gcounts = cols.gpu_count
+        gmems = cols.gpu_memory_bytes
+        polls = len(times) // width
+        poll_times = times[::width]
+        first_time = poll_times[0]
+        last = (polls - 1) * width
+        per_poll_uses = gstart[width]  # GPU-use entries in one poll
+        step = self.history_step_s
+        left: list[int] = []
+        for j in range(width):
+            series = pids_of.get(pids[j])
+            if series is None or series.key.start_time != starts[j] or first_time < series.latest.time:
+                left.extend(range(j, len(times), width))
+                continue
+            s = series.latest
+            lab = label_sets[labels[j]]
+            r = last + j
+            gcount = gcounts[j]
+            if lab != series.labels:  # relabelled: converted whole from its last row
+                s = series.latest = self._convert(node, cols.sample(r, node, gstart[r]), unlabel)
+                series.labels = lab
+                self._join_job(series.key, s)
+            else:
+                s.time = times[r]
+                v = cpus[r]
+                s.cpu_percent = v if v == v else None  # NaN: unknown
+                v = rsss[r]
+                s.rss_bytes = v if v >= 0 else None  # -1: unknown
+                v = threads[r]
+                s.threads = v if v >= 0 else None
+                v = fds[r]
+                s.open_fds = v if v >= 0 else None
+                if gcount:
+                    s.gpus = cols.gpu_uses(gstart[r], gcount)
+                elif s.gpus:
+                    s.gpus = ()
+            series.samples += polls
+            series.alive = True
+            v = max(rsss[j::width])  # -1 (unknown) never beats a peak
+            if v > series.rss_peak:
+                series.rss_peak = v
+            if gcount == 1:
+                v = max(gmems[gstart[j]::per_poll_uses])
+                if v > series.gpu_memory_peak:
+                    series.gpu_memory_peak = v
+            hist = series.history
+            for k, t in enumerate(poll_times):
+                if not hist or t - hist[-1].t >= step:
+                    row = j + k * width
+                    if row == r:
+                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization,
+                                          s.threads, s.open_fds))
+                    else:
+                        hist.append(_point(cols, row, gstart[row]))
+                if gcount > 1:
+                    g = _point(cols, j + k * width, gstart[j + k * width]).gpu_memory_bytes
+                    if g is not None and g > series.gpu_memory_peak:
+                        series.gpu_memory_peak = g
+            live.add(series.key)
+            touched.append(series)
+        return sorted(left)
+
+    def _add_row(self, node: str, pids_of: dict[int, ProcessSeries], cols: ProcessColumns, i: int, g: int,
+                 unlabel: frozenset[str]) -> ProcessSeries | None:
+        """One row: a new process, a relabelled one, or a fresh reading; None for a row older than what is held."""
+        pid, start, t = cols.pid[i], cols.start_time[i], cols.time[i]
+        series = pids_of.get(pid)
+        if series is not None and series.key.start_time != start:  # a reused pid, or an older batch
+            series = self.processes.get(ProcessKey(node, pid, start))
+        lab = cols.label_sets[cols.labels[i]]
+        if series is None:
+            series = self._new_series(node, cols.sample(i, node, g), lab, unlabel)
+            if pid not in pids_of or pids_of[pid].key.start_time < start:
+                pids_of[pid] = series
+        elif t < series.latest.time:
+            return None  # an old batch resent after a newer one: history stays in time order
+        else:
+            series.latest = self._convert(node, cols.sample(i, node, g), unlabel)
+            if lab != series.labels:
+                series.labels = lab
+                self._join_job(series.key, series.latest)
+        s = series.latest
+        series.alive = True
+        series.samples += 1
+        hist = series.history
+        if not hist or t - hist[-1].t >= self.history_step_s:
+            hist.append(Point(t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads,
+                              s.open_fds))
+        v = s.rss_bytes
+        if v is not None and v > series.rss_peak:
+            series.rss_peak = v
+        v = s.gpu_memory_bytes
+        if v is not None and v > series.gpu_memory_peak:
+            series.gpu_memory_peak = v
+        return series
 
     def _new_series(self, node: str, sample: ProcessSample, labels: tuple, unlabel: frozenset[str]
                     ) -> ProcessSeries:
@@ -396,6 +463,20 @@ class ClusterState:
         pids = self.pids.get(key.node)
         if pids is not None and (series := pids.get(key.pid)) is not None and series.key == key:
             del pids[key.pid]
+
+
+def _point(cols: ProcessColumns, i: int, g: int) -> Point:
+    """Row i of a table as a history point (g: where its GPU-use entries start)."""
+    c, r, th, fd = cols.cpu_percent[i], cols.rss_bytes[i], cols.threads[i], cols.open_fds[i]
+    mem = util = None
+    for j in range(g, g + cols.gpu_count[i]):
+        m, u = cols.gpu_memory_bytes[j], cols.gpu_sm_utilization[j]
+        if m >= 0:
+            mem = (mem or 0) + m
+        if u == u and (util is None or u > util):
+            util = u
+    return Point(cols.time[i], c if c == c else None, r if r >= 0 else None, mem, util, th if th >= 0 else None,
+                 fd if fd >= 0 else None)
 
 
 def step_rate(points: deque) -> float | None:

@@ -41,6 +41,7 @@ long the process runs.
 """
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -79,29 +80,49 @@ class LeakFinding:
     window_s: float
 
 
+@functools.lru_cache(maxsize=64)
+def _window_plan(rule: LeakRule, bs: float) -> tuple[int, list[int]]:
+    """Buckets per point of each window, and how often the one-bucket window is analysed."""
+    target = max(6, int(rule.sub_buckets))
+    # Buckets per point: about `sub_buckets` points per window. A window of one-bucket points
+    # (the shortest, at most one) reads the bucket lists straight and is analysed every quarter
+    # of its length (analysing it at every bucket would cost more than all the samples); the
+    # others when one of their points closes, and their points span whole multiples of that
+    # cadence, so that all analyses fall on the same few buckets.
+    wbs = [max(1, round(w.window_s / (target * bs))) for w in rule.windows]
+    every = max(1, round(round(rule.windows[wbs.index(1)].window_s / bs) / 4)) if 1 in wbs else 1
+    wbs = [1 if (wb == 1 and i == wbs.index(1)) else max(every, round(wb / every) * every)
+           for i, wb in enumerate(wbs)]
+    return every, wbs
+
+
+@functools.lru_cache(maxsize=256)
+def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> tuple:
+    """What a window's analysis needs that depends on the rule only (computed once, not per process)."""
+    # A point spans a whole number of buckets: points that summarise different numbers
+    # of buckets would have different noise, and the noise test assumes one.
+    n = max(6, round(length / (wb * bucket_s)))
+    width = wb * bucket_s
+    length = n * width
+    third = tuple(i * 3 // n for i in range(n))
+    # Firing needs slope >= floor, slope * W >= min_growth, and each third's minimum above the
+    # previous one's by rise_fraction * slope * W / 3: so by at least `gate`. With a known
+    # total the floor may drop to the rule's own rate (urgent), hence `gate_total`.
+    gate = max(rule.rise_fraction * rule.min_growth, RISE_AT_FLOOR * floor * length / 3600.0) / 3.0
+    gate_total = max(rule.rise_fraction * rule.min_growth, RISE_AT_FLOOR * rule.min_rate_per_h * length / 3600.0) / 3.0
+    xs = [(k + 0.5) * width for k in range(n)]
+    mx = sum(xs) / n
+    sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
+    return wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx
+
+
 class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
                  "gate", "gate_total", "a3", "b3")
 
     def __init__(self, length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> None:
-        # A point spans a whole number of buckets: points that summarise different numbers
-        # of buckets would have different noise, and the noise test assumes one.
-        self.wb = wb
-        self.n = max(6, round(length / (wb * bucket_s)))
-        self.width = self.wb * bucket_s
-        self.length = self.n * self.width
-        self.floor = floor
-        self.third = tuple(i * 3 // self.n for i in range(self.n))
-        self.a3, self.b3 = self.third.index(1), self.third.index(2)
-        # Firing needs slope >= floor, slope * W >= min_growth, and each third's minimum above the
-        # previous one's by rise_fraction * slope * W / 3: so by at least `gate`. With a known
-        # total the floor may drop to the rule's own rate (urgent), hence `gate_total`.
-        self.gate = max(rule.rise_fraction * rule.min_growth, RISE_AT_FLOOR * floor * self.length / 3600.0) / 3.0
-        self.gate_total = max(rule.rise_fraction * rule.min_growth,
-                              RISE_AT_FLOOR * rule.min_rate_per_h * self.length / 3600.0) / 3.0
-        xs = [(k + 0.5) * self.width for k in range(self.n)]
-        mx = sum(xs) / self.n
-        self.sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
+        (self.wb, self.n, self.width, self.length, self.floor, self.third, self.a3, self.b3, self.gate,
+         self.gate_total, self.sxx) = _window_shape(length, floor, bucket_s, wb, rule)
         self.pt_end = 0  # first bucket index after the open point
         # Points (index on this window's grid, value = median of the point's bucket minima),
         # oldest first. A window of one-bucket points reads the series' bucket lists instead.
@@ -136,17 +157,8 @@ class LeakSeries:
         # them), and any a window's open point still needs: indexes, in order, and minima.
         self.bb: list[int] = []
         self.bv: list[float] = []
-        target = max(6, int(rule.sub_buckets))
         bs = self.bucket_s
-        # Buckets per point: about `sub_buckets` points per window. A window of one-bucket points
-        # (the shortest, at most one) reads the bucket lists straight and is analysed every quarter
-        # of its length (analysing it at every bucket would cost more than all the samples); the
-        # others when one of their points closes, and their points span whole multiples of that
-        # cadence, so that all analyses fall on the same few buckets.
-        wbs = [max(1, round(w.window_s / (target * bs))) for w in rule.windows]
-        every = max(1, round(round(rule.windows[wbs.index(1)].window_s / bs) / 4)) if 1 in wbs else 1
-        wbs = [1 if (wb == 1 and i == wbs.index(1)) else max(every, round(wb / every) * every)
-               for i, wb in enumerate(wbs)]
+        every, wbs = _window_plan(rule, bs)
         self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
                         for w, wb in zip(rule.windows, wbs, strict=True)]
         direct = [w for w in self.windows if w.wb == 1]
