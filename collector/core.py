@@ -35,6 +35,8 @@ log = logging.getLogger("clusterwatch.collector")
 # An agent-only job (no prolog, no Slurm, no `run`) has ended once all its processes
 # have been gone this long.
 AGENT_JOB_GONE_S = 60.0
+# The sweep over every process (ended agent-only jobs, forgotten processes) runs this often.
+HOUSEKEEPING_S = 10.0
 
 
 def _provenance_record(text: str) -> dict | None:
@@ -104,6 +106,7 @@ class CollectorCore:
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
+        self._swept = float("-inf")  # when tick() last swept every process
         self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
         self.on_job_closed: list[Callable[[JobState, float], None]] = []
         self.on_provenance: list[Callable[[JobState, float], None]] = []
@@ -237,9 +240,8 @@ class CollectorCore:
             st = self.state
             node_counts = []
             for node in self._dirty_nodes:
-                keys = st.live_keys(node)
-                node_counts.append((node, [(k.pid, k.start_time, st.processes[k].samples) for k in keys
-                                           if k in st.processes]))
+                node_counts.append((node, [(s.key.pid, s.key.start_time, s.samples)
+                                           for s in st.pids.get(node, {}).values() if s.alive]))
             seqs = [(b, t.low, sorted(t.above)) for b in self._dirty_seqs if (t := self._seqs.get(b))]
             # when each node was last heard of, so agent_down after a restart starts from the truth
             seen = [(ns.last_seen, n) for n in self._dirty_nodes if (ns := st.nodes.get(n)) is not None]
@@ -280,8 +282,17 @@ class CollectorCore:
         log.info("job %s ended (%s); summary stored", job.job_id, job.state)
 
     def tick(self) -> None:
-        """Periodic housekeeping: end agent-only jobs whose processes are all gone, prune."""
+        """Periodic housekeeping: end agent-only jobs whose processes are all gone, prune.
+
+        Called every second (the alert rules' clock); the sweep over every process runs at most
+        every HOUSEKEEPING_S, which is plenty for things that wait a minute or more.
+        """
         now = self.clock()
+        if now - self._swept < HOUSEKEEPING_S:
+            for cb in self.on_tick:
+                cb(now)
+            return
+        self._swept = now
         ended = []
         with self.lock:
             for job in self.state.jobs.values():

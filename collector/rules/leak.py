@@ -41,7 +41,6 @@ long the process runs.
 """
 from __future__ import annotations
 
-import functools
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -80,9 +79,17 @@ class LeakFinding:
     window_s: float
 
 
-@functools.lru_cache(maxsize=64)
-def _window_plan(rule: LeakRule, bs: float) -> tuple[int, list[int]]:
-    """Buckets per point of each window, and how often the one-bucket window is analysed."""
+# rule → what every series of it shares; keyed by identity (hashing a rule costs more than the
+# lookup saves), the rule held in the value so that its id is not reused while the entry lives
+_PLANS: dict[int, tuple[LeakRule, float, tuple]] = {}
+
+
+def _plan(rule: LeakRule, bs: float) -> tuple:
+    """(window shapes, index of the one-bucket window or None, its analysis cadence in buckets,
+    buckets kept) for a rule: computed once per rule, not once per process."""
+    got = _PLANS.get(id(rule))
+    if got is not None and got[0] is rule and got[1] == bs:
+        return got[2]
     target = max(6, int(rule.sub_buckets))
     # Buckets per point: about `sub_buckets` points per window. A window of one-bucket points
     # (the shortest, at most one) reads the bucket lists straight and is analysed every quarter
@@ -93,10 +100,19 @@ def _window_plan(rule: LeakRule, bs: float) -> tuple[int, list[int]]:
     every = max(1, round(round(rule.windows[wbs.index(1)].window_s / bs) / 4)) if 1 in wbs else 1
     wbs = [1 if (wb == 1 and i == wbs.index(1)) else max(every, round(wb / every) * every)
            for i, wb in enumerate(wbs)]
-    return every, wbs
+    shapes = [_window_shape(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
+              for w, wb in zip(rule.windows, wbs, strict=True)]
+    direct = next((i for i, shape in enumerate(shapes) if shape[0] == 1), None)
+    # Buckets kept: the longest window's, and the direct window's noise history.
+    span_b = max(max(shape[0] * shape[1] for shape in shapes),
+                 NOISE_HISTORY_WINDOWS * shapes[direct][1] + 1 if direct is not None else 0)
+    plan = (shapes, direct, every, span_b)
+    if len(_PLANS) > 256:  # rules files reloaded many times: start afresh
+        _PLANS.clear()
+    _PLANS[id(rule)] = (rule, bs, plan)
+    return plan
 
 
-@functools.lru_cache(maxsize=256)
 def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> tuple:
     """What a window's analysis needs that depends on the rule only (computed once, not per process)."""
     # A point spans a whole number of buckets: points that summarise different numbers
@@ -120,9 +136,9 @@ class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
                  "gate", "gate_total", "a3", "b3")
 
-    def __init__(self, length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> None:
+    def __init__(self, shape: tuple) -> None:
         (self.wb, self.n, self.width, self.length, self.floor, self.third, self.a3, self.b3, self.gate,
-         self.gate_total, self.sxx) = _window_shape(length, floor, bucket_s, wb, rule)
+         self.gate_total, self.sxx) = shape
         self.pt_end = 0  # first bucket index after the open point
         # Points (index on this window's grid, value = median of the point's bucket minima),
         # oldest first. A window of one-bucket points reads the series' bucket lists instead.
@@ -157,17 +173,11 @@ class LeakSeries:
         # them), and any a window's open point still needs: indexes, in order, and minima.
         self.bb: list[int] = []
         self.bv: list[float] = []
-        bs = self.bucket_s
-        every, wbs = _window_plan(rule, bs)
-        self.windows = [_Window(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
-                        for w, wb in zip(rule.windows, wbs, strict=True)]
-        direct = [w for w in self.windows if w.wb == 1]
-        self.direct = direct[0] if direct else None
+        shapes, direct, every, self.span_b = _plan(rule, self.bucket_s)
+        self.windows = [_Window(shape) for shape in shapes]
+        self.direct = self.windows[direct] if direct is not None else None
         self.every = every if self.direct else 1 << 62
         self.grouped = [w for w in self.windows if w is not self.direct]
-        # Buckets kept: the longest window's, and the direct window's noise history.
-        self.span_b = max(max(w.n * w.wb for w in self.windows),
-                          NOISE_HISTORY_WINDOWS * self.direct.n + 1 if self.direct else 0)
         # Work is due when a bucket at or past these closes: the direct window's analysis, a
         # grouped window's point, either.
         self.due = 0 if self.direct is not None else 1 << 62
