@@ -197,7 +197,7 @@ def probe(data: bytes) -> tuple[int, int] | None:
 class _Known:
     """What the source remembers of a sampled process between polls."""
 
-    start_ticks: int
+    start: bytes  # the start time field of the stat text (equal text, equal number: no int() a poll)
     start_time: float
     cpu_ticks: int
     sampled_at: float
@@ -371,7 +371,7 @@ class ProcSource:
         parents: dict[int, int] = {}
         held_of = self._held.get
         pread = os.pread
-        for pid in members | roots:
+        for pid in members if roots <= members else members | roots:
             held = held_of(pid)
             if held is not None:
                 try:
@@ -535,14 +535,14 @@ class ProcSource:
                     continue
                 cpu_ticks = int(rest[11]) + int(rest[12])
                 threads = int(rest[17])
-                start_ticks = int(rest[19])
                 rss_pages = int(rest[21])
+                start = rest[19]
             except (ValueError, IndexError):
                 self.read_errors += 1
                 continue
             k = old.get(pid)
-            if k is None or k.start_ticks != start_ticks:
-                k = self._first_sight(pid, data, close, start_ticks, cpu_ticks, now)
+            if k is None or k.start != start:
+                k = self._first_sight(pid, data, close, start, cpu_ticks, now)
                 if k is None:
                     continue
                 cpu_percent = None  # no previous reading of this process yet
@@ -578,13 +578,18 @@ class ProcSource:
         self._known = known
         return out
 
-    def _first_sight(self, pid: int, data: bytes, close: int, start_ticks: int, cpu_ticks: int,
+    def _first_sight(self, pid: int, data: bytes, close: int, start: bytes, cpu_ticks: int,
                      now: float) -> _Known | None:
+        try:
+            start_ticks = int(start)
+        except ValueError:
+            self.read_errors += 1
+            return None
         try:
             uid = os.stat(f"{self.proc}/{pid}").st_uid
         except OSError:
             return None
-        return _Known(start_ticks, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
+        return _Known(start, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
                       self._user_name(uid), close, data[:close],
                       data[data.index(b"(") + 1 : close].decode("utf-8", "replace"))
 
