@@ -136,16 +136,16 @@ class ProcessColumns:
         width = times.count(times[0])
         if n % width or times[:width].count(times[0]) != width:
             return 0
+        if width == n:
+            return width
+        # every poll like the one before it: each column equals itself shifted by a poll (one C comparison)
+        if any(col[width:] != col[:-width] for col in (self.pid, self.start_time, self.labels, self.gpu_count)):
+            return 0
         uses = sum(self.gpu_count[:width])
-        columns = (self.pid, self.start_time, self.labels, self.gpu_count)
+        if uses and self.gpu[uses:] != self.gpu[:-uses]:
+            return 0
         for a in range(width, n, width):
-            b = a + width
-            if times[a] <= times[a - 1] or times[a:b].count(times[a]) != width:
-                return 0
-            if any(col[a:b] != col[:width] for col in columns):
-                return 0
-            k = a // width * uses
-            if self.gpu[k:k + uses] != self.gpu[:uses]:
+            if times[a] <= times[a - 1] or times[a:a + width].count(times[a]) != width:
                 return 0
         return width
 
@@ -186,12 +186,14 @@ def gpu_reading_to_proto(r: GpuReading, time: float, out: agent_pb2.GpuSample) -
 
 
 def gpu_reading_from_proto(m: agent_pb2.GpuSample) -> GpuReading:
+    # written out, positionally: the collector converts every GPU reading of every poll
+    has = m.HasField
     return GpuReading(
-        uuid=m.uuid,
-        utilization=_opt(m, "utilization"),
-        memory_used_bytes=_opt(m, "memory_used_bytes"),
-        memory_total_bytes=_opt(m, "memory_total_bytes"),
-        power_watts=_opt(m, "power_watts"),
+        m.uuid,
+        m.utilization if has("utilization") else None,
+        m.memory_used_bytes if has("memory_used_bytes") else None,
+        m.memory_total_bytes if has("memory_total_bytes") else None,
+        m.power_watts if has("power_watts") else None,
     )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 from clusterwatch.agent.agent import PollJoiner
 from clusterwatch.collector.state import ClusterState
 from clusterwatch.v1 import agent_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from clusterwatch.model import ProcessKey, ProcessSample
+from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
 from clusterwatch.wire import ProcessColumns, processes_from_table, processes_to_table
 
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
@@ -94,3 +96,50 @@ def test_a_real_agent_joins_polls_and_every_sample_arrives_once(tmp_path) -> Non
         agent.stop()
         sleeper.stop()
         collector.stop()
+
+
+def _gpus(t: float, pid: int) -> tuple[GpuUse, ...]:
+    """None for even pids, one GPU for odd ones, two (one without readings) for pid 4."""
+    if pid == 4:
+        return (GpuUse("GPU-a", int(t) * 10, 30.0 + t % 3), GpuUse("GPU-b"))
+    return (GpuUse("GPU-a", int(t) * 10 + pid, 50.0),) if pid % 2 else ()
+
+
+def _polls(times: list[float], pids: list[int], **kw) -> list[ProcessSample]:
+    return [ProcessSample(t, "n", pid, 1.0, rss_bytes=int(t) * 100 + pid, cpu_percent=t % 7, gpus=_gpus(t, pid),
+                          **kw) for t in times for pid in pids]
+
+
+def test_poll_width_tells_the_agents_usual_batch_from_the_rest() -> None:
+    assert _table(_polls([1.0, 2.0, 3.0], [5, 6, 7])).poll_width() == 3
+    assert _table(_polls([1.0], [5, 6])).poll_width() == 2
+    gone = [s for s in _polls([1.0, 2.0], [5, 6]) if not (s.pid == 6 and s.time == 2.0)]
+    assert _table(gone).poll_width() == 0
+    relabelled = _polls([1.0, 2.0], [5, 6])
+    relabelled[-1].job_id = "9"
+    assert _table(relabelled).poll_width() == 0
+    backwards = _polls([2.0, 1.0], [5, 6])
+    assert _table(backwards).poll_width() == 0
+
+
+class _RowsOnly(ProcessColumns):
+    def poll_width(self) -> int:
+        return 0  # every row through the row path
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 3, 4]), min_size=1, max_size=4, unique=True),
+       st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=4))
+def test_the_per_poll_path_keeps_what_the_row_path_keeps(pids: list[int], polls: int, batches: int) -> None:
+    fast, slow = ClusterState(history_step_s=2.0), ClusterState(history_step_s=2.0)
+    for k in range(batches):
+        batch = _polls([float(k * polls + i) for i in range(polls)], pids)
+        fast.add_processes("n", _table(batch), 0.0)
+        t = agent_pb2.ProcessTable()
+        processes_to_table(batch, t)
+        slow.add_processes("n", _RowsOnly(t), 0.0)
+    assert fast.processes.keys() == slow.processes.keys()
+    for key, a in fast.processes.items():
+        b = slow.processes[key]
+        assert (a.latest, a.samples, a.rss_peak, a.gpu_memory_peak, a.alive, list(a.history)) == \
+               (b.latest, b.samples, b.rss_peak, b.gpu_memory_peak, b.alive, list(b.history))
