@@ -82,7 +82,10 @@ class Alerting:
                     gtotal = gpu_totals[gpu_uuid] = (
                         (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
                          else gs.info.memory_total_bytes) or None) if gs is not None else None
-                gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+                if len(s.gpus) == 1:  # the usual case, without the properties' lists
+                    gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
+                else:
+                    gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
             # positional, in ProcessObservation's field order (keywords cost three times as much)
             found = observe(ProcessObservation(
                 s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
@@ -98,20 +101,19 @@ class Alerting:
             else:
                 live.add(key)
         self._observed[node] = live
-        events.extend(self._gpu_events(node, now))
+        events.extend(self._gpu_events(node, now, touched))
         events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs)))
         if events:
             self._handle(events, now)
 
-    def _gpu_events(self, node: str, now: float) -> list[AlertEvent]:
+    def _gpu_events(self, node: str, now: float, touched: list[ProcessSeries]) -> list[AlertEvent]:
         st = self.state
         ns = st.nodes.get(node)
         if ns is None:
             return []
         users: dict[str, int] = {}
-        for key in self._observed.get(node, ()):
-            series = st.processes.get(key)
-            if series is not None and series.alive:
+        for series in touched:
+            if series.alive:
                 for g in series.latest.gpus:
                     users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
         owner = self._gpu_owner

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from clusterwatch.model import GpuInfo, GpuReading, JobEvent, ProcessKey, ProcessSample, TrainingReport
+from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessKey, ProcessSample, TrainingReport
 from clusterwatch.wire import ProcessColumns
 
 # Job states in Slurm's words; ended ones leave /metrics.
@@ -232,7 +232,7 @@ class ClusterState:
         times, pids, starts, labels, label_sets = cols.time, cols.pid, cols.start_time, cols.labels, cols.label_sets
         cpus, rsss, threads, fds = cols.cpu_percent, cols.rss_bytes, cols.threads, cols.open_fds
         gcounts = cols.gpu_count
-        gmems = cols.gpu_memory_bytes
+        gmems, gsms, gidx, uuids = cols.gpu_memory_bytes, cols.gpu_sm_utilization, cols.gpu, cols.gpu_uuids
         polls = len(times) // width
         poll_times = times[::width]
         first_time = poll_times[0]
@@ -263,7 +263,11 @@ class ClusterState:
                 s.threads = v if v >= 0 else None
                 v = fds[r]
                 s.open_fds = v if v >= 0 else None
-                if gcount:
+                if gcount == 1:  # the usual case, written out
+                    g = gstart[r]
+                    m, u = gmems[g], gsms[g]
+                    s.gpus = (GpuUse(uuids[gidx[g]], m if m >= 0 else None, u if u == u else None),)
+                elif gcount:
                     s.gpus = cols.gpu_uses(gstart[r], gcount)
                 elif s.gpus:
                     s.gpus = ()
