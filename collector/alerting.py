@@ -16,7 +16,7 @@ from clusterwatch.model import ProcessKey
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
 from .rules import Engine, RuleSet
-from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
+from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
 from .state import ClusterState, JobState, ProcessSeries
 
 log = logging.getLogger("clusterwatch.collector")
@@ -59,7 +59,7 @@ class Alerting:
         live = {series.key for series in touched}
         has_jobs = False
         min_interval = self.min_interval_s
-        observe = self.engine.observe
+        observe = self.engine.observe_fields
         jobs, gpus = st.jobs, st.gpus
         job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
         gpu_totals: dict[str, int | None] = {}
@@ -86,11 +86,9 @@ class Alerting:
                     gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
                 else:
                     gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
-            # positional, in ProcessObservation's field order (keywords cost three times as much)
-            found = observe(ProcessObservation(
-                s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
-                job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
-                s.rss_bytes, node_mem, s.threads, s.open_fds, series.step))
+            found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user, s.command,
+                            job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
+                            s.rss_bytes, node_mem, s.threads, s.open_fds, series.step)
             if found:
                 events.extend(found)
         # processes of this node that were watched and are gone now

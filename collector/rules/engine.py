@@ -106,13 +106,23 @@ class Engine:
         Returns:
             Alert events caused by it.
         """
-        key = (obs.node, obs.pid, obs.start_time)
+        return self.observe_fields(obs.node, obs.pid, obs.start_time, obs.t, obs.job_id, obs.gpu, obs.rank,
+                                   obs.user, obs.command, obs.job_name, obs.partition, obs.gpu_mem_bytes,
+                                   obs.gpu_mem_total_bytes, obs.gpu_util, obs.rss_bytes, obs.node_mem_total_bytes,
+                                   obs.threads, obs.open_fds, obs.step)
+
+    def observe_fields(self, node: str, pid: int, start_time: float, t: float, job_id: str, gpu: str,
+                       rank: int | None, user: str, command: str, job_name: str, partition: str, gmem: Any,
+                       gtotal: Any, util: Any, rss: Any, ntotal: Any, threads: Any, fds: Any, step: Any
+                       ) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+        """observe() with the observation's fields as arguments, in ProcessObservation's order
+        (cpu_percent aside, which no rule reads): the collector calls it for every process of
+        every batch, and building the object cost as much as the rules' common path."""
+        key = (node, pid, start_time)
         p = self._procs.get(key)
-        if p is None or p.job_id != obs.job_id or p.rank != obs.rank:
-            p = self._labels(key, p, obs.t, obs.job_id, obs.gpu, obs.rank, obs.user, obs.command,
-                             obs.job_name, obs.partition)
-        return self._ingest(p, obs.t, obs.gpu_mem_bytes, obs.gpu_mem_total_bytes, obs.gpu_util,
-                            obs.rss_bytes, obs.node_mem_total_bytes, obs.threads, obs.open_fds, obs.step)
+        if p is None or p.job_id != job_id or p.rank != rank:
+            p = self._labels(key, p, t, job_id, gpu, rank, user, command, job_name, partition)
+        return self._ingest(p, t, gmem, gtotal, util, rss, ntotal, threads, fds, step)
 
     def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """Take one process observation given as a mapping with ProcessObservation's field names.
