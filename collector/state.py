@@ -249,6 +249,8 @@ class ClusterState:
             lab = label_sets[labels[j]]
             r = last + j
             gcount = gcounts[j]
+            gmem = gutil = None  # of the last row, once known without the sample's properties
+            known = not gcount
             if lab != series.labels:  # relabelled: converted whole from its last row
                 s = series.latest = self._convert(node, cols.sample(r, node, gstart[r]), unlabel)
                 series.labels = lab
@@ -266,7 +268,8 @@ class ClusterState:
                 if gcount == 1:  # the usual case, written out
                     g = gstart[r]
                     m, u = gmems[g], gsms[g]
-                    s.gpus = (GpuUse(uuids[gidx[g]], m if m >= 0 else None, u if u == u else None),)
+                    gmem, gutil, known = m if m >= 0 else None, u if u == u else None, True
+                    s.gpus = (GpuUse(uuids[gidx[g]], gmem, gutil),)
                 elif gcount:
                     s.gpus = cols.gpu_uses(gstart[r], gcount)
                 elif s.gpus:
@@ -285,8 +288,9 @@ class ClusterState:
                 if not hist or t - hist[-1].t >= step:
                     row = j + k * width
                     if row == r:
-                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization,
-                                          s.threads, s.open_fds))
+                        if not known:
+                            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
                     else:
                         hist.append(_point(cols, row, gstart[row]))
                 if gcount > 1:

@@ -129,11 +129,14 @@ class _RowsOnly(ProcessColumns):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([1, 2, 3, 4]), min_size=1, max_size=4, unique=True),
-       st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=4))
-def test_the_per_poll_path_keeps_what_the_row_path_keeps(pids: list[int], polls: int, batches: int) -> None:
+       st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=4),
+       st.integers(min_value=0, max_value=4))
+def test_the_per_poll_path_keeps_what_the_row_path_keeps(pids: list[int], polls: int, batches: int,
+                                                         relabel_at: int) -> None:
     fast, slow = ClusterState(history_step_s=2.0), ClusterState(history_step_s=2.0)
     for k in range(batches):
-        batch = _polls([float(k * polls + i) for i in range(polls)], pids)
+        # from batch `relabel_at` on, the processes belong to a job: the per-poll path converts them anew
+        batch = _polls([float(k * polls + i) for i in range(polls)], pids, job_id="9" if k >= relabel_at else "")
         fast.add_processes("n", _table(batch), 0.0)
         t = agent_pb2.ProcessTable()
         processes_to_table(batch, t)
