@@ -19,7 +19,6 @@ from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
     ProcessColumns,
     gpu_info_from_proto,
-    gpu_reading_from_proto,
     job_event_from_proto,
     training_from_proto,
 )
@@ -163,7 +162,6 @@ class CollectorCore:
             self.counters.duplicates += 1
             return False
         self._dirty_seqs.add(boot_id)
-        readings = [(g.time, gpu_reading_from_proto(g)) for g in batch.gpus]
         now = self.clock()
         with self.lock:
             st = self.state
@@ -177,7 +175,7 @@ class CollectorCore:
             starts = [e for e in events if e.kind == "start"]
             changed = {st.job_event(node, e).job_id for e in starts}
             touched = st.add_processes(node, cols, now, closed)
-            st.add_gpus(node, readings)
+            st.add_gpus(node, batch.gpus)
             for t in batch.training:
                 st.add_training(node, training_from_proto(t))
             ns = st.nodes.get(node)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import NamedTuple
 
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessKey, ProcessSample, TrainingReport
-from clusterwatch.wire import ProcessColumns
+from clusterwatch.wire import ProcessColumns, gpu_reading_from_proto
 
 # Job states in Slurm's words; ended ones leave /metrics.
 ENDED_STATES = frozenset(
@@ -21,9 +22,9 @@ ENDED_STATES = frozenset(
 )
 
 
-@dataclass(slots=True)
-class Point:
-    """One process sample as kept in history (only what trends and rules need)."""
+class Point(NamedTuple):
+    """One process sample as kept in history (only what trends need); a named tuple, built once a step
+    for every process."""
 
     t: float
     cpu_percent: float | None
@@ -371,18 +372,31 @@ class ClusterState:
         """The processes of a node in its latest poll."""
         return self._node_live.get(node, set())
 
-    def add_gpus(self, node: str, readings: list[tuple[float, GpuReading]]) -> None:
-        for t, r in readings:
-            gs = self.gpus.get(r.uuid)
+    def add_gpus(self, node: str, msgs) -> None:
+        """Record a batch's GPU readings (wire GpuSamples, a poll's worth or several, in time order).
+
+        Each reading goes into its GPU's history and peak; only the last one of each GPU is
+        converted whole, as its latest reading.
+        """
+        gpus = self.gpus
+        last: dict[str, object] = {}
+        for m in msgs:
+            uuid, t = m.uuid, m.time
+            gs = gpus.get(uuid)
             if gs is None:
-                info = GpuInfo(r.uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
-                gs = self.gpus[r.uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points))
+                r = gpu_reading_from_proto(m)
+                info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
+                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points))
             if t < gs.last_time:
                 continue
-            gs.latest, gs.last_time = r, t
-            gs.history.append((t, r.utilization, r.memory_used_bytes))
-            if r.memory_used_bytes is not None and r.memory_used_bytes > gs.memory_peak:
-                gs.memory_peak = r.memory_used_bytes
+            mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
+            gs.last_time = t
+            gs.history.append((t, m.utilization if m.HasField("utilization") else None, mem))
+            if mem is not None and mem > gs.memory_peak:
+                gs.memory_peak = mem
+            last[uuid] = m
+        for uuid, m in last.items():
+            gpus[uuid].latest = gpu_reading_from_proto(m)
 
     def add_training(self, node: str, report: TrainingReport) -> ProcessSeries | None:
         """Attach a training report to its process; the step rate comes from step deltas."""

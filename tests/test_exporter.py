@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessSample, TrainingReport
-from clusterwatch.wire import ProcessColumns, processes_to_table
+from clusterwatch.wire import ProcessColumns, gpu_reading_to_proto, processes_to_table
 
 NOW = 1_800_000_000.0
 GiB = 1 << 30
@@ -51,6 +51,15 @@ def _table(samples: list[ProcessSample]) -> ProcessColumns:
     t = agent_pb2.ProcessTable()
     processes_to_table(samples, t)
     return ProcessColumns(t)
+
+
+def _gpu_msgs(readings: list[tuple[float, GpuReading]]) -> list[agent_pb2.GpuSample]:
+    out = []
+    for t, r in readings:
+        m = agent_pb2.GpuSample()
+        gpu_reading_to_proto(r, t, m)
+        out.append(m)
+    return out
 
 
 def _state(t: float = NOW) -> ClusterState:
@@ -78,9 +87,9 @@ def _state(t: float = NOW) -> ClusterState:
                                          rss_bytes=2 * GiB, threads=8, open_fds=20,
                                          gpus=(GpuUse(f"GPU-{node}-1", 5 * GiB, 40.0),)))
         st.add_processes(node, _table(samples), t)
-        st.add_gpus(node, [(t, GpuReading(f"GPU-{node}-0", 87.0, 20 * GiB, 80 * GiB, 310.5)),
-                           (t, GpuReading(f"GPU-{node}-1", 40.0 if node == "gpu002" else 0.0, 5 * GiB, 80 * GiB,
-                                          95.25))])
+        st.add_gpus(node, _gpu_msgs([(t, GpuReading(f"GPU-{node}-0", 87.0, 20 * GiB, 80 * GiB, 310.5)),
+                                     (t, GpuReading(f"GPU-{node}-1", 40.0 if node == "gpu002" else 0.0, 5 * GiB,
+                                                    80 * GiB, 95.25))]))
     st.add_training("gpu001", TrainingReport(t - 10, 100, t - 50, step=1000, loss=2.5, lr=3e-4,
                                              tags={"exp": "baseline", "lr-sched": "cosine"}))
     st.add_training("gpu001", TrainingReport(t, 100, t - 50, step=1100, loss=2.25, lr=3e-4))
@@ -221,8 +230,8 @@ def test_text_says_what_prometheus_client_writes_for_the_same_families(per_proce
         st.jobs["7001"].name = f"renamed {round_}"
         st.jobs["7001"].tags["round"] = str(round_)
         st.gpus["GPU-gpu001-1"].info = GpuInfo("GPU-gpu001-1", 5 + round_, "H100", 40 * GiB)
-        st.add_gpus("gpu001", [(NOW + round_ + 1, GpuReading("GPU-gpu001-0", 1.0 * round_, round_ * GiB, None,
-                                                              None))])
+        st.add_gpus("gpu001", _gpu_msgs([(NOW + round_ + 1, GpuReading("GPU-gpu001-0", 1.0 * round_, round_ * GiB,
+                                                                        None, None))]))
     last = c.render(c.snapshot()).decode()
     assert 'name="renamed 2"' in last and 'tag_round="2"' in last and 'index="7"' in last
     assert 'name="renamed 1"' not in last and 'index="6"' not in last
