@@ -116,13 +116,16 @@ class Alerting:
                     users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
         owner = self._gpu_owner
         out: list[AlertEvent] = []
+        observe = self.engine.observe_gpu
         for uuid in ns.gpus:
             gs = st.gpus.get(uuid)
             reading = gs.latest if gs is not None else None
-            out.extend(self.engine.observe_gpu(GpuObservation(
-                t=now, node=node, gpu=uuid, job_id=owner.get(uuid, ""),
-                utilization=reading.utilization if reading else None, processes=users.get(uuid, 0),
-                index=gs.info.index if gs is not None else None)))
+            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index
+            found = observe(GpuObservation(now, node, uuid, owner.get(uuid, ""),
+                                           reading.utilization if reading else None, users.get(uuid, 0),
+                                           gs.info.index if gs is not None else None))
+            if found:
+                out.extend(found)
         return out
 
     def on_job_closed(self, job: JobState, now: float) -> None:
