@@ -37,15 +37,18 @@ def client(address: str, first: int, count: int, duration: float, interval: floa
     """Nodes first..first+count-1, each one stream, sending from start_at (Unix time) for `duration`."""
 
     async def main() -> dict:
-        delay = start_at - time.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        until = time.monotonic() + duration
+        # the batches are built before the start (it takes seconds), so every node sends for `duration`
         sims = [benchlib.NodeSim(f"load-node{n:04d}", f"load-job{n:04d}") for n in range(first, first + count)]
         bbs = [benchlib.BatchBytes(s, polls=polls, interval=interval) for s in sims]
         every = interval * polls
         results = [benchlib.StreamResult() for _ in sims]
         channels = [benchlib.aio_channel(address) for _ in sims]
+        delay = start_at - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            print(f"load client: batches built {-delay:.1f} s after the common start", file=sys.stderr)
+        until = time.monotonic() + duration
         c0 = time.process_time()
         await asyncio.gather(*(
             benchlib.agent_stream(ch, bb, r, interval=every, until=until, window=1_000_000,
@@ -76,7 +79,7 @@ def run(quick: bool = False, nodes: int = 1000, duration: float = 60.0, interval
     clients = max(1, min(clients, nodes))
     with benchlib.tmpdir("cw-load-") as tmp, Children() as children:
         collector = CollectorProc(children, tmp, name="load-collector")
-        start_at = time.time() + 2.0 + nodes / 500  # time for the clients to import and build their batches
+        start_at = time.time() + 3.0 + nodes * polls / 250  # time for the clients to import and build their batches
         procs = []
         per = [nodes // clients + (1 if i < nodes % clients else 0) for i in range(clients)]
         first = 0
