@@ -29,60 +29,60 @@ def label_key(s: ProcessSample) -> tuple:
     return (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
 
 
+# Each distinct label set, encoded as one `label_sets` entry of a ProcessTable, by label_key: a
+# node's label sets rarely change from poll to poll, and merging their bytes costs a fraction of
+# building the messages again. Bounded: cleared when full.
+_LABEL_ENTRIES: dict[tuple, bytes] = {}
+_LABEL_ENTRIES_MAX = 4096
+
+
+def _label_entry(key: tuple) -> bytes:
+    """The ProcessTable bytes of one label_sets entry holding `key` (label_key order), cached."""
+    ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by = key
+    t = agent_pb2.ProcessTable()
+    m = t.label_sets.add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,
+                         mapped_by=mapped_by)
+    if rank is not None:
+        m.rank = rank
+    if local_rank is not None:
+        m.local_rank = local_rank
+    entry = t.SerializeToString()
+    if len(_LABEL_ENTRIES) >= _LABEL_ENTRIES_MAX:
+        _LABEL_ENTRIES.clear()
+    _LABEL_ENTRIES[key] = entry
+    return entry
+
+
 def processes_to_table(samples: list[ProcessSample], out: agent_pb2.ProcessTable) -> None:
-    """Write samples as rows of `out` (usually `batch.processes`, empty)."""
+    """Write samples as rows of `out` (usually `batch.processes`, empty).
+
+    Label sets and GPU UUIDs are listed in order of first appearance. One comprehension per column
+    (the agent calls this every poll): the per-value cost is mostly protobuf's, not Python's.
+    """
+    nan = _NAN
     label_index: dict[tuple, int] = {}
-    uuid_index: dict[str, int] = {}
-    times, pids, starts, labels, cpu, rss, threads, fds, gcount = [], [], [], [], [], [], [], [], []
-    gidx, gmem, gsm = [], [], []
-    for s in samples:
-        key = (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
-        li = label_index.get(key)
-        if li is None:
-            li = label_index[key] = len(label_index)
-        times.append(s.time)
-        pids.append(s.pid)
-        starts.append(s.start_time)
-        labels.append(li)
-        v = s.cpu_percent
-        cpu.append(_NAN if v is None else v)
-        v = s.rss_bytes
-        rss.append(-1 if v is None else v)
-        v = s.threads
-        threads.append(-1 if v is None else v)
-        v = s.open_fds
-        fds.append(-1 if v is None else v)
-        gcount.append(len(s.gpus))
-        for g in s.gpus:
-            gi = uuid_index.get(g.gpu_uuid)
-            if gi is None:
-                gi = uuid_index[g.gpu_uuid] = len(uuid_index)
-            gidx.append(gi)
-            v = g.used_memory_bytes
-            gmem.append(-1 if v is None else v)
-            v = g.sm_utilization
-            gsm.append(_NAN if v is None else v)
-    out.time.extend(times)
-    out.pid.extend(pids)
-    out.start_time.extend(starts)
-    out.labels.extend(labels)
-    out.cpu_percent.extend(cpu)
-    out.rss_bytes.extend(rss)
-    out.threads.extend(threads)
-    out.open_fds.extend(fds)
-    out.gpu_count.extend(gcount)
-    out.gpu.extend(gidx)
-    out.gpu_memory_bytes.extend(gmem)
-    out.gpu_sm_utilization.extend(gsm)
-    out.gpu_uuids.extend(uuid_index)
-    add = out.label_sets.add
-    for ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by in label_index:
-        m = add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,
-                mapped_by=mapped_by)
-        if rank is not None:
-            m.rank = rank
-        if local_rank is not None:
-            m.local_rank = local_rank
+    index = label_index.setdefault
+    out.labels.extend([index((s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id,
+                              s.mapped_by), len(label_index)) for s in samples])
+    out.time.extend([s.time for s in samples])
+    out.pid.extend([s.pid for s in samples])
+    out.start_time.extend([s.start_time for s in samples])
+    out.cpu_percent.extend([nan if (v := s.cpu_percent) is None else v for s in samples])
+    out.rss_bytes.extend([-1 if (v := s.rss_bytes) is None else v for s in samples])
+    out.threads.extend([-1 if (v := s.threads) is None else v for s in samples])
+    out.open_fds.extend([-1 if (v := s.open_fds) is None else v for s in samples])
+    gpus = [s.gpus for s in samples]
+    out.gpu_count.extend(map(len, gpus))
+    if any(gpus):
+        uses = [g for gs in gpus for g in gs]  # GpuUse: (gpu_uuid, used_memory_bytes, sm_utilization)
+        uuid_index: dict[str, int] = {}
+        index = uuid_index.setdefault
+        out.gpu.extend([index(g[0], len(uuid_index)) for g in uses])
+        out.gpu_memory_bytes.extend([-1 if (v := g[1]) is None else v for g in uses])
+        out.gpu_sm_utilization.extend([nan if (v := g[2]) is None else v for g in uses])
+        out.gpu_uuids.extend(uuid_index)
+    entries = _LABEL_ENTRIES
+    out.MergeFromString(b"".join([entries.get(k) or _label_entry(k) for k in label_index]))
 
 
 class ProcessColumns:

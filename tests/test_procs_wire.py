@@ -86,3 +86,107 @@ def test_an_inconsistent_table_is_refused_with_its_reason(spoil, reason) -> None
     spoil(t)
     with pytest.raises(ValueError, match=reason):
         ProcessColumns(t)
+
+
+_NAN = float("nan")
+
+
+def reference_processes_to_table(samples: list[ProcessSample], out: agent_pb2.ProcessTable) -> None:
+    """processes_to_table as first written, one sample at a time: the semantics the fast one keeps.
+
+    Rows in sample order; label sets (label_key) and GPU UUIDs each once, in order of first
+    appearance; an unknown reading is NaN (float columns) or -1 (integer columns).
+    """
+    label_index: dict[tuple, int] = {}
+    uuid_index: dict[str, int] = {}
+    times, pids, starts, labels, cpu, rss, threads, fds, gcount = [], [], [], [], [], [], [], [], []
+    gidx, gmem, gsm = [], [], []
+    for s in samples:
+        key = (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
+        li = label_index.get(key)
+        if li is None:
+            li = label_index[key] = len(label_index)
+        times.append(s.time)
+        pids.append(s.pid)
+        starts.append(s.start_time)
+        labels.append(li)
+        v = s.cpu_percent
+        cpu.append(_NAN if v is None else v)
+        v = s.rss_bytes
+        rss.append(-1 if v is None else v)
+        v = s.threads
+        threads.append(-1 if v is None else v)
+        v = s.open_fds
+        fds.append(-1 if v is None else v)
+        gcount.append(len(s.gpus))
+        for g in s.gpus:
+            gi = uuid_index.get(g.gpu_uuid)
+            if gi is None:
+                gi = uuid_index[g.gpu_uuid] = len(uuid_index)
+            gidx.append(gi)
+            v = g.used_memory_bytes
+            gmem.append(-1 if v is None else v)
+            v = g.sm_utilization
+            gsm.append(_NAN if v is None else v)
+    out.time.extend(times)
+    out.pid.extend(pids)
+    out.start_time.extend(starts)
+    out.labels.extend(labels)
+    out.cpu_percent.extend(cpu)
+    out.rss_bytes.extend(rss)
+    out.threads.extend(threads)
+    out.open_fds.extend(fds)
+    out.gpu_count.extend(gcount)
+    out.gpu.extend(gidx)
+    out.gpu_memory_bytes.extend(gmem)
+    out.gpu_sm_utilization.extend(gsm)
+    out.gpu_uuids.extend(uuid_index)
+    add = out.label_sets.add
+    for ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by in label_index:
+        m = add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,
+                mapped_by=mapped_by)
+        if rank is not None:
+            m.rank = rank
+        if local_rank is not None:
+            m.local_rank = local_rank
+
+
+def both_ways(samples: list[ProcessSample]) -> tuple[bytes, bytes]:
+    """The batch bytes from processes_to_table and from the reference, each into a fresh batch."""
+    fast, ref = agent_pb2.Batch(), agent_pb2.Batch()
+    processes_to_table(samples, fast.processes)
+    reference_processes_to_table(samples, ref.processes)
+    return fast.SerializeToString(), ref.SerializeToString()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(sample, max_size=40))
+def test_the_table_is_byte_for_byte_the_reference_one(samples: list[ProcessSample]) -> None:
+    fast, ref = both_ways(samples)
+    assert fast == ref
+
+
+def test_no_samples_still_set_the_table_as_the_reference_does() -> None:
+    fast, ref = both_ways([])
+    assert fast == ref == agent_pb2.Batch(processes=agent_pb2.ProcessTable()).SerializeToString()
+
+
+def test_many_label_sets_and_gpus_keep_their_order() -> None:
+    # more label sets than the label cache holds, and GPU UUIDs whose index needs two varint bytes
+    samples = [ProcessSample(1.0, "n", pid, 2.0, ppid=pid % 7, rank=pid if pid % 3 else None, command=f"c{pid}",
+                             gpus=tuple(GpuUse(f"GPU-{(pid * 7 + i) % 300}", pid, None) for i in range(pid % 3)))
+               for pid in range(1, 5000)]
+    fast, ref = both_ways(samples)
+    assert fast == ref
+    fast, ref = both_ways(samples[::-1])
+    assert fast == ref
+
+
+def test_rows_append_to_a_table_that_already_has_some() -> None:
+    a = [ProcessSample(1.0, "n", 5, 2.0, user="ann", gpus=(GpuUse("GPU-a", 1, 2.0),))]
+    b = [ProcessSample(3.0, "n", 6, 4.0, user="bob", rank=1, cpu_percent=3.5)]
+    fast, ref = agent_pb2.ProcessTable(), agent_pb2.ProcessTable()
+    for samples in (a, b):
+        processes_to_table(samples, fast)
+        reference_processes_to_table(samples, ref)
+    assert fast.SerializeToString() == ref.SerializeToString()
