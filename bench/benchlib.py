@@ -421,11 +421,12 @@ def _ident(b: bytes) -> bytes:
 class StreamResult:
     """What one simulated agent stream sent and got back."""
 
-    __slots__ = ("sent", "acked", "samples_sent", "samples_acked", "delays", "error")
+    __slots__ = ("sent", "acked", "samples_sent", "samples_acked", "delays", "sent_times", "error")
 
     def __init__(self) -> None:
         self.sent = self.acked = self.samples_sent = self.samples_acked = 0
-        self.delays: list[float] = []
+        self.delays: list[float] = []  # seconds from sending a batch to its ack
+        self.sent_times: list[float] = []  # when each of those batches was sent (time.monotonic())
         self.error = ""
 
 
@@ -493,6 +494,7 @@ async def agent_stream(channel, bb: BatchBytes, result: StreamResult, *, batches
             if got is None:
                 continue
             result.delays.append(mono() - got[0])
+            result.sent_times.append(got[0])
             result.acked += 1
             result.samples_acked += got[1]
             slots.release()
