@@ -100,7 +100,8 @@ class Alerting:
                 live.add(key)
         self._observed[node] = live
         events.extend(self._gpu_events(node, now, touched))
-        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs)))
+        every = ns.send_interval_s if ns is not None else 0.0
+        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs, every)))
         if events:
             self._handle(events, now)
 

@@ -118,6 +118,13 @@ def test_idle_gpu_and_agent_down():
     assert [e.state for e in eng.heartbeat(NodeHeartbeat(t=100.0, node="g2"))] == ["resolved"]
 
 
+def test_a_node_that_sends_rarely_is_down_after_three_of_its_sends():
+    eng = Engine(load_rules())  # agent_down after 60 s
+    eng.heartbeat(NodeHeartbeat(t=0.0, node="slow", every_s=30.0))
+    assert eng.tick(75.0) == []  # two and a half send intervals: not yet
+    assert [e.rule for e in eng.tick(91.0)] == ["agent_down"]
+
+
 def test_node_without_jobs_is_not_down():
     eng = Engine(load_rules())
     eng.heartbeat(NodeHeartbeat(t=0.0, node="idle", has_jobs=False))

@@ -92,7 +92,7 @@ class Engine:
         self._procs: dict[tuple[str, int, float], _Proc] = {}
         self._label_cache: dict[tuple[str, str, str, str], tuple[RuleSet, frozenset[str]]] = {}
         self._gpus: dict[tuple[str, str], list[Any]] = {}  # (node, gpu) → [job_id, idle_since, state]
-        self._nodes: dict[str, list[Any]] = {}  # node → [last_t, has_jobs, state]
+        self._nodes: dict[str, list[Any]] = {}  # node → [last_t, has_jobs, state, least silence that counts]
 
     # ---- processes ---------------------------------------------------------------------------
 
@@ -506,7 +506,7 @@ class Engine:
         """
         st = self._nodes.get(hb.node)
         if st is None:
-            self._nodes[hb.node] = [hb.t, hb.has_jobs, None]
+            self._nodes[hb.node] = [hb.t, hb.has_jobs, None, 3.0 * hb.every_s]
             return []
         out: list[AlertEvent] = []
         if st[2] is not None:
@@ -515,7 +515,7 @@ class Engine:
                                   description=f"Agent on {hb.node} reports again after {_hours(hb.t - st[0])}",
                                   figures={"silent_for_s": round(hb.t - st[0], 1)}))
             st[2] = None
-        st[0], st[1] = hb.t, hb.has_jobs
+        st[0], st[1], st[3] = hb.t, hb.has_jobs, 3.0 * hb.every_s
         return out
 
     def tick(self, now: float) -> list[AlertEvent]:
@@ -533,7 +533,7 @@ class Engine:
         out = []
         for node, st in self._nodes.items():
             silent = now - st[0]
-            if st[1] and st[2] is None and silent >= r.after_s:
+            if st[1] and st[2] is None and silent >= max(r.after_s, st[3]):
                 st[2] = FIRING
                 out.append(AlertEvent(t=now, rule="agent_down", state=FIRING, severity=r.severity, node=node,
                                       description=f"Agent on {node} silent for {_hours(silent)} while jobs run "

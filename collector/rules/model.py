@@ -103,11 +103,14 @@ class NodeHeartbeat:
         t: Time of the report in seconds.
         node: Node name.
         has_jobs: Whether jobs run on the node (only such nodes raise agent_down).
+        every_s: How often the agent sends (its send interval): a node is not silent before
+            three of those have passed, whatever the rule's after_s.
     """
 
     t: float
     node: str
     has_jobs: bool = True
+    every_s: float = 0.0
 
 
 @dataclass(slots=True)
