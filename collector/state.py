@@ -7,6 +7,7 @@ however long a job runs.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -284,18 +285,23 @@ class ClusterState:
                 v = max(gmems[gstart[j]::per_poll_uses])
                 if v > series.gpu_memory_peak:
                     series.gpu_memory_peak = v
+            # history: the first poll a step after the last point, the first a step after that, …
+            # (found by bisection: the polls are in time order; usually one a batch, at its last poll)
             hist = series.history
-            for k, t in enumerate(poll_times):
-                if not hist or t - hist[-1].t >= step:
+            k = bisect_left(poll_times, hist[-1].t + step) if hist else 0
+            while k < polls:
+                t = poll_times[k]
+                if k == polls - 1:
+                    if not known:
+                        gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+                    hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+                else:
                     row = j + k * width
-                    if row == r:
-                        if not known:
-                            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
-                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
-                    else:
-                        hist.append(_point(cols, row, gstart[row]))
-                if gcount > 1:
-                    g = _point(cols, j + k * width, gstart[j + k * width]).gpu_memory_bytes
+                    hist.append(_point(cols, row, gstart[row]))
+                k = bisect_left(poll_times, t + step, k + 1)
+            if gcount > 1:  # GPU memory summed over the process's GPUs, poll by poll
+                for row in range(j, len(times), width):
+                    g = _point(cols, row, gstart[row]).gpu_memory_bytes
                     if g is not None and g > series.gpu_memory_peak:
                         series.gpu_memory_peak = g
             live.add(series.key)
@@ -325,7 +331,7 @@ class ClusterState:
         series.alive = True
         series.samples += 1
         hist = series.history
-        if not hist or t - hist[-1].t >= self.history_step_s:
+        if not hist or t >= hist[-1].t + self.history_step_s:  # the per-poll path's comparison, exactly
             hist.append(Point(t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads,
                               s.open_fds))
         v = s.rss_bytes

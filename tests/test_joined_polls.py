@@ -136,7 +136,9 @@ def test_the_per_poll_path_keeps_what_the_row_path_keeps(pids: list[int], polls:
     fast, slow = ClusterState(history_step_s=2.0), ClusterState(history_step_s=2.0)
     for k in range(batches):
         # from batch `relabel_at` on, the processes belong to a job: the per-poll path converts them anew
-        batch = _polls([float(k * polls + i) for i in range(polls)], pids, job_id="9" if k >= relabel_at else "")
+        # Unix times, fractions and all, as an agent sends them
+        batch = _polls([1_795_989_241.37 + k * polls + i for i in range(polls)], pids,
+                       job_id="9" if k >= relabel_at else "")
         fast.add_processes("n", _table(batch), 0.0)
         t = agent_pb2.ProcessTable()
         processes_to_table(batch, t)
