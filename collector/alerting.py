@@ -76,8 +76,8 @@ class Alerting:
             gpu_uuid = gtotal = gmem = gutil = None
             if s.gpus:
                 gpu_uuid = s.gpus[0].gpu_uuid
-                gtotal = gpu_totals.get(gpu_uuid, 0)
-                if gtotal == 0:
+                gtotal = gpu_totals.get(gpu_uuid, -1)
+                if gtotal == -1:  # not looked up yet in this batch (None: looked up, size unknown)
                     gs = gpus.get(gpu_uuid)
                     gtotal = gpu_totals[gpu_uuid] = (
                         (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
