@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -20,13 +19,6 @@ log = logging.getLogger("clusterwatch.agent")
 
 #: Parent of the per-node spool folders when no spool folder is configured.
 SPOOL_ROOT = "/run/clusterwatch"
-
-#: The events folder is listed only when its stat changed since a listing (a hook's rename into it changes its
-#: mtime), and anyway at least this often (seconds): a safety net for file systems whose timestamps lie.
-LIST_EVERY_S = 10.0
-#: A folder changed this recently (ns, by its mtime against the clock) may change again within the same
-#: timestamp tick without its mtime moving, so it is listed again at the next call.
-_SETTLED_NS = 1_000_000_000
 
 
 def spool_dir_for(value: str | None, node: str) -> str:
@@ -144,67 +136,9 @@ class JobSpool:
         self.find_job_pids = find_job_pids
         self.running: dict[str, JobEvent] = {}
         self.rejected = 0
-        self.listings = 0
-        self._fd = -1  # the folder, kept open to fstat it (-1: none)
-        self._listed_as: tuple | None = None  # its stat at the last listing, when it had settled
-        self._list_by = 0.0  # monotonic time of the next listing due anyway
-        self._mkdir_after = 0.0  # monotonic time after which a missing folder may be created again
-
-    def _reopen(self, now: float) -> os.stat_result | None:
-        """Open the folder afresh, and its stat; None when it cannot be opened.
-
-        A missing folder is created (at most once every LIST_EVERY_S: an agent that may not create it tries
-        no more often); FileNotFoundError when it is still missing.
-        """
-        self.close()
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        try:
-            try:
-                self._fd = os.open(self.dir, flags)
-            except FileNotFoundError:
-                if now < self._mkdir_after:
-                    raise
-                self._mkdir_after = now + LIST_EVERY_S
-                try:
-                    os.makedirs(self.dir, mode=0o755, exist_ok=True)
-                except OSError:
-                    raise FileNotFoundError(self.dir) from None
-                self._fd = os.open(self.dir, flags)
-            return os.fstat(self._fd)
-        except FileNotFoundError:
-            raise
-        except OSError:
-            return None  # listed below, which says why
-
-    def close(self) -> None:
-        """Close the folder's descriptor (the next take_events opens it again)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
     def take_events(self) -> list[JobEvent]:
-        """Read, remove and return the pending events, oldest first.
-
-        While nothing arrives a call costs one fstat of the folder, kept open: a file renamed into it (as the
-        hooks write) or removed from it changes its mtime. It is listed when that changed, when the last
-        listing found it changed too recently to trust its timestamp (or found events), when it was removed,
-        and anyway LIST_EVERY_S after the last listing. The agent creates the folder if it is missing (the
-        hooks would), so that it has one to watch.
-        """
-        now = time.monotonic()
-        if self._listed_as is not None and now < self._list_by:
-            try:
-                st = os.fstat(self._fd)
-            except OSError:
-                st = None
-            if st is not None and st.st_nlink and (st.st_mtime_ns, st.st_ctime_ns, st.st_size) == self._listed_as:
-                return []
-        self._listed_as = None
-        self._list_by = now + LIST_EVERY_S
-        try:
-            st = self._reopen(now)
-        except FileNotFoundError:
-            return []  # no folder (and none could be made): no events
+        """Read, remove and return the pending events, oldest first."""
         try:
             names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
         except FileNotFoundError:
@@ -213,10 +147,6 @@ class JobSpool:
             self.rejected += 1
             log.debug("cannot list %s: %s", self.dir, exc)
             return []
-        self.listings += 1
-        if st is not None and not names and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS:
-            # stat before listing: what arrives after the stat moves the mtime past the one kept here
-            self._listed_as = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         events = []
         for name in names:
             path = os.path.join(self.dir, name)

@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent import spool as spool_mod
 from clusterwatch.agent.ensure import agent_alive, read_pid
-from clusterwatch.agent.spool import JobSpool, resolve_gpus, spool_dir_for, write_event
+from clusterwatch.agent.spool import resolve_gpus, spool_dir_for
 from clusterwatch.cli.hooks_cmd import exit_code_from
 
-from clusterwatch.model import GpuInfo, JobEvent
+from clusterwatch.model import GpuInfo
 from tests.helpers import CLI
 from tests.services.procs import free_port, pid_alive, stop_pid, wait_for
 
@@ -196,50 +195,3 @@ def test_spool_folders_and_gpu_uuids() -> None:
     assert resolve_gpus("1,0", inventory) == ("GPU-bbbb-2", "GPU-aaaa-1")
     assert resolve_gpus("GPU-aaaa,GPU-bbb,7,", inventory) == ("GPU-aaaa-1",)  # ambiguous and unknown dropped
     assert resolve_gpus("", inventory) == ()
-
-
-def test_the_agent_lists_the_events_folder_only_when_it_changed(tmp_path: Path, monkeypatch) -> None:
-    spool = JobSpool(str(tmp_path))
-    assert spool.take_events() == [] and spool.listings == 1  # the agent makes the folder the hooks write to
-    assert (tmp_path / "events").is_dir()
-    write_event(str(tmp_path), JobEvent("start", "7", 1.0))
-    assert [e.job_id for e in spool.take_events()] == ["7"] and spool.listings == 2
-    assert spool.running.keys() == {"7"}
-    # the folder just changed (the hook's rename, the agent's unlink): its timestamp is not trusted yet
-    assert spool.take_events() == [] and spool.listings == 3
-    monkeypatch.setattr(spool_mod, "_SETTLED_NS", 0)  # as if that change were long ago
-    assert spool.take_events() == [] and spool.listings == 4
-    for _ in range(3):
-        assert spool.take_events() == [] and spool.listings == 4  # an fstat each, no listing
-    time.sleep(0.05)  # past a coarse timestamp tick: the rename moves the folder's mtime
-    write_event(str(tmp_path), JobEvent("end", "7", 2.0, exit_code=0))
-    assert [e.kind for e in spool.take_events()] == ["end"] and spool.listings == 5
-    assert not spool.running
-    assert spool.take_events() == [] and spool.listings == 6
-    assert spool.take_events() == [] and spool.listings == 6
-    # an event that slipped by the timestamps is still found by the listing due every LIST_EVERY_S
-    with open(os.path.join(spool.dir, "9.0-8-start-1.json"), "w") as f:
-        json.dump({"kind": "start", "job_id": "8", "time": 9.0}, f)
-    st = os.stat(spool.dir)
-    spool._listed_as = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)  # as if the stat had not moved
-    assert spool.take_events() == [] and spool.listings == 6
-    spool._list_by = 0.0
-    assert [e.job_id for e in spool.take_events()] == ["8"] and spool.listings == 7
-    # the folder removed, and made again by a hook: the kept descriptor's link count tells
-    assert spool.take_events() == [] and spool.listings == 8
-    assert spool.take_events() == [] and spool.listings == 8
-    os.rmdir(spool.dir)
-    assert spool.take_events() == [] and spool.listings == 8  # not made again within LIST_EVERY_S
-    write_event(str(tmp_path), JobEvent("start", "9", 3.0))
-    assert [e.job_id for e in spool.take_events()] == ["9"] and spool.listings == 9
-    spool.close()
-
-
-def test_the_agent_does_not_retry_a_spool_folder_it_may_not_make(tmp_path: Path, monkeypatch) -> None:
-    made = []
-    monkeypatch.setattr(spool_mod.os, "makedirs", lambda *a, **k: made.append(a) or (_ for _ in ()).throw(
-        PermissionError(13, "denied")))
-    spool = JobSpool(str(tmp_path / "nope"))
-    for _ in range(5):
-        assert spool.take_events() == []
-    assert len(made) == 1 and spool.listings == 0 and spool.rejected == 0
