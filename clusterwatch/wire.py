@@ -24,12 +24,7 @@ _NAN = float("nan")
 LABEL_FIELDS = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
 
 
-def label_key(s: ProcessSample) -> tuple:
-    """A sample's labels as a tuple (LABEL_FIELDS order): equal tuples share one ProcessLabels."""
-    return (s.ppid, s.uid, s.user, s.command, s.job_id, s.rank, s.local_rank, s.step_id, s.mapped_by)
-
-
-# Each distinct label set, encoded as one `label_sets` entry of a ProcessTable, by label_key: a
+# Each distinct label set, encoded as one `label_sets` entry of a ProcessTable, by its labels (LABEL_FIELDS order): a
 # node's label sets rarely change from poll to poll, and merging their bytes costs a fraction of
 # building the messages again. Bounded: cleared when full.
 _LABEL_ENTRIES: dict[tuple, bytes] = {}
@@ -37,7 +32,7 @@ _LABEL_ENTRIES_MAX = 4096
 
 
 def _label_entry(key: tuple) -> bytes:
-    """The ProcessTable bytes of one label_sets entry holding `key` (label_key order), cached."""
+    """The ProcessTable bytes of one label_sets entry holding `key` (LABEL_FIELDS order), cached."""
     ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by = key
     t = agent_pb2.ProcessTable()
     m = t.label_sets.add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,

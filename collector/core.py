@@ -286,11 +286,14 @@ class CollectorCore:
         every HOUSEKEEPING_S, which is plenty for things that wait a minute or more.
         """
         now = self.clock()
-        if now - self._swept < HOUSEKEEPING_S:
-            for cb in self.on_tick:
-                cb(now)
-            return
-        self._swept = now
+        if now - self._swept >= HOUSEKEEPING_S:
+            self._swept = now
+            self._sweep(now)
+        for cb in self.on_tick:
+            cb(now)
+
+    def _sweep(self, now: float) -> None:
+        """End agent-only jobs whose processes have all been gone a while; forget old processes."""
         ended = []
         with self.lock:
             for job in self.state.jobs.values():
@@ -306,8 +309,6 @@ class CollectorCore:
             self.state.prune(now)
         for job in ended:
             self.close_job(job)
-        for cb in self.on_tick:
-            cb(now)
 
     # -- queries ----------------------------------------------------------------------------
 

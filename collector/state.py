@@ -54,7 +54,7 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
-    labels: tuple = ()  # the labels as last sent (wire.label_key order), to tell a change cheaply
+    labels: tuple = ()  # the labels as last sent (wire.LABEL_FIELDS order), to tell a change cheaply
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
 
 
@@ -374,10 +374,6 @@ class ClusterState:
         if not job.user:
             job.user = s.user
 
-    def live_keys(self, node: str) -> set[ProcessKey]:
-        """The processes of a node in its latest poll."""
-        return self._node_live.get(node, set())
-
     def add_gpus(self, node: str, msgs) -> None:
         """Record a batch's GPU readings (wire GpuSamples, a poll's worth or several, in time order).
 
@@ -494,17 +490,13 @@ class ClusterState:
 
 
 def _point(cols: ProcessColumns, i: int, g: int) -> Point:
-    """Row i of a table as a history point (g: where its GPU-use entries start)."""
-    c, r, th, fd = cols.cpu_percent[i], cols.rss_bytes[i], cols.threads[i], cols.open_fds[i]
-    mem = util = None
-    for j in range(g, g + cols.gpu_count[i]):
-        m, u = cols.gpu_memory_bytes[j], cols.gpu_sm_utilization[j]
-        if m >= 0:
-            mem = (mem or 0) + m
-        if u == u and (util is None or u > util):
-            util = u
-    return Point(cols.time[i], c if c == c else None, r if r >= 0 else None, mem, util, th if th >= 0 else None,
-                 fd if fd >= 0 else None)
+    """Row i of a table as a history point (g: where its GPU-use entries start).
+
+    For a poll before a batch's last (its last poll's point is taken from the updated sample);
+    rare with the agent's batches, so it goes through a whole sample and its GPU properties.
+    """
+    s = cols.sample(i, "", g)
+    return Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads, s.open_fds)
 
 
 def step_rate(points: deque) -> float | None:

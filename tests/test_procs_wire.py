@@ -94,7 +94,7 @@ _NAN = float("nan")
 def reference_processes_to_table(samples: list[ProcessSample], out: agent_pb2.ProcessTable) -> None:
     """processes_to_table as first written, one sample at a time: the semantics the fast one keeps.
 
-    Rows in sample order; label sets (label_key) and GPU UUIDs each once, in order of first
+    Rows in sample order; label sets (wire.LABEL_FIELDS) and GPU UUIDs each once, in order of first
     appearance; an unknown reading is NaN (float columns) or -1 (integer columns).
     """
     label_index: dict[tuple, int] = {}
