@@ -120,10 +120,12 @@ def measure_server(pid: int, address: str, streams: int, batches: int, window: i
 # -- CollectorCore.batch in this process ----------------------------------------------------------
 
 def inprocess(streams: int, batches: int, polls: int, profile: bool = False) -> dict:
+    from clusterwatch.collector.service import tune_gc
     from clusterwatch.v1 import agent_pb2
 
     with benchlib.tmpdir("cw-bench-ingest-") as tmp:
         server, core, note = benchlib.collector_server_core(tmp)
+        tune_gc()  # as the collector's start does
         sims = [benchlib.NodeSim(f"inproc-{i}", f"job-inproc-{i}") for i in range(streams)]
         for s in sims:
             core.hello(s.hello().hello)

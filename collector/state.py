@@ -226,84 +226,91 @@ class ClusterState:
                    touched: list[ProcessSeries]) -> list[int]:
         """The common shape, fast: every poll of the batch lists the same processes, in the same order.
 
-        Process j's rows are j, j + width, j + 2·width…: its count, peaks and history are
-        taken from column slices, its latest reading from its last row, in one step per
-        process rather than one per row. Returns the rows left for the row path (a new or
-        changed process, or one whose batch is older than what is held).
+        Process j's rows are j, j + width, j + 2·width…. The last poll's readings and each
+        process's peaks over the polls are taken a column at a time; then each process is
+        updated in one step rather than one per row. Returns the rows left for the row path
+        (a new or changed process, or one whose batch is older than what is held).
         """
         times, pids, starts, labels, label_sets = cols.time, cols.pid, cols.start_time, cols.labels, cols.label_sets
-        cpus, rsss, threads, fds = cols.cpu_percent, cols.rss_bytes, cols.threads, cols.open_fds
-        gcounts = cols.gpu_count
-        gmems, gsms, gidx, uuids = cols.gpu_memory_bytes, cols.gpu_sm_utilization, cols.gpu, cols.gpu_uuids
-        polls = len(times) // width
+        gcounts, uuids = cols.gpu_count, cols.gpu_uuids
+        rows = len(times)
+        polls = rows // width
+        last = rows - width  # the last poll's first row
         poll_times = times[::width]
-        first_time = poll_times[0]
-        last = (polls - 1) * width
-        per_poll_uses = gstart[width]  # GPU-use entries in one poll
+        first_time, t_last = poll_times[0], poll_times[-1]
+        # the last poll's readings (list slices: one conversion a column, not one a value)
+        cpu_l, rss_l = cols.cpu_percent[last:], cols.rss_bytes[last:]
+        thr_l, fd_l = cols.threads[last:], cols.open_fds[last:]
+        rss_peaks = _peaks(cols.rss_bytes, width)  # -1 (unknown) never beats a peak
+        uses = gstart[width]  # GPU-use entries a poll; a process's are at the same places in every poll
+        if uses:
+            gmem_l, gsm_l, gidx_l = cols.gpu_memory_bytes[-uses:], cols.gpu_sm_utilization[-uses:], cols.gpu[-uses:]
+            gmem_peaks = _peaks(cols.gpu_memory_bytes, uses)
         step = self.history_step_s
         left: list[int] = []
         for j in range(width):
             series = pids_of.get(pids[j])
             if series is None or series.key.start_time != starts[j] or first_time < series.latest.time:
-                left.extend(range(j, len(times), width))
+                left.extend(range(j, rows, width))
                 continue
             s = series.latest
             lab = label_sets[labels[j]]
-            r = last + j
             gcount = gcounts[j]
             gmem = gutil = None  # of the last row, once known without the sample's properties
             known = not gcount
             if lab != series.labels:  # relabelled: converted whole from its last row
+                r = last + j
                 s = series.latest = self._convert(node, cols.sample(r, node, gstart[r]), unlabel)
                 series.labels = lab
                 self._join_job(series.key, s)
             else:
-                s.time = times[r]
-                v = cpus[r]
+                s.time = t_last
+                v = cpu_l[j]
                 s.cpu_percent = v if v == v else None  # NaN: unknown
-                v = rsss[r]
+                v = rss_l[j]
                 s.rss_bytes = v if v >= 0 else None  # -1: unknown
-                v = threads[r]
+                v = thr_l[j]
                 s.threads = v if v >= 0 else None
-                v = fds[r]
+                v = fd_l[j]
                 s.open_fds = v if v >= 0 else None
                 if gcount == 1:  # the usual case, written out
-                    g = gstart[r]
-                    m, u = gmems[g], gsms[g]
+                    g = gstart[j]
+                    m, u = gmem_l[g], gsm_l[g]
                     gmem, gutil, known = m if m >= 0 else None, u if u == u else None, True
-                    s.gpus = (GpuUse(uuids[gidx[g]], gmem, gutil),)
+                    s.gpus = (GpuUse(uuids[gidx_l[g]], gmem, gutil),)
                 elif gcount:
-                    s.gpus = cols.gpu_uses(gstart[r], gcount)
+                    s.gpus = cols.gpu_uses(gstart[last + j], gcount)
                 elif s.gpus:
                     s.gpus = ()
             series.samples += polls
             series.alive = True
-            v = max(rsss[j::width])  # -1 (unknown) never beats a peak
+            v = rss_peaks[j]
             if v > series.rss_peak:
                 series.rss_peak = v
             if gcount == 1:
-                v = max(gmems[gstart[j]::per_poll_uses])
+                v = gmem_peaks[gstart[j]]
                 if v > series.gpu_memory_peak:
                     series.gpu_memory_peak = v
-            # history: the first poll a step after the last point, the first a step after that, …
-            # (found by bisection: the polls are in time order; usually one a batch, at its last poll)
-            hist = series.history
-            k = bisect_left(poll_times, hist[-1].t + step) if hist else 0
-            while k < polls:
-                t = poll_times[k]
-                if k == polls - 1:
-                    if not known:
-                        gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
-                    hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
-                else:
-                    row = j + k * width
-                    hist.append(_point(cols, row, gstart[row]))
-                k = bisect_left(poll_times, t + step, k + 1)
-            if gcount > 1:  # GPU memory summed over the process's GPUs, poll by poll
-                for row in range(j, len(times), width):
+            elif gcount:  # GPU memory summed over the process's GPUs, poll by poll
+                for row in range(j, rows, width):
                     g = _point(cols, row, gstart[row]).gpu_memory_bytes
                     if g is not None and g > series.gpu_memory_peak:
                         series.gpu_memory_peak = g
+            # history: the first poll a step after the last point, the first a step after that, …
+            # (usually one a batch, at its last poll; found by bisection, the polls being in time order)
+            hist = series.history
+            if not hist or hist[-1].t + step <= t_last:
+                k = bisect_left(poll_times, hist[-1].t + step) if hist else 0
+                while k < polls:
+                    t = poll_times[k]
+                    if k == polls - 1:
+                        if not known:
+                            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+                    else:
+                        row = j + k * width
+                        hist.append(_point(cols, row, gstart[row]))
+                    k = bisect_left(poll_times, t + step, k + 1)
             live.add(series.key)
             touched.append(series)
         return sorted(left)
@@ -487,6 +494,13 @@ class ClusterState:
         pids = self.pids.get(key.node)
         if pids is not None and (series := pids.get(key.pid)) is not None and series.key == key:
             del pids[key.pid]
+
+
+def _peaks(col: list, width: int) -> list:
+    """Per place in a poll, the largest value over the polls (`col` holds polls of `width` values, in order)."""
+    if len(col) == width:
+        return col
+    return list(map(max, *(col[k:k + width] for k in range(0, len(col), width))))
 
 
 def _point(cols: ProcessColumns, i: int, g: int) -> Point:
