@@ -343,3 +343,45 @@ def test_new_pids_come_from_the_last_pid_and_a_listing_now_and_then() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_unchanged_stat_text_reuses_its_figures_and_any_change_is_read(fake_proc: Path) -> None:
+    """Both halves of a poll skip parsing a stat text equal to the last one: every change must still show."""
+    tick = os.sysconf("SC_CLK_TCK")
+    page = os.sysconf("SC_PAGE_SIZE")
+    write_proc(fake_proc, 10, start=1)
+    write_proc(fake_proc, 20, start=2)
+    write_proc(fake_proc, 42, comm="worker", utime=100, stime=0, threads=3, rss=1000, start=5)
+    (fake_proc / "42" / "stat").write_bytes(stat_text(pid=42, comm="worker", utime=100, stime=0, threads=3, rss=1000,
+                                                      start=5).replace(b" S 1 ", b" S 10 "))
+    src = ProcSource("n1", proc=str(fake_proc), count_fds=False)
+
+    def poll(now: float, roots: set[int]) -> dict[int, ProcessSample]:
+        return {s.pid: s for s in src.sample(src.descendants(roots), now, {})}
+
+    def rewrite(**fields) -> None:
+        ppid = fields.pop("ppid", 10)
+        text = stat_text(pid=42, start=5, **fields).replace(b" S 1 ", f" S {ppid} ".encode())
+        (fake_proc / "42" / "stat").write_bytes(text)
+
+    poll(1000.0, {10, 20})
+    for now in (1001.0, 1002.0):  # nothing changed: the same figures, no CPU used
+        s = poll(now, {10, 20})[42]
+        assert (s.cpu_percent, s.threads, s.rss_bytes, s.ppid, s.command) == (0.0, 3, 1000 * page, 10, "worker")
+        assert s.time == now
+    assert poll(1002.0, {10, 20})[42].cpu_percent is None  # no time passed: no rate
+    rewrite(comm="worker", utime=100 + tick, stime=0, threads=3, rss=1000)
+    assert poll(1003.0, {10, 20})[42].cpu_percent == 100.0
+    rewrite(comm="worker", utime=100 + tick, stime=0, threads=9, rss=1000)
+    assert poll(1004.0, {10, 20})[42].threads == 9
+    rewrite(comm="worker", utime=100 + tick, stime=0, threads=9, rss=4321)
+    assert poll(1005.0, {10, 20})[42].rss_bytes == 4321 * page
+    rewrite(comm="renamed", utime=100 + tick, stime=0, threads=9, rss=4321)
+    assert poll(1006.0, {10, 20})[42].command == "renamed"
+    # It moves below another watched parent, then that parent is no longer watched: the tree follows.
+    rewrite(comm="renamed", utime=100 + tick, stime=0, threads=9, rss=4321, ppid=20)
+    assert poll(1007.0, {10, 20})[42].ppid == 20
+    assert src.descendants({10}) == {10}
+    # Exited and not reaped yet: a zombie is not sampled, whatever was read before.
+    (fake_proc / "42" / "stat").write_bytes(stat_text(pid=42, state="Z", start=5).replace(b" Z 1 ", b" Z 20 "))
+    assert 42 in src.descendants({20}) and 42 not in poll(1008.0, {20})

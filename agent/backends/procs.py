@@ -14,6 +14,9 @@ noisy VM, a read of an open file a quarter of that):
   same `/proc/<pid>` directory, and a descriptor of /proc stays tied to the process it
   was opened for: once that process is reaped, reads fail with ESRCH, so a reused pid
   can never be read as the old process.
+- A stat text equal to the one read at the last poll is not parsed again: the same text is the
+  same process (pid and start time are in it) with the same parent and figures, and no CPU tick
+  used since. Most watched processes (data loader workers, launchers, shells) sleep between polls.
 - The tree is kept, not walked again: each poll re-reads the members (their parent may
   change, and those reads are the samples' too) and reads the stat of the pids handed
   out since the last poll, which /proc/loadavg's last pid tells (NewPids); a new process
@@ -193,6 +196,14 @@ def probe(data: bytes) -> tuple[int, int] | None:
         return None
 
 
+def _parent(data: bytes) -> int | None:
+    """The parent pid in a stat text, None for bad text."""
+    try:
+        return int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+    except (ValueError, IndexError):
+        return None
+
+
 @dataclass(slots=True)
 class _Known:
     """What the source remembers of a sampled process between polls."""
@@ -208,14 +219,24 @@ class _Known:
     comm: str
     open_fds: int | None = None  # at the last count
     fds_at: float = float("-inf")  # when they were counted (a poll's time)
+    text: bytes = b""  # the stat text of the last sample, and what was read from it:
+    ppid: int = 0
+    threads: int = 0
+    rss_bytes: int = 0
 
 
 @dataclass(slots=True)
 class _Held:
-    """Descriptors kept open for a watched process: its stat file and its fd directory (-1: none)."""
+    """Descriptors kept open for a watched process: its stat file and its fd directory (-1: none).
+
+    Also the stat text last read through it by descendants() and the parent pid in it: a text equal
+    to the last one has the same parent, and most processes' texts do not change between polls.
+    """
 
     stat_fd: int
     fd_dir: int
+    text: bytes | None = None
+    ppid: int = 0
 
 
 def _held_budget() -> int:
@@ -262,7 +283,7 @@ class ProcSource:
         self._members: set[int] = set()  # the tree at the last poll
         self._held: dict[int, _Held] = {}
         self._max_held = _held_budget() if max_held is None else max_held
-        self._fresh: dict[int, tuple] = {}  # stat texts read by descendants() for sample() of the same poll
+        self._fresh: dict[int, bytes] = {}  # stat texts read by descendants() for sample() of the same poll
         self._roots: set[int] = set()
         self._parents: dict[int, int] = {}  # pid → parent of every process read at the last tree change
 
@@ -361,7 +382,7 @@ class ProcSource:
         The stat texts read here (split, with the parent pid) are kept for `sample()` of the same poll,
         which reads and parses nothing twice.
         """
-        fresh: dict[int, tuple] = {}
+        fresh: dict[int, bytes] = {}
         self._fresh = fresh
         if not roots:
             self.close()
@@ -378,6 +399,10 @@ class ProcSource:
                     data = pread(held.stat_fd, _STAT_MAX, 0)
                 except OSError:
                     data = b""
+                if data == held.text:  # unchanged since the last poll (a sleeping process): same parent
+                    fresh[pid] = data
+                    parents[pid] = held.ppid
+                    continue
                 if not data:  # ESRCH: reaped, and the pid may already be another process's
                     data = self._read(pid, True)
                     if data is None:
@@ -386,15 +411,16 @@ class ProcSource:
                 data = self._read(pid, True)
                 if data is None:
                     continue
-            try:
-                close = data.rindex(b")")
-                rest = data[close + 2 :].split(None, 22)
-                parents[pid] = ppid = int(rest[1])
-            except (ValueError, IndexError):
+            ppid = _parent(data)
+            if ppid is None:
                 self.read_errors += 1
                 self._release(pid)
                 continue
-            fresh[pid] = (data, close, rest, ppid)
+            held = held_of(pid)
+            if held is not None:
+                held.text, held.ppid = data, ppid
+            fresh[pid] = data
+            parents[pid] = ppid
         probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
         new_roots = [r for r in roots if r in parents and r not in members]
         if new_roots:
@@ -435,8 +461,7 @@ class ProcSource:
                 tree.discard(pid)
                 parents.pop(pid, None)
             else:
-                close = data.rindex(b")")
-                fresh[pid] = (data, close, data[close + 2 :].split(None, 22), got[0])
+                fresh[pid] = data
         self._members = tree
         return set(tree)
 
@@ -520,40 +545,21 @@ class ProcSource:
         node = self.node
         out: list[ProcessSample] = []
         for pid in pids:
-            got = fresh.get(pid)
-            try:
-                if got is None:
-                    data = self._read(pid, pid in members)
-                    if data is None:
-                        continue
-                    close = data.rindex(b")")
-                    rest = data[close + 2 :].split(None, 22)
-                    ppid = int(rest[1])
-                else:
-                    data, close, rest, ppid = got
-                if rest[0] in _GONE_STATES:
+            data = fresh.get(pid)
+            if data is None:
+                data = self._read(pid, pid in members)
+                if data is None:
                     continue
-                cpu_ticks = int(rest[11]) + int(rest[12])
-                threads = int(rest[17])
-                rss_pages = int(rest[21])
-                start = rest[19]
-            except (ValueError, IndexError):
-                self.read_errors += 1
-                continue
             k = old.get(pid)
-            if k is None or k.start != start:
-                k = self._first_sight(pid, data, close, start, cpu_ticks, now)
+            if k is not None and data == k.text:
+                # The text of the last sample: the same process (pid and start time are in it) with the same
+                # figures, and no CPU tick used since. Most watched processes sleep between most polls.
+                cpu_percent = 0.0 if now > k.sampled_at else None
+                k.sampled_at = now
+            else:
+                k, cpu_percent = self._update(pid, data, k, now)
                 if k is None:
                     continue
-                cpu_percent = None  # no previous reading of this process yet
-            else:
-                dt = now - k.sampled_at
-                cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
-                k.cpu_ticks = cpu_ticks
-                k.sampled_at = now
-                if close != k.close or not data.startswith(k.head):  # renamed (prctl PR_SET_NAME, exec)
-                    k.close, k.head = close, data[:close]
-                    k.comm = data[data.index(b"(") + 1 : close].decode("utf-8", "replace")
             known[pid] = k
             open_fds = None
             if count_fds:
@@ -572,11 +578,45 @@ class ProcSource:
                     if open_fds is not None:  # a failed count is tried again at the next poll
                         k.fds_at = now
             # positional, in ProcessSample's field order (a third of the cost of keywords; tests check each field)
-            out.append(ProcessSample(now, node, pid, k.start_time, ppid, k.uid, k.user, k.comm, "", None, None, "",
-                                     "", cpu_percent, rss_pages * _PAGE_SIZE, threads, open_fds,
-                                     tuple(gpu_use.get(pid, ()))))
+            out.append(ProcessSample(now, node, pid, k.start_time, k.ppid, k.uid, k.user, k.comm, "", None, None, "",
+                                     "", cpu_percent, k.rss_bytes, k.threads, open_fds, tuple(gpu_use.get(pid, ()))))
         self._known = known
         return out
+
+    def _update(self, pid: int, data: bytes, k: _Known | None, now: float) -> tuple[_Known | None, float | None]:
+        """Parse a changed stat text into `pid`'s record (a new one at first sight or for a reused pid).
+
+        Returns the record and the CPU percent since the last sample (None at first sight); (None, None) for
+        a process that has exited (a zombie) or bad text.
+        """
+        try:
+            close = data.rindex(b")")
+            rest = data[close + 2 :].split(None, 22)
+            if rest[0] in _GONE_STATES:
+                return None, None
+            ppid = int(rest[1])
+            cpu_ticks = int(rest[11]) + int(rest[12])
+            threads = int(rest[17])
+            rss_pages = int(rest[21])
+            start = rest[19]
+        except (ValueError, IndexError):
+            self.read_errors += 1
+            return None, None
+        if k is None or k.start != start:
+            k = self._first_sight(pid, data, close, start, cpu_ticks, now)
+            if k is None:
+                return None, None
+            cpu_percent = None  # no previous reading of this process yet
+        else:
+            dt = now - k.sampled_at
+            cpu_percent = round(100.0 * (cpu_ticks - k.cpu_ticks) / _CLK_TCK / dt, 1) if dt > 0 else None
+            k.cpu_ticks = cpu_ticks
+            k.sampled_at = now
+            if close != k.close or not data.startswith(k.head):  # renamed (prctl PR_SET_NAME, exec)
+                k.close, k.head = close, data[:close]
+                k.comm = data[data.index(b"(") + 1 : close].decode("utf-8", "replace")
+        k.text, k.ppid, k.threads, k.rss_bytes = data, ppid, threads, rss_pages * _PAGE_SIZE
+        return k, cpu_percent
 
     def _first_sight(self, pid: int, data: bytes, close: int, start: bytes, cpu_ticks: int,
                      now: float) -> _Known | None:
