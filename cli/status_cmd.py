@@ -1,14 +1,21 @@
 """`clusterwatch status JOBID` and `clusterwatch jobs`: ask the collector, print a report."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import click
 
-from .common import DEFAULT_COLLECTOR, collector_option, fail, query_channel, query_metadata
+from .common import (
+    DEFAULT_COLLECTOR,
+    MungeCredential,
+    collector_option,
+    exit_quickly_when_done,
+    fail,
+    query_channel,
+    query_metadata,
+)
 
 QUERY_TIMEOUT_S = 5.0
 
@@ -36,14 +43,17 @@ def _explain(exc, address: str, what: str) -> str:
     return f"the collector at {address} failed {what}: {code.name}: {exc.details()}"
 
 
-def fetch_job(address: str, job_id: str, trend_points: int = 40):
-    """The job's view from the collector; raises grpc.RpcError."""
+def fetch_job(address: str, job_id: str, trend_points: int = 40, credential: MungeCredential | None = None):
+    """The job's view from the collector; raises grpc.RpcError.
+
+    `credential`: a munge credential started earlier (used once); else a fresh one is made here.
+    """
     from clusterwatch.v1 import query_pb2
 
     channel, stub = _stub(address)
     try:
         return stub.GetJob(query_pb2.GetJobRequest(job_id=job_id, trend_points=trend_points),
-                           timeout=QUERY_TIMEOUT_S, metadata=query_metadata())
+                           timeout=QUERY_TIMEOUT_S, metadata=(credential or MungeCredential()).metadata())
     finally:
         channel.close()
 
@@ -80,20 +90,28 @@ def complete_job_ids(ctx: click.Context, param, incomplete: str):
               help="Refresh in place every N seconds (default 5) until Ctrl-C.")
 def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> None:
     """Show a job: its nodes, ranks and GPUs, memory and utilisation trends, alerts and advice."""
+    # `munge -n` runs (on another core) while grpc and protobuf import; the first request takes its credential
+    credential: MungeCredential | None = MungeCredential()
     import grpc
 
-    from .render import render
-
     def once() -> str:
+        nonlocal credential
         try:
-            view = fetch_job(collector, job_id)
+            view = fetch_job(collector, job_id, credential=credential)
         except grpc.RpcError as exc:
             fail(_explain(exc, collector, f"status {job_id}"), code=1)
+        finally:
+            credential = None  # used: a later refresh makes a fresh one
         if as_json:
+            import json
+
             return json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
+        from .render import render
+
         return render(view)
 
     if not watch:
+        exit_quickly_when_done()
         click.echo(once(), nl=False)
         return
     try:
@@ -113,20 +131,24 @@ def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> N
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def jobs(collector: str, include_ended: bool, as_json: bool) -> None:
     """List the jobs the collector knows, with their firing alerts."""
+    credential = MungeCredential()  # made while grpc and protobuf import, as in status
     import grpc
     from clusterwatch.v1 import query_pb2
 
-    from .render import render_jobs
-
+    exit_quickly_when_done()
     channel, stub = _stub(collector)
     try:
         resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S,
-                             metadata=query_metadata())
+                             metadata=credential.metadata())
     except grpc.RpcError as exc:
         fail(_explain(exc, collector, "the job list"), code=1)
     finally:
         channel.close()
     if as_json:
+        import json
+
         click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
         return
+    from .render import render_jobs
+
     click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
