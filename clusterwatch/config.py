@@ -17,11 +17,6 @@ import sys
 
 from .errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 SYSTEM_CONFIG = "/etc/clusterwatch/config.toml"
 SECTIONS = {"agent": ("agent",), "collector": ("collector",), "cli": ("status", "jobs", "alerts", "record")}
 
@@ -41,6 +36,11 @@ def load_default_map(path: str | None) -> dict[str, dict]:
     found = find_config(path)
     if found is None:
         return {}
+    # imported only when there is a file: every command reads this, and tomllib costs ~4 ms
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
     try:
         with open(found, "rb") as f:
             doc = tomllib.load(f)
