@@ -392,7 +392,8 @@ class ProcSource:
         parents: dict[int, int] = {}
         held_of = self._held.get
         pread = os.pread
-        for pid in members if roots <= members else members | roots:
+        known_roots = roots <= members  # the usual poll: every root is in the tree already
+        for pid in members if known_roots else members | roots:
             held = held_of(pid)
             if held is not None:
                 try:
@@ -422,7 +423,7 @@ class ProcSource:
             fresh[pid] = data
             parents[pid] = ppid
         probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
-        new_roots = [r for r in roots if r in parents and r not in members]
+        new_roots = [] if known_roots else [r for r in roots if r in parents and r not in members]
         if new_roots:
             new = set(new) | self._walk(new_roots, members)
         for pid in new:
