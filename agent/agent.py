@@ -18,7 +18,7 @@ from collections.abc import Callable
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch import __version__
-from clusterwatch.model import JobEvent, ProcessSample
+from clusterwatch.model import GpuReading, JobEvent, ProcessSample
 from clusterwatch.wire import (
     gpu_info_to_proto,
     gpu_reading_to_proto,
@@ -83,6 +83,7 @@ class Agent:
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
+        self._gpu_messages: dict[GpuReading, agent_pb2.GpuSample] = {}  # the last poll's, by reading
 
     def hello(self) -> agent_pb2.Hello:
         """The Hello that opens every stream."""
@@ -109,6 +110,25 @@ class Agent:
             roots |= self.spool.job_pids()
         return roots
 
+    def _add_gpu_readings(self, readings: list[GpuReading], now: float, batch: agent_pb2.Batch) -> None:
+        """Each reading as a GpuSample of the batch, copied from a message kept while the reading stays the same.
+
+        A GPU's readings hold for a while (the simulator's for a second; NVML's utilisation is an average
+        over its sample period), and a copy costs half of setting the fields one by one.
+        """
+        kept, made = self._gpu_messages, {}
+        add = batch.gpus.add
+        for r in readings:
+            m = kept.get(r)
+            if m is None:
+                m = agent_pb2.GpuSample()
+                gpu_reading_to_proto(r, now, m)
+            made[r] = m
+            out = add()
+            out.CopyFrom(m)
+            out.time = now
+        self._gpu_messages = made  # only the last poll's: the kept messages never outgrow the GPUs
+
     def poll(self) -> tuple[agent_pb2.Batch, list[ProcessSample]]:
         """Take one poll and return it as a batch (not yet numbered) and as samples."""
         batch, samples = self.poll_parts()
@@ -124,8 +144,7 @@ class Agent:
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
-        for r in gpu_poll.readings:
-            gpu_reading_to_proto(r, now, batch.gpus.add())
+        self._add_gpu_readings(gpu_poll.readings, now, batch)
         if self.spool is not None:
             for event in self.spool.take_events():
                 # The prolog knows GPU indexes only; a GPU is named by its UUID from here on.
