@@ -142,7 +142,7 @@ class Agent:
         self.gpu_errors += gpu_poll.errors
         pids = self.procs.descendants(self.watched_roots(set(gpu_poll.processes)))
         samples = self.procs.sample(pids, now, gpu_poll.processes)
-        self.labeler.label(samples)
+        first_seen = self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
         self._add_gpu_readings(gpu_poll.readings, now, batch)
         if self.spool is not None:
@@ -153,7 +153,7 @@ class Agent:
             for report in self.train_drain():
                 training_to_proto(report, batch.training.add())
         if self.provenance is not None:
-            self.provenance.offer(samples)
+            self.provenance.offer(first_seen)  # once per process: a process's labels never change
             for record in self.provenance.drain():
                 batch.provenance.add(pid=record.pid, start_time=record.start_time, json=record.to_json())
         return batch, samples

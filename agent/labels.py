@@ -46,40 +46,49 @@ class JobLabeler:
         self.local_roots = dict(local_roots)
         self.slurm_lookup = slurm_lookup
         self.local_lookup = local_lookup
-        self._cache: dict[tuple[int, float], JobLabels | None] = {}
+        self._cache: dict[tuple[int, float], JobLabels | None] = {}  # the processes of the last poll, and new ones
+        self._looked_up: list[ProcessSample] = []  # the samples looked up in this call of label()
 
-    def label(self, samples: list[ProcessSample]) -> None:
-        """Fill job_id, rank, local_rank, step_id and mapped_by on each sample."""
+    def label(self, samples: list[ProcessSample]) -> list[ProcessSample]:
+        """Fill job_id, rank, local_rank, step_id and mapped_by on each sample.
+
+        Returns:
+            The samples whose labels may not be the last poll's, in no particular order: processes seen
+            for the first time (looked up now) and those labelled through a parent (which depends on the
+            tree of this poll). What is done once per labelled process (provenance) looks only at these.
+        """
         by_pid: dict[int, ProcessSample] | None = None
-        fresh: dict[tuple[int, float], JobLabels | None] = {}
         cache = self._cache
+        self._looked_up = looked_up = []
+        inherited: list[ProcessSample] = []
         for s in samples:
-            key = (s.pid, s.start_time)
-            labels = cache.get(key, _UNSEEN)
-            if labels is _UNSEEN:  # first sight of this process: look it up
-                labels = self._own(s, fresh)
-            else:
-                fresh[key] = labels
+            labels = cache.get((s.pid, s.start_time), _UNSEEN)
+            seen = labels is not _UNSEEN
+            if not seen:  # first sight of this process: look it up
+                labels = self._own(s)
             if labels is None:
                 if by_pid is None:
                     by_pid = {s.pid: s for s in samples}
-                labels = self._inherited(s, by_pid, fresh)
+                labels = self._inherited(s, by_pid)
+                if labels is not None and seen:
+                    inherited.append(s)
             if labels is not None:
                 s.job_id = labels.job_id
                 s.rank = labels.rank
                 s.local_rank = labels.local_rank
                 s.step_id = labels.step_id
                 s.mapped_by = labels.mapped_by
-        # keep only live processes in the cache
-        self._cache = fresh
+        # Every process sampled now is in the cache: more entries are processes that are gone.
+        if len(cache) > len(samples):
+            self._cache = {key: cache[key] for key in [(s.pid, s.start_time) for s in samples]}
+        return looked_up + inherited if inherited else looked_up
 
-    def _own(self, s: ProcessSample, fresh: dict) -> JobLabels | None:
+    def _own(self, s: ProcessSample) -> JobLabels | None:
         key = (s.pid, s.start_time)
-        if key in fresh:
-            return fresh[key]
-        if key in self._cache:
-            labels = self._cache[key]
-        elif s.pid in self.local_roots:
+        labels = self._cache.get(key, _UNSEEN)
+        if labels is not _UNSEEN:
+            return labels
+        if s.pid in self.local_roots:
             job_id = self.local_roots[s.pid]
             labels = (self.local_lookup(s.pid, job_id) if self.local_lookup is not None
                       else JobLabels(job_id, mapped_by="pid"))
@@ -87,15 +96,16 @@ class JobLabeler:
             labels = self.slurm_lookup(s.pid)
         else:
             labels = None
-        fresh[key] = labels
+        self._cache[key] = labels
+        self._looked_up.append(s)
         return labels
 
-    def _inherited(self, s: ProcessSample, by_pid: dict[int, ProcessSample], fresh: dict) -> JobLabels | None:
+    def _inherited(self, s: ProcessSample, by_pid: dict[int, ProcessSample]) -> JobLabels | None:
         seen = {s.pid}
         parent = by_pid.get(s.ppid)
         while parent is not None and parent.pid not in seen:
             seen.add(parent.pid)
-            labels = self._own(parent, fresh)
+            labels = self._own(parent)
             if labels is not None:
                 return JobLabels(
                     labels.job_id, labels.rank, labels.local_rank, labels.step_id,
