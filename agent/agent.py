@@ -84,6 +84,10 @@ class Agent:
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
         self._gpu_messages: dict[GpuReading, agent_pb2.GpuSample] = {}  # the last poll's, by reading
+        # One look for new processes a poll, for both sources that look for them (the simulated GPUs, /proc).
+        use_new_pids = getattr(gpus, "use_new_pids", None)
+        self._shared_new_pids = (procs.new_pids if use_new_pids is not None and use_new_pids(procs.new_pids)
+                                 else None)
 
     def hello(self) -> agent_pb2.Hello:
         """The Hello that opens every stream."""
@@ -138,6 +142,8 @@ class Agent:
     def poll_parts(self) -> tuple[agent_pb2.Batch, list[ProcessSample]]:
         """Take one poll: a batch without its process table (see PollJoiner), and the samples."""
         now = self.clock()
+        if self._shared_new_pids is not None:
+            self._shared_new_pids.new_round()
         gpu_poll = self.gpus.poll(now)
         self.gpu_errors += gpu_poll.errors
         pids = self.procs.descendants(self.watched_roots(set(gpu_poll.processes)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,9 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from clusterwatch.agent.agent import Agent
 from clusterwatch.agent.backends.gpu import GpuPoll
+from clusterwatch.agent.backends.procs import NewPids, ProcSource
 from clusterwatch.agent.backends.sim import SimGpuSource, SimSpec, open_sim_source, parse_sim_environ
 from clusterwatch.agent.backends.sim_scenario import KINDS, MiB, parse_scenario
+from clusterwatch.agent.config import AgentConfig
+from clusterwatch.agent.labels import JobLabeler
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuUse
@@ -375,3 +380,53 @@ def test_a_process_started_later_is_found_and_its_threads_are_not_processes(scen
         child.kill()
         child.wait()
     assert src.poll(time.time()).processes == {}
+
+
+PARENT = ("import os, subprocess, sys, time\n"
+          "env = {k: v for k, v in os.environ.items() if k != 'CLUSTERWATCH_SIM_GPU'}\n"  # the child uses no GPU
+          "p = subprocess.Popen(['sleep', '300'], env=env)\n"
+          "print(p.pid, flush=True)\ntime.sleep(300)\n")
+
+
+def test_an_agent_s_two_sources_share_one_look_for_new_processes(scenario_file: str, tmp_path: Path) -> None:
+    """The simulated GPUs and the /proc tree find new processes through one NewPids, read once a poll:
+    a process started between polls is found by both, as a GPU user and with its child in its tree."""
+    procs = ProcSource("n1")
+    agent = Agent(AgentConfig(collector=None, node="n1", spool_dir=str(tmp_path)),
+                  open_sim_source(scenario_file, node="n1"), procs, JobLabeler({}))
+    assert agent.gpus._news is procs.new_pids  # (the simulator gave up its own)
+    agent.poll()
+    reads = []
+    last_pid = procs.new_pids._last_pid
+    procs.new_pids._last_pid = lambda: reads.append(1) or last_pid()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**clean, "CLUSTERWATCH_SIM_GPU": "1"},
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        _, samples = agent.poll()
+        assert len(reads) == 1  # one read of /proc/loadavg for both sources
+        by_pid = {s.pid: s for s in samples}
+        assert by_pid[parent.pid].gpus[0].gpu_uuid == agent.inventory[1].uuid
+        assert by_pid[child].ppid == parent.pid and by_pid[child].gpus == ()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+
+
+def test_a_shared_new_pids_answers_once_a_round() -> None:
+    news = NewPids(full_every=1000)
+    news.new_round()
+    assert news.poll() is None and news.poll() is None  # the baseline listing, answered twice
+    news.new_round()
+    news.poll()
+    child = subprocess.Popen(["sleep", "300"])
+    try:
+        assert news.poll() == set() or child.pid not in news.poll()  # the round's answer, read before it started
+        news.new_round()
+        assert child.pid in news.poll()
+        assert child.pid in news.poll()  # a second source in the same round sees it too
+    finally:
+        child.kill()
+        child.wait()

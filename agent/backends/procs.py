@@ -119,6 +119,9 @@ class NewPids:
         self.listed = False
         self.listings = 0
         self.errors = 0
+        self.shared = False  # in rounds (see new_round): two sources of one agent ask it in each poll
+        self._answered = False
+        self._answer: set[int] | None = None
         self._calls = 0
         self._last: int | None = None
         try:
@@ -134,8 +137,27 @@ class NewPids:
         except (OSError, ValueError, IndexError):
             return None
 
+    def new_round(self) -> None:
+        """Start a round: the first poll() after this reads anew, the others until the next round answer the same.
+
+        For sources that share this object (the process source and the simulated GPU source of one agent):
+        each would otherwise read /proc/loadavg, and list /proc now and then, for itself.
+        """
+        self.shared = True
+        self._answered = False
+
     def poll(self) -> set[int] | None:
-        """The candidate pids; None after the first listing (no baseline yet: every listed pid is new)."""
+        """The candidate pids; None after the first listing (no baseline yet: every listed pid is new).
+
+        Shared (see new_round), the same answer to every call of a round: the caller must not change it.
+        """
+        if self.shared:
+            if not self._answered:
+                self._answer, self._answered = self._poll(), True
+            return self._answer
+        return self._poll()
+
+    def _poll(self) -> set[int] | None:
         last = self._last_pid()  # before listing: what starts after this read is found next time
         prev, self._last = self._last, last
         self._calls += 1
@@ -339,7 +361,8 @@ class ProcSource:
             self._release(pid)
         self._members = set()
         self._roots, self._parents = set(), {}
-        self._news.reset()
+        if not self._news.shared:  # a shared one is kept current by the other source, which polls it anyway
+            self._news.reset()
 
     def _read(self, pid: int, hold: bool) -> bytes | None:
         """The stat text of `pid`, None when it is gone (or unreadable: counted)."""
@@ -523,6 +546,11 @@ class ProcSource:
         except (OSError, ValueError, IndexError):
             return None
         return self.boot_time + st.start_ticks / _CLK_TCK
+
+    @property
+    def new_pids(self) -> NewPids:
+        """How this source finds the processes started since its last poll (another source may share it)."""
+        return self._news
 
     def is_known(self, pid: int) -> bool:
         """Whether the last poll sampled this pid (it is watched)."""

@@ -241,11 +241,24 @@ class SimGpuSource:
         return GpuReading(self._uuids[index], util, min(total, spec.base_memory_bytes + used), total,
                           round(spec.power(util), 1))
 
+    def use_new_pids(self, news: NewPids) -> bool:
+        """Find new processes with `news` (the process source's), when it looks at the same /proc.
+
+        Its owner starts a round (NewPids.new_round) each poll, so /proc/loadavg is read, and /proc listed
+        now and then, once for both. Returns whether it is used.
+        """
+        if news.proc != self._proc:
+            return False
+        self._news.close()
+        self._news = news
+        return True
+
     def close(self) -> None:
         """Forget the processes seen and close their pidfds."""
         for pid in list(self._known):
             self._forget(pid)
-        self._news.reset()
+        if not self._news.shared:
+            self._news.reset()
 
     # --- finding the processes ---------------------------------------------------------
 
