@@ -48,9 +48,10 @@ def test_the_agent_writes_each_poll_s_gpu_readings_whether_they_stayed_or_moved(
     writes must be what the reading says, at the poll's time, every poll."""
     a, b = GpuReading("GPU-a", 50.0, 10, 100, 80.5), GpuReading("GPU-b", 0.0, 1, 100, 70.0)
     moved, unknown = b._replace(utilization=99.0, power_watts=690.0), GpuReading("GPU-b")  # None: not set
-    script = [[a, b], [a, b], [a, moved], [a, unknown], [b, a]]
+    long = GpuReading("GPU-" + "x" * 300, 1.0, 2**40, 2**41, 0.5)  # an entry over 127 bytes: a longer length
+    script = [[a, b], [a, b], [a, moved], [a, unknown], [b, a, long], [long, b]]
     expected = [list(poll) for poll in script]
-    times = iter([10.0, 11.0, 12.0, 13.0, 14.0])
+    times = iter([10.0, 11.0, 12.0, 13.0, 14.0, 15.0])
     agent = Agent(AgentConfig(collector=None, node="n", spool_dir=str(tmp_path)), ScriptedGpus(script),
                   ProcSource("n"), JobLabeler({}), clock=lambda: next(times))
     for i, readings in enumerate(expected):
