@@ -3,8 +3,9 @@
 
     .venv/bin/python bench/bench_agent.py [--quick] [--rounds 5] [--polls 20] [--profile]
 
-Starts 64 sleeping child processes (`sleep`), each with CLUSTERWATCH_SIM_GPU spread over 8
-simulated GPUs and Slurm variables in its environment, then alternates, in this one process:
+Starts 64 child processes that keep their /proc/<pid>/stat moving, as a training node's ranks
+and data-loader workers do (BUSY_CHILD), each with CLUSTERWATCH_SIM_GPU spread over 8 simulated
+GPUs and Slurm variables in its environment, then alternates, in this one process:
 
 - the real Agent (cli.agent_cmd.build_agent, `--gpu-source sim`): Agent.poll() (GPU source,
   /proc tree walk, samples, labels, protobuf Batch) plus Batch.SerializeToString();
@@ -13,6 +14,9 @@ simulated GPUs and Slurm variables in its environment, then alternates, in this 
   poll whose CSV output is read and parsed. There is no nvidia-smi here; the stand-in is
   `/bin/sh -c "printf …"` printing the CSV of `nvidia-smi --query-gpu=… --format=csv` for 8
   GPUs (and, as a second row, `python3 -c "print(…)"`).
+
+The polls are 0.1 s apart; the agent's clock moves a second a poll (PollClock), so it sees what it
+sees at its 1 Hz. A second set of 64 `sleep` processes gives the idle case, agent only.
 
 CPU is process CPU time (time.process_time; for the seed plus the children's CPU from
 resource.getrusage(RUSAGE_CHILDREN)). Then a real `clusterwatch agent` process streams to a
@@ -41,7 +45,16 @@ SH_STANDIN = ["/bin/sh", "-c", f"printf '{SMI_CSV}'"]
 PY_STANDIN = ["python3", "-S", "-c", f"print('{SMI_CSV}', end='')"]
 
 
-def start_workers(children: Children, n: int, node: str) -> list[int]:
+# A watched process that works the way a training rank or a busy DataLoader worker does for the
+# agent: its /proc/<pid>/stat changes between any two polls (here 16 fresh pages faulted in every
+# 20 ms: the minor-fault count moves; ~4 % of a core for 64 of them). `sleep` is the idle case.
+BUSY_CHILD = ["python3", "-S", "-c",
+              "import mmap, time\nwhile True:\n    m = mmap.mmap(-1, 65536)\n    m.write(bytes(65536))\n"
+              "    m.close()\n    time.sleep(0.02)"]
+IDLE_CHILD = ["sleep", "3600"]
+
+
+def start_workers(children: Children, n: int, node: str, argv: list[str] = BUSY_CHILD) -> list[int]:
     pids = []
     for i in range(n):
         env = {
@@ -50,9 +63,28 @@ def start_workers(children: Children, n: int, node: str) -> list[int]:
             "CLUSTERWATCH_SIM_NODE": node,
             "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i),
         }
-        p = children.start(["sleep", "3600"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = children.start(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pids.append(p.pid)
     return pids
+
+
+class PollClock:
+    """The agent's clock in the rounds: one poll interval later at every poll, as at the agent's 1 Hz.
+
+    The rounds poll every `gap` seconds of real time; on the real clock several polls would fall in
+    one second, and what holds for a second (a simulated GPU's reading, the fd count's 5 s) would be
+    served from what the agent kept, which no agent polling once a second ever sees.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.interval_s
 
 
 def children_cpu() -> float:
@@ -88,10 +120,12 @@ def build_agent(node: str, spool: str):
 
 
 def time_agent(agent, polls: int, gap: float) -> list[float]:
-    """CPU ms of each of `polls` polls (poll + serialise), `gap` seconds apart."""
+    """CPU ms of each of `polls` polls (poll + serialise), `gap` seconds apart (a poll interval apart on
+    the agent's PollClock)."""
     out = []
     for _ in range(polls):
         time.sleep(gap)
+        agent.clock.tick()
         t0 = time.process_time()
         batch, _ = agent.poll()
         batch.SerializeToString()
@@ -109,8 +143,11 @@ def time_seed(seed: SeedMonitor, polls: int, gap: float) -> list[float]:
     return out
 
 
-def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: int, gap: float) -> dict:
+def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: int, gap: float,
+                  seeds: bool = True) -> dict:
+    """The agent's polls, and (`seeds`) the seed-style monitors', alternating round by round."""
     agent = build_agent(node, spool)
+    agent.clock = PollClock(agent.config.interval_s)
     c0, k0 = time.process_time(), children_cpu()
     batch, samples = agent.poll()  # first poll: environ reads, user names, labels cached, trees walked
     first_ms = (time.process_time() - c0) * 1000
@@ -124,14 +161,16 @@ def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: in
         prov_ms = (time.process_time() - c0 + children_cpu() - k0) * 1000 - first_ms
         prov_n = agent.provenance.captured
     gpu_procs = sum(1 for s in samples if s.gpus)
-    seeds = {"sh": SeedMonitor(pids, SH_STANDIN), "py": SeedMonitor(pids, PY_STANDIN)}
-    for s in seeds.values():
-        s.poll()
+    monitors = {"sh": SeedMonitor(pids, SH_STANDIN), "py": SeedMonitor(pids, PY_STANDIN)} if seeds else {}
+    for m in monitors.values():
+        m.poll()
     res: dict[str, list[float]] = {"agent": [], "sh": [], "py": [], "psutil": []}
     for _ in range(rounds):
         res["agent"].append(median(time_agent(agent, polls, gap)))
-        res["sh"].append(median(time_seed(seeds["sh"], polls, gap)))
-        res["py"].append(median(time_seed(seeds["py"], polls, gap)))
+        if not seeds:
+            continue
+        res["sh"].append(median(time_seed(monitors["sh"], polls, gap)))
+        res["py"].append(median(time_seed(monitors["py"], polls, gap)))
         # psutil alone (no subprocess): how much of the seed is the per-process reads
         ps = SeedMonitor(pids, ["true"])
         vals = []
@@ -158,10 +197,12 @@ def profile_agent(node: str, spool: str, polls: int) -> str:
     import pstats
 
     agent = build_agent(node, spool)
+    agent.clock = PollClock(agent.config.interval_s)
     agent.poll()
     prof = cProfile.Profile()
     for _ in range(polls):
         time.sleep(0.05)
+        agent.clock.tick()
         prof.enable()
         batch, _ = agent.poll()
         batch.SerializeToString()
@@ -216,15 +257,21 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
     node = f"bench-agent-{os.getpid()}"
     with benchlib.tmpdir("cw-bench-agent-") as tmp, Children() as children:
         pids = start_workers(children, procs, node)
-        time.sleep(0.2)
+        idle_node = node + "-idle"
+        idle_pids = start_workers(children, procs, idle_node, IDLE_CHILD)
+        time.sleep(1.0)  # the busy children's interpreters are up
         spool = os.path.join(tmp, "spool")
-        res = measure_polls(pids, node, spool, rounds, polls, gap=0.02 if quick else 0.1)
+        gap = 0.1  # more than the busy children's 20 ms: each poll sees every process changed
+        res = measure_polls(pids, node, spool, rounds, polls, gap)
+        idle = measure_polls(idle_pids, idle_node, os.path.join(tmp, "spool-idle"), rounds, polls, gap, seeds=False)
         real = measure_real_agent(children, tmp, node, seconds, interval=0.5)
         noprov = measure_real_agent(children, tmp, node, seconds, interval=0.5, extra=("--no-provenance",))
         prof = profile_agent(node, spool, polls * 2) if profile else ""
     a, sh, py, ps = (median(res[k]) for k in ("agent", "sh", "py", "psutil"))
+    ai = median(idle["agent"])
     rows = [
         ["clusterwatch Agent.poll + serialise (sim GPUs)", a, spread(res["agent"]), "1.0×"],
+        ["  the same, the 64 processes asleep (`sleep`)", ai, spread(idle["agent"]), f"{ai / a:.1f}×"],
         ["seed: psutil ×64 + /bin/sh printf stand-in", sh, spread(res["sh"]), f"{sh / a:.1f}×"],
         ["seed: psutil ×64 + python3 -S -c stand-in", py, spread(res["py"]), f"{py / a:.1f}×"],
         ["  (psutil ×64 alone, no subprocess)", ps, spread(res["psutil"]), f"{ps / a:.1f}×"],
@@ -237,7 +284,10 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
     ]
     notes = [
         f"{res['samples']} processes sampled ({res['gpu_procs']} on 8 simulated GPUs), batch {res['batch_bytes']:,} B;"
-        f" {rounds} rounds × {polls} polls, median of round medians; 'runs' = min–max of round medians.",
+        f" {rounds} rounds × {polls} polls {gap:g} s apart, the agent's clock a second later each poll (as at 1 Hz);"
+        " median of round medians; 'runs' = min–max of round medians.",
+        "the watched processes work as a training node's do: each one's /proc/<pid>/stat changes between polls "
+        "(it faults in fresh pages every 20 ms); the 'asleep' row is 64 `sleep` processes, whose stat never changes.",
         f"first poll (trees walked, environments read) {res['first_ms']:.1f} ms; provenance, once per rank process "
         f"off the poll: " + (f"{res['prov_n']} processes, {res['prov_ms']:.0f} ms CPU with git's, before the rounds"
                               if res["prov_n"] is not None else "off"),
@@ -259,8 +309,8 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         print(out, flush=True)
     if prof:
         print(prof)
-    return {"agent_ms": a, "seed_sh_ms": sh, "seed_py_ms": py, "ratio": sh / a, "rss_mib": real["rss_mib"],
-            "real_agent_ms": real["cpu_ms_per_poll"], "table": out}
+    return {"agent_ms": a, "agent_idle_ms": ai, "seed_sh_ms": sh, "seed_py_ms": py, "ratio": sh / a,
+            "rss_mib": real["rss_mib"], "real_agent_ms": real["cpu_ms_per_poll"], "table": out}
 
 
 def main() -> None:
