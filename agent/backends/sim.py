@@ -19,9 +19,6 @@ linear in utilisation. The scenario format is in `sim_scenario.py`.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 import os
 import select
 import socket
@@ -99,10 +96,6 @@ class _Known:
     pidfd: int = -1
 
 
-# A flat curve's kept readings come due this much before they end: absolute times round differently from
-# the process's age, by far less than this, and a process that comes due early is only looked at again.
-_DUE_EARLY_S = 1e-3
-
 # Kinds whose memory curve is flat: their readings change only with the second of life (utilisation
 # noise) and, for a stall, at the stall; they are computed once a second, not once a poll.
 _FLAT_KINDS = ("steady", "idle", "stall")
@@ -169,11 +162,6 @@ class SimGpuSource:
         self._readings = [self._reading(i) for i in range(spec.count)]  # by GPU index
         self._dirty: set[int] = set()
         self._room = spec.memory_bytes - spec.base_memory_bytes  # most memory one process can hold
-        # A heap of (when its kept readings end, order, pid, process): a poll looks at the processes due,
-        # not at every one (most hold their readings for a second of life, polls come more often).
-        self._due: list[tuple[float, int, int, _SimProc]] = []
-        self._order = itertools.count()
-        self._last_now = -math.inf
         # New processes are found from /proc/loadavg's last pid (a listing of /proc only now and then); a
         # played process's exit from its pidfd, all of them in one epoll call (which costs what the exits
         # since the last call cost, where poll() visits every pidfd).
@@ -206,12 +194,11 @@ class SimGpuSource:
         room = self._room
         uses_by_pid = self._uses
         uuids = self._uuids
-        due = self._due_now(now)
-        for pid, sim in due:
+        for pid, sim in self._played.items():
             t = now - sim.start_time
             if sim.lo <= t < sim.hi:
                 if sim.flat:
-                    continue  # the same readings as at the last poll (it came due a little early)
+                    continue  # the same readings as at the last poll
                 sm = sim.sm
             else:
                 sm = sim.sm = sim.profile.utilization_at(t, sim.seed)
@@ -234,8 +221,6 @@ class SimGpuSource:
             sim.used = used
             sim.uses = uses_by_pid[pid] = tuple([GpuUse(uuids[index], used, sm) for index in sim.gpus])
             dirty.update(sim.gpus)
-        for pid, sim in due:
-            self._keep_until(pid, sim)
         readings = self._readings
         for index in dirty:
             readings[index] = self._reading(index)
@@ -243,26 +228,6 @@ class SimGpuSource:
         out = GpuPoll(list(readings), dict(uses_by_pid))
         out.errors, self._pending_errors = self._pending_errors, 0
         return out
-
-    def _due_now(self, now: float) -> list[tuple[int, _SimProc]]:
-        """The played processes whose kept readings may not hold at `now` (taken out of the heap of due times)."""
-        heap, played = self._due, self._played
-        if now < self._last_now:  # a clock stepped back: kept readings may be ahead of it, so every one is due
-            heap[:] = [(-math.inf, next(self._order), pid, sim) for pid, sim in played.items()]
-        self._last_now = now
-        out = []
-        limit = now + _DUE_EARLY_S
-        while heap and heap[0][0] <= limit:
-            _, _, pid, sim = heapq.heappop(heap)
-            if played.get(pid) is sim:  # (a process forgotten since is left in the heap until it comes due)
-                out.append((pid, sim))
-        return out
-
-    def _keep_until(self, pid: int, sim: _SimProc) -> None:
-        """Put a process back in the heap, due when its kept readings end: at once unless they are a flat
-        curve's within a span of life (an absolute time, so a little early by rounding: looked at again)."""
-        until = sim.start_time + sim.hi if sim.flat and sim.lo < sim.hi else -math.inf
-        heapq.heappush(self._due, (until, next(self._order), pid, sim))
 
     def _reading(self, index: int) -> GpuReading:
         """GPU `index` from the latest readings of its processes (added up in the order they were found)."""
@@ -292,7 +257,6 @@ class SimGpuSource:
         """Forget the processes seen and close their pidfds."""
         for pid in list(self._known):
             self._forget(pid)
-        self._due.clear()
         if not self._news.shared:
             self._news.reset()
 
@@ -348,8 +312,6 @@ class SimGpuSource:
         self._played[pid] = sim
         for index in sim.gpus:
             self._on_gpu[index].append(sim)
-        self._uses[pid] = ()  # (its place among the processes a poll returns: the order they were found)
-        heapq.heappush(self._due, (-math.inf, next(self._order), pid, sim))
 
     def _forget(self, pid: int) -> None:
         sim = self._played.pop(pid, None)
