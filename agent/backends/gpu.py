@@ -7,7 +7,6 @@ not support is None; a source never raises from `poll` for a single failed read.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +18,8 @@ class GpuPoll:
     """What one poll of all GPUs returns."""
 
     readings: list[GpuReading] = field(default_factory=list)
-    # pid → the GPUs that process uses (host pids, as NVML reports them); a list or a tuple
-    processes: dict[int, Sequence[GpuUse]] = field(default_factory=dict)
+    # pid → the GPUs that process uses (host pids, as NVML reports them)
+    processes: dict[int, list[GpuUse]] = field(default_factory=dict)
     # reads that failed in this poll (counted, not logged every time)
     errors: int = 0
 

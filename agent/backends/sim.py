@@ -101,12 +101,11 @@ class _Known:
 _FLAT_KINDS = ("steady", "idle", "stall")
 
 
-@dataclass(slots=True, eq=False)  # one per process: equal only to itself (a GPU's list is searched by identity)
+@dataclass(slots=True)
 class _SimProc:
     """A played process. Its utilisation is a function of its second of life (noise) and of which side of
     its stall it is on, so it is kept for the span of life [lo, hi) it holds for; so are the memory and
-    the GpuUse readings of a flat curve. `sm`, `used` and `uses` are always its latest readings (its
-    GPUs' device readings add them up)."""
+    the GpuUse readings of a flat curve."""
 
     start_time: float
     gpus: tuple[int, ...]
@@ -155,13 +154,6 @@ class SimGpuSource:
         self._uuids = [g.uuid for g in self._gpus]
         self._known: dict[int, _Known] = {}
         self._played: dict[int, _SimProc] = {}  # the processes of _known that use a simulated GPU
-        # What a poll returns is kept and only what changed is computed again: most processes' readings hold
-        # for a second of their life, and a GPU's device readings change only when its processes' do.
-        self._uses: dict[int, tuple[GpuUse, ...]] = {}  # pid → its GPU uses, of every played process
-        self._on_gpu: list[list[_SimProc]] = [[] for _ in self._gpus]  # by GPU index, in the order found
-        self._readings = [self._reading(i) for i in range(spec.count)]  # by GPU index
-        self._dirty: set[int] = set()
-        self._room = spec.memory_bytes - spec.base_memory_bytes  # most memory one process can hold
         # New processes are found from /proc/loadavg's last pid (a listing of /proc only now and then); a
         # played process's exit from its pidfd, all of them in one epoll call (which costs what the exits
         # since the last call cost, where poll() visits every pidfd).
@@ -190,18 +182,26 @@ class SimGpuSource:
             environment asked for something the scenario does not have (once each).
         """
         self._scan()
-        dirty = self._dirty  # the GPUs whose processes' readings changed: their device readings are added up anew
-        room = self._room
-        uses_by_pid = self._uses
+        spec = self.scenario.gpus
+        mem = [0] * spec.count
+        util = [0.0] * spec.count
+        room = spec.memory_bytes - spec.base_memory_bytes
         uuids = self._uuids
+        out = GpuPoll()
+        processes = out.processes
         for pid, sim in self._played.items():
             t = now - sim.start_time
             if sim.lo <= t < sim.hi:
-                if sim.flat:
-                    continue  # the same readings as at the last poll
                 sm = sim.sm
+                if sim.flat:
+                    used = sim.used
+                    for index in sim.gpus:
+                        mem[index] += used
+                        util[index] += sm
+                    processes[pid] = list(sim.uses)
+                    continue
             else:
-                sm = sim.sm = sim.profile.utilization_at(t, sim.seed)
+                sm = sim.profile.utilization_at(t, sim.seed)
                 if t >= 0.0:  # the span of life this utilisation holds for: this second, this side of a stall
                     lo = float(int(t))
                     hi, stall = lo + 1.0, sim.stall_after_s
@@ -210,7 +210,7 @@ class SimGpuSource:
                             hi = stall
                         else:
                             lo = stall
-                    sim.lo, sim.hi = lo, hi
+                    sim.lo, sim.hi, sim.sm = lo, hi, sm
                 else:  # before the process's start (a clock stepped back): not kept
                     sim.lo, sim.hi = 1.0, 0.0
             used = _read_mem_file(sim.mem_file) if sim.mem_file else None
@@ -218,28 +218,20 @@ class SimGpuSource:
                 used = sim.profile.memory_at(t, sim.base_bytes)
             if used > room:
                 used = room
-            sim.used = used
-            sim.uses = uses_by_pid[pid] = tuple([GpuUse(uuids[index], used, sm) for index in sim.gpus])
-            dirty.update(sim.gpus)
-        readings = self._readings
-        for index in dirty:
-            readings[index] = self._reading(index)
-        dirty.clear()
-        out = GpuPoll(list(readings), dict(uses_by_pid))
+            for index in sim.gpus:
+                mem[index] += used
+                util[index] += sm
+            uses = tuple([GpuUse(uuids[index], used, sm) for index in sim.gpus])
+            processes[pid] = list(uses)
+            if sim.flat:
+                sim.used, sim.uses = used, uses
+        total, base = spec.memory_bytes, spec.base_memory_bytes
+        readings = out.readings
+        for i, uuid_ in enumerate(uuids):
+            u = min(100.0, util[i])
+            readings.append(GpuReading(uuid_, u, min(total, base + mem[i]), total, round(spec.power(u), 1)))
         out.errors, self._pending_errors = self._pending_errors, 0
         return out
-
-    def _reading(self, index: int) -> GpuReading:
-        """GPU `index` from the latest readings of its processes (added up in the order they were found)."""
-        spec = self.scenario.gpus
-        used, util = 0, 0.0
-        for sim in self._on_gpu[index]:
-            used += sim.used
-            util += sim.sm
-        total = spec.memory_bytes
-        util = min(100.0, util)
-        return GpuReading(self._uuids[index], util, min(total, spec.base_memory_bytes + used), total,
-                          round(spec.power(util), 1))
 
     def use_new_pids(self, news: NewPids) -> bool:
         """Find new processes with `news` (the process source's), when it looks at the same /proc.
@@ -285,7 +277,7 @@ class SimGpuSource:
             sim = self._inspect(pid, got)
             entry = known[pid] = _Known(got, sim)
             if sim is not None:
-                self._play(pid, sim)
+                self._played[pid] = sim
                 if self._pidfds:
                     self._watch_exit(pid, entry)
         if self._by_pidfd:
@@ -307,19 +299,8 @@ class SimGpuSource:
         self._by_pidfd[fd] = pid
         self._exits.register(fd, select.POLLIN)
 
-    def _play(self, pid: int, sim: _SimProc) -> None:
-        """Start playing a process: its readings are computed at the next poll (its span is empty)."""
-        self._played[pid] = sim
-        for index in sim.gpus:
-            self._on_gpu[index].append(sim)
-
     def _forget(self, pid: int) -> None:
-        sim = self._played.pop(pid, None)
-        if sim is not None:
-            self._uses.pop(pid, None)
-            for index in sim.gpus:
-                self._on_gpu[index].remove(sim)
-            self._dirty.update(sim.gpus)
+        self._played.pop(pid, None)
         entry = self._known.pop(pid, None)
         if entry is not None and entry.pidfd >= 0:
             self._exits.unregister(entry.pidfd)
