@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch import __version__
-from clusterwatch.model import GpuReading, JobEvent, ProcessSample
+from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.wire import (
     gpu_info_to_proto,
     gpu_reading_to_proto,
@@ -48,32 +47,6 @@ def node_memory_total() -> int:
     except OSError:
         pass
     return 0
-
-
-_DOUBLE = struct.Struct("<d")
-
-
-def _gpu_entry(r: GpuReading) -> tuple[bytes, bytes]:
-    """A reading as an entry of Batch.gpus, encoded around its time: (what comes before it, what after).
-
-    The entry is field 4 of Batch (length-delimited: tag 0x22, the length as a varint), holding a GpuSample
-    whose time, field 1, is a double (tag 0x09, then 8 bytes, little-endian); the other fields follow as
-    gpu_reading_to_proto writes them (the order of fields does not matter to a parser).
-    """
-    m = agent_pb2.GpuSample()
-    gpu_reading_to_proto(r, 0.0, m)  # a time of 0 is not written: the entry writes its own
-    rest = m.SerializeToString()
-    return b"\x22" + _varint(9 + len(rest)) + b"\x09", rest
-
-
-def _varint(n: int) -> bytes:
-    """`n` (>= 0) as a protobuf varint: seven bits a byte, low bits first, the high bit set on all but the last."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class Agent:
@@ -110,7 +83,6 @@ class Agent:
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
-        self._gpu_entries: dict[GpuReading, tuple[bytes, bytes]] = {}  # the last poll's, by reading (_gpu_entry)
         # One look for new processes a poll, for both sources that look for them (the simulated GPUs, /proc).
         use_new_pids = getattr(gpus, "use_new_pids", None)
         self._shared_new_pids = (procs.new_pids if use_new_pids is not None and use_new_pids(procs.new_pids)
@@ -141,24 +113,6 @@ class Agent:
             roots |= self.spool.job_pids()
         return roots
 
-    def _add_gpu_readings(self, readings: list[GpuReading], now: float, batch: agent_pb2.Batch) -> None:
-        """Each reading as a GpuSample of the batch, from its encoding kept while the reading stays the same.
-
-        A GPU's readings hold for a while (the simulator's for a second; NVML's utilisation is an average
-        over its sample period), and one merge of kept bytes costs a fraction of setting each field.
-        """
-        kept, made = self._gpu_entries, {}
-        time_bytes = _DOUBLE.pack(now)
-        parts: list[bytes] = []
-        for r in readings:
-            entry = kept.get(r)
-            if entry is None:
-                entry = _gpu_entry(r)
-            made[r] = entry
-            parts += (entry[0], time_bytes, entry[1])
-        batch.MergeFromString(b"".join(parts))
-        self._gpu_entries = made  # only the last poll's: what is kept never outgrows the GPUs
-
     def poll(self) -> tuple[agent_pb2.Batch, list[ProcessSample]]:
         """Take one poll and return it as a batch (not yet numbered) and as samples."""
         batch, samples = self.poll_parts()
@@ -176,7 +130,8 @@ class Agent:
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         first_seen = self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
-        self._add_gpu_readings(gpu_poll.readings, now, batch)
+        for r in gpu_poll.readings:
+            gpu_reading_to_proto(r, now, batch.gpus.add())
         if self.spool is not None:
             for event in self.spool.take_events():
                 # The prolog knows GPU indexes only; a GPU is named by its UUID from here on.

@@ -1,18 +1,14 @@
 """Polls joined into one batch: the agent holds them for the send interval, the collector reads every row."""
 from __future__ import annotations
 
-from clusterwatch.agent.agent import Agent, PollJoiner
-from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.procs import ProcSource
-from clusterwatch.agent.config import AgentConfig
-from clusterwatch.agent.labels import JobLabeler
+from clusterwatch.agent.agent import PollJoiner
 from clusterwatch.collector.state import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterwatch.model import GpuInfo, GpuReading, GpuUse, ProcessKey, ProcessSample
-from clusterwatch.wire import ProcessColumns, gpu_reading_to_proto, processes_from_table, processes_to_table
+from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
+from clusterwatch.wire import ProcessColumns, processes_from_table, processes_to_table
 
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
@@ -23,43 +19,6 @@ def _poll(t: float, pids: list[int], event: bool = False) -> tuple[agent_pb2.Bat
     if event:
         batch.job_events.add(kind=agent_pb2.JobEvent.START, job_id="7", time=t)
     return batch, [ProcessSample(t, "n", pid, 100.0 + pid, rss_bytes=int(t) * 1000) for pid in pids]
-
-
-class ScriptedGpus:
-    """A GPU source that reads, poll after poll, the readings it was given."""
-
-    name = "scripted"
-
-    def __init__(self, polls: list[list[GpuReading]]) -> None:
-        self.polls = polls
-
-    def inventory(self) -> list[GpuInfo]:
-        return [GpuInfo(r.uuid, i, "G", 1) for i, r in enumerate(self.polls[0])]
-
-    def poll(self, now: float) -> GpuPoll:
-        return GpuPoll(self.polls.pop(0))
-
-    def close(self) -> None:
-        pass
-
-
-def test_the_agent_writes_each_poll_s_gpu_readings_whether_they_stayed_or_moved(tmp_path) -> None:
-    """The agent copies a GpuSample kept from the last poll while a reading stays the same: what it
-    writes must be what the reading says, at the poll's time, every poll."""
-    a, b = GpuReading("GPU-a", 50.0, 10, 100, 80.5), GpuReading("GPU-b", 0.0, 1, 100, 70.0)
-    moved, unknown = b._replace(utilization=99.0, power_watts=690.0), GpuReading("GPU-b")  # None: not set
-    long = GpuReading("GPU-" + "x" * 300, 1.0, 2**40, 2**41, 0.5)  # an entry over 127 bytes: a longer length
-    script = [[a, b], [a, b], [a, moved], [a, unknown], [b, a, long], [long, b]]
-    expected = [list(poll) for poll in script]
-    times = iter([10.0, 11.0, 12.0, 13.0, 14.0, 15.0])
-    agent = Agent(AgentConfig(collector=None, node="n", spool_dir=str(tmp_path)), ScriptedGpus(script),
-                  ProcSource("n"), JobLabeler({}), clock=lambda: next(times))
-    for i, readings in enumerate(expected):
-        batch, _ = agent.poll()
-        want = agent_pb2.Batch()
-        for r in readings:
-            gpu_reading_to_proto(r, 10.0 + i, want.gpus.add())
-        assert list(batch.gpus) == list(want.gpus), i
 
 
 def test_polls_are_held_until_the_send_interval_and_go_out_whole() -> None:
