@@ -402,8 +402,8 @@ class ProcSource:
     def descendants(self, roots: set[int]) -> set[int]:
         """The roots that exist and every process below them.
 
-        The stat texts read here (split, with the parent pid) are kept for `sample()` of the same poll,
-        which reads and parses nothing twice.
+        The stat texts read here are kept for `sample()` of the same poll, which reads nothing twice (and
+        parses a text only when it differs from its last sample's).
         """
         fresh: dict[int, bytes] = {}
         self._fresh = fresh
