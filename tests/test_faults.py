@@ -12,11 +12,15 @@ from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
+# A rank with two workers; the workers leave when the rank is stopped (reparented), so no test leaves them behind.
 WORKERS = """
 import os, sys, time
+rank = os.getpid()
 for _ in range(2):
     if os.fork() == 0:
-        time.sleep(600)
+        deadline = time.time() + 600
+        while os.getppid() == rank and time.time() < deadline:
+            time.sleep(0.2)
         sys.exit(0)
 time.sleep(600)
 """
