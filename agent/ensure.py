@@ -3,7 +3,10 @@
 Used by the Slurm prolog and by ``clusterwatch agent --ensure``. Several prologs start at once when
 jobs land on a node together, so the check and the start happen under an ``flock`` on
 ``<spool>/agent.lock``: the first prolog starts the agent and writes ``<spool>/agent.pid`` before it lets
-go of the lock, the next one finds that agent alive and leaves it alone. The lock is waited for a bounded
+go of the lock, the next one finds that agent alive and leaves it alone. A running agent also holds
+``<spool>/agent.run.lock`` for its whole life (``claim_spool``): should a hook be cut off between
+starting an agent and writing its pid (its deadline), the next hook still sees that agent, and a second
+agent for the same folder exits at once instead of sampling the node twice. The lock is waited for a bounded
 time only (a hook must return within a second), and the agent is started in its own session with its
 output in ``<spool>/agent.log`` and no inherited descriptors, so slurmd never waits on it and killing
 the prolog's process group does not kill it.
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 PID_FILE = "agent.pid"
 LOCK_FILE = "agent.lock"
+RUN_LOCK_FILE = "agent.run.lock"
 LOG_FILE = "agent.log"
 #: How long a hook waits for another hook's start to finish before giving up (it exits 0 either way).
 LOCK_WAIT_S = 0.5
@@ -38,7 +42,7 @@ class EnsureResult:
     Attributes:
         action: "running" (an agent was already there), "started", or "busy" (another hook held the
             lock past the wait; that hook is starting the agent).
-        pid: the agent's pid, None when busy.
+        pid: the agent's pid; None when busy, or when the running agent has not written its pid file.
     """
 
     action: str
@@ -151,6 +155,41 @@ def _lock(fd: int, wait_s: float) -> bool:
             time.sleep(0.01)
 
 
+def claim_spool(spool_dir: str) -> int | None:
+    """Hold ``<spool_dir>/agent.run.lock`` for the life of this agent: one agent per spool folder.
+
+    Returns:
+        The lock's descriptor, to keep open (the kernel lets go when the agent ends, however it
+        ends); None when another live agent holds it.
+
+    Raises:
+        OSError: the folder or the lock file cannot be created.
+    """
+    os.makedirs(spool_dir, mode=0o755, exist_ok=True)
+    fd = os.open(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def spool_claimed(spool_dir: str) -> bool:
+    """Whether a live agent holds the folder's run lock (see claim_spool)."""
+    try:
+        fd = os.open(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no agent has run here since the folder was made
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the shared lock, when it was taken
+
+
 def _write_pid(path: str, pid: int) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -187,6 +226,8 @@ def ensure_agent(
         pid = read_pid(pid_path)
         if pid is not None and agent_alive(pid, spool_dir):
             return EnsureResult("running", pid)
+        if spool_claimed(spool_dir):  # an agent whose pid file is not written (yet): it writes it itself
+            return EnsureResult("running", None)
         pid = start_detached(argv, env, os.path.join(spool_dir, LOG_FILE))
         # Written before the lock is released, so the next hook sees this agent.
         _write_pid(pid_path, pid)

@@ -85,6 +85,8 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, pi
         fail("--tls-cert and --tls-key go together")
     if tls_cert and not tls_ca:
         fail("--tls-cert needs --tls-ca (the CA that signed the collector's certificate)")
+    if not once:
+        claim_spool_or_exit(spool_dir)  # before anything is opened: a second agent must touch nothing
     agent_obj = build_agent(config, live=not once)
     if once:
         from clusterwatch.agent.agent import batch_as_json
@@ -101,6 +103,27 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, pi
         agent_obj.gpus.close()
         return
     sys.exit(run_agent(agent_obj))
+
+
+def claim_spool_or_exit(spool_dir: str) -> None:
+    """Take the spool folder's run lock for this agent's life, or exit with one line when another agent has it.
+
+    Two agents of one node would sample it twice (and fight over its training socket).
+    """
+    import os
+
+    from clusterwatch.agent.ensure import PID_FILE, claim_spool, read_pid
+
+    try:
+        claimed = claim_spool(spool_dir) is not None  # the descriptor stays open, unclosed, for the agent's life
+    except OSError as exc:  # an unwritable folder: the pid file cannot be written either; run unguarded
+        logging.getLogger("clusterwatch.agent").warning(
+            "cannot lock %s (%s): not guarded against a second agent", spool_dir, exc.strerror or exc)
+        return
+    if not claimed:
+        other = read_pid(os.path.join(spool_dir, PID_FILE))
+        fail(f"another agent runs for {spool_dir} (pid {other or 'unknown'}); this one exits, so the node is "
+             "not sampled twice", code=1)
 
 
 def build_agent(config, live: bool = True):
@@ -162,7 +185,8 @@ def ensure_running(collector, node, spool_dir, gpu_source, interval, token) -> i
     if result.action == "busy":
         click.echo(f"another process is starting the agent of {node} ({spool_dir}/agent.lock is held)")
     else:
-        click.echo(f"agent of {node} {result.action}, pid {result.pid}")
+        pid = result.pid if result.pid is not None else "not written yet"
+        click.echo(f"agent of {node} {result.action}, pid {pid}")
     return 0
 
 
@@ -203,11 +227,10 @@ def channel_credentials(config):
 def run_agent(agent_obj) -> int:
     """Run until SIGTERM/SIGINT; then flush, print the counters line and return 0."""
     from clusterwatch.agent.agent import PollJoiner, run_loop, submit, write_pid_file
+    from clusterwatch.agent.signals import SignalHandler
     from clusterwatch.agent.stream import Sender
 
     config = agent_obj.config
-    from clusterwatch.agent.signals import SignalHandler
-
     on_signal = SignalHandler(agent_obj.procs.start_time, agent_obj.procs.is_known)
     sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token,
                     channel_credentials=channel_credentials(config), on_signal=on_signal)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.ensure import agent_alive, read_pid
+from clusterwatch.agent.ensure import EnsureResult, agent_alive, claim_spool, ensure_agent, read_pid, spool_claimed
 from clusterwatch.agent.spool import resolve_gpus, spool_dir_for
 from clusterwatch.cli.hooks_cmd import exit_code_from
 
@@ -175,6 +175,42 @@ def test_agent_ensure_starts_once(spool: Path) -> None:
     assert first.stdout.strip() == f"agent of ens1 started, pid {pid}"
     assert second.stdout.strip() == f"agent of ens1 running, pid {pid}"
     assert agents_of(spool) == [pid]
+
+
+def test_a_second_agent_for_the_same_spool_exits_with_one_line(spool: Path) -> None:
+    collector = f"127.0.0.1:{free_port()}"
+    args = [*CLI, "agent", "--collector", collector, "--node", "dup1", "--gpu-source", "none",
+            "--spool-dir", str(spool / "dup1"), "--train-socket", str(spool / "dup1.sock")]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: read_pid(str(spool / "dup1" / "agent.pid")) == first.pid, 20.0)
+        second = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"clusterwatch: another agent runs for {spool / 'dup1'} (pid {first.pid}); this one exits, so the "
+            "node is not sampled twice")
+        assert first.poll() is None and read_pid(str(spool / "dup1" / "agent.pid")) == first.pid
+    finally:
+        stop_pid(first.pid, grace=15.0)
+        first.wait(timeout=20)
+
+
+def test_ensure_counts_an_agent_that_holds_the_spool_without_a_pid_file(tmp_path: Path) -> None:
+    # A hook cut off by its deadline between starting the agent and writing its pid: the next hook must
+    # not start a second one.
+    folder = tmp_path / "spool"
+    fd = claim_spool(str(folder))  # this test process stands for that agent
+    assert fd is not None
+    try:
+        assert claim_spool(str(folder)) is None  # a second claim fails while the first is held
+        ran = tmp_path / "ran"
+        result = ensure_agent(str(folder), ["/bin/sh", "-c", f"touch {ran}"], {"PATH": "/usr/bin:/bin"})
+        assert result == EnsureResult("running", None)
+        time.sleep(0.3)
+        assert not ran.exists()
+    finally:
+        os.close(fd)
+    assert not spool_claimed(str(folder))  # the kernel let go with the descriptor
 
 
 def test_exit_codes_from_the_epilog_environment() -> None:
