@@ -140,7 +140,7 @@ class Agent:
             for report in self.train_drain():
                 training_to_proto(report, batch.training.add())
         if self.provenance is not None:
-            self.provenance.offer(first_seen)  # once per process: a process's labels never change
+            self.provenance.offer(first_seen)  # only the processes whose labels may have changed
             for record in self.provenance.drain():
                 batch.provenance.add(pid=record.pid, start_time=record.start_time, json=record.to_json())
         return batch, samples

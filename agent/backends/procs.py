@@ -249,16 +249,10 @@ class _Known:
 
 @dataclass(slots=True)
 class _Held:
-    """Descriptors kept open for a watched process: its stat file and its fd directory (-1: none).
-
-    Also the stat text last read through it by descendants() and the parent pid in it: a text equal
-    to the last one has the same parent, and most processes' texts do not change between polls.
-    """
+    """Descriptors kept open for a watched process: its stat file and its fd directory (-1: none)."""
 
     stat_fd: int
     fd_dir: int
-    text: bytes | None = None
-    ppid: int = 0
 
 
 def _held_budget() -> int:
@@ -414,6 +408,7 @@ class ProcSource:
         members = self._members
         parents: dict[int, int] = {}
         held_of = self._held.get
+        last_of = self._known.get  # what the last poll sampled: its text, and the parent read from it
         pread = os.pread
         known_roots = roots <= members  # the usual poll: every root is in the tree already
         for pid in members if known_roots else members | roots:
@@ -423,9 +418,10 @@ class ProcSource:
                     data = pread(held.stat_fd, _STAT_MAX, 0)
                 except OSError:
                     data = b""
-                if data == held.text:  # unchanged since the last poll (a sleeping process): same parent
+                last = last_of(pid)
+                if last is not None and data == last.text:  # unchanged (a sleeping process): same parent
                     fresh[pid] = data
-                    parents[pid] = held.ppid
+                    parents[pid] = last.ppid
                     continue
                 if not data:  # ESRCH: reaped, and the pid may already be another process's
                     data = self._read(pid, True)
@@ -440,9 +436,6 @@ class ProcSource:
                 self.read_errors += 1
                 self._release(pid)
                 continue
-            held = held_of(pid)
-            if held is not None:
-                held.text, held.ppid = data, ppid
             fresh[pid] = data
             parents[pid] = ppid
         probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
