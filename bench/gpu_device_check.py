@@ -47,6 +47,11 @@ while time.time() < end:
 """
 
 
+# The seed-style monitor's one subprocess a poll (issue 6 compares the agent with it).
+SMI_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw",
+             "--format=csv,noheader,nounits"]
+
+
 class CheckFailed(Exception):
     """A step did not do what it should."""
 
@@ -79,6 +84,24 @@ def start_workload(seconds: float) -> subprocess.Popen | None:
         raise CheckFailed(f"the CUDA workload failed (exit {code}): {err.strip()[-500:]}")
     print(f"workload: pid {child.pid} allocating 128 MiB more every step on cuda:0")
     return child
+
+
+def time_nvidia_smi(calls: int = 5) -> tuple[float, float] | None:
+    """Median CPU ms (its own, from RUSAGE_CHILDREN) and wall ms of one `nvidia-smi --query-gpu` call;
+    None when there is no nvidia-smi."""
+    import resource
+    import shutil
+
+    if shutil.which(SMI_QUERY[0]) is None:
+        return None
+    cpu, wall = [], []
+    for _ in range(calls):
+        r0, w0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        subprocess.run(SMI_QUERY, capture_output=True, check=True, timeout=60)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall.append((time.perf_counter() - w0) * 1000)
+        cpu.append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1000)
+    return statistics.median(cpu), statistics.median(wall)
 
 
 def check(polls: int, interval: float, workload: bool) -> int:
@@ -141,6 +164,12 @@ def check(polls: int, interval: float, workload: bool) -> int:
 
         print(f"cost per poll: median {statistics.median(wall_ms):.2f} ms wall "
               f"(max {max(wall_ms):.2f}), median {statistics.median(cpu_ms):.2f} ms CPU")
+        smi = time_nvidia_smi()
+        if smi is None:
+            print("nvidia-smi: not found; the seed's cost is not measured here")
+        else:
+            print(f"nvidia-smi --query-gpu (the seed's subprocess a poll): median {smi[0]:.2f} ms CPU, "
+                  f"{smi[1]:.1f} ms wall; NVML poll {statistics.median(cpu_ms):.2f} ms CPU")
         if errors:
             raise CheckFailed(f"{errors} NVML reads failed on a healthy machine")
         if max(wall_ms) > 1000:
