@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from clusterwatch.v1 import agent_pb2
+from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
@@ -278,6 +278,35 @@ class CollectorCore:
             self.state.forget_job(job.job_id)
         self._closed.add(job.job_id)
         log.info("job %s ended (%s); summary stored", job.job_id, job.state)
+
+    def amend_closed_job(self, job_id: str, state: str, exit_code: int | None, end_time: float) -> bool:
+        """Slurm's final word on a job closed before Slurm had one (by its epilogs, which know exit codes but
+        not CANCELLED, TIMEOUT or OUT_OF_MEMORY): its stored summary and record take Slurm's state, exit code
+        and end time. Returns whether anything changed."""
+        data = self.store.load_summary(job_id)
+        if data is None:
+            return False
+        view = query_pb2.JobView()
+        view.ParseFromString(data)
+        info = view.job
+        before = (info.state, info.exit_code if info.HasField("exit_code") else None, info.end_time)
+        info.state = state
+        if exit_code is not None:
+            info.exit_code = exit_code
+        if end_time:
+            info.end_time = end_time
+        if (info.state, info.exit_code if info.HasField("exit_code") else None, info.end_time) == before:
+            return False
+        self.store.save_summary(job_id, view.SerializeToString())
+        self.store.amend_job_end(job_id, state, exit_code, info.end_time)
+        if self.config.summary_dir:
+            try:
+                write_summary(self.config.summary_dir, view)
+            except OSError as exc:
+                log.warning("cannot write the summary of job %s into %s: %s", job_id, self.config.summary_dir,
+                            exc.strerror or exc)
+        log.info("job %s: Slurm's final state %s (its epilogs had it %s)", job_id, state, before[0])
+        return True
 
     def tick(self) -> None:
         """Periodic housekeeping: end agent-only jobs whose processes are all gone, prune.

@@ -3,7 +3,9 @@
 An asyncio task on the collector's event loop. Each pass asks the JobMapper for the running jobs and
 for every other job the collector holds, fills each JobState from Slurm's record (name, user, account,
 partition, state, times, limit, nodes, CPUs, memory, GPUs, ranks expected) and closes the jobs Slurm
-says have ended, with Slurm's final state and exit code. For a job's node with no agent reporting, it
+says have ended, with Slurm's final state and exit code. A job its epilogs closed first (they know exit
+codes, not CANCELLED or TIMEOUT) takes Slurm's final state once Slurm has one. For a job's node with no
+agent reporting, it
 asks ``scontrol listpids`` on that node (over SSH) and keeps those pids, shown as "mapped by listpids".
 
 Slurm calls are subprocesses or SSH sessions with timeouts (see collector/jobmap), so the loop never
@@ -22,7 +24,7 @@ from clusterwatch.slurm.scontrol import JobRecord
 
 from .core import CollectorCore
 from .jobmap.base import JobMapper, SlurmUnavailable
-from .state import JobState
+from .state import ENDED_STATES, JobState
 
 log = logging.getLogger("clusterwatch.collector.registry")
 
@@ -31,6 +33,11 @@ log = logging.getLogger("clusterwatch.collector.registry")
 CLOSE_GRACE_S = 10.0
 #: Closed job ids remembered, so Slurm still listing a job as COMPLETING does not bring it back.
 _CLOSED_MEMORY = 10_000
+#: How long after its epilogs closed a job the registry asks Slurm for the job's final state. Slurm keeps an
+#: ended job MinJobAge (300 s by default); it usually has the final state a pass after the epilogs.
+SETTLE_WINDOW_S = 600.0
+#: At most this many of those jobs asked about a pass (one `scontrol show job` each); the rest wait their turn.
+_SETTLE_PER_PASS = 32
 _UNREACHABLE = "slurmctld unreachable since"
 
 
@@ -77,6 +84,8 @@ class JobRegistry:
         self.listpids_errors = 0
         self._semaphore = asyncio.Semaphore(listpids_concurrency)
         self._closed: OrderedDict[str, None] = OrderedDict()
+        # Jobs closed before Slurm gave its final state (by their epilogs' end events) → when they were closed.
+        self._settling: OrderedDict[str, float] = OrderedDict()
         self._ended_seen: dict[str, float] = {}
         self._saved: dict[str, tuple] = {}
         self._task: asyncio.Task | None = None
@@ -84,6 +93,8 @@ class JobRegistry:
         core.on_job_closed.append(self._remember_closed)
 
     def _remember_closed(self, job: JobState, *_: object) -> None:
+        if job.job_id.isdigit():  # a Slurm job: its final state may still be to come (see _settle)
+            self._settling[job.job_id] = self.clock()
         self._closed[job.job_id] = None
         self._closed.move_to_end(job.job_id)
         while len(self._closed) > _CLOSED_MEMORY:
@@ -147,7 +158,7 @@ class JobRegistry:
         try:
             for record in await self.mapper.list_jobs():
                 records[str(record.job_id)] = record
-            for jid in known:
+            for jid in [*known, *list(self._settling)[:_SETTLE_PER_PASS]]:
                 if jid not in records:
                     record = await self.mapper.show_job(int(jid))
                     if record is not None:
@@ -156,6 +167,7 @@ class JobRegistry:
             self._unreachable(now, str(exc))
             return False
         self._reachable()
+        self._settle(records, now)
         to_close = []
         for jid, record in records.items():
             if jid in self._closed:
@@ -169,9 +181,22 @@ class JobRegistry:
             # Checked again right before closing: an epilog's end event may have closed it meanwhile.
             if self.core.state.jobs.get(job.job_id) is job:
                 self.core.close_job(job)
+                self._settling.pop(job.job_id, None)  # closed with Slurm's own final state
         if self.fill_in:
             await self._fill_in(now)
         return True
+
+    def _settle(self, records: dict[str, JobRecord], now: float) -> None:
+        """Jobs closed on their epilogs' word take Slurm's final state (and exit code) once it has one."""
+        for jid in list(self._settling)[:_SETTLE_PER_PASS]:
+            record = records.get(jid)
+            if record is not None and record.state in ENDED_STATES:
+                del self._settling[jid]
+                self.core.amend_closed_job(jid, record.state, _exit_code(record), float(record.end_time or 0))
+            elif record is None or now - self._settling[jid] > SETTLE_WINDOW_S:
+                del self._settling[jid]  # Slurm no longer knows it, or never settled: the epilogs' word stands
+            else:
+                self._settling.move_to_end(jid)  # still COMPLETING: the others get their turn first
 
     def _unreachable(self, now: float, why: str) -> None:
         self.failures += 1

@@ -117,6 +117,18 @@ class Store:
             (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time, time.time()),
         )
 
+    def amend_job_end(self, job_id: str, state: str, exit_code: int | None, end_time: float) -> None:
+        """A stored job's final state, exit code and end time, as Slurm gave them after it was closed."""
+        row = self.conn.execute("SELECT info FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        if row is None:
+            return
+        info = json.loads(row[0])
+        info["state"], info["end_time"] = state, end_time
+        if exit_code is not None:
+            info["exit_code"] = exit_code
+        self.conn.execute("UPDATE jobs SET info=?, state=?, end_time=?, updated=? WHERE job_id=?",
+                          (json.dumps(info), state, end_time, time.time(), job_id))
+
     def load_jobs(self, include_ended: bool = True) -> list[JobState]:
         rows = self.conn.execute("SELECT job_id, info FROM jobs ORDER BY start_time").fetchall()
         jobs = []

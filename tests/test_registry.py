@@ -9,7 +9,7 @@ from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.jobmap.fake import FakeJobMapper
 from clusterwatch.collector.jobmap.scontrol import ScontrolMapper
-from clusterwatch.collector.registry import JobRegistry
+from clusterwatch.collector.registry import SETTLE_WINDOW_S, JobRegistry
 from clusterwatch.collector.store import Store, open_db
 from clusterwatch.collector.views import job_view
 from clusterwatch.v1 import query_pb2
@@ -131,6 +131,70 @@ def test_agents_get_a_grace_period_to_deliver_the_epilog(core: CollectorCore, cl
     asyncio.run(registry.refresh())
     assert "42" not in core.state.jobs
     assert summary(core, "42").job.state == "COMPLETED"
+
+
+def close_by_epilogs(core: CollectorCore, clock: Clock, exit_code: int) -> None:
+    """Job 42 ends the way its epilogs say: the end events of all its nodes close it, COMPLETED or FAILED."""
+    core.state.job_event("n1", JobEvent("start", "42", T0))
+    for node in list(core.state.jobs["42"].nodes):
+        job = core.state.job_event(node, JobEvent("end", "42", clock.now, exit_code=exit_code))
+    assert job.ended
+    core.close_job(job)
+
+
+@pytest.mark.parametrize(("final", "exit_code", "signal", "expected_exit"), [
+    ("CANCELLED", 0, 15, 143),
+    ("TIMEOUT", 0, 15, 143),
+    ("OUT_OF_MEMORY", 0, 9, 137),
+])
+def test_a_job_its_epilogs_closed_takes_slurms_final_state(core: CollectorCore, clock: Clock, final: str,
+                                                          exit_code: int, signal: int, expected_exit: int) -> None:
+    hello(core, "n1", clock)
+    mapper = FakeJobMapper([record()])
+    registry = JobRegistry(core, mapper, clock=clock)
+    asyncio.run(registry.refresh())
+    clock.now += 5
+    close_by_epilogs(core, clock, exit_code=1)
+    assert summary(core, "42").job.state == "FAILED"  # all the epilog knows
+    mapper.jobs[42] = record(state="COMPLETING")
+    asyncio.run(registry.refresh())
+    assert summary(core, "42").job.state == "FAILED"  # Slurm has no final word yet
+    assert "42" not in core.state.jobs
+    mapper.jobs[42] = record(state=final, end_time=int(T0 + 4), exit_code=exit_code, exit_signal=signal)
+    clock.now += 5
+    asyncio.run(registry.refresh())
+    view = summary(core, "42")
+    assert (view.job.state, view.job.exit_code, view.job.end_time) == (final, expected_exit, T0 + 4)
+    stored = {j.job_id: j for j in core.store.load_jobs()}["42"]
+    assert (stored.state, stored.exit_code, stored.end_time) == (final, expected_exit, T0 + 4)
+    assert "42" not in core.state.jobs  # amended in the store, not brought back
+    calls = len(mapper.calls)
+    asyncio.run(registry.refresh())
+    assert ("show_job", (42,)) not in mapper.calls[calls:]  # settled: Slurm is not asked again
+
+
+def test_an_epilog_closed_job_slurm_forgot_or_never_settles_keeps_the_epilogs_word(core: CollectorCore,
+                                                                                   clock: Clock) -> None:
+    hello(core, "n1", clock)
+    mapper = FakeJobMapper([])
+    registry = JobRegistry(core, mapper, clock=clock)
+    close_by_epilogs(core, clock, exit_code=0)
+    asyncio.run(registry.refresh())  # Slurm does not know job 42 (MinJobAge passed): nothing to wait for
+    assert summary(core, "42").job.state == "COMPLETED"
+    calls = len(mapper.calls)
+    asyncio.run(registry.refresh())
+    assert ("show_job", (42,)) not in mapper.calls[calls:]
+    # A job Slurm lists as COMPLETING for longer than the window is given up on too.
+    mapper.jobs[43] = record(job_id=43, state="COMPLETING")
+    core.state.job_event("n1", JobEvent("start", "43", T0))
+    core.close_job(core.state.job_event("n1", JobEvent("end", "43", clock.now, exit_code=0)))
+    asyncio.run(registry.refresh())
+    clock.now += SETTLE_WINDOW_S + 1
+    asyncio.run(registry.refresh())
+    calls = len(mapper.calls)
+    asyncio.run(registry.refresh())
+    assert ("show_job", (43,)) not in mapper.calls[calls:]
+    assert summary(core, "43").job.state == "COMPLETED"
 
 
 def test_slurmctld_down_sets_the_note_and_backs_off(core: CollectorCore, clock: Clock) -> None:

@@ -202,6 +202,51 @@ def test_two_node_job_seen_whole_closed_by_the_epilog_and_kept(hooked) -> None:
     assert not any(pid_alive(p) for p in stopped)
 
 
+def _slurm_final(cluster: SlurmCluster, job_id: int) -> tuple[str, int] | None:
+    """(JobState, exit code as clusterwatch gives it: the code, or 128 + the signal) once Slurm has the job's
+    final state (no longer COMPLETING); None before."""
+    fields = dict(t.split("=", 1) for t in cluster.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout.split()
+                  if "=" in t)
+    if fields.get("JobState") in ("RUNNING", "COMPLETING", "PENDING", None):
+        return None
+    code, signal = (int(x) for x in fields["ExitCode"].split(":"))
+    return fields["JobState"], 128 + signal if signal else code
+
+
+def test_a_cancelled_job_reads_slurms_final_state_not_what_its_epilogs_guessed(hooked) -> None:
+    """The epilogs know an exit code, not why the job ended, and Slurm's ExitCode of a cancelled job is set
+    only once it has completed: whichever closes the job first, the stored summary ends with Slurm's final
+    state and exit code."""
+    cluster, collector, spool = hooked
+    name = "cw-e2e-cancel"
+    srun = cluster.popen(["srun", "-N2", "--ntasks-per-node=1", "-J", name, sys.executable, "-c", WORKLOAD])
+    try:
+        job_id = int(wait_for(lambda: cluster.run(["squeue", "-h", "-n", name, "-o", "%i"]).stdout.strip(),
+                              timeout=30, what="the job in squeue"))
+        cluster.wait_job_state(job_id, ["RUNNING"])
+        wait_for(lambda: (doc := _status(job_id, collector)) is not None and len(_by_node(doc)) == 2,
+                 timeout=30, what=f"status {job_id} to show both nodes")
+        cluster.run(["scancel", str(job_id)])
+        state, exit_code = wait_for(lambda: _slurm_final(cluster, job_id), timeout=30,
+                                    what=f"Slurm's final state of job {job_id}")
+        assert state == "CANCELLED"
+
+        def settled() -> dict | None:
+            doc = _status(job_id, collector)
+            if doc is None or doc["job"]["end_time"] <= 0:
+                return None
+            return doc if (doc["job"]["state"], doc["job"].get("exit_code")) == (state, exit_code) else None
+
+        doc = wait_for(settled, timeout=30, what=f"job {job_id} to read {state}, exit code {exit_code}")
+        assert _by_node(doc, alive_only=False), "the summary keeps the processes"
+        assert metric_value(collector.metrics(), "clusterwatch_job_info", job_id=str(job_id)) is None
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+        srun.wait(timeout=30)
+    _stop_agents(spool)
+
+
 def test_nodes_without_agents_are_filled_in_over_ssh(
     slurm_cluster: SlurmCluster, slurm_sshd: SshServer, tmp_path: Path  # noqa: F811
 ) -> None:
