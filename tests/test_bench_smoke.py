@@ -103,3 +103,11 @@ def test_e2e_table():
     for label in ("agent CPU per poll, 64 procs, 8 sim GPUs", "collector CPU per 1,000 ingested samples",
                   "`clusterwatch status JOBID` wall, 8 nodes × 8 ranks"):
         assert label in text
+
+
+def test_sender_table():
+    text = run_quick("bench_sender.py")
+    assert "Agent stream: CPU of the sending side" in text
+    for label in ("baseline: synchronous grpc stream", "clusterwatch Sender (grpc.aio, one thread)"):
+        line = next(x for x in rows(text) if x.startswith(label))
+        assert line.split()[-1] == "11/11"  # every batch acknowledged
