@@ -12,6 +12,8 @@ import asyncio
 import shutil
 from dataclasses import dataclass
 
+from .bounded_exec import DEVNULL, run_bounded
+
 METADATA_KEY = "x-clusterwatch-munge"
 UNMUNGE_TIMEOUT_S = 5.0
 
@@ -88,18 +90,12 @@ class MungeAuth:
                             "(as on any Slurm node)")
         args = [self.unmunge] + ([f"--socket={self.socket}"] if self.socket else [])
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
+            code, out, err = await run_bounded(args, UNMUNGE_TIMEOUT_S, input=cred.encode())
         except OSError as exc:
             raise AuthError(f"the collector cannot run {self.unmunge}: {exc.strerror}") from None
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(cred.encode()), UNMUNGE_TIMEOUT_S)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise AuthError("munged on the collector did not answer in time") from None
-        if proc.returncode != 0:
+        if code != 0:
             raise AuthError(f"munge credential refused: {err.decode(errors='replace').strip() or 'unmunge failed'}")
         uid, user = parse_unmunge(out.decode(errors="replace"))
         admin = uid == 0 or self.show_all or user in self.admins or str(uid) in self.admins
@@ -112,16 +108,12 @@ async def munge_works(socket: str | None = None) -> bool:
         return False
     sock = [f"--socket={socket}"] if socket else []
     try:
-        enc = await asyncio.create_subprocess_exec("munge", "-n", *sock, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.DEVNULL)
-        cred, _ = await asyncio.wait_for(enc.communicate(), UNMUNGE_TIMEOUT_S)
-        if enc.returncode != 0:
+        code, cred, _ = await run_bounded(["munge", "-n", *sock], UNMUNGE_TIMEOUT_S, stderr=DEVNULL)
+        if code != 0:
             return False
-        dec = await asyncio.create_subprocess_exec("unmunge", *sock, stdin=asyncio.subprocess.PIPE,
-                                                   stdout=asyncio.subprocess.DEVNULL,
-                                                   stderr=asyncio.subprocess.DEVNULL)
-        await asyncio.wait_for(dec.communicate(cred), UNMUNGE_TIMEOUT_S)
-        return dec.returncode == 0
+        code, _, _ = await run_bounded(["unmunge", *sock], UNMUNGE_TIMEOUT_S, input=cred, stdout=DEVNULL,
+                                       stderr=DEVNULL)
+        return code == 0
     except (OSError, asyncio.TimeoutError):
         return False
 

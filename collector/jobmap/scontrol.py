@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from clusterwatch.collector.bounded_exec import run_bounded
 from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, SlurmUnavailable
 
 from clusterwatch.errors import ParseError
@@ -75,31 +76,20 @@ class ScontrolMapper:
             self._reach = Reachability(reachable=False, since=self._reach.since, last_error=error)
 
     async def _exec(self, args: Sequence[str]) -> tuple[int, str, str]:
-        """Run scontrol once; kill it (our own child, by PID) if it outlives the timeout."""
+        """Run scontrol once; it is killed (our own child, by PID) if it outlives the timeout or the call."""
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self._scontrol,
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env,
-            )
+            code, out, err = await run_bounded([self._scontrol, *args], self._timeout_s, env=self._env)
         except FileNotFoundError:
             raise SlurmUnavailable(
                 f"{self._scontrol} not found: install the Slurm client (Debian: slurm-client) "
                 "or give its path"
             ) from None
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), self._timeout_s)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise SlurmUnavailable(
                 f"slurmctld did not answer within {self._timeout_s:g} s; is it running? "
                 f"(scontrol {' '.join(args)})"
             ) from None
-        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        return code, out.decode(errors="replace"), err.decode(errors="replace")
 
     async def _call(self, args: Sequence[str], answers: Sequence[str] = ()) -> tuple[int, str, str]:
         """Run with retries. A non-zero exit whose stderr holds one of ``answers`` is returned as is."""
