@@ -78,6 +78,19 @@ def _title(text: str) -> str:
     return f"\n{text}\n" + "─" * WIDTH
 
 
+
+def exit_text(code: int) -> str:
+    """An exit code as people read it: 143 is "exit code 143: SIGTERM" (128 + the signal that ended the job)."""
+    import signal
+
+    if 128 < code < 128 + signal.NSIG:
+        try:
+            return f"exit code {code}: {signal.Signals(code - 128).name}"
+        except ValueError:  # not a signal this system names
+            pass
+    return f"exit code {code}"
+
+
 def render(view: query_pb2.JobView, now: float | None = None) -> str:
     """The full report for one job."""
     now = now or view.now or time.time()
@@ -89,7 +102,7 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
     lines.append("═" * WIDTH)
     lines.append(f" clusterwatch · job {job.job_id}{name}")
     lines.append("═" * WIDTH)
-    state = job.state + (f" (exit code {job.exit_code})" if job.HasField("exit_code") else "")
+    state = job.state + (f" ({exit_text(job.exit_code)})" if job.HasField("exit_code") else "")
     ranks_seen = len({p.rank for p in view.processes if p.HasField("rank")})
     rows = [
         ("User/Account", f"{job.user or '?'}{'/' + job.account if job.account else ''}"),

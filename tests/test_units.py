@@ -6,7 +6,7 @@ import json
 from clusterwatch.agent.backends.procs import parse_stat
 from clusterwatch.agent.spool import parse_event
 from clusterwatch.agent.stream import BatchBuffer
-from clusterwatch.cli.render import human_bytes, human_duration, sparkline
+from clusterwatch.cli.render import exit_text, human_bytes, human_duration, sparkline
 from clusterwatch.collector.core import SeqTracker
 from clusterwatch.collector.query_auth import AuthError, parse_unmunge
 from clusterwatch.collector.service import TokenBucket
@@ -104,6 +104,10 @@ def test_rendering_helpers():
     assert sparkline([1, 1, 1]) == "▁▁▁"
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert len(sparkline(list(range(100)), width=12)) == 12
+    # 128 + N is the job killed by signal N (as the collector writes Slurm's ExitCode=0:N)
+    assert exit_text(0) == "exit code 0" and exit_text(7) == "exit code 7"
+    assert exit_text(143) == "exit code 143: SIGTERM" and exit_text(137) == "exit code 137: SIGKILL"
+    assert exit_text(128) == "exit code 128" and exit_text(255) == "exit code 255"
 
 
 @given(st.lists(st.floats(allow_nan=False), max_size=200), st.integers(min_value=2, max_value=50))
