@@ -260,7 +260,7 @@ SHOW_JOB_TABLE = [
         "24.05-v0.0.41.json",  # job_state a list of flags, exit_code an object
         77,
         dict(
-            state="CANCELLED",
+            state="COMPLETING",  # ["CANCELLED", "COMPLETING"]: as squeue shows it, until the flag clears
             nodes=("n1", "n2"),
             gpus_by_node={"n1": (0,), "n2": ()},
             gpu_count_by_node={"n1": 1, "n2": 1},

@@ -37,7 +37,8 @@ class JobRecord:
         uid: numeric user id.
         account: account charged, None when unset (``(null)``).
         partition: partition name.
-        state: base job state, e.g. ``RUNNING``, ``PENDING``, ``COMPLETED``, ``FAILED``.
+        state: the job state as squeue shows it: the base state (``RUNNING``, ``PENDING``, ``COMPLETED``, …),
+            or ``COMPLETING`` while the job completes.
         submit_time: Unix seconds, None when unknown.
         start_time: Unix seconds, None when unknown (a pending job's expected start counts as known).
         end_time: Unix seconds, None when unknown (for a running job with a limit, its expected end).
@@ -447,11 +448,12 @@ def _str(job: Mapping[str, Any], key: str) -> str | None:
 
 
 def _json_state(value: Any) -> str:
-    # v0.0.39: "RUNNING"; v0.0.40+: ["RUNNING", "COMPLETING"] — the base state comes first.
+    # v0.0.39: "RUNNING"; v0.0.40+: ["CANCELLED", "COMPLETING"], the base state first, then its flags. As the
+    # text output and squeue do, a completing job reads COMPLETING: its exit code is not final until then.
     if isinstance(value, str) and value:
         return value
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value[0]
+        return "COMPLETING" if "COMPLETING" in value[1:] else value[0]
     raise ParseError(f"scontrol --json: job_state {_short(repr(value))} is neither a state nor a list")
 
 
