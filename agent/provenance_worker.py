@@ -15,6 +15,7 @@ from collections.abc import Callable
 from clusterwatch.model import ProcessSample
 
 from .provenance import Provenance, ProvenanceConfig, provenance_of_pid
+from .thread_names import name_os_thread
 
 # At most this many processes wait for a record; a burst beyond it is skipped, not queued forever.
 MAX_PENDING = 256
@@ -65,6 +66,7 @@ class ProvenanceWorker:
         return done
 
     def _run(self) -> None:
+        name_os_thread("cw-provenance")
         while True:
             pid = self._todo.get()
             try:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
+from .thread_names import name_os_thread
+
 log = logging.getLogger("clusterwatch.agent")
 
 # gRPC's own limit is 4 MiB; a batch of thousands of processes must still fit.
@@ -181,6 +183,7 @@ class Sender:
             self._main_task.cancel()
 
     def _thread_main(self) -> None:
+        name_os_thread("cw-sender")
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._run())

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from clusterwatch.agent.backends.procs import read_boot_time
 from clusterwatch.agent.provenance import process_start_time
+from clusterwatch.agent.thread_names import name_os_thread
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import TrainingReport
@@ -232,6 +233,7 @@ class TrainEndpoint:
     # -- the reader thread ----------------------------------------------------------------
 
     def _reader(self) -> None:
+        name_os_thread("cw-train")
         assert self._sock is not None
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_READ, "sock")

@@ -86,17 +86,26 @@ def proc_cpu_s(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
 
 
-def threads_cpu_s(pid: int) -> float:
-    """CPU seconds of a process's live threads, to the nanosecond (/proc/<pid>/task/*/schedstat): for a
-    long-lived process whose threads live as long as it does, a far finer clock than proc_cpu_s's ticks."""
-    total = 0
+def threads_cpu_by_name(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's live threads by thread name (their comm), to the nanosecond, from
+    /proc/<pid>/task/*/schedstat: for a long-lived process whose threads live as long as it does, a far
+    finer clock than proc_cpu_s's 10 ms ticks."""
+    out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[0])
+                ns = int(f.read().split()[0])
         except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
             continue
-    return total / 1e9
+        out[name] = out.get(name, 0.0) + ns / 1e9
+    return out
+
+
+def threads_cpu_s(pid: int) -> float:
+    """CPU seconds of a process's live threads (see threads_cpu_by_name)."""
+    return sum(threads_cpu_by_name(pid).values())
 
 
 def proc_rss_bytes(pid: int) -> int:

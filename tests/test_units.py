@@ -116,3 +116,21 @@ def test_resample_keeps_the_ends_and_the_bound(values, points):
     assert len(out) == min(len(values), points)
     if values:
         assert out[0] == values[0] and out[-1] == values[-1]
+
+
+def test_agent_threads_carry_names_the_system_shows():
+    import threading
+
+    from clusterwatch.agent.thread_names import name_os_thread
+
+    seen = []
+
+    def named():
+        name_os_thread("cw-sender-and-more")
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            seen.append(f.read().strip())
+
+    t = threading.Thread(target=named)
+    t.start()
+    t.join()
+    assert seen == ["cw-sender-and-m"]  # the kernel keeps 15 bytes
