@@ -42,7 +42,7 @@ import pwd
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -530,14 +530,53 @@ def process_start_time(pid: int, proc: str = "/proc", boot_time: float | None = 
     return round(boot + ticks / _CLK_TCK, 2)
 
 
+class GitStateCache:
+    """git states taken in the last few seconds, by directory and identity.
+
+    The ranks of a job on one node start together, in the same checkout, as the same user: each would run
+    the same git calls seconds apart (in a large repository `git status` alone takes a second or more), and
+    each would read the same tree. A state taken within `ttl_s` serves them all; a failure (a timeout
+    included) is kept as well, so a repository git cannot read costs its budget once, not once a rank.
+
+    Args:
+        ttl_s: how long a state serves later processes.
+        max_entries: states kept at most (the oldest go first).
+        clock: seconds (tests pass their own).
+    """
+
+    def __init__(self, ttl_s: float = 10.0, max_entries: int = 64,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self.hits = 0
+        self._states: dict[tuple[str, RunAs], tuple[float, GitState]] = {}
+
+    def get(self, path: str, run_as: RunAs, take: Callable[[], GitState]) -> GitState:
+        """The state of `path` for `run_as`: kept from less than ttl_s ago, else taken now by `take()`."""
+        key = (path, run_as)
+        now = self.clock()
+        kept = self._states.get(key)
+        if kept is not None and 0.0 <= now - kept[0] < self.ttl_s:
+            self.hits += 1
+            return kept[1]
+        state = take()
+        self._states.pop(key, None)
+        self._states[key] = (now, state)
+        while len(self._states) > self.max_entries:
+            del self._states[next(iter(self._states))]
+        return state
+
+
 def provenance_of_pid(pid: int, config: ProvenanceConfig = ProvenanceConfig(),
-                      now: float | None = None) -> Provenance:
+                      now: float | None = None, git_cache: GitStateCache | None = None) -> Provenance:
     """The provenance record of a running process; never raises.
 
     Args:
         pid: the process.
         config: how to take it.
         now: the record's time (defaults to the wall clock).
+        git_cache: git states to share with the other processes of the same checkout (None: take anew).
 
     Returns:
         The record; fields that could not be read are empty, with `error` (process
@@ -571,7 +610,7 @@ def provenance_of_pid(pid: int, config: ProvenanceConfig = ProvenanceConfig(),
         env = {}
         errors.append(f"environ: {exc.strerror}")
     prefix = _root_prefix(pid, config.proc)
-    state, source, path = _git_for_process(cwd, argv, run_as, config, prefix)
+    state, source, path = _git_for_process(cwd, argv, run_as, config, prefix, git_cache)
     return Provenance(now, path, source, state, pid=pid, start_time=start, uid=run_as.uid,
                       cmdline=redact_argv(argv), executable=exe, env=tuple(env.items()),
                       error="; ".join(errors))
@@ -588,18 +627,23 @@ def _root_prefix(pid: int, proc: str) -> str:
 
 
 def _git_for_process(cwd: str, argv: tuple[str, ...], run_as: RunAs, config: ProvenanceConfig,
-                     prefix: str) -> tuple[GitState, str, str]:
+                     prefix: str, cache: GitStateCache | None = None) -> tuple[GitState, str, str]:
+    def state_of(path: str) -> GitState:
+        if cache is None:
+            return git_state(path, run_as, config, prefix)
+        return cache.get(path, run_as, lambda: git_state(path, run_as, config, prefix))
+
     if cwd.endswith(" (deleted)"):
         return GitState(error="the working directory was deleted"), "cwd", cwd
     script = script_path(argv, cwd)
     if script:
         where = os.path.dirname(script)
-        state = git_state(prefix + where, run_as, config, prefix)
+        state = state_of(prefix + where)
         # a script outside any repository (a launcher in site-packages) says nothing:
         # the working directory is the next best guess
         if state.known or "not inside a git repository" not in state.error:
             return state, "script", where
-    return git_state(prefix + cwd, run_as, config, prefix), "cwd", cwd
+    return state_of(prefix + cwd), "cwd", cwd
 
 
 def owner_of(path: str) -> RunAs:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from clusterwatch.model import ProcessSample
 
-from .provenance import Provenance, ProvenanceConfig, provenance_of_pid
+from .provenance import GitStateCache, Provenance, ProvenanceConfig, provenance_of_pid
 from .thread_names import name_os_thread
 
 # At most this many processes wait for a record; a burst beyond it is skipped, not queued forever.
@@ -32,7 +32,9 @@ class ProvenanceWorker:
     def __init__(self, config: ProvenanceConfig | None = None,
                  capture: Callable[[int, ProvenanceConfig], Provenance] | None = None) -> None:
         self.config = config or ProvenanceConfig()
-        self._capture = capture or (lambda pid, cfg: provenance_of_pid(pid, cfg))
+        # one git state for the ranks that start together in one checkout (see GitStateCache)
+        self.git_cache = GitStateCache()
+        self._capture = capture or (lambda pid, cfg: provenance_of_pid(pid, cfg, git_cache=self.git_cache))
         self._seen: set[tuple[int, float]] = set()
         self._todo: queue.Queue = queue.Queue(MAX_PENDING)
         self._done: list[Provenance] = []

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from clusterwatch.agent import provenance as prov
 from clusterwatch.agent.gitrun import GitRunner, RunAs, driver_overrides
 from clusterwatch.agent.provenance import (
+    GitStateCache,
     ProvenanceConfig,
     parse_proc_ids,
     parse_status,
@@ -606,6 +607,52 @@ def test_process_record_falls_back_to_the_working_directory(tmp_path):
         assert rec.git.commit == git(repo, "rev-parse", "HEAD")
     finally:
         _stop(proc)
+
+
+def test_ranks_in_one_checkout_share_one_git_state_for_a_few_seconds(tmp_path):
+    repo = make_repo(tmp_path / "proj", {"train.py": SLEEPER})
+    wrapper, log = git_wrapper(tmp_path)
+    config = ProvenanceConfig(git=str(wrapper))
+    clock = [100.0]
+    cache = GitStateCache(ttl_s=10.0, clock=lambda: clock[0])
+    ranks = [_spawn([sys.executable, "train.py"], repo, {"PATH": "/usr/bin:/bin"}) for _ in range(3)]
+    try:
+        records = [provenance_of_pid(p.pid, config, git_cache=cache) for p in ranks[:2]]
+        calls_for_one = len(log.read_text().splitlines())
+        assert calls_for_one > 0 and cache.hits == 1  # the second rank ran no git
+        assert records[0].git == records[1].git and records[0].git.commit == git(repo, "rev-parse", "HEAD")
+        assert [r.pid for r in records] == [p.pid for p in ranks[:2]]  # the per-process parts stay each one's
+        # Past the window the tree is read again: a change since shows.
+        (repo / "train.py").write_text(SLEEPER + "# edited\n")
+        clock[0] += 10.0
+        late = provenance_of_pid(ranks[2].pid, config, git_cache=cache)
+        assert len(log.read_text().splitlines()) == 2 * calls_for_one
+        assert late.git.dirty and not records[0].git.dirty
+    finally:
+        for p in ranks:
+            _stop(p)
+
+
+def test_git_state_cache_keys_by_directory_and_identity_and_stays_bounded():
+    clock = [0.0]
+    cache = GitStateCache(ttl_s=5.0, max_entries=2, clock=lambda: clock[0])
+    taken = []
+
+    def take(label):
+        def run():
+            taken.append(label)
+            return prov.GitState(error=label)
+        return run
+
+    alice, bob = RunAs(1000, 1000), RunAs(1001, 1001)
+    assert cache.get("/r", alice, take("a")).error == "a"
+    assert cache.get("/r", alice, take("again")).error == "a"  # within the window
+    assert cache.get("/r", bob, take("b")).error == "b"  # another user reads with other rights
+    assert cache.get("/s", alice, take("s")).error == "s"  # a third entry pushes out the oldest
+    assert cache.get("/r", alice, take("a2")).error == "a2"
+    clock[0] = 5.0
+    assert cache.get("/s", alice, take("s2")).error == "s2"  # the window has passed
+    assert taken == ["a", "b", "s", "a2", "s2"]
 
 
 def test_process_of_another_user_is_read_as_that_user(shared_dir, marker_dir):
