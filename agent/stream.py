@@ -82,9 +82,9 @@ class BatchBuffer:
 class Sender:
     """Keeps the stream to the collector and delivers batches at least once.
 
-    The stream lives on an asyncio loop (grpc.aio) in one background thread. The synchronous
-    gRPC stream cost 2.5–3 ms of CPU a second while idle (three threads, each waking ten times
-    a second inside grpc's waits), more than half of the whole agent; on grpc.aio it is about 1.
+    The stream lives on an asyncio loop (grpc.aio) in one background thread. The synchronous gRPC
+    stream cost 2.7 ms of CPU a second while idle (three threads, each waking ten times a second inside
+    grpc's waits), half of the whole agent; on grpc.aio 0.8 (bench/bench_sender.py).
 
     Args:
         target: collector address, HOST:PORT.
