@@ -91,6 +91,11 @@ class JobRegistry:
         self._task: asyncio.Task | None = None
         self._listpids_warned: set[str] = set()
         core.on_job_closed.append(self._remember_closed)
+        # Slurm jobs that ended shortly before a restart still wait for Slurm's final word.
+        for job_id, ended in core.store.ended_since(self.clock() - SETTLE_WINDOW_S):
+            if job_id.isdigit() and job_id not in core.state.jobs:
+                self._settling[job_id] = ended
+                self._closed[job_id] = None
 
     def _remember_closed(self, job: JobState, *_: object) -> None:
         if job.job_id.isdigit():  # a Slurm job: its final state may still be to come (see _settle)

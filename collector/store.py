@@ -129,6 +129,11 @@ class Store:
         self.conn.execute("UPDATE jobs SET info=?, state=?, end_time=?, updated=? WHERE job_id=?",
                           (json.dumps(info), state, end_time, time.time(), job_id))
 
+    def ended_since(self, since: float) -> list[tuple[str, float]]:
+        """(job id, end time) of the stored jobs that ended at or after `since`, oldest first."""
+        return self.conn.execute("SELECT job_id, end_time FROM jobs WHERE end_time >= ? AND end_time > 0"
+                                 " ORDER BY end_time", (since,)).fetchall()
+
     def load_jobs(self, include_ended: bool = True) -> list[JobState]:
         rows = self.conn.execute("SELECT job_id, info FROM jobs ORDER BY start_time").fetchall()
         jobs = []

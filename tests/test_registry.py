@@ -173,6 +173,24 @@ def test_a_job_its_epilogs_closed_takes_slurms_final_state(core: CollectorCore, 
     assert ("show_job", (42,)) not in mapper.calls[calls:]  # settled: Slurm is not asked again
 
 
+def test_a_restarted_collector_still_takes_slurms_final_state(core: CollectorCore, clock: Clock) -> None:
+    hello(core, "n1", clock)
+    mapper = FakeJobMapper([record()])
+    asyncio.run(JobRegistry(core, mapper, clock=clock).refresh())
+    close_by_epilogs(core, clock, exit_code=0)
+    core.flush()
+    # The collector restarts: a new core and registry on the same store. Slurm still lists the job as
+    # COMPLETING, which must not bring it back, then gives its final state.
+    restarted = CollectorCore(CollectorConfig(), core.store, clock=clock)
+    registry = JobRegistry(restarted, mapper, clock=clock)
+    mapper.jobs[42] = record(state="COMPLETING")
+    asyncio.run(registry.refresh())
+    assert "42" not in restarted.state.jobs
+    mapper.jobs[42] = record(state="TIMEOUT", end_time=int(clock.now), exit_code=0, exit_signal=15)
+    asyncio.run(registry.refresh())
+    assert (summary(restarted, "42").job.state, summary(restarted, "42").job.exit_code) == ("TIMEOUT", 143)
+
+
 def test_an_epilog_closed_job_slurm_forgot_or_never_settles_keeps_the_epilogs_word(core: CollectorCore,
                                                                                    clock: Clock) -> None:
     hello(core, "n1", clock)
