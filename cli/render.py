@@ -78,7 +78,6 @@ def _title(text: str) -> str:
     return f"\n{text}\n" + "─" * WIDTH
 
 
-
 def exit_text(code: int) -> str:
     """An exit code as people read it: 143 is "exit code 143: SIGTERM" (128 + the signal that ended the job)."""
     import signal
