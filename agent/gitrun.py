@@ -37,6 +37,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -182,6 +183,24 @@ def _first_line(data: bytes) -> str:
     return ""
 
 
+# The git calls running now, by process group (each call is a session of its own): the agent kills them
+# when it stops. A git blocked on a FIFO in a user's tree would otherwise outlive it, as that user.
+_running: set[int] = set()
+_running_lock = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill every git call running now, and whatever each started; return how many there were."""
+    with _running_lock:
+        groups = list(_running)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(groups)
+
+
 class GitRunner:
     """Runs git calls for one provenance probe, under one deadline and one identity.
 
@@ -286,6 +305,17 @@ class GitRunner:
                                             f"{exc.strerror}") from None
         except OSError as exc:
             raise GitError("failed", f"cannot start git: {exc.strerror or exc}") from None
+        with _running_lock:
+            _running.add(proc.pid)
+        try:
+            return self._finish(proc, args, sink, max_bytes)
+        finally:
+            with _running_lock:
+                _running.discard(proc.pid)
+
+    def _finish(self, proc: subprocess.Popen, args: list[str], sink: Callable[[bytes], None] | None,
+                max_bytes: int) -> bytes:
+        """Read a started git call's output to its end, within the deadline and the size limit."""
         kept: list[bytes] = []
         size = 0
         err = b""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from clusterwatch.model import ProcessSample
 
+from .gitrun import kill_running
 from .provenance import GitStateCache, Provenance, ProvenanceConfig, provenance_of_pid
 from .thread_names import name_os_thread
 
@@ -41,6 +42,7 @@ class ProvenanceWorker:
         self._lock = threading.Lock()
         self.skipped = 0
         self.captured = 0  # captures run (once per new rank process)
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="clusterwatch-provenance", daemon=True)
         self._thread.start()
 
@@ -67,12 +69,24 @@ class ProvenanceWorker:
             done, self._done = self._done, []
         return done
 
+    def stop(self, timeout: float = 2.0) -> None:
+        """Take no more records; kill the git call running now (and anything it started)."""
+        self._stopping = True
+        try:
+            self._todo.put_nowait(None)  # wakes a worker waiting for work
+        except queue.Full:
+            pass  # a busy worker sees _stopping before its next record
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            kill_running()  # again while it lasts: a call may have started after the last kill
+            self._thread.join(0.1)
+
     def _run(self) -> None:
         name_os_thread("cw-provenance")
         while True:
             pid = self._todo.get()
             try:
-                if pid is None:
+                if pid is None or self._stopping:
                     return
                 record = self._capture(pid, self.config)
                 self.captured += 1

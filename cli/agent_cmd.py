@@ -256,6 +256,8 @@ def run_agent(agent_obj) -> int:
         submit(agent_obj, sender, *held)
     sender.flush(timeout=5.0)
     sender.stop()
+    if agent_obj.provenance is not None:
+        agent_obj.provenance.stop()  # no git of ours outlives the agent
     agent_obj.gpus.close()
     c = sender.counters
     click.echo(f"samples_sent={c.samples_sent} samples_acked={c.samples_acked} "

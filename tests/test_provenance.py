@@ -36,8 +36,12 @@ from clusterwatch.agent.provenance import (
     provenance_of_pid,
     script_path,
 )
+from clusterwatch.agent.provenance_worker import ProvenanceWorker
 from clusterwatch.agent.redact import is_secret_name, redact_argv, select_env, strip_url_credentials
 from clusterwatch.cli.provenance_cmd import provenance as provenance_cmd
+
+from clusterwatch.model import ProcessSample
+from tests.helpers import wait_for
 
 NOBODY = 65534
 GIT = shutil.which("git")
@@ -631,6 +635,36 @@ def test_ranks_in_one_checkout_share_one_git_state_for_a_few_seconds(tmp_path):
     finally:
         for p in ranks:
             _stop(p)
+
+
+def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir):
+    # A FIFO included from the config blocks git (a hostile tree): the agent stopping must not leave it behind.
+    repo = make_repo(tmp_path / "r")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with open(repo / ".git" / "config", "a") as f:
+        f.write(f"[include]\n\tpath = {fifo}\n")
+    wrapper, log = git_wrapper(shared_dir)
+    proc = _spawn([sys.executable, "-c", SLEEPER], repo, {"PATH": "/usr/bin:/bin"})
+    worker = ProvenanceWorker(ProvenanceConfig(git=str(wrapper), budget_s=60.0))
+    try:
+        worker.offer([ProcessSample(time=time.time(), node="n", pid=proc.pid,
+                                    start_time=prov.process_start_time(proc.pid), job_id="1", mapped_by="environ")])
+        wait_for(lambda: log.read_text().strip(), timeout=10, what="git to start")
+        started = time.monotonic()
+        worker.stop()
+        assert time.monotonic() - started < 5.0
+        assert not worker._thread.is_alive()
+        time.sleep(0.2)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            assert str(repo).encode() not in cmd or b"git" not in cmd, f"git left running: {cmd!r}"
+    finally:
+        worker.stop()
+        _stop(proc)
 
 
 def test_git_state_cache_keys_by_directory_and_identity_and_stays_bounded():
