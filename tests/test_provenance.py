@@ -397,20 +397,17 @@ def test_no_git_binary_says_unknown(tmp_path, monkeypatch, caplog):
     assert result.exit_code == 0 and "unknown" in result.output
 
 
-def test_a_git_that_hangs_is_killed_within_the_budget(tmp_path, shared_dir):
-    # an include of a FIFO blocks git while it reads its config: a stand-in for any hang
-    repo = make_repo(tmp_path / "r")
-    fifo = tmp_path / "fifo"
+def hanging_repo(path: Path) -> Path:
+    """A repository whose config includes a FIFO: git blocks reading it, a stand-in for any hang."""
+    repo = make_repo(path)
+    fifo = path.parent / f"{path.name}.fifo"
     os.mkfifo(fifo)
     with open(repo / ".git" / "config", "a") as f:
         f.write(f"[include]\n\tpath = {fifo}\n")
-    wrapper, log = git_wrapper(shared_dir)
-    started = time.monotonic()
-    rec = provenance_of_dir(str(repo), ProvenanceConfig(git=str(wrapper), budget_s=1.0))
-    elapsed = time.monotonic() - started
-    assert "did not finish" in rec.git.error and rec.git.commit == "unknown"
-    assert elapsed < 4.0
-    # nothing of the killed call is left: no git process has the FIFO open
+    return repo
+
+
+def assert_no_git_left_on(repo: Path) -> None:
     time.sleep(0.2)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -418,6 +415,17 @@ def test_a_git_that_hangs_is_killed_within_the_budget(tmp_path, shared_dir):
         except OSError:
             continue
         assert str(repo).encode() not in cmd or b"git" not in cmd, f"git left running: {cmd!r}"
+
+
+def test_a_git_that_hangs_is_killed_within_the_budget(tmp_path, shared_dir):
+    repo = hanging_repo(tmp_path / "r")
+    wrapper, log = git_wrapper(shared_dir)
+    started = time.monotonic()
+    rec = provenance_of_dir(str(repo), ProvenanceConfig(git=str(wrapper), budget_s=1.0))
+    elapsed = time.monotonic() - started
+    assert "did not finish" in rec.git.error and rec.git.commit == "unknown"
+    assert elapsed < 4.0
+    assert_no_git_left_on(repo)  # nothing of the killed call is left
 
 
 # -- hostile repositories ----------------------------------------------------------------------
@@ -638,12 +646,8 @@ def test_ranks_in_one_checkout_share_one_git_state_for_a_few_seconds(tmp_path):
 
 
 def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir):
-    # A FIFO included from the config blocks git (a hostile tree): the agent stopping must not leave it behind.
-    repo = make_repo(tmp_path / "r")
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    with open(repo / ".git" / "config", "a") as f:
-        f.write(f"[include]\n\tpath = {fifo}\n")
+    # A hostile tree blocks git: the agent stopping must not leave it behind.
+    repo = hanging_repo(tmp_path / "r")
     wrapper, log = git_wrapper(shared_dir)
     proc = _spawn([sys.executable, "-c", SLEEPER], repo, {"PATH": "/usr/bin:/bin"})
     worker = ProvenanceWorker(ProvenanceConfig(git=str(wrapper), budget_s=60.0))
@@ -655,13 +659,7 @@ def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir
         worker.stop()
         assert time.monotonic() - started < 5.0
         assert not worker._thread.is_alive()
-        time.sleep(0.2)
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            assert str(repo).encode() not in cmd or b"git" not in cmd, f"git left running: {cmd!r}"
+        assert_no_git_left_on(repo)
     finally:
         worker.stop()
         _stop(proc)
