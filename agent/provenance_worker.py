@@ -36,7 +36,7 @@ class ProvenanceWorker:
         # one git state for the ranks that start together in one checkout (see GitStateCache)
         self.git_cache = GitStateCache()
         self._capture = capture or (lambda pid, cfg: provenance_of_pid(pid, cfg, git_cache=self.git_cache))
-        self._seen: set[tuple[int, float]] = set()
+        self._seen: dict[tuple[int, float], None] = {}  # the processes offered, the newest last
         self._todo: queue.Queue = queue.Queue(MAX_PENDING)
         self._done: list[Provenance] = []
         self._lock = threading.Lock()
@@ -54,15 +54,15 @@ class ProvenanceWorker:
             key = (s.pid, s.start_time)
             if key in self._seen:
                 continue
-            self._seen.add(key)
+            self._seen[key] = None
             try:
                 self._todo.put_nowait(s.pid)
             except queue.Full:
                 self.skipped += 1
-        # forget processes that are gone, so the set does not grow without bound
-        if len(self._seen) > 4 * MAX_PENDING:
-            live = {(s.pid, s.start_time) for s in samples}
-            self._seen &= live
+        # The agent offers each process at its first sight only, so this is a guard, not the record of every
+        # live process: the oldest are forgotten, so it stays bounded.
+        while len(self._seen) > 4 * MAX_PENDING:
+            del self._seen[next(iter(self._seen))]
 
     def drain(self) -> list[Provenance]:
         with self._lock:

@@ -665,6 +665,29 @@ def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir
         _stop(proc)
 
 
+def test_the_worker_takes_a_process_once_and_its_memory_stays_bounded():
+    from clusterwatch.agent.provenance_worker import MAX_PENDING
+
+    taken = []
+    worker = ProvenanceWorker(capture=lambda pid, cfg: taken.append(pid) or prov.Provenance(0.0, "", "cwd",
+                                                                                           prov.GitState()))
+    try:
+        def rank(pid: int) -> ProcessSample:
+            return ProcessSample(time=0.0, node="n", pid=pid, start_time=float(pid), job_id="1", mapped_by="environ")
+
+        bound = 4 * MAX_PENDING
+        pids = list(range(bound + 100))
+        for first in range(0, len(pids), 50):  # offered 50 a poll, as new ranks appear
+            worker.offer([rank(pid) for pid in pids[first:first + 50]])
+            worker._todo.join()
+        assert len(worker._seen) == bound  # the oldest forgotten
+        worker.offer([rank(pids[-1])])  # the newest is remembered: not taken again
+        worker._todo.join()
+        assert sorted(taken) == pids
+    finally:
+        worker.stop()
+
+
 def test_git_state_cache_keys_by_directory_and_identity_and_stays_bounded():
     clock = [0.0]
     cache = GitStateCache(ttl_s=5.0, max_entries=2, clock=lambda: clock[0])
