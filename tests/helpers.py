@@ -95,3 +95,20 @@ def cli(*args: str, env: dict | None = None, timeout: float = 60.0) -> subproces
     if env:
         full_env.update(env)
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def left_behind(variable: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds variable=value: what a test's children left."""
+    found = []
+    needle = f"{variable}={value}".encode()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found

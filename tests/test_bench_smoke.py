@@ -11,26 +11,9 @@ import sys
 import uuid
 from pathlib import Path
 
+from tests.helpers import left_behind
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _left_behind(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries the marker (descendants of a bench run)."""
-    found = []
-    needle = f"CW_BENCH_SMOKE={marker}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(name))
-    return found
 
 
 def run_quick(script: str) -> str:
@@ -40,7 +23,7 @@ def run_quick(script: str) -> str:
     out = subprocess.run([sys.executable, str(BENCH / script), "--quick"], capture_output=True, text=True,
                          timeout=240, env=env, cwd=BENCH.parent)
     assert out.returncode == 0, f"{script} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    assert _left_behind(marker) == [], f"{script} left processes running"
+    assert left_behind("CW_BENCH_SMOKE", marker) == [], f"{script} left processes running"
     return out.stdout
 
 

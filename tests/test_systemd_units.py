@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 from clusterwatch.cli.main import cli as cli_group
 
-from tests.helpers import CLI, metric_value, wait_for
+from tests.helpers import CLI, left_behind, metric_value, wait_for
 
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 INSTALLED = "/opt/clusterwatch/venv/bin/clusterwatch"  # where the units expect the console script
@@ -121,21 +121,5 @@ def test_the_units_commands_run_from_the_env_file(tmp_path: Path) -> None:
     assert "samples_sent=" in (tmp_path / "agent.log").read_text()
     # Nothing they started outlives them: the registry's scontrol calls (which hang on the missing slurm.conf
     # until their timeout) are killed when the collector stops.
-    assert _left_behind(marker) == []
+    assert left_behind("CW_TEST_MARKER", marker) == []
 
-
-def _left_behind(marker: str) -> list[int]:
-    """Live processes (not zombies) whose environment carries the marker."""
-    found = []
-    needle = f"CW_TEST_MARKER={marker}".encode()
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
