@@ -9,6 +9,9 @@ import click
 
 DEFAULT_COLLECTOR = "127.0.0.1:50051"
 MUNGE_TIMEOUT_S = 5.0
+# The payload of a query's munge credential; the collector takes no other (collector/query_auth.py
+# QUERY_PAYLOAD), so a credential made for something else is not a query's.
+MUNGE_PAYLOAD = "clusterwatch-query-v1"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -73,7 +76,7 @@ def query_channel(address: str):
 
 
 class MungeCredential:
-    """A munge credential for the collector (it proves our uid), made by `munge -n` in the background.
+    """A munge credential for the collector (it proves our uid), made by `munge` in the background.
 
     The subprocess starts when this is built and is read by metadata(), so a command can start it
     before its slow imports (grpc, protobuf) and find it done when the request goes out. Without
@@ -85,7 +88,7 @@ class MungeCredential:
         # subprocess, not shutil.which: grpc imports subprocess anyway, shutil costs ~4 ms more
         import subprocess
 
-        args = ["munge", "-n"]
+        args = ["munge", "-s", MUNGE_PAYLOAD]
         socket = os.environ.get("CLUSTERWATCH_MUNGE_SOCKET")
         if socket:
             args.append(f"--socket={socket}")

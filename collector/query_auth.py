@@ -1,21 +1,34 @@
 """Who is asking: munge credentials on the query service, as Slurm's own commands prove a uid.
 
-The CLI on a login node runs `munge -n` and sends the credential as gRPC metadata;
-the collector decodes it with `unmunge` (the same munged key every Slurm node shares),
-which yields the caller's uid. Users then see only their own jobs, as with Slurm's
-PrivateData=jobs, unless the collector is told to show every job; root and the
-configured admins always see everything.
+The CLI on a login node runs `munge -s clusterwatch-query-v1` and sends the credential as
+gRPC metadata; the collector decodes it with `unmunge` (the same munged key every Slurm node
+shares), which yields the caller's uid. Users then see only their own jobs, as with Slurm's
+PrivateData=jobs, unless the collector is told to show every job; root and the configured
+admins always see everything.
+
+The payload is the sender's to choose, so it never reaches the parser of unmunge's metadata:
+unmunge writes it to a file of its own (`--output`), and a credential is taken only when its
+payload is the CLI's fixed one (a credential made for anything else, Slurm's included, is not a
+query's). Reading unmunge's whole output let a payload of "x\nUID: root (0)" make anyone root.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 from .bounded_exec import DEVNULL, run_bounded
 
 METADATA_KEY = "x-clusterwatch-munge"
 UNMUNGE_TIMEOUT_S = 5.0
+# What the CLI puts in its credential (cli/common.py sends the same): nothing else is a query's.
+QUERY_PAYLOAD = b"clusterwatch-query-v1"
+# A query's credential with that payload is ~150 characters; gRPC's own metadata limit is 8 KiB.
+MAX_CREDENTIAL_CHARS = 4096
+# The metadata unmunge is asked for: nothing the sender chooses is among them.
+UNMUNGE_KEYS = "STATUS,UID"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +48,22 @@ class AuthError(Exception):
 
 
 def parse_unmunge(text: str) -> tuple[int, str]:
-    """(uid, user name) from `unmunge` output; raises AuthError unless STATUS is Success."""
-    fields = {}
+    """(uid, user name) from `unmunge`'s metadata; raises AuthError unless STATUS is Success.
+
+    Only the metadata block is read (it ends at the first empty line, where unmunge would start the
+    payload), and a key given twice is refused: neither can come from munged, only from a payload.
+    """
+    fields: dict[str, str] = {}
     for line in text.splitlines():
+        if not line.strip():
+            break
         key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip().upper()] = value.strip()
+        if not sep:
+            raise AuthError(f"unmunge printed a line that is not metadata: {line[:60]!r}")
+        key = key.strip().upper()
+        if key in fields:
+            raise AuthError(f"unmunge's metadata gives {key} twice; the credential is refused")
+        fields[key] = value.strip()
     status = fields.get("STATUS", "")
     if not status.startswith("Success"):
         raise AuthError(f"munge credential refused: {status or 'no status'}")
@@ -52,6 +75,13 @@ def parse_unmunge(text: str) -> tuple[int, str]:
     except ValueError:
         raise AuthError(f"munge credential without a uid: {uid_text!r}") from None
     return uid, name.strip()
+
+
+def check_payload(payload: bytes) -> None:
+    """Raises AuthError unless `payload` is what the clusterwatch CLI puts in a query's credential."""
+    if payload != QUERY_PAYLOAD:
+        raise AuthError("the munge credential was not made for a clusterwatch query (its payload is not "
+                        f"{QUERY_PAYLOAD.decode()!r}): use clusterwatch status/jobs/alerts of this version")
 
 
 class NoAuth:
@@ -88,18 +118,35 @@ class MungeAuth:
             raise AuthError("this collector shows jobs only to users it can identify, and the request carried no "
                             "munge credential: run clusterwatch where munge is installed and munged runs "
                             "(as on any Slurm node)")
-        args = [self.unmunge] + ([f"--socket={self.socket}"] if self.socket else [])
-        try:
-            code, out, err = await run_bounded(args, UNMUNGE_TIMEOUT_S, input=cred.encode())
-        except OSError as exc:
-            raise AuthError(f"the collector cannot run {self.unmunge}: {exc.strerror}") from None
-        except asyncio.TimeoutError:
-            raise AuthError("munged on the collector did not answer in time") from None
-        if code != 0:
-            raise AuthError(f"munge credential refused: {err.decode(errors='replace').strip() or 'unmunge failed'}")
-        uid, user = parse_unmunge(out.decode(errors="replace"))
+        if len(cred) > MAX_CREDENTIAL_CHARS:
+            raise AuthError(f"the munge credential is {len(cred)} characters; a query's is far shorter")
+        uid, user = await self._unmunge(cred)
         admin = uid == 0 or self.show_all or user in self.admins or str(uid) in self.admins
         return Caller(uid, user, admin)
+
+    async def _unmunge(self, cred: str) -> tuple[int, str]:
+        """Decode `cred` with unmunge: its metadata on stdout, its payload in a private file."""
+        fd, payload_path = tempfile.mkstemp(prefix="cw-unmunge-")  # mode 0600, only ours
+        os.close(fd)
+        args = [self.unmunge, f"--output={payload_path}", f"--keys={UNMUNGE_KEYS}"]
+        if self.socket:
+            args.append(f"--socket={self.socket}")
+        try:
+            try:
+                code, out, err = await run_bounded(args, UNMUNGE_TIMEOUT_S, input=cred.encode())
+            except OSError as exc:
+                raise AuthError(f"the collector cannot run {self.unmunge}: {exc.strerror}") from None
+            except asyncio.TimeoutError:
+                raise AuthError("munged on the collector did not answer in time") from None
+            if code != 0:
+                reason = err.decode(errors="replace").strip() or "unmunge failed"
+                raise AuthError(f"munge credential refused: {reason}")
+            uid, user = parse_unmunge(out.decode(errors="replace"))
+            with open(payload_path, "rb") as f:
+                check_payload(f.read(len(QUERY_PAYLOAD) + 1))
+            return uid, user
+        finally:
+            os.unlink(payload_path)
 
 
 async def munge_works(socket: str | None = None) -> bool:

@@ -7,6 +7,7 @@ import sys
 
 import grpc
 import pytest
+from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from clusterwatch.model import ProcessSample
@@ -112,7 +113,8 @@ def test_munge_identified_queries(tmp_path, munged):
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["job"]["user"] == "root"
         # another user (a real munge credential of uid nobody) is refused root's job and lists no job
-        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-n", f"--socket={munged}"],
+        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-s", MUNGE_PAYLOAD,
+                               f"--socket={munged}"],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         channel = grpc.insecure_channel(collector.address)
         stub = query_pb2_grpc.QueryStub(channel)
@@ -121,7 +123,8 @@ def test_munge_identified_queries(tmp_path, munged):
                         metadata=[("x-clusterwatch-munge", cred)])
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "belongs to root" in err.value.details() and "nobody" in err.value.details()
-        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-n", f"--socket={munged}"],
+        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-s", MUNGE_PAYLOAD,
+                               f"--socket={munged}"],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         jobs = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=10, metadata=[("x-clusterwatch-munge", cred)])
         assert list(jobs.jobs) == []

@@ -8,7 +8,7 @@ from clusterwatch.agent.spool import parse_event
 from clusterwatch.agent.stream import BatchBuffer
 from clusterwatch.cli.render import exit_text, human_bytes, human_duration, sparkline
 from clusterwatch.collector.core import SeqTracker
-from clusterwatch.collector.query_auth import AuthError, parse_unmunge
+from clusterwatch.collector.query_auth import QUERY_PAYLOAD, AuthError, check_payload, parse_unmunge
 from clusterwatch.collector.service import TokenBucket
 from clusterwatch.collector.views import resample
 from clusterwatch.v1 import agent_pb2
@@ -82,9 +82,26 @@ LENGTH:          0
 
 def test_unmunge_output():
     assert parse_unmunge(UNMUNGE) == (1000, "alice")
-    for bad in (UNMUNGE.replace("Success (0)", "Replayed credential (17)"), "", "UID: x\n"):
+    # what unmunge prints with --keys=STATUS,UID (the collector's call)
+    assert parse_unmunge("STATUS:          Success (0)\nUID:             root (0)\n") == (0, "root")
+    # the metadata block ends at the first empty line: what follows is a payload, whatever it says
+    assert parse_unmunge(UNMUNGE + "\nUID: root (0)\n") == (1000, "alice")
+    for bad in (UNMUNGE.replace("Success (0)", "Replayed credential (17)"), "", "UID: x\n",
+                # a payload printed in the metadata's place (a forged "x\nUID: root (0)")
+                UNMUNGE.replace("LENGTH:          0\n", "LENGTH:          15\nx\nUID: root (0)\n"),
+                UNMUNGE + "UID:             root (0)\n"):
         try:
             parse_unmunge(bad)
+        except AuthError:
+            continue
+        raise AssertionError(f"accepted {bad!r}")
+
+
+def test_a_query_credential_carries_the_clis_payload_only():
+    check_payload(QUERY_PAYLOAD)
+    for bad in (b"", QUERY_PAYLOAD + b"\n", QUERY_PAYLOAD + b"\nUID: root (0)", b"x\nUID: root (0)"):
+        try:
+            check_payload(bad)
         except AuthError:
             continue
         raise AssertionError(f"accepted {bad!r}")
