@@ -11,7 +11,11 @@ queue (net.unix.max_dgram_qlen, often 10 datagrams) does not drop reports betwee
 polls of the agent loop; it parses each one into a `TrainingReport` and keeps it in a
 bounded queue that the loop empties with `drain()`. When the queue is full the oldest
 report goes (`overflowed`); a datagram that is too large, not a JSON object of the
-documented shape is `rejected`; one from a process that has exited since keeps start time 0.0.
+documented shape, or holds a value the protobuf message cannot carry (a lone surrogate, a
+number out of range) is dropped whole and counted (`rejected`), before the agent loop sees it.
+A report carries its sender's start time, read from /proc/<pid>/stat on arrival, so the
+collector can tell a reused pid apart; one from a process that has exited since keeps start
+time 0.0.
 
 The datagram format is documented in clusterwatch/train.py.
 """
@@ -54,8 +58,33 @@ def _number(value: object) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def _text(value: object, limit: int, what: str, empty: bool = False) -> str:
+    """A string the protobuf message can carry: str, at most `limit` characters, encodable as UTF-8.
+
+    json.loads accepts lone surrogates ("\\ud800") that protobuf refuses to store; one such string
+    reaching the poll made the whole poll fail, so it is refused here.
+    """
+    if not isinstance(value, str) or len(value) > limit or (not value and not empty):
+        raise ValueError(f"{what} is not a string of {'0' if empty else '1'}-{limit} characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} is not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def _object(value: object, what: str) -> dict:
+    if not isinstance(value, dict) or len(value) > MAX_METRICS:
+        raise ValueError(f"{what} is not an object of at most {MAX_METRICS} entries")
+    return value
+
+
 def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> TrainingReport:
     """Turn one datagram into a report for the process the kernel named.
+
+    Every field is checked against what the protobuf message (agent_pb2.TrainingSample) can carry
+    and the documented bounds, so a report returned always converts (tests/test_train_fuzz.py).
 
     Args:
         data: the datagram.
@@ -67,8 +96,9 @@ def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> Trai
         The report.
 
     Raises:
-        ValueError: the datagram is not a version-1 object, or a field has the wrong
-            type (a sender that validates as clusterwatch.train does never sends one).
+        ValueError: the datagram is not a version-1 object, or a field has the wrong type, is out
+            of range or too long (a sender that validates as clusterwatch.train does never sends
+            one). Nothing else: any bytes give a report or a ValueError.
     """
     if len(data) > MAX_DATAGRAM:
         raise ValueError("datagram too large")
@@ -76,7 +106,9 @@ def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> Trai
         obj = json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError("not JSON") from exc
-    if not isinstance(obj, dict) or obj.get("v") != 1:
+    except RecursionError:  # "[[[[..." nested past the interpreter's limit
+        raise ValueError("JSON nested too deep") from None
+    if not isinstance(obj, dict) or type(obj.get("v")) is not int or obj["v"] != 1:
         raise ValueError("not a version-1 object")
     report = TrainingReport(time=now, pid=pid, start_time=start_time)
     step = obj.get("step")
@@ -90,21 +122,13 @@ def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> Trai
             if value is None:
                 raise ValueError(f"{key} is not a finite number")
             setattr(report, key, value)
-    metrics = obj.get("m", {})
-    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
-        raise ValueError("m is not an object of at most 32 numbers")
-    for name, raw in metrics.items():
+    for name, raw in _object(obj.get("m", {}), "m").items():
         value = _number(raw)
-        if value is None or len(name) > MAX_NAME:
-            raise ValueError("a metric is not a finite number with a short name")
-        report.metrics[name] = value
-    tags = obj.get("tags", {})
-    if not isinstance(tags, dict) or len(tags) > MAX_METRICS:
-        raise ValueError("tags is not an object of at most 32 strings")
-    for name, value in tags.items():
-        if not isinstance(value, str) or len(name) > MAX_NAME or len(value) > MAX_TAG_VALUE:
-            raise ValueError("a tag is not a short string")
-        report.tags[name] = value
+        if value is None:
+            raise ValueError("a metric is not a finite number")
+        report.metrics[_text(name, MAX_NAME, "a metric name")] = value
+    for name, value in _object(obj.get("tags", {}), "tags").items():
+        report.tags[_text(name, MAX_NAME, "a tag name")] = _text(value, MAX_TAG_VALUE, "a tag value", empty=True)
     return report
 
 
@@ -132,6 +156,7 @@ class TrainEndpoint:
         self.received = 0
         self.rejected = 0
         self.overflowed = 0
+        self._said_rejected = False
         self._clock = clock
         self._proc = proc
         self._start_time = start_time
@@ -275,16 +300,21 @@ class TrainEndpoint:
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
                 pid, _uid, _gid = _UCRED.unpack_from(payload)
-        if not pid:
+        if pid is None or pid <= 0:
             return None
         if pid not in starts:
             starts[pid] = self._lookup_start(pid)
         # A process that exited right after its last report is gone by now; that last step still
-        # counts. Its start time is unknown (0.0): the collector matches reports by node and pid.
+        # counts. Its start time is unknown (0.0), which the collector reads as "not known".
         start = starts[pid] or 0.0
         try:
             return parse_datagram(data, pid, start, self._clock())
-        except ValueError:
+        except ValueError as exc:
+            if not self._said_rejected:  # one line for the first; the rest are counted (`rejected`)
+                self._said_rejected = True
+                log.warning("training endpoint: dropped a report from pid %d: %s; clusterwatch.train sends "
+                            "valid ones, so check what else writes to %s (further drops are counted only)",
+                            pid, exc, self.path)
             return None
 
     def _lookup_start(self, pid: int) -> float | None:

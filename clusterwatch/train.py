@@ -15,9 +15,10 @@ for one second, so an absent agent costs even less than a present one.
 
 Values: `step` must be an int; `loss`, `lr`, `epoch` and metric values finite
 numbers (int, float, or anything with `__float__` such as a NumPy scalar; bools are
-not numbers here). A value that is not, or a metric name that is not a short
-string, is left out of the report and counted (`invalid()`); the rest of the report
-is still sent. Pass Python numbers: `float()` of a GPU tensor waits for the GPU.
+not numbers here). A value that is not, or a metric name or tag that is not a short
+string encodable as UTF-8, is left out of the report and counted (`invalid()`); the
+rest of the report is still sent (the agent drops a datagram with any invalid field
+whole). Pass Python numbers: `float()` of a GPU tensor waits for the GPU.
 
 The agent learns the sender's pid and uid from the kernel (SCM_CREDENTIALS), not
 from the datagram, so a report is always attributed to the process that sent it.
@@ -119,12 +120,29 @@ def _step(value: object) -> str | None:
     return str(i) if 0 <= i <= _MAX_INT else None
 
 
+def _valid_text(text: str, limit: int) -> bool:
+    """At most `limit` characters and encodable as UTF-8: the agent drops a whole report that
+    carries a lone surrogate ("\\ud800", which json.dumps would happily escape)."""
+    if len(text) > limit:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _names: dict[str, str] = {}  # metric name -> its JSON text; names repeat every step
 
 
-def _name(name: str) -> str:
+def _name(name: str) -> str | None:
+    """The JSON text of a metric name, None for one the agent would refuse (empty, long, not UTF-8)."""
     text = _names.get(name)
     if text is None:
+        if not name or not _valid_text(name, MAX_NAME):
+            return None
         text = json.dumps(name)
         if len(_names) < 1024:
             _names[name] = text
@@ -230,10 +248,11 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
         items = []
         for name, value in metrics.items():
             text = _number(value)
-            if text is None or len(name) > MAX_NAME or len(items) >= MAX_METRICS:
+            name_text = _name(name)
+            if text is None or name_text is None or len(items) >= MAX_METRICS:
                 bad += 1
             else:
-                items.append(_name(name) + ":" + text)
+                items.append(name_text + ":" + text)
         if items:
             body += ',"m":{' + ",".join(items) + "}"
     if bad:
@@ -261,7 +280,7 @@ def tags(**labels: str) -> bool:
     clean = {}
     for name, value in labels.items():
         text = None if value is None else str(value)
-        if text is None or len(name) > MAX_NAME or len(text) > MAX_TAG_VALUE:
+        if text is None or not name or not _valid_text(name, MAX_NAME) or not _valid_text(text, MAX_TAG_VALUE):
             bad += 1
         else:
             clean[name] = text

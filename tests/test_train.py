@@ -207,6 +207,28 @@ def test_invalid_values_are_left_out_not_raised(endpoint):
         train._state.sock = None
 
 
+def test_text_the_agent_would_refuse_is_left_out_by_the_client(endpoint):
+    before = train.invalid()
+    os.environ["CLUSTERWATCH_TRAIN_SOCKET"] = endpoint.path
+    try:
+        train._state.sock = None
+        train._state.absent_until = 0.0
+        train._state.tags = {}
+        assert train.tags(experiment="café", bad="\ud800", **{"\udfff": "x", "": "y"}) is True
+        assert train.report(step=1, **{"\ud800": 1.0, "": 2.0, "µ": 3.0}) is True
+        assert train.invalid() - before == 5
+        reports = wait_reports(endpoint, 2)
+        assert [(r.step, r.tags, r.metrics) for r in reports] == [
+            (None, {"experiment": "café"}, {}), (1, {}, {"µ": 3.0})]
+        assert endpoint.rejected == 0  # the agent saw nothing it had to drop
+    finally:
+        del os.environ["CLUSTERWATCH_TRAIN_SOCKET"]
+        train._state.sock = None
+        train._state.tags = {}
+        train._state.tags_text = ""
+        train._state.tags_due = float("inf")
+
+
 def test_fork_gives_the_child_its_own_socket_and_counters(tmp_path, endpoint):
     code = r"""
 import json, os, sys
@@ -372,3 +394,58 @@ def test_integrations_need_their_library(module, library):
     else:
         with pytest.raises(ImportError, match=f"needs .*{library}"):
             importlib.import_module(module)
+
+
+# -- a hostile datagram against a real agent and collector ------------------------------------
+
+HOSTILE_TRAINER = r"""
+import socket, sys, time
+from clusterwatch import train
+path = sys.argv[1]
+raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+step = 0
+while True:
+    # the datagram of issue 13: valid JSON, a lone surrogate the protobuf message cannot carry
+    try:
+        raw.sendto(b'{"v":1,"tags":{"x":"\\ud800"}}', path)
+    except OSError:
+        pass  # the agent is not listening yet
+    train.report(step=step, loss=1.0)
+    step += 1
+    time.sleep(0.05)
+"""
+
+
+def test_a_datagram_protobuf_cannot_carry_does_not_blind_the_node(tmp_path):
+    from .helpers import CLI, Collector, Proc, metric_value, wait_for
+
+    sock = tmp_path / "train.sock"
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_TRAINER)
+    collector = Collector(tmp_path)
+    sender = Proc([sys.executable, str(script), str(sock)], tmp_path / "hostile.log",
+                  env={**os.environ, "CLUSTERWATCH_TRAIN_SOCKET": str(sock)})
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "dg-node", "--interval", "0.3",
+                  "--send-interval", "0", "--gpu-source", "none", "--no-provenance", "--pid", str(sender.pid),
+                  "--job-id", "dg-1", "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(sock)],
+                 tmp_path / "agent.log")
+
+    def step() -> float:
+        return metric_value(collector.metrics(), "clusterwatch_rank_step", job_id="dg-1") or 0
+
+    def samples() -> float:
+        return metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0
+
+    try:
+        # every poll drains bad datagrams beside good reports: the good ones and the samples still arrive
+        wait_for(lambda: step() >= 20, timeout=30, what="the training steps of the same process")
+        before = samples()
+        wait_for(lambda: samples() >= before + 5, timeout=30, what="the node's samples to keep flowing")
+        assert "poll failed" not in agent.text() and "UnicodeEncodeError" not in agent.text()
+        # said once, with the reason; every later one is counted only
+        assert agent.text().count("dropped a report from pid") == 1, agent.text()
+        assert "lone surrogate" in agent.text()
+    finally:
+        agent.stop()
+        sender.stop()
+        collector.stop()
