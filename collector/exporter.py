@@ -2,7 +2,8 @@
 
 Each scrape builds the families from the current state (no long-lived Gauges), so a job's
 series disappear from /metrics as soon as it ends, with no label bookkeeping. Base units, a
-`clusterwatch_` prefix, no label named `job` (the Slurm job is `job_id`). Per-job, per-rank
+`clusterwatch_` prefix, no label named `job` (the Slurm job is `job_id`); a job's run tags are
+labels `tag_<name>` of clusterwatch_job_info, at most 8, the name in lower-case ASCII. Per-job, per-rank
 and per-GPU series by default; per-process series (label `pid`) only when asked for, because
 pids are unbounded over time.
 
@@ -24,7 +25,9 @@ scraper accepts gzip.
 from __future__ import annotations
 
 import gzip
+import itertools
 import socket
+import string
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -49,12 +52,44 @@ def rank_label(rank: int | None, pid: int) -> str:
     return str(rank) if rank is not None else f"pid{pid}"
 
 
-def tag_labels(tags: dict[str, str]) -> dict[str, str]:
-    """Run tags as label pairs: tag_<name>, the name reduced to what Prometheus allows."""
-    out = {}
-    for key, value in list(tags.items())[:16]:
-        name = "tag_" + "".join(c if c.isalnum() or c == "_" else "_" for c in key)[:48]
-        out[name] = str(value)[:128]
+# Run tags become labels of clusterwatch_job_info: a small set, fixed per job (its first tags,
+# in the order they arrived), so a job that sends ever more tag keys makes no new label names.
+MAX_TAG_LABELS = 8
+MAX_TAG_NAME = 32   # characters of the name after "tag_"
+MAX_TAG_VALUE = 128
+# str.isalnum() is true for "é", "²", "٣": Prometheus label names are ASCII [a-zA-Z_][a-zA-Z0-9_]*,
+# and promtool's lint wants them snake_case (it fails `aA`), hence lower case only
+_LABEL_NAME_CHARS = frozenset(string.ascii_lowercase + string.digits + "_")
+
+
+def tag_label_name(key: str) -> str:
+    """tag_<key> in lower case, each character Prometheus does not allow in a label name turned into `_`.
+
+    The prefix keeps the result a valid name (never starting with a digit or `__`) and apart from
+    the job's own labels (job_id, user, name, ...).
+    """
+    return "tag_" + "".join(c if c in _LABEL_NAME_CHARS else "_" for c in key[:MAX_TAG_NAME].lower())
+
+
+def tag_labels(tags: dict[str, str], taken: Iterable[str] = ()) -> dict[str, str]:
+    """A job's run tags as label pairs: at most MAX_TAG_LABELS, the first ones the job reported.
+
+    Args:
+        tags: the job's tags, in the order they arrived.
+        taken: label names the family already has; a tag that would map onto one is left out,
+            as is a tag whose name maps onto an earlier tag's (`lr-sched` and `lr_sched`): a
+            label name twice in one series makes the whole exposition unparsable.
+    """
+    out: dict[str, str] = {}
+    reserved = set(taken)
+    # a bounded look (this runs under the core's lock): names that collide cost at most this many
+    for key, value in itertools.islice(tags.items(), 4 * MAX_TAG_LABELS):
+        if len(out) >= MAX_TAG_LABELS:
+            break
+        name = tag_label_name(key)
+        if name in out or name in reserved:
+            continue
+        out[name] = str(value)[:MAX_TAG_VALUE]
     return out
 
 
@@ -304,8 +339,8 @@ class ClusterCollector(Collector):
                     series.step, series.steps_per_s, series.loss, series.lr,
                 ))
             code = code_labels(job.provenance.values()) if job.provenance else None
-            jobs.append((job_id, job.user, job.name, job.partition, job.state, tuple(tag_labels(job.tags).items()),
-                         code, n, gsum, rsum))
+            tags = tuple(tag_labels(job.tags, JOB_INFO.labels).items())
+            jobs.append((job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
         use_owner.update(alloc_owner)  # a GPU allocated to a job is that job's; else the first job using it
         gpus = []
         for uuid, gs in st.gpus.items():
