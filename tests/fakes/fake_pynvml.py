@@ -265,18 +265,18 @@ class FakeNvml:
 
     # --- MIG -------------------------------------------------------------------------
 
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
-        gpu = self._enter("nvmlDeviceGetMigMode", handle)
+    def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
+        gpu = self._enter("nvmlDeviceGetMigMode", device)
         if gpu.mig is None:
             raise NVMLError(3)  # as on a pre-Ampere GPU
         return [NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
-        gpu = self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: _Handle) -> int:
+        gpu = self._enter("nvmlDeviceGetMaxMigDeviceCount", device)
         return len(gpu.mig or [])
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
-        gpu = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: _Handle, index: int) -> _Handle:
+        gpu = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
         instance = (gpu.mig or [])[index]
         if instance is None:
             raise NVMLError(6)  # empty slot

@@ -1,0 +1,521 @@
+/* A stand-in for libnvidia-ml.so.1: the NVML C functions clusterwatch reaches through pynvml.
+ *
+ * The real pynvml (nvidia-ml-py) loads this library as it loads the driver's, so the bindings'
+ * own ctypes structs, size queries and version fallbacks are what the tests exercise. Its state
+ * is a text file named by NVML_STUB_STATE, re-read whenever its inode, mtime or size changes, so a
+ * test rewrites it between polls. One directive a line, '#' starts a comment:
+ *
+ *   gpu UUID total=B used=B util=PCT power=MW [lost=1] [mig=1] name=NAME WITH SPACES
+ *   mig PARENT_UUID SLOT UUID total=B used=B gi=N ci=N name=NAME      (a MIG instance in SLOT)
+ *   proc UUID PID MEM|na [compute|graphics|mps]                       (na: NVML_VALUE_NOT_AVAILABLE)
+ *   sample UUID PID SM ts=US | age_us=US                              (process utilisation sample)
+ *   fail FUNCTION CODE [UUID]                                         (FUNCTION returns CODE)
+ *   delay FUNCTION|* MS [UUID]                                        (FUNCTION sleeps MS first)
+ *   init_error CODE
+ *   driver VERSION
+ *
+ * Layouts follow nvml.h: nvmlProcessInfo_v1_t {pid, usedGpuMemory} for the unversioned list
+ * functions, nvmlProcessInfo_v2_t {pid, usedGpuMemory, gpuInstanceId, computeInstanceId} for _v2
+ * and _v3; nvmlProcessUtilizationSample_t {pid, timeStamp, smUtil, memUtil, encUtil, decUtil}.
+ * Built with -DNVML_STUB_NO_V3, the _v3 process functions are absent: a driver older than R510.
+ * Every call is counted into NVML_STUB_CALLS (a file, appended) when that variable is set.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_DEV 64
+#define MAX_MIG 8
+#define MAX_PROC 1024
+#define MAX_SAMPLE 4096
+#define MAX_RULE 128
+
+typedef struct nvmlDevice_st {
+    int used;                 /* slot holds a device in the current state */
+    int mig_parent;           /* -1: a whole GPU; else the parent's slot */
+    int mig_slot;
+    char uuid[96];
+    char name[96];
+    unsigned long long total, memused;
+    unsigned int util, power_mw, gi, ci;
+    int lost, mig_mode;
+} *nvmlDevice_t;
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+typedef struct {
+    unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+
+struct proc { int dev; unsigned int pid; unsigned long long mem; int kind; };  /* 0 compute 1 graphics 2 mps */
+struct sample { int dev; unsigned int pid, sm; unsigned long long ts; long long age_us; };
+struct rule { char fn[80]; int dev; int value; };   /* dev -1: every device */
+
+static struct nvmlDevice_st devs[MAX_DEV + MAX_DEV * MAX_MIG];
+static int ndev;                                      /* whole GPUs, slots 0..ndev-1 */
+static struct proc procs[MAX_PROC]; static int nproc;
+static struct sample samples[MAX_SAMPLE]; static int nsample;
+static struct rule fails[MAX_RULE], delays[MAX_RULE]; static int nfail, ndelay;
+static int init_error;
+static char driver[64] = "580.65.06";
+static int initialized;
+static struct timespec state_mtime; static off_t state_size = -1; static ino_t state_ino;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static nvmlDevice_t mig_dev(int parent, int slot) { return &devs[MAX_DEV + parent * MAX_MIG + slot]; }
+
+static int find_uuid(const char *uuid) {
+    for (int i = 0; i < MAX_DEV + MAX_DEV * MAX_MIG; i++)
+        if (devs[i].used && strcmp(devs[i].uuid, uuid) == 0) return i;
+    return -2;   /* a name no device carries: rules and processes for it never apply */
+}
+
+static const char *kv(const char *line, const char *key) {
+    /* the value after " key=" (or at the start), up to the next space */
+    size_t n = strlen(key);
+    for (const char *p = line; (p = strstr(p, key)) != NULL; p += n)
+        if ((p == line || p[-1] == ' ') && p[n] == '=') return p + n + 1;
+    return NULL;
+}
+
+static unsigned long long kv_num(const char *line, const char *key, unsigned long long dflt) {
+    const char *v = kv(line, key);
+    return v ? strtoull(v, NULL, 10) : dflt;
+}
+
+static void kv_name(const char *line, char *out, size_t size) {
+    const char *v = kv(line, "name");   /* name= is last: the rest of the line */
+    snprintf(out, size, "%s", v ? v : "NVIDIA Stand-in GPU");
+    out[strcspn(out, "\n")] = 0;
+}
+
+static void parse_rule(char *rest, struct rule *r) {
+    char fn[80] = "", uuid[96] = "";
+    int value = 0;
+    sscanf(rest, "%79s %d %95s", fn, &value, uuid);
+    snprintf(r->fn, sizeof r->fn, "%s", fn);
+    r->value = value;
+    r->dev = uuid[0] ? find_uuid(uuid) : -1;
+}
+
+static void load_state(void) {
+    const char *path = getenv("NVML_STUB_STATE");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    if (st.st_ino == state_ino && st.st_size == state_size && st.st_mtim.tv_sec == state_mtime.tv_sec
+        && st.st_mtim.tv_nsec == state_mtime.tv_nsec) return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    state_mtime = st.st_mtim; state_size = st.st_size; state_ino = st.st_ino;
+    memset(devs, 0, sizeof devs);
+    ndev = nproc = nsample = nfail = ndelay = 0; init_error = 0;
+    char line[1024];
+    /* two passes: devices first, so rules and processes may name any device */
+    for (int pass = 0; pass < 2; pass++) {
+        rewind(f);
+        while (fgets(line, sizeof line, f)) {
+            char word[16] = "", uuid[96] = "";
+            if (line[0] == '#' || sscanf(line, "%15s", word) != 1) continue;
+            char *rest = line + strlen(word);
+            while (*rest == ' ') rest++;
+            if (pass == 0 && strcmp(word, "gpu") == 0 && ndev < MAX_DEV) {
+                nvmlDevice_t d = &devs[ndev++];
+                sscanf(rest, "%95s", d->uuid);
+                d->used = 1; d->mig_parent = -1;
+                d->total = kv_num(rest, "total", 80ULL << 30);
+                d->memused = kv_num(rest, "used", 0);
+                d->util = (unsigned)kv_num(rest, "util", 0);
+                d->power_mw = (unsigned)kv_num(rest, "power", 100000);
+                d->lost = (int)kv_num(rest, "lost", 0);
+                d->mig_mode = (int)kv_num(rest, "mig", 0);
+                kv_name(rest, d->name, sizeof d->name);
+            } else if (pass == 0 && strcmp(word, "mig") == 0) {
+                char parent[96] = ""; int slot = -1;
+                sscanf(rest, "%95s %d %95s", parent, &slot, uuid);
+                int p = -1;
+                for (int i = 0; i < ndev; i++) if (strcmp(devs[i].uuid, parent) == 0) p = i;
+                if (p < 0 || slot < 0 || slot >= MAX_MIG) continue;
+                nvmlDevice_t d = mig_dev(p, slot);
+                snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
+                d->used = 1; d->mig_parent = p; d->mig_slot = slot;
+                d->total = kv_num(rest, "total", 10ULL << 30);
+                d->memused = kv_num(rest, "used", 0);
+                d->power_mw = devs[p].power_mw;
+                d->gi = (unsigned)kv_num(rest, "gi", (unsigned long long)slot + 1);
+                d->ci = (unsigned)kv_num(rest, "ci", 0);
+                kv_name(rest, d->name, sizeof d->name);
+            } else if (pass == 1 && strcmp(word, "proc") == 0 && nproc < MAX_PROC) {
+                char mem[32] = "", kind[16] = "compute"; unsigned int pid = 0;
+                sscanf(rest, "%95s %u %31s %15s", uuid, &pid, mem, kind);
+                struct proc *p = &procs[nproc++];
+                p->dev = find_uuid(uuid); p->pid = pid;
+                p->mem = strcmp(mem, "na") == 0 ? ~0ULL : strtoull(mem, NULL, 10);
+                p->kind = strcmp(kind, "graphics") == 0 ? 1 : strcmp(kind, "mps") == 0 ? 2 : 0;
+            } else if (pass == 1 && strcmp(word, "sample") == 0 && nsample < MAX_SAMPLE) {
+                unsigned int pid = 0, sm = 0;
+                sscanf(rest, "%95s %u %u", uuid, &pid, &sm);
+                struct sample *s = &samples[nsample++];
+                s->dev = find_uuid(uuid); s->pid = pid; s->sm = sm;
+                s->ts = kv_num(rest, "ts", 0);
+                s->age_us = kv(rest, "age_us") ? (long long)kv_num(rest, "age_us", 0) : -1;
+            } else if (pass == 1 && strcmp(word, "fail") == 0 && nfail < MAX_RULE) {
+                parse_rule(rest, &fails[nfail++]);
+            } else if (pass == 1 && strcmp(word, "delay") == 0 && ndelay < MAX_RULE) {
+                parse_rule(rest, &delays[ndelay++]);
+            } else if (pass == 1 && strcmp(word, "init_error") == 0) {
+                init_error = atoi(rest);
+            } else if (pass == 1 && strcmp(word, "driver") == 0) {
+                sscanf(rest, "%63s", driver);
+            }
+        }
+    }
+    fclose(f);
+}
+
+static void count_call(const char *fn, const char *uuid) {
+    const char *path = getenv("NVML_STUB_CALLS");
+    if (!path) return;
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "%s %s\n", fn, uuid ? uuid : "-");
+    fclose(f);
+}
+
+static int dev_slot(nvmlDevice_t d) {
+    if (d < devs || d >= devs + MAX_DEV + MAX_DEV * MAX_MIG) return -1;
+    return (int)(d - devs);
+}
+
+/* Enter a device function: the state re-read, the call counted, the rules applied.
+ * Returns NVML_SUCCESS or the code the call must return; the delay is slept outside the lock
+ * so that one slow GPU does not hold up calls on the others (NVML is thread-safe). */
+static nvmlReturn_t enter(const char *fn, nvmlDevice_t d) {
+    int delay_ms = 0; nvmlReturn_t ret = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    load_state();
+    int slot = d ? dev_slot(d) : -1;
+    count_call(fn, slot >= 0 ? devs[slot].uuid : NULL);
+    if (!initialized) ret = NVML_ERROR_UNINITIALIZED;
+    else if (d && (slot < 0 || !devs[slot].used)) ret = NVML_ERROR_GPU_IS_LOST;   /* gone from the state */
+    else if (d && (devs[slot].lost || (devs[slot].mig_parent >= 0 && devs[devs[slot].mig_parent].lost)))
+        ret = NVML_ERROR_GPU_IS_LOST;
+    for (int i = 0; i < nfail && ret == NVML_SUCCESS; i++)
+        if (strcmp(fails[i].fn, fn) == 0 && (fails[i].dev == -1 || fails[i].dev == slot)) ret = fails[i].value;
+    for (int i = 0; i < ndelay; i++)
+        if ((strcmp(delays[i].fn, fn) == 0 || strcmp(delays[i].fn, "*") == 0)
+            && (delays[i].dev == -1 || delays[i].dev == slot)) delay_ms = delays[i].value;
+    pthread_mutex_unlock(&lock);
+    if (delay_ms > 0) {
+        struct timespec t = {delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L};
+        while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
+    }
+    return ret;
+}
+
+/* --- library ----------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    load_state();
+    count_call("nvmlInitWithFlags", NULL);
+    nvmlReturn_t ret = init_error;
+    if (ret == NVML_SUCCESS) initialized++;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    count_call("nvmlShutdown", NULL);
+    nvmlReturn_t ret = initialized ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (initialized) initialized--;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires reset";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    nvmlReturn_t ret = enter("nvmlSystemGetDriverVersion", NULL);
+    return ret ? ret : copy_text(driver, version, length);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    nvmlReturn_t ret = enter("nvmlSystemGetNVMLVersion", NULL);
+    char text[80];
+    snprintf(text, sizeof text, "13.%s", driver);
+    return ret ? ret : copy_text(text, version, length);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetCount_v2", NULL);
+    if (ret == NVML_SUCCESS) *count = (unsigned)ndev;
+    return ret;
+}
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetHandleByIndex_v2", NULL);
+    if (ret) return ret;
+    if (index >= (unsigned)ndev) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devs[index];
+    /* a lost GPU answers for its handle, then fails everything else */
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetHandleByUUID", NULL);
+    if (ret) return ret;
+    int slot = find_uuid(uuid);
+    if (slot < 0) return NVML_ERROR_NOT_FOUND;
+    *device = &devs[slot];
+    return NVML_SUCCESS;
+}
+
+/* --- identity ---------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetUUID", d);
+    return ret ? ret : copy_text(d->uuid, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetName", d);
+    return ret ? ret : copy_text(d->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetIndex", d);
+    if (ret == NVML_SUCCESS) *index = (unsigned)(d->mig_parent >= 0 ? d->mig_parent : dev_slot(d));
+    return ret;
+}
+
+/* --- readings ---------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetMemoryInfo", d);
+    if (ret) return ret;
+    memory->total = d->total; memory->used = d->memused;
+    memory->free = d->total > d->memused ? d->total - d->memused : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetMemoryInfo_v2", d);
+    if (ret) return ret;
+    memory->total = d->total; memory->used = d->memused; memory->reserved = 0;
+    memory->free = d->total > d->memused ? d->total - d->memused : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *util) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetUtilizationRates", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0 || d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;   /* as documented for MIG */
+    util->gpu = d->util; util->memory = d->util / 2;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *power) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetPowerUsage", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
+    *power = d->power_mw;
+    return NVML_SUCCESS;
+}
+
+/* The process lists: size query (infos NULL or *count too small: INSUFFICIENT_SIZE with the
+ * count), then the fill. On a MIG-mode parent the list holds every instance's processes with
+ * their instance ids; on an instance, its own. */
+static nvmlReturn_t list_procs(const char *fn, nvmlDevice_t d, int kind, unsigned int *count,
+                               void *infos, int version) {
+    nvmlReturn_t ret = enter(fn, d);
+    if (ret) return ret;
+    int slot = dev_slot(d);
+    unsigned int n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nproc; i++) {
+        struct proc *p = &procs[i];
+        if (p->kind != kind || p->dev < 0) continue;
+        int on_parent = devs[p->dev].mig_parent == slot && d->mig_mode;
+        if (p->dev != slot && !on_parent) continue;
+        if (infos && n < *count) {
+            if (version == 1) {
+                nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + n;
+                o->pid = p->pid; o->usedGpuMemory = p->mem;
+            } else {
+                nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + n;
+                nvmlDevice_t owner = &devs[p->dev];
+                o->pid = p->pid; o->usedGpuMemory = p->mem;
+                o->gpuInstanceId = owner->mig_parent >= 0 ? owner->gi : 0xFFFFFFFFu;
+                o->computeInstanceId = owner->mig_parent >= 0 ? owner->ci : 0xFFFFFFFFu;
+            }
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (n == 0) { *count = 0; return NVML_SUCCESS; }
+    if (!infos || *count < n) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+#define PROC_FUNCS(KIND, CODE)                                                                   \
+    nvmlReturn_t nvmlDeviceGet##KIND##RunningProcesses(nvmlDevice_t d, unsigned int *c, void *i) { \
+        return list_procs("nvmlDeviceGet" #KIND "RunningProcesses", d, CODE, c, i, 1);           \
+    }                                                                                            \
+    nvmlReturn_t nvmlDeviceGet##KIND##RunningProcesses_v2(nvmlDevice_t d, unsigned int *c, void *i) { \
+        return list_procs("nvmlDeviceGet" #KIND "RunningProcesses_v2", d, CODE, c, i, 2);        \
+    }
+#define PROC_FUNCS_V3(KIND, CODE)                                                                \
+    nvmlReturn_t nvmlDeviceGet##KIND##RunningProcesses_v3(nvmlDevice_t d, unsigned int *c, void *i) { \
+        return list_procs("nvmlDeviceGet" #KIND "RunningProcesses_v3", d, CODE, c, i, 3);        \
+    }
+
+PROC_FUNCS(Compute, 0)
+PROC_FUNCS(Graphics, 1)
+PROC_FUNCS(MPSCompute, 2)
+#ifndef NVML_STUB_NO_V3
+PROC_FUNCS_V3(Compute, 0)
+PROC_FUNCS_V3(Graphics, 1)
+PROC_FUNCS_V3(MPSCompute, 2)
+#endif
+
+static unsigned long long now_us(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);   /* the driver stamps samples with the CPU's wall clock, in µs */
+    return (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *util,
+                                             unsigned int *count, unsigned long long lastSeen) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetProcessUtilization", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0 || d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    int slot = dev_slot(d);
+    unsigned long long now = now_us();
+    unsigned int n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nsample; i++) {
+        struct sample *s = &samples[i];
+        unsigned long long ts = s->age_us >= 0 ? now - (unsigned long long)s->age_us : s->ts;
+        if (s->dev != slot || ts <= lastSeen) continue;
+        if (util && n < *count) {
+            nvmlProcessUtilizationSample_t *o = util + n;
+            o->pid = s->pid; o->timeStamp = ts; o->smUtil = s->sm;
+            o->memUtil = s->sm / 2; o->encUtil = 0; o->decUtil = 0;
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (n == 0) return NVML_ERROR_NOT_FOUND;   /* nothing newer than lastSeen */
+    if (!util || *count < n) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* --- MIG --------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetMigMode", d);
+    if (ret) return ret;
+    if (!d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;   /* as a pre-Ampere GPU answers */
+    *current = *pending = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetMaxMigDeviceCount", d);
+    if (ret == NVML_SUCCESS) *count = d->mig_mode ? MAX_MIG : 0;
+    return ret;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetMigDeviceHandleByIndex", d);
+    if (ret) return ret;
+    int slot = dev_slot(d);
+    if (slot < 0 || slot >= MAX_DEV || index >= MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlDevice_t m = mig_dev(slot, (int)index);
+    if (!m->used) return NVML_ERROR_NOT_FOUND;   /* an empty slot */
+    *mig = m;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig) {
+    nvmlReturn_t ret = enter("nvmlDeviceIsMigDeviceHandle", d);
+    if (ret == NVML_SUCCESS) *is_mig = d->mig_parent >= 0;
+    return ret;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", d);
+    if (ret) return ret;
+    if (d->mig_parent < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &devs[d->mig_parent];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetGpuInstanceId", d);
+    if (ret) return ret;
+    if (d->mig_parent < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *id = d->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetComputeInstanceId", d);
+    if (ret) return ret;
+    if (d->mig_parent < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *id = d->ci;
+    return NVML_SUCCESS;
+}
