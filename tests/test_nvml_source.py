@@ -16,16 +16,28 @@ GiB = 1024**3
 MiB = 1024**2
 
 
+def us(t: float) -> int:
+    """A CPU timestamp in microseconds, as NVML stamps utilisation samples."""
+    return int(t * 1_000_000)
+
+
+def source(nv: FakeNvml, **kwargs: object) -> NvmlGpuSource:
+    """A source over the fake, whose made-up pids all count as live processes of this host."""
+    kwargs.setdefault("pid_visible", lambda pid: True)
+    kwargs.setdefault("nested_pid_namespace", False)
+    return NvmlGpuSource(nv, **kwargs)
+
+
 def two_gpus() -> list[FakeGpu]:
     return [
         FakeGpu(
             uuid="GPU-aaaa",
             processes=[FakeProcess(101, 3 * GiB), FakeProcess(102, 1 * GiB, kind="both")],
-            util_samples=[(101, 1_000, 55), (102, 1_000, 130), (101, 2_000, 60), (999, 2_500, 90)],
+            util_samples=[(101, us(998), 55), (102, us(998), 130), (101, us(999), 60), (999, us(999.5), 90)],
         ),
         FakeGpu(
             uuid="GPU-bbbb", name="NVIDIA A100-SXM4-80GB", memory_used=2 * GiB, utilization=0,
-            power_mw=61_250, processes=[FakeProcess(201, 512 * MiB)], util_samples=[(201, 1_500, 5)],
+            power_mw=61_250, processes=[FakeProcess(201, 512 * MiB)], util_samples=[(201, us(998.5), 5)],
         ),
     ]
 
@@ -36,7 +48,7 @@ def by_uuid(readings: list[GpuReading]) -> dict[str, GpuReading]:
 
 def test_normal_values() -> None:
     nv = FakeNvml(two_gpus())
-    src = NvmlGpuSource(nv)
+    src = source(nv)
     assert src.name == "nvml"
     assert src.inventory() == [
         GpuInfo("GPU-aaaa", 0, "NVIDIA H100 80GB HBM3", 80 * GiB),
@@ -64,8 +76,9 @@ def test_normal_values() -> None:
 def test_one_process_on_two_gpus() -> None:
     gpus = two_gpus()
     gpus[1].processes.append(FakeProcess(101, 7 * GiB))
-    poll = NvmlGpuSource(FakeNvml(gpus)).poll(1000.0)
-    assert poll.processes[101] == [GpuUse("GPU-aaaa", 3 * GiB, 60.0), GpuUse("GPU-bbbb", 7 * GiB, None)]
+    poll = source(FakeNvml(gpus)).poll(1000.0)
+    # No sample for 101 on GPU-bbbb, whose query answered: idle there, 0 %.
+    assert poll.processes[101] == [GpuUse("GPU-aaaa", 3 * GiB, 60.0), GpuUse("GPU-bbbb", 7 * GiB, 0.0)]
 
 
 def test_not_supported_fields_are_none_and_not_asked_again() -> None:
@@ -74,7 +87,7 @@ def test_not_supported_fields_are_none_and_not_asked_again() -> None:
     gpus[0].fail["nvmlDeviceGetUtilizationRates"] = fk.NVMLError(4)  # NoPermission, via the code
     gpus[0].fail["nvmlDeviceGetProcessUtilization"] = fk.NVMLError_NotSupported()
     nv = FakeNvml(gpus)
-    src = NvmlGpuSource(nv)
+    src = source(nv)
     for now in (1000.0, 1005.0, 1010.0):
         poll = src.poll(now)
         assert poll.errors == 0
@@ -88,7 +101,7 @@ def test_not_supported_fields_are_none_and_not_asked_again() -> None:
 
 def test_transient_error_is_counted_and_the_field_is_none() -> None:
     gpus = two_gpus()
-    src = NvmlGpuSource(FakeNvml(gpus))
+    src = source(FakeNvml(gpus))
     gpus[1].fail["nvmlDeviceGetMemoryInfo"] = fk.NVMLError_Timeout()
     poll = src.poll(1000.0)
     assert poll.errors == 1
@@ -102,7 +115,7 @@ def test_transient_error_is_counted_and_the_field_is_none() -> None:
 def test_no_processes() -> None:
     gpus = [FakeGpu(uuid="GPU-idle")]
     nv = FakeNvml(gpus)
-    poll = NvmlGpuSource(nv).poll(1000.0)
+    poll = source(nv).poll(1000.0)
     assert poll.errors == 0
     assert poll.processes == {}
     assert poll.readings == [GpuReading("GPU-idle", 75.0, 10 * GiB, 80 * GiB, 312.5)]
@@ -115,62 +128,68 @@ def test_process_utilization_bare_error_zero_means_no_samples() -> None:
     # raises a bare NVMLError whose value is 0 (NVML_SUCCESS from the size query).
     gpus = [FakeGpu(uuid="GPU-aaaa", processes=[FakeProcess(101, GiB)])]
     nv = FakeNvml(gpus)
-    src = NvmlGpuSource(nv)
+    src = source(nv)
     with pytest.raises(fk.NVMLError) as info:
         nv.nvmlDeviceGetProcessUtilization(nv.nvmlDeviceGetHandleByIndex(0), 0)
     assert type(info.value) is fk.NVMLError and info.value.value == 0
     poll = src.poll(1000.0)
     assert poll.errors == 0
-    assert poll.processes == {101: [GpuUse("GPU-aaaa", GiB, None)]}
+    # The GPU answered and has no sample for the process: it is idle, not unknown.
+    assert poll.processes == {101: [GpuUse("GPU-aaaa", GiB, 0.0)]}
 
 
 def test_process_utilization_not_found_keeps_last_value_for_a_while() -> None:
-    gpus = [FakeGpu(uuid="GPU-aaaa", processes=[FakeProcess(101, GiB)], util_samples=[(101, 5_000, 42)])]
+    gpus = [FakeGpu(uuid="GPU-aaaa", processes=[FakeProcess(101, GiB)], util_samples=[(101, us(999), 42)])]
     nv = FakeNvml(gpus)
-    src = NvmlGpuSource(nv, util_hold_s=10.0)
+    src = source(nv, util_hold_s=10.0)
     assert src.poll(1000.0).processes[101][0].sm_utilization == 42.0
-    # The next query asks only for samples newer than the newest seen (tracked by us).
-    poll = src.poll(1005.0)  # NotFound: nothing newer
-    assert ("lastSeenTimeStamp", "5000") in nv.calls
+    # The next query asks only for samples newer than the newest taken (tracked by us).
+    poll = src.poll(1004.0)  # NotFound: nothing newer
+    assert ("lastSeenTimeStamp", str(us(999))) in nv.calls
     assert poll.errors == 0
     assert poll.processes[101][0].sm_utilization == 42.0
-    assert src.poll(1011.0).processes[101][0].sm_utilization is None
-    gpus[0].util_samples.append((101, 9_000, 17))
+    # Past the hold with no sample while the GPU answers: the process is idle.
+    assert src.poll(1011.0).processes[101][0].sm_utilization == 0.0
+    gpus[0].util_samples.append((101, us(1014), 17))
     assert src.poll(1015.0).processes[101][0].sm_utilization == 17.0
 
 
-def test_a_lost_gpu_reads_none_and_the_others_are_still_read(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lost_gpu_is_a_gap_and_the_others_are_still_read(caplog: pytest.LogCaptureFixture) -> None:
     gpus = two_gpus()
     nv = FakeNvml(gpus)
-    src = NvmlGpuSource(nv, log=logging.getLogger("test.nvml"))
+    src = source(nv, log=logging.getLogger("test.nvml"))
     gpus[0].lost = True
     with caplog.at_level(logging.WARNING, logger="test.nvml"):
         for now in (1000.0, 1005.0, 1010.0):
             poll = src.poll(now)
             assert poll.errors == 1
-            assert by_uuid(poll.readings) == {
-                "GPU-aaaa": GpuReading("GPU-aaaa"),
-                "GPU-bbbb": GpuReading("GPU-bbbb", 0.0, 2 * GiB, 80 * GiB, 61.25),
-            }
+            # No reading at all (not an empty one), and marked stale: not a freed GPU.
+            assert by_uuid(poll.readings) == {"GPU-bbbb": GpuReading("GPU-bbbb", 0.0, 2 * GiB, 80 * GiB, 61.25)}
+            assert poll.stale == ["GPU-aaaa"]
             assert set(poll.processes) == {201}
     # Counted every poll, logged once.
     assert len([r for r in caplog.records if "GPU-aaaa" in r.getMessage()]) == 1
+    assert [g.uuid for g in src.inventory()] == ["GPU-aaaa", "GPU-bbbb"]
 
 
-def test_unknown_error_on_one_call_fails_that_gpu_only() -> None:
+def test_unknown_error_on_one_call_fails_that_field_only() -> None:
     gpus = two_gpus()
+    src = source(FakeNvml(gpus))
+    assert set(src.poll(999.5).processes) == {101, 102, 201}
     gpus[1].fail["nvmlDeviceGetComputeRunningProcesses_v3"] = fk.NVMLError_Unknown()
-    poll = NvmlGpuSource(FakeNvml(gpus)).poll(1000.0)
+    poll = src.poll(1000.0)
     assert poll.errors == 1
-    assert by_uuid(poll.readings)["GPU-bbbb"] == GpuReading("GPU-bbbb")
+    # The GPU's own readings stand; its processes as last listed, their figures unknown.
+    assert by_uuid(poll.readings)["GPU-bbbb"] == GpuReading("GPU-bbbb", 0.0, 2 * GiB, 80 * GiB, 61.25)
     assert by_uuid(poll.readings)["GPU-aaaa"].utilization == 75.0
-    assert set(poll.processes) == {101, 102}
+    assert poll.processes[201] == [GpuUse("GPU-bbbb", None, None)]
+    assert poll.stale == []
 
 
 def test_gpu_lost_before_enumeration_is_left_out_and_counted_once() -> None:
     gpus = two_gpus()
     gpus[1].lost = True
-    src = NvmlGpuSource(FakeNvml(gpus))
+    src = source(FakeNvml(gpus))
     assert [g.uuid for g in src.inventory()] == ["GPU-aaaa"]
     assert src.poll(1000.0).errors == 1
     assert src.poll(1005.0).errors == 0
@@ -181,7 +200,7 @@ def test_library_mismatch_falls_back_to_v2() -> None:
     # unversioned wrapper raises NVMLLibraryMismatchError, which is not an NVMLError.
     assert not issubclass(fk.NVMLLibraryMismatchError, fk.NVMLError)
     nv = FakeNvml(two_gpus(), binding_has_v3=False, library_has_v3=False)
-    src = NvmlGpuSource(nv)
+    src = source(nv)
     for now in (1000.0, 1005.0):
         poll = src.poll(now)
         assert poll.errors == 0
@@ -195,7 +214,7 @@ def test_library_mismatch_falls_back_to_v2() -> None:
 
 def test_v3_missing_from_the_library_falls_back_through_the_mismatch() -> None:
     nv = FakeNvml(two_gpus(), binding_has_v3=True, library_has_v3=False)
-    poll = NvmlGpuSource(nv).poll(1000.0)
+    poll = source(nv).poll(1000.0)
     assert poll.errors == 0
     assert poll.processes[201] == [GpuUse("GPU-bbbb", 512 * MiB, 5.0)]
     assert nv.count("nvmlDeviceGetComputeRunningProcesses_v3") == 1
@@ -227,7 +246,7 @@ def test_no_library_with_the_real_pynvml_gives_one_clear_line() -> None:
 )
 def test_init_errors_give_one_line(code: int, start: str) -> None:
     with pytest.raises(SourceUnavailable) as info:
-        NvmlGpuSource(FakeNvml(two_gpus(), init_error=code))
+        source(FakeNvml(two_gpus(), init_error=code))
     assert str(info.value).startswith(start)
     assert "\n" not in str(info.value)
 
@@ -235,7 +254,7 @@ def test_init_errors_give_one_line(code: int, start: str) -> None:
 def test_no_gpu_is_unavailable_and_releases_nvml() -> None:
     nv = FakeNvml([])
     with pytest.raises(SourceUnavailable, match="^NVML found no usable GPU on this node"):
-        NvmlGpuSource(nv)
+        source(nv)
     assert nv.initialized == 0
 
 
@@ -251,7 +270,7 @@ def test_mig_instances_are_the_devices() -> None:
     mig_a.fail["nvmlDeviceGetPowerUsage"] = fk.NVMLError_NotSupported()
     mig_b.fail["nvmlDeviceGetPowerUsage"] = fk.NVMLError_NotSupported()
     nv = FakeNvml([parent, plain])
-    src = NvmlGpuSource(nv)
+    src = source(nv)
     assert src.inventory() == [
         GpuInfo("MIG-1111", 0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB),
         GpuInfo("MIG-2222", 0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB),
@@ -267,7 +286,7 @@ def test_mig_instances_are_the_devices() -> None:
         }
         assert poll.processes == {
             301: [GpuUse("MIG-1111", 4 * GiB, None)],
-            401: [GpuUse("GPU-plain", GiB, None)],
+            401: [GpuUse("GPU-plain", GiB, 0.0)],
         }
     # Utilisation is documented as unsupported on MIG: never asked of an instance.
     assert nv.count("nvmlDeviceGetUtilizationRates", "MIG-1111") == 0
@@ -279,7 +298,7 @@ def test_mig_instances_that_cannot_be_listed_leave_the_parent_in() -> None:
     parent = FakeGpu(uuid="GPU-mig0", name="NVIDIA A100-SXM4-40GB", mig=[FakeGpu(uuid="MIG-1111")])
     parent.fail["nvmlDeviceGetMigDeviceHandleByIndex"] = fk.NVMLError_NoPermission()
     parent.fail["nvmlDeviceGetMemoryInfo"] = fk.NVMLError_NoPermission()  # MIG parent, unprivileged
-    src = NvmlGpuSource(FakeNvml([parent]))
+    src = source(FakeNvml([parent]))
     assert src.inventory() == [GpuInfo("GPU-mig0", 0, "NVIDIA A100-SXM4-40GB", 0)]
     poll = src.poll(1000.0)
     # Utilisation is not supported on a MIG-enabled GPU, memory needs privileges: None, not errors.

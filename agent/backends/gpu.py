@@ -22,6 +22,9 @@ class GpuPoll:
     processes: dict[int, list[GpuUse]] = field(default_factory=dict)
     # reads that failed in this poll (counted, not logged every time)
     errors: int = 0
+    # GPUs (UUIDs) that did not answer this poll (lost, past their deadline): a gap in the
+    # data, not a GPU with nothing on it; they have no reading and no processes here
+    stale: list[str] = field(default_factory=list)
 
 
 class GpuSource(Protocol):

@@ -1,17 +1,27 @@
 """The GPU source over NVML, through the `pynvml` module of nvidia-ml-py.
 
 The module is passed to `NvmlGpuSource`, so tests hand it a fake with the same
-functions and error classes; only `open_nvml_source` imports the real one.
+functions and error classes; only `open_nvml_source` imports the real one. The suite also
+runs it through the real pynvml against a C stand-in for the driver library
+(tests/fakes/nvml_stub), so the bindings' structs and fallbacks are tested too.
 
 How NVML errors map (codes from nvml.h, read from `NVMLError.value`):
 
-    NotSupported, NoPermission,     the field is None, and is not asked again for that GPU
+    NotSupported, NoPermission,     the field is None, and is not asked again for that device
     FunctionNotFound, mismatch
-    GpuIsLost, Unknown,             the whole GPU reads None this poll; one error counted;
-    ResetRequired                   the other GPUs are still read
-    anything else                   the field is None; one error counted
+    GpuIsLost, ResetRequired        the device reads stale this poll: no reading and no
+                                    processes (a gap, not a freed GPU); one error counted; the
+                                    other GPUs are still read, and the inventory is read again
+    anything else (Unknown, ...)    that one field is None and one error counted; the device's
+                                    other readings stand (a failed process list keeps the
+                                    processes last listed, their figures None)
     LibraryNotFound, DriverNotLoaded,   at construction: SourceUnavailable with one line
     ... (any error in nvmlInit)         that says what and what to do
+
+Each GPU's calls run in its own thread (`nvml_lanes.Lane`) under a per-poll deadline: a GPU
+that has not answered by then reads stale for that poll and is counted, and the other GPUs
+and the host sampling go on. The inventory is read again every minute and whenever a device
+stops answering or its handle names another UUID (a reset, a MIG reconfiguration).
 
 Nothing here logs per poll: failures are counted in `GpuPoll.errors`, and a GPU that
 stops answering is logged once, when it first does.
@@ -19,16 +29,21 @@ stops answering is logged once, when it first does.
 from __future__ import annotations
 
 import logging
+import os
+import time
 import warnings
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clusterwatch.agent.backends.gpu import GpuPoll
+from clusterwatch.agent.backends.nvml_lanes import Lane
+from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
 
 from clusterwatch.errors import SourceUnavailable
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
 
-__all__ = ["NvmlGpuSource", "open_nvml_source"]
+__all__ = ["NvmlGpuSource", "open_nvml_source", "host_pid_visible", "in_nested_pid_namespace"]
 
 # NVML return codes (nvml.h); stable across driver versions.
 _NO_PROCESSES = 0  # pynvml raises a bare NVMLError(NVML_SUCCESS) when a size query finds nothing
@@ -41,12 +56,18 @@ _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
 _RESET_REQUIRED = 16
 _LIB_RM_VERSION_MISMATCH = 18
-_UNKNOWN = 999
 
 _FIELD_UNSUPPORTED = frozenset({_NOT_SUPPORTED, _NO_PERMISSION, _FUNCTION_NOT_FOUND})
-_GPU_FAILED = frozenset({_GPU_IS_LOST, _UNKNOWN, _RESET_REQUIRED})
+_GPU_GONE = frozenset({_GPU_IS_LOST, _RESET_REQUIRED})
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 _MIG_UNLISTED = "GPU at NVML index %d: MIG instances not listed (%s); reading the whole GPU"
+_PROCESS_KINDS = ("compute", "graphics", "mps")
+_GETTER_BASES = {
+    "compute": "nvmlDeviceGetComputeRunningProcesses",
+    "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
+    # processes served by the Multi-Process Service, listed under their own pids
+    "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
+}
 
 _DEMO_HINT = "or pass --gpu-source sim for a demo."
 _INIT_LINES = {
@@ -59,10 +80,24 @@ _INIT_LINES = {
     _LIB_RM_VERSION_MISMATCH: "NVML library and NVIDIA kernel driver versions differ; running without GPU "
     "data. Reboot, or reload the nvidia kernel module after the driver upgrade.",
 }
+_NO_GETTER_LINE = (
+    "NVML: no version of %s works with this driver (%s); processes on the GPUs are not listed. "
+    "Install an nvidia-ml-py that matches the driver (see docs/gpus.md)."
+)
+_FOREIGN_PID_LINE = (
+    "NVML listed pid %d on GPU %s, which is not a process of this host; such pids are dropped and "
+    "counted. The bindings' structs may not match the driver's: install a supported nvidia-ml-py "
+    "(see docs/gpus.md)."
+)
+NAMESPACE_LINE = (
+    "the agent runs in a PID namespace of its own (a container without the host's PIDs): NVML names "
+    "host pids, which it cannot see, so GPU memory is shown per GPU but not per process. Run the agent "
+    "with the host's PID namespace (docker: pid: host; Kubernetes: hostPID: true)."
+)
 
 
-class _GpuFailed(Exception):
-    """Raised inside a poll when one GPU stops answering (lost, unknown error)."""
+class _GpuGone(Exception):
+    """Raised inside a read when a device answers GPU_IS_LOST or RESET_REQUIRED."""
 
 
 @dataclass(slots=True)
@@ -74,11 +109,52 @@ class _Device:
     is_mig: bool = False
     # fields NVML said it cannot give for this device: never asked again
     unsupported: set[str] = field(default_factory=set)
-    # largest process-utilisation timeStamp seen (CPU µs): pynvml does not return it
+    # newest process-utilisation timeStamp taken (CPU µs): pynvml does not return it
     util_last_ts: int = 0
     # pid → (SM utilisation %, poll time it was sampled)
     util_seen: dict[int, tuple[float, float]] = field(default_factory=dict)
-    failed: bool = False
+    # kind → the pids last listed, kept for a poll whose list fails
+    last_listed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    gone: bool = False
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """One NVML index (a physical GPU): its lane and the devices it shows (itself or its MIG instances)."""
+
+    index: int
+    lane: Lane
+    devices: list[_Device] = field(default_factory=list)
+    enumerate_due: bool = True
+    stuck: bool = False  # past its deadline at the last poll (logged once an episode)
+    left_out_logged: bool = False
+
+
+@dataclass(slots=True)
+class _Result:
+    """What one lane job returns: one GPU's part of the poll."""
+
+    readings: list[GpuReading] = field(default_factory=list)
+    uses: dict[int, list[GpuUse]] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)
+    errors: int = 0
+
+
+def host_pid_visible(pid: int) -> bool:
+    """Whether `pid` is a live process in this agent's /proc (pid_max is at most 2^22 on Linux)."""
+    return 0 < pid <= 4_194_304 and os.path.isdir(f"/proc/{pid}")
+
+
+def in_nested_pid_namespace(status_path: str = "/proc/self/status") -> bool:
+    """Whether this process sees a PID namespace below the host's (NSpid lists more than one pid)."""
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return False
 
 
 class NvmlGpuSource:
@@ -88,8 +164,15 @@ class NvmlGpuSource:
         nvml: the `pynvml` module (nvidia-ml-py), or a fake with the same functions
             and error classes.
         util_hold_s: how long a process keeps its last SM utilisation when NVML has no
-            newer sample for it; after that it reads None.
+            newer sample for it; after that it reads 0 (idle) where the query answered.
+        interval_s: the poll interval; a first utilisation query looks back this far.
+        deadline_s: how long a poll waits for each GPU (also each GPU's first listing).
+        inventory_every_s: how often the GPUs are listed again.
+        pid_visible: whether an NVML pid is a live process here (tests pass their own).
+        nested_pid_namespace: whether the agent runs in a PID namespace of its own (None:
+            find out from /proc/self/status).
         log: where the one-time warnings go (a GPU that stops answering).
+        clock: monotonic seconds, for the inventory cadence.
 
     Raises:
         SourceUnavailable: NVML cannot start (no library, no driver, no permission) or
@@ -98,109 +181,198 @@ class NvmlGpuSource:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any, *, util_hold_s: float = 10.0, log: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        nvml: Any,
+        *,
+        util_hold_s: float = 10.0,
+        interval_s: float = 5.0,
+        deadline_s: float = 2.0,
+        inventory_every_s: float = 60.0,
+        pid_visible: Callable[[int], bool] = host_pid_visible,
+        nested_pid_namespace: bool | None = None,
+        log: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._nv = nvml
         self._hold_s = util_hold_s
+        self._window_s = interval_s
+        self._deadline_s = deadline_s
+        self._inventory_every_s = inventory_every_s
+        self._pid_visible = pid_visible
         self._log = log or logging.getLogger(__name__)
+        self._clock = clock
         self._closed = False
+        self._said: set[str] = set()  # one-time warnings already given
         self._nvml_error: type[Exception] = nvml.NVMLError
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         # Not an NVMLError subclass: raised by unversioned wrappers when the library lacks
         # the function they call; caught separately so we can fall back to an older version.
         self._mismatch: tuple[type[Exception], ...] = (mismatch,) if mismatch else ()
+        if nested_pid_namespace is None:
+            nested_pid_namespace = in_nested_pid_namespace()
+        self.pids_hidden = nested_pid_namespace
+        if self.pids_hidden:
+            self._log.warning("%s", NAMESPACE_LINE)
         try:
             nvml.nvmlInit()
         except self._nvml_error as exc:
             raise SourceUnavailable(_init_line(exc)) from None
+        self._proc_getters = {kind: self._getters(base) for kind, base in _GETTER_BASES.items()}
+        self._gpus: list[_Gpu] = []
+        self._startup_errors = 0
         try:
-            self._devices, self._startup_errors = self._enumerate()
+            self._add_indexes()
         except self._nvml_error as exc:
             self._shutdown()
             raise SourceUnavailable(
                 f"NVML could not list the GPUs ({exc}); running without GPU data. "
                 "Check that nvidia-smi works on this node."
             ) from None
-        if not self._devices:
-            self._shutdown()
+        self._startup_errors = self._enumerate_all()
+        self._next_inventory = self._clock() + inventory_every_s
+        if not self.inventory() and not any(g.lane.busy for g in self._gpus):
+            self.close()
             raise SourceUnavailable(
                 "NVML found no usable GPU on this node; running without GPU data. "
                 "Check nvidia-smi, " + _DEMO_HINT
             )
-        self._proc_getters = {
-            "compute": self._getters("nvmlDeviceGetComputeRunningProcesses"),
-            "graphics": self._getters("nvmlDeviceGetGraphicsRunningProcesses"),
-        }
 
     # --- the GpuSource protocol -------------------------------------------------------
 
     def inventory(self) -> list[GpuInfo]:
-        """The GPUs (or MIG instances) found at construction, keyed by UUID.
+        """The GPUs (or MIG instances) as last listed, keyed by UUID, in NVML order.
 
         Returns:
             One GpuInfo per device; a MIG instance carries its parent's index.
         """
-        return [d.info for d in self._devices]
+        return [d.info for g in self._gpus for d in g.devices]
 
     def poll(self, now: float) -> GpuPoll:
-        """Read every device and the processes on it.
+        """Read every device and the processes on it, each GPU within the deadline.
 
         Args:
-            now: Unix seconds; used to age the per-process utilisation kept between polls.
+            now: Unix seconds; ages the per-process utilisation kept between polls.
 
         Returns:
-            The readings (all None for a GPU that failed), the processes by pid, and the
-            number of reads that failed.
+            The readings of the devices that answered, the processes by pid, the UUIDs
+            of the devices that did not (stale), and the number of reads that failed.
         """
         out = GpuPoll(errors=self._startup_errors)
-        self._startup_errors = 0  # GPUs that failed at enumeration are counted once
-        for dev in self._devices:
-            try:
-                reading, uses = self._read_device(dev, now, out)
-            except _GpuFailed:
-                out.errors += 1
-                out.readings.append(GpuReading(uuid=dev.info.uuid))
-                dev.util_seen.clear()
+        self._startup_errors = 0  # GPUs that failed at the first listing are counted once
+        if self._clock() >= self._next_inventory:
+            self._next_inventory = self._clock() + self._inventory_every_s
+            out.errors += self._add_indexes_quietly()
+            for g in self._gpus:
+                g.enumerate_due = True
+        jobs = {}
+        for g in self._gpus:
+            if not g.devices and not g.enumerate_due:
+                continue  # left out; listed again on the inventory cadence
+            future = g.lane.submit(self._read_gpu, g, now)
+            if future is not None:
+                jobs[g.index] = future
+        done, _ = wait(jobs.values(), timeout=self._deadline_s) if jobs else (set(), set())
+        for g in self._gpus:
+            future = jobs.get(g.index)
+            if future is None and not g.lane.busy:
                 continue
-            if dev.failed:
-                dev.failed = False
-                self._log.warning("GPU %s (index %d) answers again", dev.info.uuid, dev.info.index)
-            out.readings.append(reading)
-            for pid, use in uses.items():
-                out.processes.setdefault(pid, []).append(use)
+            if future is None or future not in done:
+                self._past_deadline(g, out)
+                continue
+            if g.stuck:
+                g.stuck = False
+                self._log.warning("GPU at NVML index %d answers again", g.index)
+            exc = future.exception()
+            if exc is not None:  # a bug in reading one GPU: counted, said once, the others stand
+                out.errors += 1
+                self._once(f"bug{type(exc).__name__}", "reading GPU at NVML index %d failed: %r",
+                           g.index, exc)
+                continue
+            result: _Result = future.result()
+            out.readings.extend(result.readings)
+            out.stale.extend(result.stale)
+            out.errors += result.errors
+            for pid, uses in result.uses.items():
+                out.processes.setdefault(pid, []).extend(uses)
         return out
 
     def close(self) -> None:
-        """Release NVML (one nvmlShutdown for the nvmlInit of the constructor)."""
-        if not self._closed:
-            self._shutdown()
+        """Release NVML (one nvmlShutdown for the nvmlInit), unless a GPU is inside a call."""
+        if self._closed:
+            return
+        for g in self._gpus:
+            g.lane.stop()
+        if any(g.lane.busy for g in self._gpus):
+            # nvmlShutdown would wait for the wedged call; the process ends without it.
+            self._closed = True
+            return
+        self._shutdown()
 
-    # --- enumeration -----------------------------------------------------------------
+    # --- inventory ---------------------------------------------------------------------
 
-    def _enumerate(self) -> tuple[list[_Device], int]:
+    def _add_indexes(self) -> None:
+        """A lane for every NVML index not seen yet (the count may grow after a GPU comes back)."""
+        for index in range(len(self._gpus), self._nv.nvmlDeviceGetCount()):
+            self._gpus.append(_Gpu(index, Lane(f"cw-gpu{index}")))
+
+    def _add_indexes_quietly(self) -> int:
+        try:
+            self._add_indexes()
+        except self._nvml_error:
+            return 1
+        return 0
+
+    def _enumerate_all(self) -> int:
+        """List every GPU at start, each within the deadline; the number that could not be listed."""
+        jobs = {g.index: g.lane.submit(self._list_gpu, g) for g in self._gpus}
+        done, _ = wait([j for j in jobs.values() if j is not None], timeout=self._deadline_s)
+        errors = 0
+        for g in self._gpus:
+            job = jobs[g.index]
+            if job not in done:
+                errors += 1
+                g.stuck = True
+                self._log.warning("GPU at NVML index %d did not answer within %.1f s; "
+                                  "left out until it does", g.index, self._deadline_s)
+            elif job.exception() is not None or not job.result():
+                errors += 1
+        return errors
+
+    def _list_gpu(self, g: _Gpu) -> bool:
+        """List one index's devices (in its lane); False when it cannot be listed (left out)."""
+        try:
+            devices = self._devices_at(g.index)
+        except self._nvml_error as exc:
+            if not g.devices and not g.left_out_logged:
+                # A GPU lost before we ever saw its UUID cannot be keyed: leave it out.
+                g.left_out_logged = True
+                self._log.warning("GPU at NVML index %d left out: %s", g.index, exc)
+            g.enumerate_due = False
+            return False
+        old = {d.info.uuid: d for d in g.devices}
+        for dev in devices:
+            kept = old.get(dev.info.uuid)
+            if kept is not None:  # same device: keep what was learned of it, with the new handle
+                dev.unsupported, dev.util_last_ts, dev.util_seen = kept.unsupported, kept.util_last_ts, kept.util_seen
+                dev.last_listed = kept.last_listed
+        g.devices = devices
+        g.enumerate_due = False
+        g.left_out_logged = False
+        return True
+
+    def _devices_at(self, index: int) -> list[_Device]:
         nv = self._nv
-        devices: list[_Device] = []
-        skipped = 0
-        for index in range(nv.nvmlDeviceGetCount()):
-            try:
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
-                name = _text(nv.nvmlDeviceGetName(handle))
-                if self._mig_enabled(handle):
-                    instances = self._mig_instances(handle, index, name)
-                    if instances:
-                        # The instances are what jobs get and what processes run on; the
-                        # parent has no utilisation or process figures of its own in MIG mode.
-                        devices.extend(instances)
-                        continue
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                total = self._total_memory(handle)
-            except self._nvml_error as exc:
-                # A GPU lost before we ever saw its UUID cannot be keyed: leave it out, and
-                # count it in the first poll's errors.
-                skipped += 1
-                self._log.warning("GPU at NVML index %d left out: %s", index, exc)
-                continue
-            devices.append(_Device(GpuInfo(uuid, index, name, total), handle))
-        return devices, skipped
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        name = _text(nv.nvmlDeviceGetName(handle))
+        if self._mig_enabled(handle):
+            instances = self._mig_instances(handle, index, name)
+            if instances:
+                # The instances are what jobs get and what processes run on; the
+                # parent has no utilisation or process figures of its own in MIG mode.
+                return instances
+        uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        return [_Device(GpuInfo(uuid, index, name, self._total_memory(handle)), handle)]
 
     def _total_memory(self, handle: Any) -> int:
         try:
@@ -217,7 +389,9 @@ class NvmlGpuSource:
             return False
         try:
             current, _pending = get_mode(handle)
-        except self._nvml_error:
+        except self._nvml_error as exc:
+            if getattr(exc, "value", None) in _GPU_GONE:
+                raise
             return False  # NotSupported before Ampere
         return bool(current == _MIG_ENABLED)
 
@@ -228,7 +402,7 @@ class NvmlGpuSource:
         try:
             slots = nv.nvmlDeviceGetMaxMigDeviceCount(parent)
         except self._nvml_error as exc:
-            self._log.warning(_MIG_UNLISTED, index, exc)
+            self._once(f"mig{index}", _MIG_UNLISTED, index, exc)
             return []
         for slot in range(slots):
             try:
@@ -237,7 +411,9 @@ class NvmlGpuSource:
             except self._nvml_error as exc:
                 if exc.value == _NOT_FOUND:
                     continue  # empty slot
-                self._log.warning(_MIG_UNLISTED, index, exc)
+                if exc.value in _GPU_GONE:
+                    raise
+                self._once(f"mig{index}", _MIG_UNLISTED, index, exc)
                 return []
             try:
                 name = _text(nv.nvmlDeviceGetName(handle))
@@ -256,9 +432,65 @@ class NvmlGpuSource:
         names = (base + "_v3", base, base + "_v2")
         return [getattr(self._nv, n) for n in names if hasattr(self._nv, n)]
 
-    # --- one device ------------------------------------------------------------------
+    # --- one GPU, in its lane ------------------------------------------------------------
 
-    def _read_device(self, dev: _Device, now: float, out: GpuPoll) -> tuple[GpuReading, dict[int, GpuUse]]:
+    def _read_gpu(self, g: _Gpu, now: float) -> _Result:
+        result = _Result()
+        if g.enumerate_due and not self._list_gpu(g):
+            if g.devices:  # known devices that cannot be listed now: a gap, not gone
+                result.stale.extend(d.info.uuid for d in g.devices)
+            result.errors += 1
+            g.enumerate_due = True
+            return result
+        for attempt in (1, 2):
+            if attempt == 2 and not self._list_gpu(g):
+                result.stale.extend(d.info.uuid for d in g.devices)
+                result.errors += 1
+                return result
+            result = _Result()
+            relisted = False
+            for dev in g.devices:
+                try:
+                    if self._handle_moved(dev):
+                        relisted = True  # a reset or MIG reconfiguration: list again, once
+                        break
+                    reading, uses = self._read_device(dev, now, result)
+                except _GpuGone as gone:
+                    self._on_gone(g, dev, gone.args[0] if gone.args else "", result)
+                    continue
+                if dev.gone:
+                    dev.gone = False
+                    self._log.warning("GPU %s (index %d) answers again", dev.info.uuid, dev.info.index)
+                result.readings.append(reading)
+                for pid, use in uses.items():
+                    result.uses.setdefault(pid, []).append(use)
+            if not relisted:
+                return result
+        return result
+
+    def _handle_moved(self, dev: _Device) -> bool:
+        """Whether the handle now names another device; raises _GpuGone for a lost one."""
+        try:
+            uuid = _text(self._nv.nvmlDeviceGetUUID(dev.handle))
+        except self._nvml_error as exc:
+            if getattr(exc, "value", None) in _GPU_GONE:
+                raise _GpuGone(str(exc)) from None
+            return False  # identity not readable this time: the readings say the rest
+        return uuid != dev.info.uuid
+
+    def _on_gone(self, g: _Gpu, dev: _Device, why: str, result: _Result) -> None:
+        result.stale.append(dev.info.uuid)
+        result.errors += 1
+        dev.util_seen.clear()
+        g.enumerate_due = True  # it may come back under a new handle
+        if not dev.gone:
+            dev.gone = True
+            self._log.warning(
+                "GPU %s (index %d) does not answer (%s); its readings are absent until it does",
+                dev.info.uuid, dev.info.index, why,
+            )
+
+    def _read_device(self, dev: _Device, now: float, out: _Result) -> tuple[GpuReading, dict[int, GpuUse]]:
         nv, h = self._nv, dev.handle
         util = self._field(dev, "utilization", nv.nvmlDeviceGetUtilizationRates, h, out)
         mem = self._field(dev, "memory", nv.nvmlDeviceGetMemoryInfo, h, out)
@@ -271,22 +503,45 @@ class NvmlGpuSource:
             power_watts=power_mw / 1000.0 if power_mw is not None else None,
         )
         memory_by_pid: dict[int, int | None] = {}
-        for kind in ("compute", "graphics"):
-            for proc in self._running(dev, kind, out):
-                used = proc.usedGpuMemory
-                prev = memory_by_pid.get(proc.pid)
-                # A process using both compute and graphics is listed twice with the same
-                # "all memory of the application" figure: take it once, not the sum.
-                if proc.pid not in memory_by_pid or (used is not None and (prev is None or used > prev)):
-                    memory_by_pid[proc.pid] = None if used is None else int(used)
+        listed_ok = True
+        for kind in _PROCESS_KINDS:
+            procs = self._running(dev, kind, out)
+            if procs is None:  # the list failed: its processes as last listed, figures unknown
+                listed_ok = False
+                for pid in dev.last_listed.get(kind, ()):
+                    memory_by_pid.setdefault(pid, None)
+                continue
+            pids = []
+            for proc in procs:
+                pid, used = int(proc.pid), proc.usedGpuMemory
+                if not self._visible(pid, dev, out):
+                    continue
+                pids.append(pid)
+                prev = memory_by_pid.get(pid)
+                # A process listed in several lists carries the same "all memory of the
+                # application" figure in each: take it once, not the sum.
+                if pid not in memory_by_pid or (used is not None and (prev is None or used > prev)):
+                    memory_by_pid[pid] = None if used is None else int(used)
+            dev.last_listed[kind] = tuple(pids)
         sm = self._process_util(dev, now, memory_by_pid.keys(), out)
+        if not listed_ok:
+            sm = dict.fromkeys(sm)  # figures of a list that failed are not known
         uses = {
             pid: GpuUse(gpu_uuid=dev.info.uuid, used_memory_bytes=used, sm_utilization=sm.get(pid))
             for pid, used in memory_by_pid.items()
         }
         return reading, uses
 
-    def _field(self, dev: _Device, name: str, fn: Callable[..., Any], handle: Any, out: GpuPoll) -> Any:
+    def _visible(self, pid: int, dev: _Device, out: _Result) -> bool:
+        if self.pids_hidden:
+            return False  # host pids, not ours: said once at start
+        if self._pid_visible(pid):
+            return True
+        out.errors += 1
+        self._once("foreign-pid", _FOREIGN_PID_LINE, pid, dev.info.uuid)
+        return False
+
+    def _field(self, dev: _Device, name: str, fn: Callable[..., Any], handle: Any, out: _Result) -> Any:
         """One NVML query for one field: its value, or None with the error mapped."""
         if name in dev.unsupported:
             return None
@@ -299,22 +554,17 @@ class NvmlGpuSource:
             self._on_error(dev, name, exc, out)
             return None
 
-    def _on_error(self, dev: _Device, name: str, exc: Exception, out: GpuPoll) -> None:
+    def _on_error(self, dev: _Device, name: str, exc: Exception, out: _Result) -> None:
         code = getattr(exc, "value", None)
         if code in _FIELD_UNSUPPORTED:
             dev.unsupported.add(name)
-        elif code in _GPU_FAILED:
-            if not dev.failed:
-                dev.failed = True
-                self._log.warning(
-                    "GPU %s (index %d) does not answer (%s); its readings are empty until it does",
-                    dev.info.uuid, dev.info.index, exc,
-                )
-            raise _GpuFailed from None
+        elif code in _GPU_GONE:
+            raise _GpuGone(str(exc))
         else:
-            out.errors += 1
+            out.errors += 1  # this field only: the device's other readings stand
 
-    def _running(self, dev: _Device, kind: str, out: GpuPoll) -> list[Any]:
+    def _running(self, dev: _Device, kind: str, out: _Result) -> list[Any] | None:
+        """The processes of one list; None when the list failed this poll."""
         if kind in dev.unsupported:
             return []
         getters = self._proc_getters[kind]
@@ -327,38 +577,51 @@ class NvmlGpuSource:
                 if getattr(exc, "value", None) == _FUNCTION_NOT_FOUND:
                     getters.pop(0)  # this version is not in the driver's library
                     continue
+                if getattr(exc, "value", None) in _FIELD_UNSUPPORTED:
+                    dev.unsupported.add(kind)
+                    return []
                 self._on_error(dev, kind, exc, out)
-                return []
-        return []  # no version of the function exists in this library
+                return None
+        if kind != "mps":  # MPS lists are absent from old bindings and drivers: not an error
+            out.errors += 1
+            self._once(f"getter-{kind}", _NO_GETTER_LINE, _GETTER_BASES[kind], "function not found")
+        return []
 
-    def _process_util(self, dev: _Device, now: float, pids: Any, out: GpuPoll) -> dict[int, float | None]:
+    def _process_util(self, dev: _Device, now: float, pids: Any, out: _Result) -> dict[int, float | None]:
         live = set(pids)
-        for gone in [p for p in dev.util_seen if p not in live]:
-            del dev.util_seen[gone]
-        if not live or "process_util" in dev.unsupported:
+        if not live:
+            dev.util_seen.clear()
             return {}
+        if "process_util" in dev.unsupported:
+            return {}
+        since = query_since(dev.util_last_ts, now, self._window_s)
+        answered = True
         try:
-            samples = self._nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.util_last_ts)
+            samples = self._nv.nvmlDeviceGetProcessUtilization(dev.handle, since)
         except self._nvml_error as exc:
             # value 0: the wrapper's size query found no samples at all; NotFound: nothing
-            # newer than util_last_ts. Either way, keep what was seen recently.
+            # newer than `since`. Either way the GPU answered: its listed processes are idle.
             if getattr(exc, "value", None) not in (_NO_PROCESSES, _NOT_FOUND):
                 self._on_error(dev, "process_util", exc, out)
+                if "process_util" in dev.unsupported:
+                    return {}
+                answered = False
             samples = []
-        newest: dict[int, tuple[int, float]] = {}
-        for s in samples:
-            ts = int(s.timeStamp)
-            dev.util_last_ts = max(dev.util_last_ts, ts)
-            # The driver's buffer holds several samples per pid, and pids that are gone.
-            if s.pid in live and (s.pid not in newest or ts >= newest[s.pid][0]):
-                newest[s.pid] = (ts, min(100.0, max(0.0, float(s.smUtil))))
-        for pid, (_ts, value) in newest.items():
-            dev.util_seen[pid] = (value, now)
-        result: dict[int, float | None] = {}
-        for pid in live:
-            seen = dev.util_seen.get(pid)
-            result[pid] = seen[0] if seen is not None and now - seen[1] <= self._hold_s else None
-        return result
+        fresh, dev.util_last_ts = newest_by_pid(samples, live, since, now, slack_s=self._window_s)
+        return process_util(live, fresh, dev.util_seen, now, self._hold_s, answered)
+
+    def _past_deadline(self, g: _Gpu, out: GpuPoll) -> None:
+        out.errors += 1
+        out.stale.extend(d.info.uuid for d in g.devices)
+        if not g.stuck:
+            g.stuck = True
+            self._log.warning("GPU at NVML index %d did not answer within %.1f s; its readings are "
+                              "stale until it does", g.index, self._deadline_s)
+
+    def _once(self, key: str, fmt: str, *args: Any) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._log.warning(fmt, *args)
 
     def _shutdown(self) -> None:
         self._closed = True
@@ -382,11 +645,12 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def open_nvml_source(*, log: logging.Logger | None = None) -> NvmlGpuSource:
+def open_nvml_source(*, log: logging.Logger | None = None, interval_s: float = 5.0) -> NvmlGpuSource:
     """Import pynvml (from nvidia-ml-py) and start an NVML source on it.
 
     Args:
         log: where the source's one-time warnings go.
+        interval_s: the agent's poll interval: a GPU's deadline is at most half of it.
 
     Returns:
         A started NvmlGpuSource.
@@ -404,4 +668,4 @@ def open_nvml_source(*, log: logging.Logger | None = None) -> NvmlGpuSource:
             "NVML bindings not installed (module pynvml, from nvidia-ml-py); running without GPU data. "
             "Install nvidia-ml-py, " + _DEMO_HINT
         ) from None
-    return NvmlGpuSource(pynvml, log=log)
+    return NvmlGpuSource(pynvml, log=log, interval_s=interval_s, deadline_s=min(2.0, interval_s / 2))

@@ -1,0 +1,101 @@
+"""Which process-utilisation samples of NVML's buffer one poll takes, and what a process reads.
+
+NVML keeps a buffer of per-process SM utilisation samples, stamped with the CPU's wall clock
+in microseconds, and returns those newer than the `lastSeenTimeStamp` asked with. It holds a
+sample only for a process that used the GPU in the sample period: a process NVML lists on the
+GPU with no sample is idle, and reads 0 % (not "unknown"), provided the query itself answered.
+
+The wall clock can step (NTP, a VM resumed) in either direction, and the buffer is minutes
+deep, so `since` is never older than one window before `now` (the first query, and a clock
+stepped forward, do not take minutes-old samples as current) and never later than `now` (after
+a step back, the last-seen stamp lies in the future; asking from it would find nothing newer for
+as long as the step). Samples stamped in the future (from before a step back) are not taken.
+These functions are pure: the source keeps the state between polls.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["query_since", "newest_by_pid", "process_util"]
+
+_US = 1_000_000
+
+
+def query_since(last_seen_us: int, now: float, window_s: float) -> int:
+    """The `lastSeenTimeStamp` to ask with: the last stamp taken, kept within one window of now.
+
+    Args:
+        last_seen_us: the newest sample stamp taken so far (0: none yet).
+        now: the poll's wall-clock time (Unix seconds).
+        window_s: how far back a first query looks (one poll interval).
+
+    Returns:
+        A CPU timestamp in microseconds.
+    """
+    now_us = int(now * _US)
+    floor = now_us - int(window_s * _US)
+    if last_seen_us < floor or last_seen_us > now_us:
+        return floor
+    return last_seen_us
+
+
+def newest_by_pid(samples: Iterable[Any], live: set[int], since_us: int, now: float,
+                  slack_s: float) -> tuple[dict[int, float], int]:
+    """The newest sample of each listed process, and the newest stamp taken.
+
+    Args:
+        samples: NVML's samples (`pid`, `timeStamp` µs, `smUtil` %).
+        live: the pids NVML lists on the GPU now (the buffer also holds processes gone).
+        since_us: the stamp the query asked from (the result when nothing is taken).
+        now: the poll's wall-clock time (Unix seconds).
+        slack_s: how far past `now` a stamp may lie and still be taken (clocks drift).
+
+    Returns:
+        pid → SM utilisation clamped to 0-100, and the newest stamp taken (µs).
+    """
+    limit = int((now + slack_s) * _US)
+    newest: dict[int, tuple[int, float]] = {}
+    last = since_us
+    for s in samples:
+        ts = int(s.timeStamp)
+        if ts <= since_us or ts > limit:
+            continue  # older than asked (a driver that ignores the stamp), or from before a step back
+        last = max(last, ts)
+        pid = int(s.pid)
+        if pid in live and (pid not in newest or ts >= newest[pid][0]):
+            newest[pid] = (ts, min(100.0, max(0.0, float(s.smUtil))))
+    return {pid: value for pid, (_ts, value) in newest.items()}, last
+
+
+def process_util(live: Iterable[int], fresh: dict[int, float], seen: dict[int, tuple[float, float]],
+                 now: float, hold_s: float, answered: bool) -> dict[int, float | None]:
+    """What each listed process reads this poll.
+
+    Args:
+        live: the pids NVML lists on the GPU.
+        fresh: the samples taken this poll (pid → %).
+        seen: pid → (last value, poll time it was taken); updated here with `fresh`, and emptied
+            of pids no longer listed.
+        now: the poll's wall-clock time (Unix seconds).
+        hold_s: how long a value stands with no newer sample (the driver's sample period may be
+            longer than the poll interval).
+        answered: the query answered (with samples, or with "none newer"); when it failed, a
+            process with no value held reads None, not 0.
+
+    Returns:
+        pid → SM utilisation %, 0.0 for a listed process with no sample, None when unknown.
+    """
+    live = set(live)
+    for gone in [p for p in seen if p not in live]:
+        del seen[gone]
+    for pid, value in fresh.items():
+        seen[pid] = (value, now)
+    result: dict[int, float | None] = {}
+    for pid in live:
+        held = seen.get(pid)
+        if held is not None and 0.0 <= now - held[1] <= hold_s:
+            result[pid] = held[0]
+        else:
+            result[pid] = 0.0 if answered else None
+    return result

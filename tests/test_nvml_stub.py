@@ -1,0 +1,275 @@
+"""The NVML source through the real pynvml bindings, against the C stand-in for the driver library.
+
+Each case runs the source in a child process that loads tests/fakes/nvml_stub/libnvml.c (built
+here with the system C compiler) as libnvidia-ml.so.1, so pynvml's own ctypes structs, size
+queries and `_v3`/unversioned/`_v2` fallbacks are what is tested. No GPU is needed or used.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from tests.fakes import fake_pynvml
+from tests.fakes.nvml_stub import drive, fixtures
+
+# the stand-in's fixtures, used by name
+stub_lib, stub_lib_no_v3, live_pids = fixtures.stub_lib, fixtures.stub_lib_no_v3, fixtures.live_pids
+
+GiB = 1024**3
+
+
+def gpus(*, util: int = 75) -> str:
+    return (f"gpu GPU-aaaa total={80 * GiB} used={10 * GiB} util={util} power=312500 name=NVIDIA H100 80GB HBM3\n"
+            f"gpu GPU-bbbb total={80 * GiB} used={2 * GiB} util=0 power=61250 name=NVIDIA A100-SXM4-80GB\n")
+
+
+def uses(poll: dict, pid: int) -> list[list]:
+    return poll["processes"].get(str(pid), [])
+
+
+def by_uuid(poll: dict) -> dict[str, list]:
+    return {r[0]: r for r in poll["readings"]}
+
+
+# --- the Python fake stays honest -------------------------------------------------------------
+
+def test_the_python_fake_offers_only_what_pynvml_has_with_the_same_parameters() -> None:
+    fake = fake_pynvml.FakeNvml([])
+    names = [n for n in dir(fake) if n.startswith("nvml")]
+    assert len(names) >= 15
+    for name in names:
+        assert hasattr(pynvml, name), f"pynvml has no {name}"
+        fake_params = list(inspect.signature(getattr(fake, name)).parameters)
+        real_params = list(inspect.signature(getattr(pynvml, name)).parameters)
+        assert fake_params == real_params, name
+    for name in [n for n in dir(fake_pynvml) if n.startswith("NVMLError_")]:
+        real = getattr(pynvml, name)
+        assert issubclass(real, pynvml.NVMLError)
+        assert getattr(fake_pynvml, name)().value == real().value, name
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    assert fake_pynvml.NVML_DEVICE_MIG_ENABLE == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+# --- the basic case ---------------------------------------------------------------------------
+
+def test_readings_and_processes_through_the_real_bindings(stub_lib: Path, tmp_path: Path,
+                                                          live_pids: list[int]) -> None:
+    a, b = live_pids[:2]
+    state = gpus() + (f"proc GPU-aaaa {a} {3 * GiB}\n"
+                      f"proc GPU-aaaa {b} na graphics\n"        # NVML_VALUE_NOT_AVAILABLE
+                      f"proc GPU-bbbb {a} {GiB} compute\n"
+                      f"sample GPU-aaaa {a} 60 age_us=200000\n"
+                      f"sample GPU-aaaa {a} 140 age_us=100000\n")  # clamped to 100
+    out = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()}])
+    assert out["open_error"] is None
+    assert out["inventory"] == [["GPU-aaaa", 0, "NVIDIA H100 80GB HBM3", 80 * GiB],
+                                ["GPU-bbbb", 1, "NVIDIA A100-SXM4-80GB", 80 * GiB]]
+    [poll] = out["polls"]
+    assert poll["errors"] == 0
+    assert by_uuid(poll) == {"GPU-aaaa": ["GPU-aaaa", 75.0, 10 * GiB, 80 * GiB, 312.5],
+                             "GPU-bbbb": ["GPU-bbbb", 0.0, 2 * GiB, 80 * GiB, 61.25]}
+    assert uses(poll, a) == [["GPU-aaaa", 3 * GiB, 100.0], ["GPU-bbbb", GiB, 0.0]]
+    assert uses(poll, b) == [["GPU-aaaa", None, 0.0]]
+
+
+def test_a_driver_older_than_r510_lists_processes_through_the_v2_functions(
+        stub_lib_no_v3: Path, tmp_path: Path, live_pids: list[int]) -> None:
+    a = live_pids[0]
+    state = gpus() + f"proc GPU-aaaa {a} {3 * GiB}\nproc GPU-bbbb {a} {GiB} graphics\n"
+    out = drive(stub_lib_no_v3, tmp_path, [{"state": state, "now": time.time()}] * 2, calls=True)
+    for poll in out["polls"]:
+        assert poll["errors"] == 0
+        assert [u[:2] for u in uses(poll, a)] == [["GPU-aaaa", 3 * GiB], ["GPU-bbbb", GiB]]
+    called = [c[0] for c in out["calls"]]
+    # _v3 fails in pynvml's symbol lookup (FunctionNotFound) and is dropped for good; then _v2
+    # every poll: a size query and a fill on the GPU with a compute process, twice.
+    assert out["calls"].count(["nvmlDeviceGetComputeRunningProcesses_v2", "GPU-aaaa"]) == 4
+    assert "nvmlDeviceGetComputeRunningProcesses_v3" not in called  # absent: never reached the library
+
+
+def test_no_gpu_is_one_line(stub_lib: Path, tmp_path: Path) -> None:
+    out = drive(stub_lib, tmp_path, [{"state": "", "now": time.time()}])
+    assert out["open_error"].startswith("NVML found no usable GPU on this node")
+
+
+def test_init_error_is_one_line(stub_lib: Path, tmp_path: Path) -> None:
+    out = drive(stub_lib, tmp_path, [{"state": gpus() + "init_error 9\n", "now": time.time()}])
+    assert out["open_error"].startswith("NVIDIA driver not loaded")
+
+
+# --- 1: a listed process with no sample is idle ------------------------------------------------
+
+def test_a_listed_process_without_a_sample_reads_idle_not_unknown(stub_lib: Path, tmp_path: Path,
+                                                                  live_pids: list[int]) -> None:
+    busy, idle = live_pids[:2]
+    t = time.time()
+    state = gpus() + (f"proc GPU-aaaa {busy} {GiB}\nproc GPU-aaaa {idle} {GiB}\n"
+                      f"sample GPU-aaaa {busy} 80 ts={int((t - 0.5) * 1e6)}\n")
+    out = drive(stub_lib, tmp_path, [{"state": state, "now": t},
+                                     {"state": state, "now": t + 30},   # past any hold, no newer sample
+                                     ], source={"util_hold_s": 10.0})
+    first, later = out["polls"]
+    assert uses(first, busy) == [["GPU-aaaa", GiB, 80.0]]
+    # NVML keeps samples only for processes that used the GPU: the GPU answered, so 0 %.
+    assert uses(first, idle) == [["GPU-aaaa", GiB, 0.0]]
+    assert uses(later, busy) == [["GPU-aaaa", GiB, 0.0]]
+    assert later["errors"] == 0
+
+
+def test_a_failed_utilisation_query_leaves_the_figure_unknown(stub_lib: Path, tmp_path: Path,
+                                                              live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    state = gpus() + f"proc GPU-aaaa {pid} {GiB}\nfail nvmlDeviceGetProcessUtilization 10 GPU-aaaa\n"
+    [poll] = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()}])["polls"]
+    assert uses(poll, pid) == [["GPU-aaaa", GiB, None]]  # Timeout: not known, not idle
+    assert poll["errors"] == 1
+
+
+# --- 5: each reading fails alone --------------------------------------------------------------
+
+def test_an_unknown_error_in_one_query_fails_that_reading_only(stub_lib: Path, tmp_path: Path,
+                                                                live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    base = gpus() + f"proc GPU-aaaa {pid} {3 * GiB}\n"
+    failing = base + "fail nvmlDeviceGetProcessUtilization 999 GPU-aaaa\n"
+    power_fails = base + "fail nvmlDeviceGetPowerUsage 999 GPU-aaaa\n"
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [{"state": failing, "now": t}, {"state": failing, "now": t + 5},
+                                     {"state": power_fails, "now": t + 10}])
+    for poll in out["polls"][:2]:
+        assert poll["errors"] == 1
+        assert by_uuid(poll)["GPU-aaaa"] == ["GPU-aaaa", 75.0, 10 * GiB, 80 * GiB, 312.5]
+        assert uses(poll, pid) == [["GPU-aaaa", 3 * GiB, None]]
+    third = out["polls"][2]
+    assert third["errors"] == 1
+    assert by_uuid(third)["GPU-aaaa"] == ["GPU-aaaa", 75.0, 10 * GiB, 80 * GiB, None]
+    assert uses(third, pid) == [["GPU-aaaa", 3 * GiB, 0.0]]
+
+
+# --- 4: a lost GPU is a gap -------------------------------------------------------------------
+
+def test_a_lost_gpu_has_no_reading_and_is_stale_not_freed(stub_lib: Path, tmp_path: Path,
+                                                          live_pids: list[int]) -> None:
+    a, b = live_pids[:2]
+    procs = f"proc GPU-aaaa {a} {3 * GiB}\nproc GPU-bbbb {b} {GiB}\n"
+    lost = gpus().replace("power=312500", "power=312500 lost=1") + procs
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [{"state": gpus() + procs, "now": t}, {"state": lost, "now": t + 5},
+                                     {"state": lost, "now": t + 10}, {"state": gpus() + procs, "now": t + 15}])
+    first, *gone, back = out["polls"]
+    assert set(by_uuid(first)) == {"GPU-aaaa", "GPU-bbbb"}
+    for poll in gone:
+        # No reading at all (an empty one read as "answered, nothing there"), marked stale.
+        assert set(by_uuid(poll)) == {"GPU-bbbb"}
+        assert poll["stale"] == ["GPU-aaaa"]
+        assert poll["errors"] == 1
+        assert str(a) not in poll["processes"] and uses(poll, b) == [["GPU-bbbb", GiB, 0.0]]
+        assert [g[0] for g in poll["inventory"]] == ["GPU-aaaa", "GPU-bbbb"]
+    assert back["stale"] == [] and uses(back, a) == [["GPU-aaaa", 3 * GiB, 0.0]]
+    assert sum("GPU-aaaa" in line and "does not answer" in line for line in out["log"]) == 1
+
+
+# --- 6: stale and frozen utilisation ----------------------------------------------------------
+
+def test_a_first_query_does_not_take_minutes_old_samples_as_current(stub_lib: Path, tmp_path: Path,
+                                                                    live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    t = time.time()
+    state = gpus() + f"proc GPU-aaaa {pid} {GiB}\nsample GPU-aaaa {pid} 95 ts={int((t - 120) * 1e6)}\n"
+    [poll] = drive(stub_lib, tmp_path, [{"state": state, "now": t}], source={"interval_s": 5.0})["polls"]
+    assert uses(poll, pid) == [["GPU-aaaa", GiB, 0.0]]
+
+
+@pytest.mark.parametrize("step_s", [-3600.0, 3600.0])
+def test_utilisation_survives_a_clock_step(stub_lib: Path, tmp_path: Path, live_pids: list[int],
+                                           step_s: float) -> None:
+    pid = live_pids[0]
+    t = time.time()
+    before = f"sample GPU-aaaa {pid} 40 ts={int((t - 0.5) * 1e6)}\n"
+    base = gpus() + f"proc GPU-aaaa {pid} {GiB}\n" + before
+    steps = [{"state": base, "now": t}]
+    for i in range(1, 4):  # after the step: new samples, stamped with the stepped clock
+        now = t + step_s + 5 * i
+        base += f"sample GPU-aaaa {pid} {50 + i} ts={int((now - 0.5) * 1e6)}\n"
+        steps.append({"state": base, "now": now})
+    out = drive(stub_lib, tmp_path, steps, source={"interval_s": 5.0, "util_hold_s": 10.0})
+    assert [uses(p, pid)[0][2] for p in out["polls"]] == [40.0, 51.0, 52.0, 53.0]
+
+
+# --- 2: bindings and pids ---------------------------------------------------------------------
+
+def test_a_pid_that_is_no_process_of_this_host_is_dropped_and_counted(stub_lib: Path, tmp_path: Path,
+                                                                      live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    # What bindings with a struct of the wrong size read: the bytes of the next field as pids.
+    state = gpus() + f"proc GPU-aaaa {pid} {GiB}\nproc GPU-aaaa 4294967295 {GiB}\nproc GPU-aaaa 2147483648 0\n"
+    out = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()}] * 2)
+    for poll in out["polls"]:
+        assert set(poll["processes"]) == {str(pid)}
+        assert poll["errors"] == 2
+    assert sum("not a process of this host" in line for line in out["log"]) == 1
+
+
+def test_the_pin_excludes_bindings_whose_structs_do_not_match() -> None:
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    [req] = [Requirement(d) for d in deps if d.startswith("nvidia-ml-py")]
+    # 12.535.77: a 32-byte _v3 process struct (the driver's is 24); 12.535.108-161: no _v2
+    # wrappers; 12.550.52 is the first with both right (see docs/gpus.md).
+    for bad in ("11.525.150", "12.535.77", "12.535.161"):
+        assert Version(bad) not in req.specifier, bad
+    for good in ("12.550.52", "12.575.51", "13.580.65", "13.615.71"):
+        assert Version(good) in req.specifier, good
+    from importlib.metadata import version
+
+    assert Version(version("nvidia-ml-py")) in req.specifier
+
+
+# --- 9: MPS -----------------------------------------------------------------------------------
+
+def test_processes_served_through_mps_are_listed_under_their_own_pids(stub_lib: Path, tmp_path: Path,
+                                                                      live_pids: list[int]) -> None:
+    server, c1, c2 = live_pids[:3]
+    # Under MPS the compute list names the MPS server; the clients are in the MPS list.
+    state = gpus() + (f"proc GPU-aaaa {server} {GiB // 4}\n"
+                      f"proc GPU-aaaa {c1} {2 * GiB} mps\nproc GPU-aaaa {c2} {3 * GiB} mps\n")
+    [poll] = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()}])["polls"]
+    assert uses(poll, c1) == [["GPU-aaaa", 2 * GiB, 0.0]]
+    assert uses(poll, c2) == [["GPU-aaaa", 3 * GiB, 0.0]]
+    assert uses(poll, server) == [["GPU-aaaa", GiB // 4, 0.0]]
+    assert poll["errors"] == 0
+
+
+# --- 10: containers ---------------------------------------------------------------------------
+
+def test_an_agent_in_its_own_pid_namespace_says_so_once_and_attributes_no_pids(
+        stub_lib: Path, tmp_path: Path, live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    state = gpus() + f"proc GPU-aaaa {pid} {GiB}\n"
+    out = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()}] * 2,
+                source={"nested_pid_namespace": True})
+    assert out["pids_hidden"] is True
+    [line] = [m for m in out["log"] if "PID namespace" in m]
+    assert "pid: host" in line
+    for poll in out["polls"]:
+        assert poll["processes"] == {} and poll["errors"] == 0
+        assert by_uuid(poll)["GPU-aaaa"][2] == 10 * GiB  # the GPU's own memory still shows
+
+
+def test_nested_pid_namespace_is_read_from_nspid(tmp_path: Path) -> None:
+    from clusterwatch.agent.backends.nvml import in_nested_pid_namespace
+
+    host = tmp_path / "host"
+    host.write_text("Name:\tpython\nNSpid:\t4242\n")
+    nested = tmp_path / "nested"
+    nested.write_text("Name:\tpython\nNSpid:\t4242\t17\n")
+    assert not in_nested_pid_namespace(str(host))
+    assert in_nested_pid_namespace(str(nested))
+    assert not in_nested_pid_namespace(str(tmp_path / "absent"))
