@@ -48,8 +48,10 @@ class Stack:
 
     def start_collector(self, extra: list[str] = ()) -> None:
         ports = self.workdir / "ports.json"
+        # `run` and `demo` watch one command on one machine, their collector on a loopback port: no munge
+        # (under `auto` a host with munge installed but munged down would refuse their own queries)
         proc = self._spawn("collector", [
-            "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+            "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--query-auth", "none",
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S
