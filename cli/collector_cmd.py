@@ -53,7 +53,8 @@ from .common import fail, setup_logging
 @click.option("--query-auth", type=click.Choice(["auto", "munge", "none"]), default="auto", show_default=True,
               envvar="CLUSTERWATCH_QUERY_AUTH",
               help="How `status` callers are identified: munge (users see their own jobs), none (everyone "
-                   "sees everything), auto (munge where munged runs on this host).")
+                   "sees everything), auto (munge where it is installed on this host; queries are refused "
+                   "while munged does not answer; none where munge is not installed).")
 @click.option("--munge-socket", default=None, envvar="CLUSTERWATCH_MUNGE_SOCKET",
               help="munged's socket, when not the default.")
 @click.option("--query-admin", "query_admins", multiple=True, metavar="USER",

@@ -48,7 +48,8 @@ class CollectorConfig:
         ssh_address: (node, "host[:port]") pairs for nodes not reachable by their own name.
         ports_file: write the bound ports here as JSON (for tests and `run`, which use port 0).
         query_auth: "munge" (callers prove their uid; users see their own jobs), "none", or "auto"
-            (munge where it works on this host, else none, with a warning).
+            (munge where it is installed on this host: while munged does not answer, queries are
+            refused and munge tried again; none, with a warning, where munge is not installed).
         munge_socket: munged's socket when not the default.
         query_admins: users (names or uids) who see every job under munge; root always does.
         show_all_jobs: under munge, every identified user sees every job (like PrivateData off).

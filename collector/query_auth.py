@@ -10,13 +10,20 @@ The payload is the sender's to choose, so it never reaches the parser of unmunge
 unmunge writes it to a file of its own (`--output`), and a credential is taken only when its
 payload is the CLI's fixed one (a credential made for anything else, Slurm's included, is not a
 query's). Reading unmunge's whole output let a payload of "x\nUID: root (0)" make anyone root.
+
+Where munge is installed but does not work yet (munged not started, or started after the
+collector), `--query-auth auto` refuses queries and tries munge again (AwaitingMunge): it never
+falls back to showing every job to everyone.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .bounded_exec import DEVNULL, run_bounded
@@ -29,6 +36,10 @@ QUERY_PAYLOAD = b"clusterwatch-query-v1"
 MAX_CREDENTIAL_CHARS = 4096
 # The metadata unmunge is asked for: nothing the sender chooses is among them.
 UNMUNGE_KEYS = "STATUS,UID"
+# While munge does not work, a query tries it again at most this often (two short children each time).
+MUNGE_RETRY_S = 5.0
+
+log = logging.getLogger("clusterwatch.collector")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +160,55 @@ class MungeAuth:
             os.unlink(payload_path)
 
 
+class AwaitingMunge:
+    """Munge is installed here but does not work yet: refuse every query, and try munge again.
+
+    A query tries munge again when MUNGE_RETRY_S have passed since the last try; once munge works
+    (munged came up), callers are identified by `munge` from then on. Nobody is ever let in
+    unidentified: a collector that started before munged would otherwise show every job to everyone.
+
+    Args:
+        munge: the authentication to hand over to once munge works.
+        works: whether munge works now (munge_works on the collector's socket).
+        retry_s: the shortest time between two tries.
+        clock: monotonic seconds.
+    """
+
+    name = "munge"
+
+    def __init__(self, munge: MungeAuth, works: Callable[[], Awaitable[bool]], retry_s: float = MUNGE_RETRY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.munge = munge
+        self.works = works
+        self.retry_s = retry_s
+        self.clock = clock
+        self.ready = False
+        self._next_try = clock() + retry_s  # the start-up check just failed
+        self._lock = asyncio.Lock()  # one try at a time, however many queries wait
+
+    async def caller(self, metadata) -> Caller:
+        if not self.ready:
+            async with self._lock:
+                if not self.ready and self.clock() >= self._next_try:
+                    self.ready = await self.works()
+                    self._next_try = self.clock() + self.retry_s
+                    if self.ready:
+                        log.info("munge works on this host now: queries are identified by munge from here on")
+        if not self.ready:
+            raise AuthError("this collector identifies callers with munge, and munge does not work on its host "
+                            "(munged not running?): queries are refused until it does; its operator should "
+                            "start munged")
+        return await self.munge.caller(metadata)
+
+
+def munge_installed() -> bool:
+    """Whether munge and unmunge are on PATH (whether munged answers is munge_works's question)."""
+    return bool(shutil.which("munge") and shutil.which("unmunge"))
+
+
 async def munge_works(socket: str | None = None) -> bool:
     """Whether this host can encode and decode a munge credential (munged up, binaries present)."""
-    if not (shutil.which("munge") and shutil.which("unmunge")):
+    if not munge_installed():
         return False
     sock = [f"--socket={socket}"] if socket else []
     try:

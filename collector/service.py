@@ -19,7 +19,16 @@ from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore
 from .exporter import ClusterCollector, Exposition, serve_metrics
-from .query_auth import AuthError, Caller, MungeAuth, NoAuth, munge_works
+from .query_auth import (
+    MUNGE_RETRY_S,
+    AuthError,
+    AwaitingMunge,
+    Caller,
+    MungeAuth,
+    NoAuth,
+    munge_installed,
+    munge_works,
+)
 from .rules import load_rules
 from .store import Store, open_db
 from .trace import job_trace_lines
@@ -386,19 +395,26 @@ class CollectorServer:
         self._query_server = server
 
     async def _query_auth(self):
-        """The query service's authentication, as configured (auto: munge where it works)."""
+        """The query service's authentication, as configured (auto: munge where it is installed)."""
         cfg = self.config
         if cfg.query_auth == "none":
             return NoAuth()
-        works = await munge_works(cfg.munge_socket)
-        if not works:
-            if cfg.query_auth == "munge":
-                raise ConfigError("--query-auth munge, but munge does not work on this host (munge/unmunge "
-                                  "missing or munged not running); start munged or pass --query-auth none")
-            log.warning("queries are not authenticated (munge does not work on this host): anyone who reaches "
-                        "%s sees every job; run munged, or keep the collector on loopback", cfg.listen)
-            return NoAuth()
-        return MungeAuth(frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket)
+        munge = MungeAuth(frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket)
+        if await munge_works(cfg.munge_socket):
+            return munge
+        if cfg.query_auth == "munge":
+            raise ConfigError("--query-auth munge, but munge does not work on this host (munge/unmunge "
+                              "missing or munged not running); start munged or pass --query-auth none")
+        if munge_installed():
+            # installed but not answering: munged is down or not up yet. Never open every job to everyone
+            # meanwhile; a query tries again, and munged coming up is picked up.
+            log.warning("munge is installed but does not work on this host (munged not running?): queries are "
+                        "refused until it does, tried again every %.0f s; start munged, or pass --query-auth "
+                        "none to show every job to anyone who reaches %s", MUNGE_RETRY_S, cfg.listen)
+            return AwaitingMunge(munge, lambda: munge_works(cfg.munge_socket))
+        log.warning("queries are not authenticated (munge is not installed on this host): anyone who reaches "
+                    "%s sees every job; install and run munged, or keep the collector on loopback", cfg.listen)
+        return NoAuth()
 
     def _start_metrics(self) -> None:
         # A scrape copies what it exports under the core's lock (ingest writes the state under it)

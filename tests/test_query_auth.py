@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import grpc
 import pytest
@@ -89,3 +92,83 @@ def test_a_forged_payload_makes_nobody_root(tmp_path, munged):
     finally:
         for p in (agent, sleeper, collector):
             p.stop()
+
+
+def test_auto_refuses_queries_while_munge_is_down_and_takes_munged_when_it_comes_up(tmp_path, munged):
+    """munge installed, munged not answering at start: queries refused with one line, never open to all."""
+    # munged "comes up" when this link to the fixture's socket appears (a short path: sockets stay under 108)
+    link = Path(tempfile.mkdtemp(prefix="cw-qa-", dir="/tmp")) / "munge.socket"
+    collector = Collector(tmp_path, "--query-auth", "auto", "--munge-socket", str(link))
+    sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
+    agent = _agent(tmp_path, collector, sleeper.pid)
+    env = {"CLUSTERWATCH_MUNGE_SOCKET": str(link)}
+    try:
+        wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 0,
+                 what="samples")
+        for args in (("status", JOB), ("jobs",)):
+            r = cli(*args, "--collector", collector.address, env=env)
+            assert r.returncode == 1, r.stdout
+            assert len(r.stderr.strip().splitlines()) == 1 and "munge does not work on its host" in r.stderr
+            assert JOB not in r.stdout
+        warnings = [line for line in collector.text().splitlines() if "munge" in line]
+        assert len(warnings) == 1 and "queries are refused until it does" in warnings[0], warnings
+        link.symlink_to(munged)
+        r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(
+            cli("status", JOB, "--collector", collector.address, "--json", env=env)),
+            timeout=60, interval=1.0, what="munged picked up")
+        assert json.loads(r.stdout)["job"]["user"] == "root"
+        assert "munge works on this host now" in collector.text()
+        # identified from then on: a credential of nobody's is nobody's
+        channel = grpc.insecure_channel(collector.address)
+        cred = _munge_as("nobody", munged, "-s", MUNGE_PAYLOAD)
+        jobs = query_pb2_grpc.QueryStub(channel).ListJobs(query_pb2.ListJobsRequest(), timeout=10,
+                                                         metadata=[("x-clusterwatch-munge", cred)])
+        assert list(jobs.jobs) == []
+        channel.close()
+    finally:
+        for p in (agent, sleeper, collector):
+            p.stop()
+        shutil.rmtree(link.parent, ignore_errors=True)
+
+
+def test_awaiting_munge_tries_again_no_more_often_than_its_interval():
+    import asyncio
+
+    from clusterwatch.collector.query_auth import AuthError, AwaitingMunge, Caller
+
+    now = [100.0]
+    answers = [False, True]
+    tries = []
+
+    async def works():
+        tries.append(now[0])
+        return answers.pop(0)
+
+    class Identified:
+        async def caller(self, metadata):
+            return Caller(1000, "alice", admin=False)
+
+    auth = AwaitingMunge(Identified(), works, retry_s=5.0, clock=lambda: now[0])
+
+    async def ask():
+        try:
+            return await auth.caller(())
+        except AuthError as exc:
+            return str(exc)
+
+    async def scenario():
+        out = [await ask()]          # just after the failed start-up check: no new try yet
+        now[0] = 105.0
+        out.append(await ask())      # a try; munge still down
+        now[0] = 107.0
+        out.append(await ask())      # within the interval: no try
+        now[0] = 110.0
+        out.append(await ask())      # a try; munge works
+        now[0] = 111.0
+        out.append(await ask())      # identified from then on, no more tries
+        return out
+
+    out = asyncio.run(scenario())
+    assert tries == [105.0, 110.0]
+    assert all("munge does not work" in o for o in out[:3])
+    assert out[3] == out[4] == Caller(1000, "alice", admin=False)
