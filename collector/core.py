@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clusterwatch.v1 import agent_pb2, query_pb2
 
@@ -24,8 +25,9 @@ from clusterwatch.wire import (
 )
 
 from .config import CollectorConfig
+from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
 from .state import ClusterState, JobState
-from .store import Store
+from .store import Store, job_row
 from .summary import write_summary
 from .views import job_view
 
@@ -61,6 +63,10 @@ class SeqTracker:
         self.low = 0
         self.above: set[int] = set()
 
+    def has(self, seq: int) -> bool:
+        """Whether seq is recorded already."""
+        return seq <= self.low or seq in self.above
+
     def add(self, seq: int) -> bool:
         """Record seq; False when it was already stored."""
         if seq <= self.low or seq in self.above:
@@ -80,6 +86,10 @@ class IngestCounters:
     rejected: int = 0
     unauthenticated: int = 0
     throttled: int = 0
+    # refused batches by reason (ingest_checks.REFUSAL_REASONS); each also counts in `rejected`
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
+    store_errors: int = 0  # flushes and job closes the store could not take (retried)
+    callback_errors: int = 0  # rules, alerts or registry callbacks that raised during ingest
 
 
 class CollectorCore:
@@ -102,6 +112,15 @@ class CollectorCore:
         # what changed since the last durable flush (see flush())
         self._dirty_seqs: set[str] = set()
         self._dirty_nodes: set[str] = set()
+        # store writes waiting for the next flush's transaction: node rows, job rows, provenance records
+        self._pending_nodes: dict[str, tuple] = {}
+        self._pending_jobs: dict[str, JobState] = {}
+        self._pending_provenance: list[tuple[str, str, int, float, str]] = []
+        # job id → (job, final view): closed, not yet stored (the store refused); retried by flush()
+        self._closing: dict[str, tuple[JobState, query_pb2.JobView]] = {}
+        self._close_said: set[str] = set()
+        self._refusals_said: set[tuple[str, str]] = set()
+        self._callbacks_said: set[str] = set()
         # Jobs first seen through samples are written to the store once; after that on change only.
         self._saved: set[str] = set()
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
@@ -141,43 +160,66 @@ class CollectorCore:
         with self.lock:
             ns = self.state.hello(msg.node, msg.boot_id, msg.agent_version, msg.interval_s, msg.gpu_source,
                                   msg.node_memory_total_bytes, gpus, now, msg.send_interval_s)
-        self.store.save_node(ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes, ns.gpus, now)
+            # written with the next flush: a full or locked store never refuses an agent's stream
+            self._pending_nodes[ns.node] = (ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes,
+                                            list(ns.gpus), now)
         return msg.node
 
     def batch(self, node: str, boot_id: str, batch: agent_pb2.Batch) -> bool:
-        """Store one batch; False when it is a duplicate (already stored, ack it again).
+        """Apply one batch to the state, whole or not at all; True when applied, False when not (a duplicate,
+        already applied, or a refused batch): either way the caller acknowledges it after the next flush.
+
+        Nothing here writes the store: the batch's number, counts, job rows and provenance are
+        written by the next flush(), in one transaction, and acknowledgements wait for it. A batch
+        whose values cannot be held (ingest_checks) is refused: counted by reason, its number
+        recorded so that the agent drops it rather than resend it forever (it would be refused
+        again, and every batch behind it would wait).
 
         Raises ValueError, with the reason, for a batch whose process table is inconsistent
         (nothing of it is stored, and it is counted as rejected).
         """
-        try:
-            cols = ProcessColumns(batch.processes)
-        except ValueError:
-            self.counters.rejected += 1
-            raise
         tracker = self._seqs.get(boot_id)
         if tracker is None:
             tracker = self._seqs[boot_id] = SeqTracker()
-        if not tracker.add(batch.seq):
+        if tracker.has(batch.seq):
             self.counters.duplicates += 1
             return False
-        self._dirty_seqs.add(boot_id)
+        try:
+            cols = ProcessColumns(batch.processes)
+        except ValueError:
+            self._count_refusal("inconsistent")
+            raise
+        refusal = check_batch(batch, cols)
+        if refusal is not None:
+            self._refuse(node, batch.seq, refusal)
+            tracker.add(batch.seq)
+            self._dirty_seqs.add(boot_id)
+            return False
         now = self.clock()
+        st = self.state
+        jobs = st.jobs
+        # What the batch needs from the store is read before anything is applied (a read can fail too).
+        # A job closed already stays closed: late samples lose its label, late events are dropped.
+        late = {lab[4] for lab in cols.label_sets if lab[4] and lab[4] not in jobs}  # lab[4]: job id
+        late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
+        closed = frozenset(j for j in late if self._is_closed(j))
+        events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
+        trainings = [training_from_proto(t) for t in batch.training]
+        provenance = []
+        for prov in batch.provenance:
+            record = _provenance_record(prov.json)
+            if record is None:
+                self.counters.rejected += 1
+            else:
+                provenance.append((prov, record))
         with self.lock:
-            st = self.state
-            # a job closed already stays closed: late samples lose its label, late events are dropped
-            jobs = st.jobs
-            late = {lab[4] for lab in cols.label_sets if lab[4] and lab[4] not in jobs}  # lab[4]: job id
-            late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
-            closed = frozenset(j for j in late if self._is_closed(j))
             # job events first: a prolog's start names the job before its samples arrive
-            events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
             starts = [e for e in events if e.kind == "start"]
             changed = {st.job_event(node, e).job_id for e in starts}
             touched = st.add_processes(node, cols, now, closed)
             st.add_gpus(node, batch.gpus)
-            for t in batch.training:
-                st.add_training(node, training_from_proto(t))
+            for t in trainings:
+                st.add_training(node, t)
             ns = st.nodes.get(node)
             if ns is not None and batch.HasField("counters"):
                 ns.samples_sent = batch.counters.samples_sent
@@ -185,37 +227,62 @@ class CollectorCore:
                 ns.read_errors = batch.counters.read_errors
             changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
             records = []
-            for prov in batch.provenance:
-                record = _provenance_record(prov.json)
-                if record is None:
-                    self.counters.rejected += 1
-                    continue
+            for prov, record in provenance:
                 job = st.add_provenance(node, prov.pid, prov.start_time, record)
                 if job is not None:
-                    records.append((job.job_id, prov.pid, prov.start_time, prov.json))
+                    records.append((job.job_id, node, prov.pid, prov.start_time, prov.json))
             # jobs first named by these samples are written to the store once
             changed |= {j for j in late if j in jobs and j not in self._saved}
-        self._dirty_nodes.add(node)
+            # Applied whole: only now is its number recorded (a resend before this is applied afresh).
+            tracker.add(batch.seq)
+            self._dirty_seqs.add(boot_id)
+            self._dirty_nodes.add(node)
+            self._pending_provenance.extend(records)
+            for job_id in changed:
+                job = jobs.get(job_id)
+                if job is not None:
+                    self._pending_jobs[job_id] = job
+                    self._saved.add(job_id)
         self.counters.batches += 1
         self.counters.samples += cols.rows
-        for job_id, pid, start_time, text in records:
-            self.store.save_provenance(job_id, node, pid, start_time, text)
         for job_id in {r[0] for r in records}:
             job = self.state.jobs.get(job_id)
             if job is not None:
-                for cb in self.on_provenance:
-                    cb(job, now)
-        for cb in self.on_samples:
-            cb(node, touched, now)
+                self._notify(self.on_provenance, job, now)
+        self._notify(self.on_samples, node, touched, now)
         for job_id in changed:
             job = self.state.jobs.get(job_id)
-            if job is None:
-                continue
-            self.store.save_job(job)
-            self._saved.add(job_id)
-            if job.ended:
+            if job is not None and job.ended:
                 self.close_job(job)
         return True
+
+    def _count_refusal(self, reason: str) -> None:
+        self.counters.rejected += 1
+        self.counters.refused[reason] = self.counters.refused.get(reason, 0) + 1
+
+    def _refuse(self, node: str, seq: int, refusal: Refusal) -> None:
+        """Count a refused batch; say so once per node and reason (the counter shows how often)."""
+        self._count_refusal(refusal.reason)
+        said = (node, refusal.reason)
+        if said not in self._refusals_said and len(self._refusals_said) < 10_000:
+            self._refusals_said.add(said)
+            log.warning("node %s: batch %d refused, nothing of it stored: %s; the agent sends wrong data (check "
+                        "its clock and version); counted in clusterwatch_ingest_refused_%s_total, said once",
+                        node[:128], seq, refusal.detail, refusal.reason)
+
+    def _notify(self, callbacks: list[Callable], *args) -> None:
+        """Run callbacks (rules, alerts, registry); one that raises is counted and said once, never let
+        into ingest: the batch is applied and its number recorded already."""
+        for cb in callbacks:
+            try:
+                cb(*args)
+            except Exception:
+                self.counters.callback_errors += 1
+                name = getattr(cb, "__qualname__", repr(cb))
+                if name not in self._callbacks_said:
+                    self._callbacks_said.add(name)
+                    log.exception("%s failed (counted in clusterwatch_ingest_callback_errors_total; said once)",
+                                  name)
 
     def _is_closed(self, job_id: str) -> bool:
         """Whether a job not in memory was closed before (its summary is stored)."""
@@ -227,25 +294,47 @@ class CollectorCore:
         return False
 
     def flush(self) -> None:
-        """Make what was ingested since the last flush durable (batch numbers, per-process counts).
+        """Make what was ingested since the last flush durable: batch numbers, per-process counts, node and
+        job rows, provenance, in one transaction; then retry job closes the store refused.
 
-        Called every few hundred milliseconds; acknowledgements go out only after it, so
-        one SQLite transaction covers many batches.
+        Called every few hundred milliseconds; acknowledgements go out only after it succeeds,
+        so one SQLite transaction covers many batches. When the store refuses the write (a full
+        disk, a read-only or locked database), everything stays pending for the next flush and
+        the error is raised: the caller holds the acknowledgements back.
         """
-        if not self._dirty_seqs and not self._dirty_nodes:
-            return
+        if self._dirty_seqs or self._dirty_nodes or self._pending_jobs or self._pending_nodes \
+                or self._pending_provenance:
+            self._flush_ingest()
+        for job_id in list(self._closing):
+            self._persist_close(job_id)
+
+    def _flush_ingest(self) -> None:
         with self.lock:
             st = self.state
+            dirty_nodes, dirty_seqs = self._dirty_nodes, self._dirty_seqs
+            jobs, nodes, provenance = self._pending_jobs, self._pending_nodes, self._pending_provenance
+            self._dirty_nodes, self._dirty_seqs = set(), set()
+            self._pending_jobs, self._pending_nodes, self._pending_provenance = {}, {}, []
             node_counts = []
-            for node in self._dirty_nodes:
+            for node in dirty_nodes:
                 node_counts.append((node, [(s.key.pid, s.key.start_time, s.samples)
                                            for s in st.pids.get(node, {}).values() if s.alive]))
-            seqs = [(b, t.low, sorted(t.above)) for b in self._dirty_seqs if (t := self._seqs.get(b))]
+            seqs = [(b, t.low, sorted(t.above)) for b in dirty_seqs if (t := self._seqs.get(b))]
             # when each node was last heard of, so agent_down after a restart starts from the truth
-            seen = [(ns.last_seen, n) for n in self._dirty_nodes if (ns := st.nodes.get(n)) is not None]
-            self._dirty_seqs.clear()
-            self._dirty_nodes.clear()
-        self.store.save_ingest(node_counts, seqs, seen)
+            seen = [(ns.last_seen, n) for n in dirty_nodes if (ns := st.nodes.get(n)) is not None]
+            job_rows = [job_row(job) for job in jobs.values()]
+        try:
+            self.store.save_ingest(node_counts, seqs, seen, nodes=list(nodes.values()), jobs=job_rows,
+                                   provenance=provenance)
+        except sqlite3.Error:
+            self.counters.store_errors += 1
+            with self.lock:  # all of it again next time, newer changes kept
+                self._dirty_nodes |= dirty_nodes
+                self._dirty_seqs |= dirty_seqs
+                self._pending_jobs = {**jobs, **self._pending_jobs}
+                self._pending_nodes = {**nodes, **self._pending_nodes}
+                self._pending_provenance[:0] = provenance
+            raise
 
     def disconnected(self, node: str) -> None:
         with self.lock:
@@ -254,7 +343,14 @@ class CollectorCore:
     # -- job lifecycle ----------------------------------------------------------------------
 
     def close_job(self, job: JobState) -> None:
-        """A job ended: store its final view as its summary and drop it from memory and /metrics."""
+        """A job ended: store its final view as its summary and drop it from memory and /metrics.
+
+        When the store refuses the summary (a full disk, a locked database), the job stays in
+        memory, ended, and every flush tries again; it leaves memory only once stored.
+        """
+        if job.job_id in self._closing:
+            self._persist_close(job.job_id)
+            return
         now = self.clock()
         if not job.end_time:
             job.end_time = now
@@ -262,22 +358,43 @@ class CollectorCore:
             view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
             for pv in view.processes:
                 pv.alive = False
-        for cb in self.on_job_closed:
-            cb(job, now)
+        self._notify(self.on_job_closed, job, now)
         if self.alert_views is not None:
-            view.alerts.extend(self.alert_views(job.job_id))
-        self.store.save_job(job)
-        self.store.save_summary(job.job_id, view.SerializeToString())
+            try:
+                view.alerts.extend(self.alert_views(job.job_id))
+            except sqlite3.Error:
+                self.counters.store_errors += 1  # the summary goes without its alerts rather than not at all
+        self._closing[job.job_id] = (job, view)
+        self._persist_close(job.job_id)
+
+    def _persist_close(self, job_id: str) -> bool:
+        """Store a closed job's row and summary (one transaction); then forget it. False when the store
+        refused (the job waits in memory for the next try)."""
+        job, view = self._closing[job_id]
+        try:
+            self.store.save_closed_job(job_row(job), job_id, view.SerializeToString())
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            if job_id not in self._close_said:
+                self._close_said.add(job_id)
+                log.warning("cannot store the summary of job %s (%s); it stays in memory and is retried with "
+                            "every flush", job_id, exc)
+            return False
+        del self._closing[job_id]
+        self._close_said.discard(job_id)
+        with self.lock:
+            self._pending_jobs.pop(job_id, None)  # the row just written is the final one
         if self.config.summary_dir:
             try:
                 write_summary(self.config.summary_dir, view)
             except OSError as exc:
-                log.warning("cannot write the summary of job %s into %s: %s", job.job_id,
+                log.warning("cannot write the summary of job %s into %s: %s", job_id,
                             self.config.summary_dir, exc.strerror or exc)
         with self.lock:
-            self.state.forget_job(job.job_id)
-        self._closed.add(job.job_id)
-        log.info("job %s ended (%s); summary stored", job.job_id, job.state)
+            self.state.forget_job(job_id)
+        self._closed.add(job_id)
+        log.info("job %s ended (%s); summary stored", job_id, job.state)
+        return True
 
     def amend_closed_job(self, job_id: str, state: str, exit_code: int | None, end_time: float) -> bool:
         """Slurm's final word on a job closed before Slurm had one (by its epilogs, which know exit codes but
@@ -350,4 +467,9 @@ class CollectorCore:
             "clusterwatch_ingest_rejected": (c.rejected, "Messages rejected as malformed or oversized."),
             "clusterwatch_ingest_unauthenticated": (c.unauthenticated, "Streams refused for bad credentials."),
             "clusterwatch_ingest_throttled": (c.throttled, "Batches slowed down because one agent sent too much."),
+            **{f"clusterwatch_ingest_refused_{reason}": (c.refused.get(reason, 0), text)
+               for reason, text in REFUSAL_REASONS.items()},
+            "clusterwatch_store_errors": (c.store_errors, "Flushes and job closes the store refused (retried)."),
+            "clusterwatch_ingest_callback_errors": (c.callback_errors,
+                                                    "Rules, alerts or registry callbacks that failed on a batch."),
         }

@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from clusterwatch.errors import ConfigError
@@ -69,6 +70,22 @@ _JOB_FIELDS = (
 )
 
 
+def job_row(job: JobState) -> tuple[str, str, str, str, float, float]:
+    """A job as the jobs table holds it (without `updated`): id, info JSON, state, user, start, end."""
+    info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
+    return (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time)
+
+
+_SAVE_JOB = ("INSERT INTO jobs VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET info=excluded.info,"
+             " state=excluded.state, user=excluded.user, start_time=excluded.start_time,"
+             " end_time=excluded.end_time, updated=excluded.updated")
+_SAVE_NODE = ("INSERT INTO nodes VALUES (?,?,?,?,?,?) ON CONFLICT(node) DO UPDATE SET boot_id=excluded.boot_id,"
+              " agent_version=excluded.agent_version, memory_total_bytes=excluded.memory_total_bytes,"
+              " gpus=excluded.gpus, last_seen=excluded.last_seen")
+_SAVE_SUMMARY = ("INSERT INTO job_summaries VALUES (?,?,?) ON CONFLICT(job_id) DO UPDATE SET view=excluded.view,"
+                 " written=excluded.written")
+
+
 def open_db(path: str) -> sqlite3.Connection:
     """Open (and create) the store; a path that cannot be used raises ConfigError with what to do."""
     if path != ":memory:":
@@ -95,27 +112,36 @@ class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
 
+    @contextmanager
+    def _transaction(self):
+        """BEGIN … COMMIT; on any failure (a commit that fails on a full disk too) rolled back, so that the
+        connection is left out of any transaction and the next one can begin."""
+        self.conn.execute("BEGIN")
+        try:
+            yield
+            self.conn.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            raise
+
     def save_node(self, node: str, boot_id: str, version: str, memory_total: int, gpus: list[str],
                   last_seen: float) -> None:
-        self.conn.execute(
-            "INSERT INTO nodes VALUES (?,?,?,?,?,?) ON CONFLICT(node) DO UPDATE SET boot_id=excluded.boot_id,"
-            " agent_version=excluded.agent_version, memory_total_bytes=excluded.memory_total_bytes,"
-            " gpus=excluded.gpus, last_seen=excluded.last_seen",
-            (node, boot_id, version, memory_total, json.dumps(gpus), last_seen),
-        )
+        self.conn.execute(_SAVE_NODE, (node, boot_id, version, memory_total, json.dumps(gpus), last_seen))
 
     def load_node_times(self) -> list[tuple[str, float]]:
         """(node, last seen) of every node an agent ever reported from."""
         return self.conn.execute("SELECT node, last_seen FROM nodes").fetchall()
 
     def save_job(self, job: JobState) -> None:
-        info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
-        self.conn.execute(
-            "INSERT INTO jobs VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET info=excluded.info,"
-            " state=excluded.state, user=excluded.user, start_time=excluded.start_time,"
-            " end_time=excluded.end_time, updated=excluded.updated",
-            (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time, time.time()),
-        )
+        self.conn.execute(_SAVE_JOB, (*job_row(job), time.time()))
+
+    def save_closed_job(self, row: tuple, job_id: str, view: bytes) -> None:
+        """A closed job's final row (job_row) and its summary, in one transaction: both or neither."""
+        now = time.time()
+        with self._transaction():
+            self.conn.execute(_SAVE_JOB, (*row, now))
+            self.conn.execute(_SAVE_SUMMARY, (job_id, view, now))
 
     def amend_job_end(self, job_id: str, state: str, exit_code: int | None, end_time: float) -> None:
         """A stored job's final state, exit code and end time, as Slurm gave them after it was closed."""
@@ -145,26 +171,29 @@ class Store:
         return jobs
 
     def save_summary(self, job_id: str, view: bytes) -> None:
-        self.conn.execute(
-            "INSERT INTO job_summaries VALUES (?,?,?) ON CONFLICT(job_id) DO UPDATE SET view=excluded.view,"
-            " written=excluded.written",
-            (job_id, view, time.time()),
-        )
+        self.conn.execute(_SAVE_SUMMARY, (job_id, view, time.time()))
 
     def load_summary(self, job_id: str) -> bytes | None:
         row = self.conn.execute("SELECT view FROM job_summaries WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else None
 
     def save_ingest(self, node_counts: list[tuple[str, list[tuple[int, float, int]]]],
-                    seqs: list[tuple[str, int, list[int]]], nodes_seen: list[tuple[float, str]] = ()) -> None:
-        """Record, in one transaction, per-process sample counts and which batches are stored.
+                    seqs: list[tuple[str, int, list[int]]], nodes_seen: list[tuple[float, str]] = (), *,
+                    nodes: list[tuple] = (), jobs: list[tuple] = (),
+                    provenance: list[tuple[str, str, int, float, str]] = ()) -> None:
+        """Record, in one transaction, what batches changed: per-process sample counts, which batches are
+        stored, node rows (save_node's arguments), job rows (job_row) and provenance records
+        (job id, node, pid, start time, JSON).
 
         The collector acknowledges a batch only after this commit, so after a crash a batch is
-        either counted here and dropped as a duplicate when resent, or not counted and resent.
+        either counted here and dropped as a duplicate when resent, or not counted and resent;
+        and a batch is acknowledged only with everything it changed in the store.
         """
         now = time.time()
-        with self.conn:
-            self.conn.execute("BEGIN")
+        with self._transaction():
+            self.conn.executemany(_SAVE_NODE, [(n, b, v, m, json.dumps(g), seen) for n, b, v, m, g, seen in nodes])
+            self.conn.executemany(_SAVE_JOB, [(*row, now) for row in jobs])
+            self.conn.executemany("INSERT OR REPLACE INTO provenance VALUES (?,?,?,?,?)", provenance)
             self.conn.executemany(
                 "INSERT INTO node_counts VALUES (?,?,?) ON CONFLICT(node) DO UPDATE SET counts=excluded.counts,"
                 " updated=excluded.updated",

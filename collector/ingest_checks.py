@@ -1,0 +1,108 @@
+"""Checks of an agent's batch before any of it is applied: values the collector's state cannot hold sanely.
+
+A batch that fails a check is refused whole (never half-applied) and counted by reason.
+The checks are bounds no real reading comes near; they catch a broken or hostile agent
+(a NaN start time, a pid of 0, 2^63 bytes), not an unusual node. Each is a few C-level
+passes over the batch's columns (sum, min, max), so the ingest path stays cheap.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from clusterwatch.v1 import agent_pb2
+
+from clusterwatch.wire import ProcessColumns
+
+# Why a batch was refused, and the help text of its counter (clusterwatch_ingest_refused_<reason>_total).
+REFUSAL_REASONS = {
+    "inconsistent": "Batches refused: their process table's columns disagree.",
+    "not_finite": "Batches refused: a time or start time that is NaN or infinite.",
+    "bad_pid": "Batches refused: a pid of 0 or beyond the kernel's limit.",
+    "bad_value": "Batches refused: a negative or absurd memory, count, CPU or utilisation figure.",
+}
+
+# Linux's PID_MAX_LIMIT on 64-bit (4,194,304): no pid is larger.
+MAX_PID = 1 << 22
+# 4 PiB: more memory than any node or GPU holds; 2^63 and the like are refused.
+MAX_BYTES = 1 << 52
+# threads or open files of one process (the kernel's own limits are far below)
+MAX_COUNT = 1 << 24
+# CPU percent of one core: a process cannot use more than every core of a 64k-core node
+MAX_CPU_PERCENT = 100.0 * 65536
+# a GPU's or a process's utilisation, percent
+MAX_UTILIZATION = 100.0
+# board power of one GPU, watts
+MAX_POWER_W = 100_000.0
+
+
+class Refusal(NamedTuple):
+    """Why a batch is refused: a reason (a key of REFUSAL_REASONS) and a one-line detail."""
+
+    reason: str
+    detail: str
+
+
+def _finite(values) -> bool:
+    """Every value finite (a sum is NaN or infinite when any term is; a sum that overflows is absurd too)."""
+    return math.isfinite(sum(values))
+
+
+def _span(values, seed: float) -> tuple[float, float]:
+    """(min, max) of the values that are not NaN, with `seed` among them (NaN never wins a comparison)."""
+    both = (seed, *values)
+    return min(both), max(both)
+
+
+def _int_ok(values, low: int, high: int) -> bool:
+    return not values or (min(values) >= low and max(values) <= high)
+
+
+def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns) -> Refusal | None:
+    """The first reason to refuse a batch, or None when every value of it can be held.
+
+    Args:
+        batch: the batch as received.
+        cols: its process table, decoded (and checked for consistency) already.
+
+    Returns:
+        A Refusal naming what is wrong, or None.
+    """
+    if cols.rows:
+        if not _finite(cols.time) or not _finite(cols.start_time):
+            return Refusal("not_finite", "a process sample's time or start time is NaN or infinite")
+        if min(cols.time) <= 0 or min(cols.start_time) < 0:
+            return Refusal("bad_value", "a process sample's time or start time is negative")
+        if not _int_ok(cols.pid, 1, MAX_PID):
+            return Refusal("bad_pid", f"a process sample's pid is 0 or above {MAX_PID}")
+        if not _int_ok(cols.rss_bytes, -1, MAX_BYTES) or not _int_ok(cols.gpu_memory_bytes, -1, MAX_BYTES):
+            return Refusal("bad_value", "a process sample's memory is negative or above 4 PiB")
+        if not _int_ok(cols.threads, -1, MAX_COUNT) or not _int_ok(cols.open_fds, -1, MAX_COUNT):
+            return Refusal("bad_value", "a process sample's thread or file count is negative or absurd")
+        lo, hi = _span(cols.cpu_percent, 0.0)
+        if lo < 0 or hi > MAX_CPU_PERCENT:
+            return Refusal("bad_value", "a process sample's CPU percent is negative or absurd")
+        if cols.gpu_sm_utilization:
+            lo, hi = _span(cols.gpu_sm_utilization, 0.0)
+            if lo < 0 or hi > MAX_UTILIZATION:
+                return Refusal("bad_value", "a process's GPU utilisation is outside 0-100 %")
+    for g in batch.gpus:
+        if not math.isfinite(g.time) or g.time <= 0:
+            return Refusal("not_finite", f"GPU {g.uuid[:64]}: a reading's time is NaN, infinite or negative")
+        if (g.memory_used_bytes > MAX_BYTES or g.memory_total_bytes > MAX_BYTES
+                or not 0 <= g.utilization <= MAX_UTILIZATION or not 0 <= g.power_watts <= MAX_POWER_W):
+            return Refusal("bad_value", f"GPU {g.uuid[:64]}: a memory, utilisation or power figure is absurd")
+    for t in batch.training:
+        if not (math.isfinite(t.time) and math.isfinite(t.start_time)):
+            return Refusal("not_finite", "a training report's time or start time is NaN or infinite")
+        if not 1 <= t.pid <= MAX_PID:
+            return Refusal("bad_pid", f"a training report's pid is 0 or above {MAX_PID}")
+    for p in batch.provenance:
+        if not math.isfinite(p.start_time):
+            return Refusal("not_finite", "a provenance record's start time is NaN or infinite")
+        if not 1 <= p.pid <= MAX_PID:
+            return Refusal("bad_pid", f"a provenance record's pid is 0 or above {MAX_PID}")
+    for e in batch.job_events:
+        if not math.isfinite(e.time) or e.time < 0:
+            return Refusal("not_finite", f"job {e.job_id[:64]}: an event's time is NaN, infinite or negative")
+    return None
