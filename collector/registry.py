@@ -59,6 +59,8 @@ class JobRegistry:
         listpids_concurrency: at most this many listpids calls at once.
         close_grace_s: see CLOSE_GRACE_S.
         clock: Unix time (tests pass their own).
+        records_from: what keeps the count of Slurm records left out (``records_skipped``), when that is
+            not ``mapper`` itself (an SshJobMapper over a ScontrolMapper).
     """
 
     def __init__(
@@ -71,9 +73,11 @@ class JobRegistry:
         listpids_concurrency: int = 8,
         close_grace_s: float = CLOSE_GRACE_S,
         clock: Callable[[], float] = time.time,
+        records_from: object | None = None,
     ) -> None:
         self.core = core
         self.mapper = mapper
+        self._records_from = records_from if records_from is not None else mapper
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
         self.fill_in = fill_in
@@ -106,6 +110,15 @@ class JobRegistry:
             self._closed.popitem(last=False)
         self._ended_seen.pop(job.job_id, None)
         self._saved.pop(job.job_id, None)
+
+    @property
+    def records_skipped(self) -> int:
+        """Job records Slurm printed that were left out because they could not be read safely.
+
+        A record whose values forge lines of another (a newline in a job name or comment) never makes or
+        changes another job; it is left out and counted here. 0 for a mapper that keeps no such count.
+        """
+        return int(getattr(self._records_from, "records_skipped", 0))
 
     # -- the task -----------------------------------------------------------------------------
 
@@ -357,7 +370,7 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
 
         mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
                                                 username=config.ssh_user, address=address))
-    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in)
+    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in, records_from=jobs)
 
 
 def _exit_code(record: JobRecord) -> int | None:

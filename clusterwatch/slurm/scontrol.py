@@ -237,9 +237,60 @@ def parse_gres_detail(text: str) -> tuple[tuple[int, ...], int]:
 
 
 # ------------------------------------------------------------------------------------------- text format
+#
+# What Slurm guarantees, and what it does not (slurm_sprint_job_info in src/api/job_info.c, 19.05-26.05):
+#
+# * A record begins with ``JobId=<digits> `` at the start of a line, then optionally
+#   ``ArrayJobId=<n> ArrayTaskId=<range> [ArrayTaskThrottle=<n> ]`` or ``HetJobId=<n> HetJobOffset=<n> ``,
+#   then ``JobName=<name>``: all of it written by Slurm, the name last on that first line.
+# * Every further line of a record is ``line_end`` ("\n" plus three spaces) and Slurm's own ``Key=`` (node
+#   groups: five spaces and ``Nodes=``); a record ends with ``\n   \n\n``. The line after the name is
+#   ``UserId=<user>(<uid>) GroupId=<group>(<gid>) MCS_label=<label>`` (after ``HetJobIdSet=`` for a
+#   heterogeneous job and ``SLUID=`` from 26.05); state, nodes, CPUs and the GRES detail follow, and only
+#   then the free texts (Command, WorkDir, Comment, StdOut...).
+# * Values are printed raw. Slurm accepts newlines and carriage returns in job names, comments and paths,
+#   so a value can hold lines that look like Slurm's own, a blank line, and a whole made-up record.
+#
+# So the text alone cannot always say where a name ends: a job of user A whose comment forges the lines of
+# a record prints the same bytes as a job of user B whose name forges A's lines. What is safe:
+#
+# 1. Lines are split at "\n" only (str.splitlines() would also split at \r, \x1c, \u2028...).
+# 2. Within one record, the name runs from ``JobName=`` to the UserId line; everything below it is Slurm's
+#    lines, one ``Key=`` each. Reading from the record's end upwards, the first UserId line met is the real
+#    one as long as no value *below* the name holds a newline: a name cannot reach below it. A record
+#    whose lower part holds a line that is not Slurm's (a newline in a path or comment) does not parse and
+#    is skipped; a key seen twice there (a forged line) also.
+# 3. Where records begin is not certain either: a name can hold ``\n   \n\nJobId=<other> ...``. The caller
+#    gives the owners Slurm reported through a channel no value reaches (``squeue -o "%A %U %u"``: numbers
+#    and login names, one job a line). A record start whose JobId is unknown to that list or appears twice
+#    is not trusted: that block is dropped, the block before it (whose end may be a forgery inside its own
+#    text) is not trusted either, and both job ids are returned for a query of their own
+#    (``scontrol show job -d <id>``), whose record begins at the first byte and ends at the last, so that
+#    a forged boundary inside it has nothing to cut. A record whose UserId differs from the owners list is
+#    handled the same way, and never returned with a user other than the list's.
+#
+# The one-line form (``scontrol -o``) is read for the fixtures of old versions; the mapper never asks for it.
 
 _KEY = r"[A-Za-z][A-Za-z0-9_/:]*"
 _TOKEN_START = re.compile(rf"(?:^|(?<=\s))({_KEY})=")
+# The first line of every record, as Slurm writes it: nothing in it before JobName= comes from a user.
+_RECORD_START = re.compile(
+    r"^JobId=(?P<id>\d+) "
+    r"(?:ArrayJobId=\d+ ArrayTaskId=\S+ (?:ArrayTaskThrottle=\d+ )?|HetJobId=\d+ HetJobOffset=\d+ )?"
+    r"JobName="
+)
+_USER_LINE = re.compile(
+    r"^   UserId=(?P<user>[^\s()]*)\((?P<uid>\d+)\) GroupId=[^\s()]*\(\d+\) MCS_label=\S*$"
+)
+# Lines Slurm prints between the name and the UserId line (heterogeneous jobs; Slurm 26's SLUID).
+_BEFORE_USER_LINE = re.compile(r"^   (?:HetJobIdSet|SLUID)=\S*$")
+# One of Slurm's own lines below the name: three spaces and a key, or a node group's five and Nodes=.
+_SLURM_LINE = re.compile(rf"^   (?:{_KEY}=|  Nodes=)")
+# With -o the UserId field follows the name on the same line; the real one is the last such run before the
+# fields that follow it (a forged copy inside the name comes before).
+_ONE_LINE_USER = re.compile(
+    r" UserId=(?P<user>[^\s()]*)\((?P<uid>\d+)\) GroupId=[^\s()]*\(\d+\) MCS_label=\S* Priority=\d+ "
+)
 # Keys whose values may hold spaces; Slurm prints each last on its line (or alone on it).
 _REST_OF_LINE = {
     "JobName",
@@ -281,16 +332,71 @@ def _tokens_of_line(line: str, multiline: bool) -> list[tuple[str, str]]:
     return pairs
 
 
-def _record_pairs(block: str) -> list[tuple[str, str]]:
-    lines = [line.strip() for line in block.splitlines() if line.strip()]
+@dataclass(frozen=True)
+class _Head:
+    """What a record says of itself before its other fields: id, name, owner (as printed)."""
+
+    job_id: int
+    name: str
+    user: str | None
+    uid: int
+
+
+def _split_one_line(line: str) -> tuple[_Head, list[tuple[str, str]]]:
+    start = _RECORD_START.match(line)
+    assert start is not None
+    users = list(_ONE_LINE_USER.finditer(line, start.end()))
+    if not users:
+        raise ParseError(f"scontrol: job {start.group('id')} has no UserId=name(uid) after its name")
+    user = users[-1]
+    head = _Head(int(start.group("id")), line[start.end() : user.start()],
+                 _opt(user.group("user")), int(user.group("uid")))
+    pairs = _tokens_of_line(line[user.start() + 1 :].rstrip(), multiline=False)
+    return head, pairs
+
+
+def _split_lines(lines: list[str]) -> tuple[_Head, list[tuple[str, str]]]:
+    """A multi-line record → its head and the (key, value) pairs of Slurm's lines below the name."""
+    start = _RECORD_START.match(lines[0])
+    assert start is not None
+    end = len(lines)
+    while end > 1 and not lines[end - 1].strip():
+        end -= 1  # the record's closing "   " and blank lines
+    # Upwards from the end: Slurm's own lines, until the first UserId line (see the argument above).
+    user_at = None
+    for i in range(end - 1, 0, -1):
+        if _USER_LINE.match(lines[i]):
+            user_at = i
+            break
+        if not _SLURM_LINE.match(lines[i]):
+            raise ParseError(
+                f"scontrol: job {start.group('id')}: line {_short(lines[i])!r} is not one of Slurm's"
+            )
+    if user_at is None:
+        raise ParseError(f"scontrol: job {start.group('id')} has no UserId=name(uid) line")
+    first = user_at
+    # A HetJobIdSet= line is Slurm's only for a heterogeneous job (its first line says HetJobId=); a name
+    # ending in one is read as the name. (Slurm 26's SLUID= line cannot be told apart that way.)
+    while first > 1 and _BEFORE_USER_LINE.match(lines[first - 1]) and (
+        "HetJobId=" in lines[0][: start.end()] or not lines[first - 1].startswith("   HetJobIdSet=")
+    ):
+        first -= 1
+    user = _USER_LINE.match(lines[user_at])
+    assert user is not None
+    name = "\n".join([lines[0][start.end() :], *lines[1:first]])
+    head = _Head(int(start.group("id")), name, _opt(user.group("user")), int(user.group("uid")))
     pairs: list[tuple[str, str]] = []
-    for line in lines:
-        pairs.extend(_tokens_of_line(line, multiline=len(lines) > 1))
-    return pairs
+    seen: set[str] = set()
+    for line in [*lines[first:user_at], *lines[user_at + 1 : end]]:
+        for key, value in _tokens_of_line(line.strip(), multiline=True):
+            if key in seen and key not in _NODE_GROUP_KEYS and key != "Nodes":
+                raise ParseError(f"scontrol: job {head.job_id} prints {key}= twice")
+            seen.add(key)
+            pairs.append((key, value))
+    return head, pairs
 
 
-def _parse_text_record(block: str, tz: tzinfo | None) -> JobRecord:
-    pairs = _record_pairs(block)
+def _record(head: _Head, pairs: list[tuple[str, str]], tz: tzinfo | None) -> JobRecord:
     fields: dict[str, str] = {}
     groups: list[dict[str, str]] = []
     current: dict[str, str] | None = None
@@ -303,18 +409,7 @@ def _parse_text_record(block: str, tz: tzinfo | None) -> JobRecord:
         else:
             current = None
             fields.setdefault(key, value)
-    if "JobId" not in fields:
-        raise ParseError(f"scontrol: record without JobId= ({_short(block.strip())!r})")
-    job_id = _int(fields["JobId"], "JobId")
-    assert job_id is not None
-
-    user, uid = None, None
-    if "UserId" in fields:
-        match = re.match(r"^(.*?)\((\d+)\)$", fields["UserId"])
-        if match:
-            user, uid = _opt(match.group(1)), int(match.group(2))
-        else:
-            user = _opt(fields["UserId"])
+    job_id = head.job_id
 
     nodes = tuple(hostlist.expand(fields.get("NodeList", "") if _opt(fields.get("NodeList")) else ""))
 
@@ -354,9 +449,9 @@ def _parse_text_record(block: str, tz: tzinfo | None) -> JobRecord:
 
     return JobRecord(
         job_id=job_id,
-        name=fields.get("JobName", ""),
-        user=user,
-        uid=uid,
+        name=head.name,
+        user=head.user,
+        uid=head.uid,
         account=_opt(fields.get("Account")),
         partition=_opt(fields.get("Partition")),
         state=state,
@@ -380,41 +475,166 @@ def _parse_text_record(block: str, tz: tzinfo | None) -> JobRecord:
     )
 
 
-def parse_show_job_text(text: str, tz: tzinfo | None = None) -> list[JobRecord]:
-    """Parse the text of ``scontrol show job -d`` (one job or all, multi-line or ``-o``).
+def _parse_block(lines: list[str], tz: tzinfo | None) -> JobRecord:
+    """One record's lines (the first is its JobId= line) → the record; ParseError when it does not read."""
+    try:
+        if len([line for line in lines if line.strip()]) == 1:
+            head, pairs = _split_one_line(lines[0])
+        else:
+            head, pairs = _split_lines(lines)
+        return _record(head, pairs, tz)
+    except ParseError:
+        raise
+    except (ValueError, OverflowError, OSError) as exc:
+        # Out-of-range dates or numbers: still a malformed text, reported as one.
+        raise ParseError(f"scontrol: cannot read job record ({_short(str(exc))})") from None
+
+
+#: A job's owner as Slurm reports it apart from the record text: (uid, user name).
+Owner = tuple[int, str | None]
+
+
+@dataclass(frozen=True)
+class TextListing:
+    """What :func:`read_show_job_text` made of a listing.
+
+    Attributes:
+        records: the records read safely, in the order printed.
+        skipped: records left out (not readable, not trusted, or of a job the owners list does not know).
+        recheck: job ids whose record could not be told apart from a forgery in this listing; a query of
+            their own (``scontrol show job -d <id>``, read with :func:`read_one_job_text`) settles them.
+        errors: one line for each record left out, for a log line (not for the log on every pass).
+    """
+
+    records: list[JobRecord]
+    skipped: int
+    recheck: tuple[int, ...]
+    errors: tuple[str, ...] = ()
+
+
+def _lines(text: str) -> list[str]:
+    if not isinstance(text, str):
+        raise ParseError(f"scontrol output must be text, not {type(text).__name__}")
+    # "\n" only: Slurm ends its lines with it; \r and the other characters splitlines() breaks at are values.
+    return text.split("\n")
+
+
+def _owned(record: JobRecord, owners: Mapping[int, Owner] | None) -> bool:
+    if owners is None:
+        return True
+    owner = owners.get(record.job_id)
+    return owner is not None and owner[0] == record.uid and (owner[1] is None or owner[1] == record.user)
+
+
+def read_show_job_text(
+    text: str, tz: tzinfo | None = None, owners: Mapping[int, Owner] | None = None
+) -> TextListing:
+    """Read ``scontrol show job -d`` text (all jobs, multi-line or ``-o``) without trusting any value.
 
     Args:
         text: scontrol's standard output.
         tz: the timezone scontrol printed times in; None means this machine's local timezone.
+        owners: job id → (uid, user name) as Slurm reported them through a channel no value reaches
+            (``squeue -h -a -t all -o "%A %U %u"``, asked before scontrol). With it, a record start is
+            trusted only for a job on that list that appears once, and a record's owner must match.
+            Without it, boundaries forged inside a value cannot all be told from real ones.
 
     Returns:
-        One record per job, in the order printed; ``No jobs in the system`` gives an empty list.
+        The records read, how many were skipped, and the job ids to ask for one by one.
+
+    Raises:
+        ParseError: the text is not scontrol job output at all (no record in it).
+    """
+    lines = _lines(text)
+    if text.strip() in ("", "No jobs in the system"):
+        return TextListing([], 0, ())
+    starts = [i for i, line in enumerate(lines) if _RECORD_START.match(line)]
+    if not starts:
+        raise ParseError(f"scontrol: no JobId= record in {_short(text.strip())!r}")
+    ids = [int(_RECORD_START.match(lines[i]).group("id")) for i in starts]  # type: ignore[union-attr]
+    seen: dict[int, int] = {}
+    for job_id in ids:
+        seen[job_id] = seen.get(job_id, 0) + 1
+    doubtful = [seen[j] > 1 or (owners is not None and j not in owners) for j in ids]
+    records: list[JobRecord] = []
+    recheck: dict[int, None] = {}
+    errors: list[str] = []
+    skipped = 1 if any(line.strip() for line in lines[: starts[0]]) else 0
+    if skipped:
+        errors.append(f"scontrol: text before the first JobId= ({_short(lines[0])!r})")
+    bounds = [*starts, len(lines)]
+    for k, job_id in enumerate(ids):
+        known = owners is None or job_id in owners
+        if doubtful[k] or (k + 1 < len(ids) and doubtful[k + 1]):
+            # This start, or the end of this block (the next start), may be a forgery inside a value.
+            if known:
+                recheck[job_id] = None
+            else:
+                skipped += 1
+                errors.append(f"scontrol: job {job_id} is not on squeue's list (forged, or newer)")
+            continue
+        try:
+            record = _parse_block(lines[bounds[k] : bounds[k + 1]], tz)
+        except ParseError as exc:
+            recheck[job_id] = None  # asked alone, a forged boundary has nothing to cut
+            errors.append(str(exc))
+            continue
+        if not _owned(record, owners):
+            recheck[job_id] = None
+            continue
+        records.append(record)
+    # A job asked for again is not also returned from here (two records of one job, one of them doubtful).
+    records = [r for r in records if r.job_id not in recheck]
+    return TextListing(records, skipped, tuple(recheck), tuple(errors))
+
+
+def read_one_job_text(
+    text: str, job_id: int, tz: tzinfo | None = None, owner: Owner | None = None
+) -> JobRecord | None:
+    """Read the output of ``scontrol show job -d JOB`` for that one job.
+
+    The record begins at the first byte and ends at the last, so any ``JobId=`` line below the first
+    is a value's (see the argument above the text format's code).
+
+    Args:
+        text: scontrol's standard output.
+        job_id: the job asked for.
+        tz: see :func:`read_show_job_text`.
+        owner: (uid, user name) from squeue; the record must agree.
+
+    Returns:
+        The record, or None when the output is not that job's.
+
+    Raises:
+        ParseError: the record does not read, or its owner disagrees with ``owner``.
+    """
+    lines = _lines(text)
+    start = _RECORD_START.match(lines[0])
+    if start is None or int(start.group("id")) != job_id:
+        return None
+    record = _parse_block(lines, tz)
+    if owner is not None and not _owned(record, {job_id: owner}):
+        raise ParseError(f"scontrol: job {job_id}: its UserId= line is not the owner squeue reports")
+    return record
+
+
+def parse_show_job_text(
+    text: str, tz: tzinfo | None = None, owners: Mapping[int, Owner] | None = None
+) -> list[JobRecord]:
+    """Parse the text of ``scontrol show job -d``: the records :func:`read_show_job_text` reads safely.
+
+    Args:
+        text: scontrol's standard output.
+        tz: the timezone scontrol printed times in; None means this machine's local timezone.
+        owners: see :func:`read_show_job_text`.
+
+    Returns:
+        One record per job read, in the order printed; ``No jobs in the system`` gives an empty list.
 
     Raises:
         ParseError: the text is not scontrol job output.
     """
-    if not isinstance(text, str):
-        raise ParseError(f"scontrol output must be text, not {type(text).__name__}")
-    if text.strip() in ("", "No jobs in the system"):
-        return []
-    records = []
-    # Records are separated by blank lines in multi-line mode and by newlines with -o.
-    blocks = re.split(r"\n\s*\n", text.strip())
-    for block in blocks:
-        lines = [line for line in block.splitlines() if line.strip()]
-        if all(line.startswith("JobId=") for line in lines) and len(lines) > 1:
-            sub_blocks = lines  # -o: one record per line
-        else:
-            sub_blocks = [block]
-        for sub in sub_blocks:
-            try:
-                records.append(_parse_text_record(sub, tz))
-            except ParseError:
-                raise
-            except (ValueError, OverflowError, OSError) as exc:
-                # Out-of-range dates or numbers: still a malformed text, reported as one.
-                raise ParseError(f"scontrol: cannot read job record ({exc})") from None
-    return records
+    return read_show_job_text(text, tz, owners).records
 
 
 # ------------------------------------------------------------------------------------------- JSON format

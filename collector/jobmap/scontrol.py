@@ -4,13 +4,22 @@ Without our own timeout a client call with slurmctld down takes about 9 s to fai
 polls would pile those up. Each call is killed after ``timeout_s``; calls that failed because Slurm did
 not answer are retried with exponential backoff and jitter; the outcome is kept as a
 :class:`~clusterwatch.collector.jobmap.base.Reachability` that ``status`` can show.
+
+Without ``--json`` (Slurm before 23.02), scontrol prints values raw, and a job name, comment or path can
+hold lines that look like another job's record. Job owners are then asked first from
+``squeue -h -a -t all -o "%A %U %u"`` (numbers and login names, one job a line: nothing a user writes
+reaches it), and the text is read against that list (see clusterwatch.slurm.scontrol, "What Slurm
+guarantees"): a record that does not read, or does not match, is asked for alone, and when that does not
+read either it is left out and counted (``records_skipped``), never the whole listing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -19,11 +28,24 @@ from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, Slur
 
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
-from clusterwatch.slurm.scontrol import JobRecord, parse_show_job
+from clusterwatch.slurm.scontrol import (
+    JobRecord,
+    Owner,
+    parse_show_job_json,
+    read_one_job_text,
+    read_show_job_text,
+)
+
+log = logging.getLogger("clusterwatch.collector.jobmap.scontrol")
 
 # scontrol's messages for "no such job" and "nothing of that job here": answers, not failures.
 _NO_JOB = ("Invalid job id specified", "Invalid job id")
 _NO_PIDS = ("There are no steps for job", "does not exist on node", "no steps")
+#: squeue's format for the owners list: job id, uid, user name, space-separated; no value a user sets.
+_OWNERS_FORMAT = "%A %U %u"
+_OWNER_LINE = re.compile(r"^(\d+) (\d+) (\S+)$")
+#: At most this many records a listing are asked for one by one (those the listing could not settle).
+RECHECK_PER_LISTING = 32
 
 
 class ScontrolMapper:
@@ -39,6 +61,12 @@ class ScontrolMapper:
         clock: returns Unix seconds (tests pass a fake).
         sleep: awaited between attempts (tests pass a fake).
         use_json: force the JSON (True) or text (False) format; None probes ``scontrol --help`` once.
+        squeue: the squeue binary for the owners list of the text format; None: the one beside
+            ``scontrol`` when that is a path, else ``squeue``.
+
+    Attributes:
+        records_skipped: job records Slurm printed that were left out because they could not be read
+            safely (a value forging lines, a malformed record, an owner squeue does not confirm).
     """
 
     def __init__(
@@ -52,8 +80,15 @@ class ScontrolMapper:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = asyncio.sleep,
         use_json: bool | None = None,
+        squeue: str | None = None,
     ) -> None:
         self._scontrol = scontrol
+        if squeue is None:
+            folder = os.path.dirname(scontrol)
+            squeue = os.path.join(folder, "squeue") if folder else "squeue"
+        self._squeue = squeue
+        self.records_skipped = 0
+        self._skip_logged = False
         self._env = dict(env) if env is not None else None
         self._timeout_s = timeout_s
         self._retries = retries
@@ -75,33 +110,37 @@ class ScontrolMapper:
         elif not ok:
             self._reach = Reachability(reachable=False, since=self._reach.since, last_error=error)
 
-    async def _exec(self, args: Sequence[str]) -> tuple[int, str, str]:
+    async def _exec(self, args: Sequence[str], binary: str | None = None) -> tuple[int, str, str]:
         """Run scontrol once; it is killed (our own child, by PID) if it outlives the timeout or the call."""
+        binary = binary or self._scontrol
         try:
-            code, out, err = await run_bounded([self._scontrol, *args], self._timeout_s, env=self._env)
+            code, out, err = await run_bounded([binary, *args], self._timeout_s, env=self._env)
         except FileNotFoundError:
             raise SlurmUnavailable(
-                f"{self._scontrol} not found: install the Slurm client (Debian: slurm-client) "
+                f"{binary} not found: install the Slurm client (Debian: slurm-client) "
                 "or give its path"
             ) from None
         except asyncio.TimeoutError:
             raise SlurmUnavailable(
                 f"slurmctld did not answer within {self._timeout_s:g} s; is it running? "
-                f"(scontrol {' '.join(args)})"
+                f"({os.path.basename(binary)} {' '.join(args)})"
             ) from None
         return code, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def _call(self, args: Sequence[str], answers: Sequence[str] = ()) -> tuple[int, str, str]:
+    async def _call(
+        self, args: Sequence[str], answers: Sequence[str] = (), binary: str | None = None
+    ) -> tuple[int, str, str]:
         """Run with retries. A non-zero exit whose stderr holds one of ``answers`` is returned as is."""
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
             try:
-                code, out, err = await self._exec(args)
+                code, out, err = await self._exec(args, binary)
                 if code == 0 or any(a in err for a in answers):
                     self._note(True)
                     return code, out, err
                 line = (err.strip().splitlines() or [f"exit status {code}"])[-1]
-                raise SlurmUnavailable(f"scontrol {' '.join(args)} failed: {line}")
+                name = os.path.basename(binary or self._scontrol)
+                raise SlurmUnavailable(f"{name} {' '.join(args)} failed: {line}")
             except SlurmUnavailable as exc:
                 self._note(False, str(exc))
                 if attempt == self._retries:
@@ -121,17 +160,95 @@ class ScontrolMapper:
                 self._use_json = False
         return self._use_json
 
-    async def _show(self, job_id: int | None) -> list[JobRecord]:
-        args = ["show", "job", "-d"] + ([str(job_id)] if job_id is not None else [])
-        if await self._json():
-            args = ["--json", *args]
-        code, out, err = await self._call(args, answers=_NO_JOB)
+    async def _show_json(self, job_id: int | None) -> list[JobRecord]:
+        # JSON escapes every value: nothing a user writes can make or change another record.
+        args = ["--json", "show", "job", "-d"] + ([str(job_id)] if job_id is not None else [])
+        code, out, _ = await self._call(args, answers=_NO_JOB)
         if code != 0:
             return []
         try:
-            return parse_show_job(out)
+            return parse_show_job_json(out)
         except ParseError as exc:
             raise SlurmUnavailable(f"scontrol {' '.join(args)} printed what we cannot read: {exc}") from None
+
+    async def _owners(self, job_id: int | None) -> dict[int, Owner]:
+        """Job id → (uid, user) from squeue, whose format holds no value a user sets."""
+        args = ["-h", "-a", "-t", "all", "-o", _OWNERS_FORMAT]
+        if job_id is not None:
+            args += ["-j", str(job_id)]
+        code, out, _ = await self._call(args, answers=_NO_JOB, binary=self._squeue)
+        owners: dict[int, Owner] = {}
+        if code != 0:
+            return owners
+        for line in out.split("\n"):
+            match = _OWNER_LINE.match(line.strip())
+            if match:
+                owners[int(match.group(1))] = (int(match.group(2)), match.group(3))
+        return owners
+
+    def _skip(self, count: int, errors: Sequence[str]) -> None:
+        """Count records left out; say so once in the log, not on every pass."""
+        if not count:
+            return
+        self.records_skipped += count
+        if not self._skip_logged:
+            self._skip_logged = True
+            why = errors[0] if errors else "not readable safely"
+            log.warning("slurm: left out %d job record(s) that could not be read safely (%s); "
+                        "counted from now on, not logged", count, why)
+
+    async def _one_text(self, job_id: int, owner: Owner | None) -> JobRecord | None:
+        """One job's record, asked alone: it begins at the output's first byte and ends at its last."""
+        code, out, _ = await self._call(["show", "job", "-d", str(job_id)], answers=_NO_JOB)
+        if code != 0:
+            return None
+        try:
+            listing = read_show_job_text(out, owners=None if owner is None else {job_id: owner})
+        except ParseError as exc:
+            self._skip(1, [str(exc)])
+            return None
+        for record in listing.records:
+            if record.job_id == job_id:
+                return record
+        try:
+            record = read_one_job_text(out, job_id, owner=owner)
+        except ParseError as exc:
+            self._skip(1, [str(exc)])
+            return None
+        if record is None:
+            self._skip(1, [f"scontrol show job -d {job_id} printed another job's record first"])
+        return record
+
+    async def _list_text(self) -> list[JobRecord]:
+        # squeue before scontrol: a job that appears in between is in scontrol's text only, and a record
+        # start with its id is then not trusted (it could be a forgery naming the next job id).
+        owners = await self._owners(None)
+        code, out, _ = await self._call(["show", "job", "-d"], answers=_NO_JOB)
+        if code != 0:
+            return []
+        try:
+            listing = read_show_job_text(out, owners=owners)
+        except ParseError as exc:
+            raise SlurmUnavailable(f"scontrol show job -d printed what we cannot read: {exc}") from None
+        self._skip(listing.skipped, listing.errors)
+        records = list(listing.records)
+        for job_id in listing.recheck[:RECHECK_PER_LISTING]:
+            record = await self._one_text(job_id, owners.get(job_id))
+            if record is not None:
+                records.append(record)
+        self._skip(max(0, len(listing.recheck) - RECHECK_PER_LISTING), ["too many records to ask alone"])
+        return records
+
+    async def _show(self, job_id: int | None) -> list[JobRecord]:
+        if await self._json():
+            return await self._show_json(job_id)
+        if job_id is None:
+            return await self._list_text()
+        owners = await self._owners(job_id)
+        if job_id not in owners:
+            return []  # squeue does not know it: purged, or never existed
+        record = await self._one_text(job_id, owners[job_id])
+        return [record] if record is not None else []
 
     async def show_job(self, job_id: int) -> JobRecord | None:
         """Return ``scontrol show job -d JOB`` as a record, None when Slurm does not know the job.
