@@ -238,8 +238,9 @@ def test_slurmctld_down_sets_the_note_and_backs_off(core: CollectorCore, clock: 
 
 def test_a_scontrol_that_hangs_never_blocks_the_loop(core: CollectorCore, clock: Clock, tmp_path) -> None:
     hang = tmp_path / "scontrol"
-    hang.write_text("#!/bin/sh\nexec sleep 30\n")
-    hang.chmod(0o755)
+    for client in (hang, tmp_path / "squeue"):  # the text format asks squeue for the owners first
+        client.write_text("#!/bin/sh\nexec sleep 30\n")
+        client.chmod(0o755)
     core.state.job_event("n1", JobEvent("start", "7", T0))
     registry = JobRegistry(core, ScontrolMapper(scontrol=str(hang), timeout_s=0.5, retries=0, use_json=False),
                            clock=clock)
