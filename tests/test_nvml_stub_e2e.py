@@ -1,0 +1,71 @@
+"""gpu_stall end to end on the NVML path: a real agent over the real pynvml and the C stand-in,
+a real collector, the alert seen. No GPU is needed: the stand-in plays the driver library."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
+
+from .helpers import CLI, Collector, Proc, cli, wait_for
+
+pytestmark = pytest.mark.e2e
+stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
+
+GiB = 1024**3
+RULES = """
+[gpu_stall]
+for_s = 3
+pending_after_s = 1
+busy_percent = 20
+"""
+
+
+def _firing(collector: Collector, rule: str) -> dict | None:
+    r = cli("alerts", "--collector", collector.address, "--json")
+    if r.returncode != 0:
+        return None
+    for entry in json.loads(r.stdout).get("alerts", []):
+        if entry["alert"]["rule"] == rule and entry["alert"]["state"] == "firing":
+            return entry
+    return None
+
+
+def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    state = tmp_path / "nvml-state.txt"
+    worker = subprocess.Popen(["sleep", "300"])
+    gpu = f"gpu GPU-e2e0 total={80 * GiB} used={20 * GiB} util=0 power=123000 name=NVIDIA H100 80GB HBM3\n"
+    held = gpu + f"proc GPU-e2e0 {worker.pid} {8 * GiB}\n"
+    # busy first: a fresh sample at every query (stamped 0.1 s before it)
+    write_state(state, held + f"sample GPU-e2e0 {worker.pid} 90 age_us=100000\n")
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "gpu-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--pid", str(worker.pid), "--job-id", "stall-1",
+                  "--no-provenance", "--spool-dir", str(tmp_path / "spool"),
+                  "--train-socket", str(tmp_path / "train.sock")],
+                 tmp_path / "agent.log", env=child_env(stub_lib, state))
+    try:
+        def busy_seen() -> bool:
+            r = cli("status", "stall-1", "--collector", collector.address)
+            # the process row: "... sleep  8.0 GiB  8.0 GiB ▁  90% ..."
+            return r.returncode == 0 and any("sleep" in line and " 90%" in line for line in r.stdout.splitlines())
+        wait_for(busy_seen, timeout=60, what="the worker's 90 % seen by the collector")
+        time.sleep(2)
+        # The worker stops using the GPU: NVML keeps listing it, with no utilisation sample.
+        write_state(state, held)
+        entry = wait_for(lambda: _firing(collector, "gpu_stall"), timeout=60, what="gpu_stall firing")
+        assert entry["job_id"] == "stall-1"
+        assert entry["alert"]["pid"] == worker.pid and entry["alert"]["node"] == "gpu-node"
+        assert "idle (0 %)" in entry["alert"]["description"]
+    finally:
+        assert agent.stop() == 0, agent.text()
+        collector.stop()
+        worker.kill()
+        worker.wait()
+    assert "NVML library not found" not in agent.text()
