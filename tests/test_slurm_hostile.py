@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
 from datetime import timezone
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from clusterwatch.slurm.scontrol import (
     read_one_job_text,
     read_show_job_text,
 )
+from tests.services.slurm import SlurmCluster, running_slurm_cluster
 
 UTC = timezone.utc
 FIXTURES = Path(__file__).parent / "fixtures" / "scontrol"
@@ -333,3 +336,83 @@ def test_the_registry_counts_what_it_left_out_and_keeps_the_others(tmp_path: Pat
     assert (job.user, job.state, job.note) == ("usera", "RUNNING", "")
     assert "5" not in core.state.jobs
     assert registry.records_skipped == 1  # job 5: its comment's newline leaves a line that is not Slurm's
+
+
+# ------------------------------------------------------------------- the real two-node Slurm
+
+
+@pytest.fixture(scope="module")
+def open_cluster() -> Iterator[SlurmCluster]:
+    """A cluster of our own whose folder, config and munge socket an unprivileged user can reach."""
+    with tempfile.TemporaryDirectory(prefix="cw-hostile-", dir="/tmp") as folder:
+        root = Path(folder)
+        root.chmod(0o711)
+        with running_slurm_cluster(root) as cluster:
+            (root / "munge").chmod(0o711)  # munged created it 0700; its socket is for everyone
+            yield cluster
+
+
+def _sbatch(cluster: SlurmCluster, name: str, as_nobody: bool) -> int:
+    args = ["sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", "--mem=10M", "-J", name,
+            "--wrap", "sleep 120"]
+    if as_nobody:
+        args = ["runuser", "-u", "nobody", "--", *args]
+    # Bytes, not text: subprocess's text mode would turn the \r\n of a name into \n on the way back.
+    out = subprocess.run(args, env=cluster.env, cwd="/tmp", capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    return int(out.stdout.decode().strip().split(";")[0])
+
+
+@pytest.mark.slurm
+def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(open_cluster: SlurmCluster) -> None:
+    cluster = open_cluster
+    victim = _sbatch(cluster, "victim", as_nobody=False)  # root's job, the one to steal
+    cluster.wait_job_state(victim, ["RUNNING"])
+    forged = (f"\n\nJobId={victim} JobName=stolen\n   UserId=nobody(65534) GroupId=nogroup(65534) "
+              "MCS_label=N/A\n   JobState=COMPLETED Reason=None Dependency=(null)\n   NodeList=n2")
+    names = [
+        f"x JobState=RUNNING{forged}\n\nJobId={victim + 50} JobName=rest",
+        f"y{forged}\n\nnot key value",
+        "z\n   UserId=root(0) GroupId=root(0) MCS_label=N/A\r\n   JobState=COMPLETED",
+        "w\n\n\nJobId=1 JobName=\x1c\u2028",
+    ]
+    hostile = {_sbatch(cluster, name, as_nobody=True): name for name in names}
+    # A name changed after submission, by its owner: scontrol update prints it the same way.
+    renamed = _sbatch(cluster, "plain", as_nobody=True)
+    new_name = f"r{forged}"
+    update = subprocess.run(["runuser", "-u", "nobody", "--", "scontrol", "update", f"JobId={renamed}",
+                             f"JobName={new_name}"], env=cluster.env, capture_output=True, timeout=30)
+    assert update.returncode == 0, update.stderr.decode(errors="replace")
+    hostile[renamed] = new_name
+
+    mapper = ScontrolMapper(env=cluster.env, retries=0)
+    core = CollectorCore(CollectorConfig(), Store(open_db(":memory:")))
+    for job_id in [victim, *hostile]:
+        core.state.job_event("n1", JobEvent("start", str(job_id), 1.0))
+    registry = JobRegistry(core, mapper)
+
+    async def main() -> tuple[bool, list[JobRecord], dict[int, JobRecord | None]]:
+        answered = await registry.refresh()
+        return answered, await mapper.list_jobs(), {j: await mapper.show_job(j) for j in [victim, *hostile]}
+
+    answered, running, shown = asyncio.run(main())
+    assert answered is True
+    by_id = {r.job_id: r for r in running}
+    assert (by_id[victim].uid, by_id[victim].user, by_id[victim].name) == (0, "root", "victim")
+    assert by_id[victim].state == "RUNNING" and by_id[victim].nodes
+    assert all(r.job_id in {victim, *hostile} for r in running)  # no job made up from a name
+    assert all((r.uid, r.user) == (65534, "nobody") for r in running if r.job_id != victim)
+    for job_id, name in hostile.items():
+        record = shown[job_id]
+        assert record is not None, job_id
+        assert (record.uid, record.user, record.name) == (65534, "nobody", name)
+    assert shown[victim] is not None and (shown[victim].uid, shown[victim].state) == (0, "RUNNING")
+    # The registry gives every job to its true owner and keeps the victim running, with Slurm answering.
+    assert core.state.jobs[str(victim)].user == "root" and core.state.jobs[str(victim)].state == "RUNNING"
+    for job_id, name in hostile.items():
+        assert (core.state.jobs[str(job_id)].user, core.state.jobs[str(job_id)].name) == ("nobody", name)
+    assert all(not job.note for job in core.state.jobs.values())
+    assert set(core.state.jobs) == {str(j) for j in [victim, *hostile]}
+    # Each of the two listings (the registry's pass, list_jobs) left out one made-up record: the JobId=
+    # victim+50 of the first name, unknown to squeue. The forged copies of the victim were asked alone.
+    assert registry.records_skipped == mapper.records_skipped == 2
