@@ -4,7 +4,8 @@ Starts a real collector and two real agents as separate processes (nodes
 demo-node1 and demo-node2, simulated GPUs), runs a small four-rank workload on them
 as one job (rank 3 keeps growing its host and simulated GPU memory), shows the job's
 status live, and ends by itself after --duration seconds, leaving no process behind,
-also when interrupted with Ctrl-C.
+also when interrupted: Ctrl-C, SIGTERM or SIGHUP stop everything it started and remove its
+temporary folder; it then exits 128+N for signal N (130 for Ctrl-C).
 """
 from __future__ import annotations
 
@@ -19,14 +20,11 @@ from importlib import resources
 import click
 
 from .common import fail
+from .proctree import parent_death_signal
 
 NODES = ("demo-node1", "demo-node2")
 RANKS_PER_NODE = 2
 LEAKING_RANK = 3
-
-
-class _Stop(Exception):
-    pass
 
 
 def _demo_rules() -> str | None:
@@ -53,7 +51,7 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subpr
         args += ["--leak-mib-per-s", "6", "--gpu-leak-mib-per-s", "40"]
     log = open(os.path.join(workdir, f"rank{rank}.log"), "ab")
     proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=parent_death_signal())
     log.close()
     return proc
 
@@ -78,73 +76,97 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
     from .run_cmd import _final_view
     from .stack import Stack
     from .status_cmd import fetch_job
+    from .stop_signals import StopSignals, name
 
-    def on_term(*_):
-        raise _Stop()
-
-    signal.signal(signal.SIGTERM, on_term)
     workdir = keep or tempfile.mkdtemp(prefix="clusterwatch-demo-")
     os.makedirs(workdir, exist_ok=True)
     stack = Stack(workdir)
     ranks: list[subprocess.Popen] = []
     job_id = f"demo-{os.getpid()}"
     tty = sys.stdout.isatty()
-    try:
-        rules = _demo_rules()
+    with StopSignals() as signals:
         try:
-            stack.start_collector(["--rules", rules] if rules else [])
-        except ClusterwatchError as exc:
-            fail(str(exc))
-        now = time.time()
-        for node in NODES:
-            stack.spool(node).mkdir(parents=True, exist_ok=True)
-            gpus = [f"{i}" for i in range(RANKS_PER_NODE)]
-            write_event(str(stack.spool(node)), JobEvent("start", job_id, now, os.getuid(),
-                                                         gpu_indexes=",".join(gpus)))
-        for n, node in enumerate(NODES):
-            node_ranks = [_start_rank(n * RANKS_PER_NODE + i, node, job_id, workdir, stack)
-                          for i in range(RANKS_PER_NODE)]
-            ranks += node_ranks
-            pid_args = [a for p in node_ranks for a in ("--pid", str(p.pid))]
-            stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval), "--send-interval", "0",
-                                     "--job-id", job_id, *pid_args])
-        click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
-                   f"http://127.0.0.1:{stack.metrics_port}/metrics, job {job_id} on {', '.join(NODES)}; "
-                   f"rank {LEAKING_RANK} leaks host and GPU memory.")
-        if rules:
-            click.echo("The demo uses demo_rules.toml: leak windows of seconds, not hours, "
-                       "so the leak is flagged within the minute.")
-        click.echo(f"Logs in {workdir}. Ends by itself after {duration:.0f} s; Ctrl-C ends it sooner.\n")
-        end = time.monotonic() + duration
-        while time.monotonic() < end:
-            time.sleep(min(refresh, max(0.0, end - time.monotonic())))
+            rules = _demo_rules()
             try:
-                text = render(fetch_job(stack.address, job_id))
-            except Exception as exc:  # first samples not in yet, or a transient error
-                text = f"waiting for the first samples ({type(exc).__name__})\n"
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J" + text)
-            else:
-                sys.stdout.write(f"--- {time.strftime('%H:%M:%S')}\n{text}")
-            sys.stdout.flush()
-        click.echo("\nDemo time is up: stopping the workload and closing the job.")
-        _stop_ranks(ranks)
-        now = time.time()
-        for node in NODES:
-            write_event(str(stack.spool(node)), JobEvent("end", job_id, now, os.getuid(), exit_code=0))
-        view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 4 * interval))
-        if view is not None:
-            click.echo("\nFinal summary (stored; `clusterwatch status` would show it after the job):\n")
-            click.echo(render(view), nl=False)
-    except (KeyboardInterrupt, _Stop):
-        click.echo("\nInterrupted: stopping everything the demo started.", err=True)
-    finally:
-        _stop_ranks(ranks)
-        stack.stop()
-        if keep is None:
-            import shutil
+                stack.start_collector(["--rules", rules] if rules else [])
+            except ClusterwatchError as exc:
+                fail(str(exc))
+            now = time.time()
+            for node in NODES:
+                stack.spool(node).mkdir(parents=True, exist_ok=True)
+                gpus = [f"{i}" for i in range(RANKS_PER_NODE)]
+                write_event(str(stack.spool(node)), JobEvent("start", job_id, now, os.getuid(),
+                                                             gpu_indexes=",".join(gpus)))
+            for n, node in enumerate(NODES):
+                if signals.received:
+                    break
+                node_ranks = [_start_rank(n * RANKS_PER_NODE + i, node, job_id, workdir, stack)
+                              for i in range(RANKS_PER_NODE)]
+                ranks += node_ranks
+                pid_args = [a for p in node_ranks for a in ("--pid", str(p.pid))]
+                stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval),
+                                         "--send-interval", "0", "--job-id", job_id, *pid_args])
+            if not signals.received:
+                click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
+                           f"http://127.0.0.1:{stack.metrics_port}/metrics, job {job_id} on {', '.join(NODES)}; "
+                           f"rank {LEAKING_RANK} leaks host and GPU memory.")
+                if rules:
+                    click.echo("The demo uses demo_rules.toml: leak windows of seconds, not hours, "
+                               "so the leak is flagged within the minute.")
+                click.echo(f"Logs in {workdir}. Ends by itself after {duration:.0f} s; Ctrl-C ends it sooner.\n")
+            end = time.monotonic() + duration
+            while time.monotonic() < end and not signals.received:
+                _sleep_unless(signals, min(refresh, max(0.0, end - time.monotonic())))
+                if signals.received:
+                    break
+                try:
+                    text = render(fetch_job(stack.address, job_id))
+                except Exception as exc:  # first samples not in yet, or a transient error
+                    text = f"waiting for the first samples ({type(exc).__name__})\n"
+                if tty:
+                    _out("\x1b[H\x1b[2J" + text)
+                else:
+                    _out(f"--- {time.strftime('%H:%M:%S')}\n{text}")
+            if not signals.received:
+                _out("\nDemo time is up: stopping the workload and closing the job.\n")
+                _stop_ranks(ranks)
+                now = time.time()
+                for node in NODES:
+                    write_event(str(stack.spool(node)), JobEvent("end", job_id, now, os.getuid(), exit_code=0))
+                view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 4 * interval),
+                                   give_up=lambda: bool(signals.received))
+                if view is not None and not signals.received:
+                    _out("\nFinal summary (stored; `clusterwatch status` would show it after the job):\n\n")
+                    _out(render(view))
+            if signals.received:
+                _say(f"\nInterrupted ({name(signals.received[0])}): stopping everything the demo started.")
+        finally:
+            _stop_ranks(ranks)
+            stack.stop()
+            if keep is None:
+                import shutil
 
-            shutil.rmtree(workdir, ignore_errors=True)
+                shutil.rmtree(workdir, ignore_errors=True)
+    if signals.received:
+        sys.exit(signals.exit_code)
+
+
+def _sleep_unless(signals, seconds: float) -> None:
+    """Sleep, waking within 0.1 s of a stop signal (the handler only records it)."""
+    end = time.monotonic() + seconds
+    while not signals.received and time.monotonic() < end:
+        time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+
+def _out(text: str, err: bool = False) -> None:
+    try:
+        click.echo(text, err=err, nl=False)
+    except OSError:  # a terminal that hung up (SIGHUP): the cleanup goes on
+        pass
+
+
+def _say(text: str) -> None:
+    _out(text + "\n", err=True)
 
 
 def _stop_ranks(ranks: list[subprocess.Popen]) -> None:

@@ -4,6 +4,12 @@ Starts an embedded collector and agent on loopback with a temporary store, runs 
 command, treats its process tree as the job `local-PID`, prints a one-line status
 now and then, and when the command ends prints the job's report and exits with the
 command's own exit code.
+
+Stopped by a signal (SIGTERM from kill, timeout or scancel; SIGHUP from a dropped SSH session;
+Ctrl-C), it passes the signal on, stops the command's whole tree, the collector and the agent,
+removes its temporary folder, prints the report and exits 128+N, as a shell reports a command
+signal N ended. Whatever the command leaves running when it ends is stopped too, as Slurm does
+at a job's end.
 """
 from __future__ import annotations
 
@@ -18,6 +24,11 @@ import time
 import click
 
 from .common import fail
+
+# between passing a stop signal to the command and SIGKILL to its tree: well inside Slurm's KillWait
+# (30 s by default), after which scancel kills us too and no report is printed
+GRACE_S = 5.0
+REAP_EVERY_S = 2.0  # orphans that exit become our zombies (we are their subreaper)
 
 
 def _status_line(view) -> str:
@@ -58,91 +69,191 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
     from clusterwatch.errors import ClusterwatchError
     from clusterwatch.model import JobEvent
 
+    from .proctree import become_subreaper
     from .stack import Stack
     from .status_cmd import fetch_job, view_as_dict
+    from .stop_signals import StopSignals
 
     workdir = keep or tempfile.mkdtemp(prefix="clusterwatch-run-")
     os.makedirs(workdir, exist_ok=True)
     stack = Stack(workdir)
     node = socket.gethostname().split(".")[0]
     child = None
+    command_tree = None
     code = 1
-    try:
+    # orphans of the command (a double fork, a parent that died first) come to us, not to init
+    become_subreaper()
+    with StopSignals() as signals:
         try:
-            extra = ["--rules", rules] if rules else []
-            if summary_dir:
-                extra += ["--summary-dir", os.path.abspath(summary_dir)]
-            stack.start_collector(extra)
-        except ClusterwatchError as exc:
-            fail(str(exc))
-        try:
-            # the command reports training progress (clusterwatch.train) to the embedded agent
-            env = dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node)))
-            child = subprocess.Popen(list(command), env=env)
-        except FileNotFoundError:
-            fail(f"command not found: {command[0]}", code=127)
-        except PermissionError:
-            fail(f"command not executable: {command[0]}", code=126)
-        job_id = f"local-{child.pid}"
-        write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
-        # one machine, a few processes: every poll goes out, so what is shown is never behind
-        stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
-                                 "--send-interval", "0", "--gpu-source", gpu_source])
-        click.echo(f"[clusterwatch] watching {job_id} ({' '.join(command)}); "
-                   f"collector on {stack.address}", err=True)
-        last_line = time.monotonic()
-        while True:
             try:
-                code = child.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            except KeyboardInterrupt:
-                # the terminal sent SIGINT to the command too; wait for it to end
-                continue
-            if status_every and time.monotonic() - last_line >= status_every:
-                last_line = time.monotonic()
-                try:
-                    click.echo(_status_line(fetch_job(stack.address, job_id)), err=True)
-                except Exception:
-                    pass  # the first samples may not have arrived yet
-        if code < 0:  # killed by a signal: report it the way a shell does
-            code = 128 - code
-        write_event(str(stack.spool(node)), JobEvent("end", job_id, time.time(), os.getuid(), exit_code=code))
-        view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 3 * interval))
-        if view is None:
-            click.echo(f"[clusterwatch] no samples of {job_id} reached the collector; "
-                       f"see {workdir}/agent-{node}.log", err=True)
-        elif as_json:
-            import json
-
-            click.echo(json.dumps(view_as_dict(view), indent=2, sort_keys=True), err=True)
-        else:
-            from .render import render
-
-            click.echo("\n" + render(view), err=True, nl=False)
-    finally:
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+                extra = ["--rules", rules] if rules else []
+                if summary_dir:
+                    extra += ["--summary-dir", os.path.abspath(summary_dir)]
+                stack.start_collector(extra)
+            except ClusterwatchError as exc:
+                fail(str(exc))
+            if signals.received:  # stopped while the collector started: nothing of the user's ran yet
+                sys.exit(signals.exit_code)
             try:
-                child.wait(5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        stack.stop()
-        if keep is None:
-            import shutil
+                # the command reports training progress (clusterwatch.train) to the embedded agent
+                env = dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node)))
+                child = subprocess.Popen(list(command), env=env)
+            except FileNotFoundError:
+                fail(f"command not found: {command[0]}", code=127)
+            except PermissionError:
+                fail(f"command not executable: {command[0]}", code=126)
+            command_tree = CommandTree(child, stack)
+            job_id = f"local-{child.pid}"
+            write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
+            # one machine, a few processes: every poll goes out, so what is shown is never behind
+            stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
+                                     "--send-interval", "0", "--gpu-source", gpu_source])
+            _say(f"[clusterwatch] watching {job_id} ({' '.join(command)}); collector on {stack.address}")
+            code = _supervise(command_tree, signals, status_every,
+                              lambda: _status_line(fetch_job(stack.address, job_id)))
+            if signals.received:  # what a shell reports for a command a signal ended
+                code = signals.exit_code
+            write_event(str(stack.spool(node)),
+                        JobEvent("end", job_id, time.time(), os.getuid(), exit_code=code))
+            seen = len(signals.received)
+            view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 3 * interval),
+                               give_up=lambda: len(signals.received) > seen)
+            if view is None:
+                _say(f"[clusterwatch] no samples of {job_id} reached the collector; "
+                     f"see {workdir}/agent-{node}.log")
+            elif as_json:
+                import json
 
-            shutil.rmtree(workdir, ignore_errors=True)
+                _say(json.dumps(view_as_dict(view), indent=2, sort_keys=True))
+            else:
+                from .render import render
+
+                _say("\n" + render(view), nl=False)
+        finally:
+            if command_tree is not None:
+                command_tree.stop()
+            stack.stop()
+            if keep is None:
+                import shutil
+
+                shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)
 
 
-def _final_view(stack, job_id: str, fetch_job, timeout: float):
-    """Wait until the collector has closed the job (the agent passed on the end event); its view."""
+def _say(text: str, nl: bool = True) -> None:
+    """A line to stderr; a terminal that hung up (SIGHUP) must not stop the cleanup that follows."""
+    try:
+        click.echo(text, err=True, nl=nl)
+    except OSError:
+        pass
+
+
+class CommandTree:
+    """The user's command and every process it started (orphans included: we are their subreaper)."""
+
+    def __init__(self, child: subprocess.Popen, stack) -> None:
+        self.child = child
+        self._stack = stack
+
+    def _ours(self) -> set[int]:
+        # the Popen children whose exit status their Popen objects collect
+        return {p.pid for _, p in self._stack.children} | {self.child.pid}
+
+    def pids(self) -> set[int]:
+        """Every live process below us except the embedded collector and agent (and what they run)."""
+        from .proctree import descendants
+
+        return descendants(os.getpid(), exclude={p.pid for _, p in self._stack.children})
+
+    def signal(self, sig: int, whole_tree: bool) -> int:
+        """Send `sig` to the command, or to its whole tree; how many processes it went to."""
+        from .proctree import signal_all
+
+        pids = self.pids() if whole_tree else {self.child.pid}
+        signal_all(pids, sig)
+        return len(pids)
+
+    def reap(self) -> None:
+        from .proctree import reap_orphans
+
+        reap_orphans(self._ours())
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """SIGTERM whatever of the tree still runs, SIGKILL after `grace_s`."""
+        from .proctree import stop_all
+
+        stop_all(self.pids, self._ours(), grace_s)
+        if self.child.poll() is None:
+            self.child.wait()
+
+
+def _supervise(tree: CommandTree, signals, status_every: float, status_line) -> int:
+    """Wait for the command, acting on the stop signals as they come; its exit code (128+N for signal N).
+
+    SIGTERM and SIGHUP are passed to the command, and SIGKILL follows after GRACE_S. Ctrl-C reaches the
+    command from the terminal (or is passed on when it did not); a second one sends SIGTERM to the whole
+    tree (a command that ignores SIGINT), a third SIGKILL.
+    """
+    from .stop_signals import name, terminal_sends_sigint_to_the_group
+
+    child = tree.child
+    acted = interrupts = 0
+    kill_at = None
+    last_line = last_reap = time.monotonic()
+    while True:
+        try:
+            code = child.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        for sig in signals.received[acted:]:
+            acted += 1
+            if sig != signal.SIGINT:
+                tree.signal(sig, whole_tree=False)
+                kill_at = kill_at or now + GRACE_S
+                _say(f"[clusterwatch] {name(sig)}: passed to the command; "
+                     f"SIGKILL to its processes if they still run in {GRACE_S:.0f} s")
+                continue
+            interrupts += 1
+            if interrupts == 1:
+                if not terminal_sends_sigint_to_the_group():
+                    tree.signal(signal.SIGINT, whole_tree=False)
+                _say("[clusterwatch] waiting for the command to end; Ctrl-C again stops it")
+            elif interrupts == 2:
+                n = tree.signal(signal.SIGTERM, whole_tree=True)
+                kill_at = now + GRACE_S
+                _say(f"[clusterwatch] SIGTERM to the command's {n} process(es); "
+                     f"SIGKILL in {GRACE_S:.0f} s, or at the next Ctrl-C")
+            else:
+                tree.signal(signal.SIGKILL, whole_tree=True)
+        if kill_at is not None and now >= kill_at:
+            tree.signal(signal.SIGKILL, whole_tree=True)
+            kill_at = now + 1.0  # again, for any process forked meanwhile
+        if now - last_reap >= REAP_EVERY_S:
+            last_reap = now
+            tree.reap()
+        if status_every and now - last_line >= status_every:
+            last_line = now
+            try:
+                _say(status_line())
+            except Exception:
+                pass  # the first samples may not have arrived yet
+    if code < 0:  # killed by a signal: report it the way a shell does
+        code = 128 - code
+    return code
+
+
+def _final_view(stack, job_id: str, fetch_job, timeout: float, give_up=lambda: False):
+    """Wait until the collector has closed the job (the agent passed on the end event); its view.
+
+    `give_up()` true (another Ctrl-C) stops the wait early, with what the collector has so far.
+    """
     import grpc
 
     deadline = time.monotonic() + timeout
     view = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not give_up():
         try:
             view = fetch_job(stack.address, job_id)
             if view.job.end_time:

@@ -7,15 +7,21 @@ file), a temporary store, and stops every process it started, by its pid.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from clusterwatch.errors import ClusterwatchError
 
+from .proctree import parent_death_signal
+
 START_TIMEOUT_S = 20.0
+UNIX_PATH_MAX = 108  # sun_path, NUL included
 
 
 class Stack:
@@ -30,6 +36,7 @@ class Stack:
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.grpc_port = 0
         self.metrics_port = 0
+        self._socket_dir: Path | None = None
 
     @property
     def address(self) -> str:
@@ -37,10 +44,12 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
-        # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order
+        # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order;
+        # SIGTERM when we die without stopping them (SIGKILL, OOM), so they never outlive us
         proc = subprocess.Popen(
             [sys.executable, "-m", "clusterwatch.cli.main", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=parent_death_signal(),
         )
         log.close()
         self.children.append((name, proc))
@@ -72,8 +81,17 @@ class Stack:
         ], env=env)
 
     def train_socket(self, node: str) -> Path:
-        """Each embedded agent listens on its own socket (two demo nodes share one host)."""
-        return self.spool(node) / "train.sock"
+        """Each embedded agent listens on its own socket (two demo nodes share one host).
+
+        In the spool, unless that path is too long for a Unix socket (108 bytes with the NUL, on
+        Linux: a deep $TMPDIR or --keep): then in a short folder of our own under /tmp.
+        """
+        path = self.spool(node) / "train.sock"
+        if len(os.fsencode(path)) < UNIX_PATH_MAX:
+            return path
+        if self._socket_dir is None:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="clusterwatch-sockets-", dir="/tmp"))
+        return self._socket_dir / f"{node}.sock"
 
     def spool(self, node: str) -> Path:
         return self.workdir / "spool" / node
@@ -101,3 +119,6 @@ class Stack:
                     proc.kill()
                     proc.wait()
         self.children.clear()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +104,15 @@ def test_demo_interrupted_leaves_no_process(tmp_path):
             proc.kill()
     wait_for(lambda: not any(_alive(p) for p in started), timeout=20, what="all demo processes gone")
     assert "Interrupted" in proc.stderr.read()
+
+
+def test_run_in_a_deep_folder_still_gets_the_training_socket(tmp_path):
+    # the spool's socket path is past what a Unix socket takes (108 bytes): the agent died at start
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    script = "import time; time.sleep(3)"
+    before = set(Path("/tmp").glob("clusterwatch-sockets-*"))
+    r = cli("run", "--interval", "0.5", "--gpu-source", "none", "--keep", str(deep), "--",
+            sys.executable, "-c", script, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "no samples" not in r.stderr and "clusterwatch · job local-" in r.stderr
+    assert set(Path("/tmp").glob("clusterwatch-sockets-*")) <= before, "the short socket folder goes with the run"
