@@ -5,6 +5,8 @@ Text format (every Slurm version): records separated by blank lines, each a run 
 (``GRES_IDX=`` in 19.05 and before). Some values hold spaces (``JobName=``, ``Command=``, ``WorkDir=``,
 ``StdOut=``...): Slurm prints those last on their line or on a line of their own, which is how we read
 them. ``scontrol -o`` puts a whole record on one line; there a value runs until the next ``Key=``.
+Values are printed raw, newlines included: see "What Slurm guarantees" below for how records and their
+owners are read so that no value can make or change another job's record.
 
 JSON (``scontrol --json``, Slurm 23.02+): ``{"jobs": [...]}``. ``job_state`` is a string in data_parser
 v0.0.39 and a list of flags from v0.0.40; numbers that may be unset are ``{"set", "infinite", "number"}``
