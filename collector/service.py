@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import json
 import logging
 import signal
@@ -14,6 +13,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from clusterwatch.errors import ConfigError
 
+from .agent_auth import TokenInterceptor, certificate_node_names, node_identity_error, open_ingest_warning
 from .alerting import Alerting
 from .alerts import AlertStore
 from .config import CollectorConfig
@@ -48,6 +48,30 @@ FLUSH_S = 0.2
 # Net allocations of container objects between two young-generation garbage collections (CPython's
 # default is 700). See tune_gc.
 GC_YOUNG_THRESHOLD = 50_000
+
+# What was said once already (a refused peer's reason): the counters say how often since.
+_said: set[str] = set()
+MAX_SAID = 10_000
+
+
+def peer_host(peer: str | None) -> str:
+    """The address of a gRPC peer without its port ("ipv4:10.0.0.5:40112" → "10.0.0.5")."""
+    if not peer:
+        return "an unknown peer"
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]") or rest
+    return peer
+
+
+def _say_once(key: str, message: str, *args) -> None:
+    """Log `message` the first time `key` is seen; a bounded memory, so a flood cannot grow it."""
+    if key in _said:
+        return
+    if len(_said) >= MAX_SAID:
+        _said.clear()
+    _said.add(key)
+    log.warning(message, *args)
 
 
 def tune_gc() -> None:
@@ -86,28 +110,22 @@ class TokenBucket:
 class IngestServicer(agent_pb2_grpc.IngestServicer):
     """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
 
-    def __init__(self, core: CollectorCore, token: str | None,
-                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
+    def __init__(self, core: CollectorCore, max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
         self.core = core
-        self.token = token
         self.max_samples_per_s = max_samples_per_s
         # node → queue of messages (acks, signal requests) to push to that node's agent
         self.outboxes: dict[str, asyncio.Queue] = {}
         # acks held until the next durable flush
         self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []
+        # hellos refused because the agent's certificate does not name the node it speaks for
+        self.identity_refused = 0
 
-    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
-        if not self.token:
-            return True
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and hmac.compare_digest(value, f"Bearer {self.token}"):
-                return True
-        return False
+    def counter_values(self) -> dict[str, tuple[float, str]]:
+        return {"clusterwatch_ingest_identity_refused": (
+            self.identity_refused, "Agent streams refused: the client certificate does not name the hello's node.")}
 
     async def Stream(self, request_iterator, context):
-        if not self._authorised(context):
-            self.core.counters.unauthenticated += 1
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong clusterwatch token")
+        # the token, when there is one, was checked by TokenInterceptor before this
         outbox: asyncio.Queue = asyncio.Queue()
         reader = asyncio.ensure_future(self._read(request_iterator, context, outbox))
         reader.add_done_callback(lambda _: outbox.put_nowait(None))
@@ -142,6 +160,13 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if not msg.hello.node:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello without a node name")
+                    refusal = node_identity_error(msg.hello.node, certificate_node_names(context.auth_context()))
+                    if refusal is not None:
+                        self.identity_refused += 1
+                        self.core.counters.unauthenticated += 1
+                        peer = peer_host(context.peer())
+                        _say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                     node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
                     self.outboxes[node] = outbox
                 elif kind == "batch":
@@ -316,7 +341,7 @@ class CollectorServer:
         rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
         conn = open_db(config.db_path)
         self.core = CollectorCore(config, Store(conn))
-        self.ingest = IngestServicer(self.core, config.token, config.agent_rate_limit)
+        self.ingest = IngestServicer(self.core, config.agent_rate_limit)
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
         self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal,
@@ -340,7 +365,13 @@ class CollectorServer:
 
     async def start(self) -> None:
         tune_gc()
-        server = grpc.aio.server(options=[
+        warning = open_ingest_warning(self.config.listen, self.config.token, self.config.tls_client_ca)
+        if warning:
+            log.warning("%s", warning)
+        interceptors = []
+        if self.config.token:
+            interceptors.append(TokenInterceptor(self.config.token, self._count_unauthenticated))
+        server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -375,6 +406,13 @@ class CollectorServer:
             import os
 
             os.replace(self.config.ports_file + ".tmp", self.config.ports_file)
+
+    def _count_unauthenticated(self) -> None:
+        self.core.counters.unauthenticated += 1
+
+    def counter_values(self) -> dict[str, tuple[float, str]]:
+        """The core's ingest counters and the service's own, for /metrics."""
+        return {**self.core.counter_values(), **self.ingest.counter_values()}
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
@@ -421,7 +459,7 @@ class CollectorServer:
         # and writes the text outside it (collector/exporter.py).
         exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
-            counters=self.core.counter_values, alerts=self.active_alerts,
+            counters=self.counter_values, alerts=self.active_alerts,
             after_intervals=self.config.agent_down_after_intervals,
         ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")

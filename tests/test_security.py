@@ -56,11 +56,18 @@ def _openssl(*args, cwd):
 
 
 def _make_pki(d):
-    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, as docs/operators.md says."""
+    """A CA, a server certificate for localhost/127.0.0.1 and node certificates, as docs/operators.md says.
+
+    client: the node sec-node's (its CN); alias: CN another name, sec-node among its DNS names;
+    other: another node's (other-node), which may not speak for sec-node.
+    """
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=clusterwatch-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    for name, san in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"), ("client", None)):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+    for name, cn, san in (("server", "server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+                          ("client", "sec-node", None),
+                          ("alias", "gpu-a01.example.org", "subjectAltName=DNS:gpu-a01,DNS:SEC-NODE,IP:10.0.0.1"),
+                          ("other", "other-node", "subjectAltName=DNS:other-node.example.org,IP:127.0.0.1")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}", "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", cwd=d)
         extra = []
         if san:
@@ -97,6 +104,38 @@ def test_mutual_tls(tmp_path):
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     finally:
         for p in (agent, no_cert, sleeper, collector):
+            if p is not None:
+                p.stop()
+
+
+def test_mutual_tls_binds_the_node_to_its_certificate(tmp_path):
+    """Under mTLS an agent speaks only for a node its certificate names (CN or DNS name): no other."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    _make_pki(pki)
+    collector = Collector(tmp_path, "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+                          "--tls-client-ca", str(pki / "ca.pem"))
+    sleeper = Proc([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log")
+    tls = ("--tls-ca", str(pki / "ca.pem"))
+    impostor = _agent(tmp_path, collector, sleeper.pid, *tls, "--tls-cert", str(pki / "other.pem"),
+                      "--tls-key", str(pki / "other.key"), name="impostor")
+    agent = None
+    try:
+        wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_identity_refused_total") or 0) >= 2,
+                 what="the other node's certificate refused (and refused again on its retry)")
+        wait_for(lambda: "PERMISSION_DENIED" in impostor.text(), what="the agent saying why")
+        assert "certificate is for other-node, other-node.example.org, not for node 'sec-node'" in impostor.text()
+        assert _samples(collector) == 0
+        # said once for that peer and node, however often the agent retries
+        assert collector.text().count("certificate is for other-node") == 1
+        assert (metric_value(collector.metrics(), "clusterwatch_ingest_unauthenticated_total") or 0) >= 2
+        impostor.stop()
+        # a DNS name of the certificate is the node's name too (host names compare without case)
+        agent = _agent(tmp_path, collector, sleeper.pid, *tls, "--tls-cert", str(pki / "alias.pem"),
+                       "--tls-key", str(pki / "alias.key"), name="alias")
+        wait_for(lambda: _samples(collector) > 0, what="samples from the node its certificate names")
+    finally:
+        for p in (agent, impostor, sleeper, collector):
             if p is not None:
                 p.stop()
 
