@@ -9,7 +9,7 @@ from clusterwatch.errors import ParseError
 from clusterwatch.slurm import hostlist
 from clusterwatch.slurm.listpids import parse_listpids
 from clusterwatch.slurm.proc import environ_labels, parse_cgroup, parse_environ
-from clusterwatch.slurm.scontrol import parse_show_job
+from clusterwatch.slurm.scontrol import parse_show_job, read_one_job_text, read_show_job_text
 
 _prefix = st.text(alphabet="abcxyz-_.", min_size=1, max_size=5)
 _number = st.integers(min_value=0, max_value=2000)
@@ -80,6 +80,12 @@ _scontrol_words = st.sampled_from(
         "]",
         "NumCPUs=2",
         "CPU_IDs=0",
+        "JobName=",
+        "JobId=1 JobName=",
+        "\n   UserId=a(1) GroupId=a(1) MCS_label=N/A",
+        "\n   ",
+        "\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=",
+        "\r",
     ]
 )
 
@@ -91,6 +97,25 @@ def test_show_job_raises_only_parse_error(text: str) -> None:
         parse_show_job(text)
     except ParseError:
         pass
+
+
+@settings(max_examples=300)
+@given(st.lists(_scontrol_words, max_size=40).map("".join),
+       st.dictionaries(st.integers(0, 3), st.tuples(st.integers(0, 2), st.sampled_from(["a", "b"])), max_size=3))
+def test_text_readers_raise_only_parse_error_and_return_only_listed_owners(text: str, owners: dict) -> None:
+    try:
+        read = read_show_job_text(text, owners=owners)
+    except ParseError:
+        return
+    assert read.skipped >= 0
+    for record in read.records:  # with the owners list, no record carries an owner it does not give
+        assert (record.uid, record.user) == owners[record.job_id]
+    for job_id in range(4):
+        try:
+            one = read_one_job_text(text, job_id, owner=owners.get(job_id))
+        except ParseError:
+            continue
+        assert one is None or job_id not in owners or (one.uid, one.user) == owners[job_id]
 
 
 @settings(max_examples=200)
