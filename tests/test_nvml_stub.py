@@ -273,3 +273,74 @@ def test_nested_pid_namespace_is_read_from_nspid(tmp_path: Path) -> None:
     assert not in_nested_pid_namespace(str(host))
     assert in_nested_pid_namespace(str(nested))
     assert not in_nested_pid_namespace(str(tmp_path / "absent"))
+
+
+# --- 7: a wedged GPU holds up only itself -----------------------------------------------------
+
+def test_a_wedged_gpu_reads_stale_within_the_deadline_and_the_others_go_on(
+        stub_lib: Path, tmp_path: Path, live_pids: list[int]) -> None:
+    a, b = live_pids[:2]
+    normal = gpus() + f"proc GPU-aaaa {a} {GiB}\nproc GPU-bbbb {b} {GiB}\n"
+    wedged = normal + "delay * 1500 GPU-bbbb\n"  # every call on GPU-bbbb takes 1.5 s
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [
+        {"state": normal, "now": t},
+        {"state": wedged, "now": t + 1},
+        {"state": wedged, "now": t + 2},
+        {"state": normal, "now": t + 3, "pause": 12.0},  # the calls in flight finish meanwhile
+    ], source={"deadline_s": 0.5})
+    first, slow, still, back = out["polls"]
+    assert set(by_uuid(first)) == {"GPU-aaaa", "GPU-bbbb"}
+    for poll in (slow, still):
+        assert poll["seconds"] < 1.4  # the deadline, not the wedged calls (generous)
+        assert set(by_uuid(poll)) == {"GPU-aaaa"} and uses(poll, a) == [["GPU-aaaa", GiB, 0.0]]
+        assert poll["stale"] == ["GPU-bbbb"] and poll["errors"] == 1
+    assert still["seconds"] < 0.5  # the lane is still inside the last call: not asked again
+    assert set(by_uuid(back)) == {"GPU-aaaa", "GPU-bbbb"} and back["stale"] == []
+    assert sum("did not answer within 0.5 s" in line for line in out["log"]) == 1
+    assert any("index 1 answers again" in line for line in out["log"])
+    assert out["close_seconds"] < 1.0
+
+
+def test_a_gpu_wedged_at_start_does_not_hold_up_the_opening(stub_lib: Path, tmp_path: Path) -> None:
+    state = gpus() + "delay * 1000 GPU-bbbb\n"
+    out = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()},
+                                     {"now": time.time() + 5, "pause": 8.0}], source={"deadline_s": 0.5})
+    assert out["open_seconds"] < 1.5
+    assert [g[0] for g in out["inventory"]] == ["GPU-aaaa"]
+    # Once its listing came back, it is in: listed from the lane, no restart needed.
+    assert [g[0] for g in out["polls"][1]["inventory"]] == ["GPU-aaaa", "GPU-bbbb"]
+
+
+# --- 8: the inventory is read again -----------------------------------------------------------
+
+def test_the_inventory_is_read_again_each_minute(stub_lib: Path, tmp_path: Path) -> None:
+    one = gpus().splitlines(keepends=True)[0]
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [
+        {"state": one, "now": t, "mono": 1000.0},
+        {"state": gpus(), "now": t + 5, "mono": 1005.0},   # a GPU back on the bus: not yet listed
+        {"state": gpus(), "now": t + 65, "mono": 1065.0},  # a minute on
+    ], source={"inventory_every_s": 60.0})
+    assert [g[0] for g in out["inventory"]] == ["GPU-aaaa"]
+    assert [[g[0] for g in p["inventory"]] for p in out["polls"]] == [["GPU-aaaa"], ["GPU-aaaa"],
+                                                                       ["GPU-aaaa", "GPU-bbbb"]]
+    assert set(by_uuid(out["polls"][2])) == {"GPU-aaaa", "GPU-bbbb"}
+
+
+def test_a_mig_slot_reused_by_a_new_instance_reports_under_its_own_uuid(
+        stub_lib: Path, tmp_path: Path, live_pids: list[int]) -> None:
+    pid = live_pids[0]
+    parent = f"gpu GPU-mig0 total={40 * GiB} mig=1 name=NVIDIA A100-SXM4-40GB\n"
+    old = parent + (f"mig GPU-mig0 0 MIG-old0 total={20 * GiB} used={5 * GiB} name=NVIDIA A100-SXM4-40GB MIG 3g.20gb\n"
+                    f"proc MIG-old0 {pid} {4 * GiB}\n")
+    new = parent + (f"mig GPU-mig0 0 MIG-new0 total={10 * GiB} used={GiB} name=NVIDIA A100-SXM4-40GB MIG 2g.10gb\n"
+                    f"proc MIG-new0 {pid} {GiB // 2}\n")
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [{"state": old, "now": t}, {"state": new, "now": t + 5}])
+    first, second = out["polls"]
+    assert uses(first, pid) == [["MIG-old0", 4 * GiB, None]]
+    # The handle of slot 0 now names another instance: listed again, read under its UUID.
+    assert by_uuid(second) == {"MIG-new0": ["MIG-new0", None, GiB, 10 * GiB, None]}
+    assert uses(second, pid) == [["MIG-new0", GiB // 2, None]]
+    assert second["inventory"] == [["MIG-new0", 0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB]]

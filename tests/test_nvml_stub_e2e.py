@@ -69,3 +69,39 @@ def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Pat
         worker.kill()
         worker.wait()
     assert "NVML library not found" not in agent.text()
+
+
+def test_a_wedged_gpu_holds_up_neither_the_others_nor_the_stop(stub_lib: Path, tmp_path: Path) -> None:
+    state = tmp_path / "nvml-state.txt"
+    worker = subprocess.Popen(["sleep", "300"])
+    write_state(state, (
+        f"gpu GPU-good total={80 * GiB} used={20 * GiB} util=40 power=200000 name=NVIDIA H100 80GB HBM3\n"
+        f"gpu GPU-slow total={80 * GiB} used={GiB} util=0 power=70000 name=NVIDIA H100 80GB HBM3\n"
+        f"proc GPU-good {worker.pid} {8 * GiB}\n"
+        f"sample GPU-good {worker.pid} 77 age_us=100000\n"
+        "delay * 3000 GPU-slow\n"))  # every call on that GPU takes 3 s
+    collector = Collector(tmp_path)
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "wedge-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--pid", str(worker.pid), "--job-id", "wedge-1",
+                  "--no-provenance", "--spool-dir", str(tmp_path / "spool"),
+                  "--train-socket", str(tmp_path / "train.sock")],
+                 tmp_path / "agent.log", env=child_env(stub_lib, state))
+    try:
+        started = time.monotonic()
+
+        def good_gpu_seen() -> bool:
+            r = cli("status", "wedge-1", "--collector", collector.address)
+            return r.returncode == 0 and any("sleep" in line and " 77%" in line for line in r.stdout.splitlines())
+        wait_for(good_gpu_seen, timeout=60, what="the healthy GPU's process seen")
+        # Opening waited at most its deadline for the wedged GPU, not 3 s a call.
+        assert time.monotonic() - started < 30
+        time.sleep(2)
+        stopping = time.monotonic()
+        assert agent.stop(timeout=30) == 0, agent.text()
+        assert time.monotonic() - stopping < 8, agent.text()  # one poll's deadline, flush, exit
+        assert "GPU at NVML index 1 did not answer within 0.2 s" in agent.text()
+    finally:
+        agent.stop()
+        collector.stop()
+        worker.kill()
+        worker.wait()
