@@ -202,7 +202,8 @@ def open_gpus(config):
         log.warning("no GPU backend available; running without GPU data")
         return NoGpuSource()
     try:
-        return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node)
+        return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node,
+                               interval_s=config.interval_s)
     except ConfigError as exc:
         fail(str(exc))
 

@@ -17,7 +17,8 @@ KINDS = ("auto", "nvml", "sim", "none")
 
 
 def open_gpu_source(
-    kind: str, scenario: str | None, log: logging.Logger, *, node: str | None = None
+    kind: str, scenario: str | None, log: logging.Logger, *, node: str | None = None,
+    interval_s: float = 5.0,
 ) -> GpuSource:
     """Build the GPU source the agent asked for.
 
@@ -27,6 +28,7 @@ def open_gpu_source(
             by the other kinds.
         log: where the one line goes when NVML cannot be used.
         node: the node name simulated GPU UUIDs derive from (default: the host name).
+        interval_s: the agent's poll interval (an NVML GPU's deadline is at most half of it).
 
     Returns:
         The source; `NoGpuSource` when NVML was wanted but cannot be used.
@@ -44,7 +46,7 @@ def open_gpu_source(
         from clusterwatch.agent.backends.nvml import open_nvml_source
 
         try:
-            return open_nvml_source(log=log)
+            return open_nvml_source(log=log, interval_s=interval_s)
         except SourceUnavailable as exc:
             # Once, at start: the agent runs on without GPU data rather than crash.
             log.warning("%s", exc)
