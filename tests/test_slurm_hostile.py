@@ -323,6 +323,20 @@ def test_the_mapper_gives_both_jobs_their_true_owner(tmp_path: Path, name: str, 
     assert mapper.reachability.reachable is True
 
 
+def test_records_asked_alone_are_bounded_per_listing_and_the_rest_counted(tmp_path: Path) -> None:
+    # One name forges the starts of two other jobs: three records to ask alone, one allowed.
+    name = "x\n\nJobId=8 JobName=a\n\nJobId=9 JobName=b"
+    texts = {7: record_text(7, name, NOBODY), 8: record_text(8, "p", USERA), 9: record_text(9, "q", USERA)}
+    owners = {7: NOBODY, 8: USERA, 9: USERA}
+    scontrol = _fake_slurm(tmp_path, "".join(texts.values()), texts, owners)
+    mapper = ScontrolMapper(scontrol=scontrol, use_json=False, retries=0, recheck_limit=1)
+    assert [r.job_id for r in asyncio.run(mapper.list_jobs())] == [7]
+    assert mapper.records_skipped == 2
+    mapper = ScontrolMapper(scontrol=scontrol, use_json=False, retries=0)
+    assert sorted((r.job_id, r.uid) for r in asyncio.run(mapper.list_jobs())) == [(7, 65534), (8, 1001), (9, 1001)]
+    assert mapper.records_skipped == 0
+
+
 def test_the_registry_counts_what_it_left_out_and_keeps_the_others(tmp_path: Path) -> None:
     bad = record_text(5, "b\n   NodeList=n2 x=1", NOBODY, comment="c\nJobState=COMPLETED")
     listing = bad + record_text(VICTIM, "plain", USERA)

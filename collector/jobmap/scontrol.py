@@ -44,8 +44,9 @@ _NO_PIDS = ("There are no steps for job", "does not exist on node", "no steps")
 #: squeue's format for the owners list: job id, uid, user name, space-separated; no value a user sets.
 _OWNERS_FORMAT = "%A %U %u"
 _OWNER_LINE = re.compile(r"^(\d+) (\d+) (\S+)$")
-#: At most this many records a listing are asked for one by one (those the listing could not settle).
-RECHECK_PER_LISTING = 32
+#: At most this many records a listing are asked for one by one (those the listing could not settle): one
+#: hostile name of 1024 characters can forge about 40 record starts, each naming another job to be asked.
+RECHECK_PER_LISTING = 128
 
 
 class ScontrolMapper:
@@ -63,6 +64,8 @@ class ScontrolMapper:
         use_json: force the JSON (True) or text (False) format; None probes ``scontrol --help`` once.
         squeue: the squeue binary for the owners list of the text format; None: the one beside
             ``scontrol`` when that is a path, else ``squeue``.
+        recheck_limit: at most this many records of one listing asked for alone; the rest are skipped
+            (and counted) for that pass.
 
     Attributes:
         records_skipped: job records Slurm printed that were left out because they could not be read
@@ -81,6 +84,7 @@ class ScontrolMapper:
         sleep: Callable[[float], object] = asyncio.sleep,
         use_json: bool | None = None,
         squeue: str | None = None,
+        recheck_limit: int = RECHECK_PER_LISTING,
     ) -> None:
         self._scontrol = scontrol
         if squeue is None:
@@ -89,6 +93,7 @@ class ScontrolMapper:
         self._squeue = squeue
         self.records_skipped = 0
         self._skip_logged = False
+        self._recheck_limit = recheck_limit
         self._env = dict(env) if env is not None else None
         self._timeout_s = timeout_s
         self._retries = retries
@@ -232,11 +237,11 @@ class ScontrolMapper:
             raise SlurmUnavailable(f"scontrol show job -d printed what we cannot read: {exc}") from None
         self._skip(listing.skipped, listing.errors)
         records = list(listing.records)
-        for job_id in listing.recheck[:RECHECK_PER_LISTING]:
+        for job_id in listing.recheck[: self._recheck_limit]:
             record = await self._one_text(job_id, owners.get(job_id))
             if record is not None:
                 records.append(record)
-        self._skip(max(0, len(listing.recheck) - RECHECK_PER_LISTING), ["too many records to ask alone"])
+        self._skip(max(0, len(listing.recheck) - self._recheck_limit), ["too many records to ask alone"])
         return records
 
     async def _show(self, job_id: int | None) -> list[JobRecord]:
