@@ -106,6 +106,7 @@ class CollectorCore:
         self.store = store
         self.clock = clock
         self.state = ClusterState(config.history_points, config.history_step_s)
+        self.state.owners_from_slurm = config.slurm
         self.counters = IngestCounters()
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}

@@ -146,6 +146,10 @@ class ClusterState:
         self.restored_samples: dict[ProcessKey, int] = {}
         # node → pid → the process's latest series (the one with that pid's newest start time)
         self.pids: dict[str, dict[int, ProcessSeries]] = {}
+        # Set when the registry asks Slurm: a Slurm job's owner is then Slurm's word alone, never a sample's
+        # (any client that reaches the port can send samples naming a job); until Slurm has answered for a
+        # job it has no owner, and only admins see it.
+        self.owners_from_slurm = False
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -378,8 +382,8 @@ class ClusterState:
             job.processes.add(key)
             if key.node not in job.nodes:
                 job.nodes.append(key.node)
-        if not job.user:
-            job.user = s.user
+        if not job.user and job.source != "slurm" and not (self.owners_from_slurm and s.job_id.isdigit()):
+            job.user = s.user  # a job Slurm cannot know: its owner is who the agent sees running it
 
     def add_gpus(self, node: str, msgs) -> None:
         """Record a batch's GPU readings (wire GpuSamples, a poll's worth or several, in time order).
@@ -436,8 +440,9 @@ class ClusterState:
         if job is None:
             source = "local" if event.job_id.startswith("local-") else "prolog"
             job = self.jobs[event.job_id] = JobState(event.job_id, source=source)
-        if event.user:
-            job.user = event.user
+        # The event's user is never the job's owner: any client that reaches the port can send an event.
+        # The owner is Slurm's word (collector/registry.py) or, for a job Slurm does not know, the user the
+        # node's agent sees running its processes (_join_job).
         if event.kind == "start":
             if node not in job.nodes:
                 job.nodes.append(node)
