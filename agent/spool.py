@@ -45,17 +45,24 @@ def resolve_gpus(indexes: str, inventory: Sequence[GpuInfo]) -> tuple[str, ...]:
     """Turn the GPU list a prolog saw (``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``) into GPU UUIDs.
 
     Slurm gives per-node indexes (``0,2``) and, with ``AutoDetect=nvml``, numbers GPUs as NVML does; a
-    CUDA_VISIBLE_DEVICES entry may also be a UUID or a unique UUID prefix. Entries that match no GPU of
-    the inventory are dropped: a GPU is only ever named by its UUID.
+    CUDA_VISIBLE_DEVICES entry may also be a UUID or a unique UUID prefix. With MIG, Slurm makes each
+    MIG instance a GPU of its own: CUDA_VISIBLE_DEVICES holds the instances' ``MIG-…`` UUIDs (exact),
+    and SLURM_JOB_GPUS Slurm's own device numbers, which count the instances in NVML order (a GPU's
+    instances in place of the GPU) -- the order of the inventory, not the NVML index the instances
+    share with their parent. Entries that match no GPU of the inventory are dropped: a GPU is only
+    ever named by its UUID.
 
     Args:
         indexes: comma-separated entries as the hook read them.
-        inventory: the agent's GPUs.
+        inventory: the agent's GPUs, in NVML order (MIG instances in their parent's place).
 
     Returns:
         The UUIDs, in the order given, without repeats.
     """
-    by_index = {g.index: g.uuid for g in inventory}
+    if any(g.uuid.startswith("MIG-") for g in inventory):
+        by_index = {number: g.uuid for number, g in enumerate(inventory)}
+    else:
+        by_index = {g.index: g.uuid for g in inventory}
     found: list[str] = []
     for raw in indexes.split(","):
         entry = raw.strip()

@@ -105,3 +105,56 @@ def test_a_wedged_gpu_holds_up_neither_the_others_nor_the_stop(stub_lib: Path, t
         collector.stop()
         worker.kill()
         worker.wait()
+
+
+def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_path: Path) -> None:
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    state = tmp_path / "nvml-state.txt"
+    clean = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    ranks = [subprocess.Popen(["sleep", "300"], env={**clean, "SLURM_JOB_ID": job, "SLURM_PROCID": "0",
+                                                      "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
+             for job in ("501", "502")]
+    write_state(state, (
+        f"gpu GPU-mig0 total={40 * GiB} mig=1 name=NVIDIA A100-SXM4-40GB\n"
+        f"mig GPU-mig0 0 MIG-aaaa total={20 * GiB} used={6 * GiB} name=NVIDIA A100-SXM4-40GB MIG 3g.20gb\n"
+        f"mig GPU-mig0 1 MIG-bbbb total={20 * GiB} used={3 * GiB} name=NVIDIA A100-SXM4-40GB MIG 3g.20gb\n"
+        f"gpu GPU-cccc total={80 * GiB} used=0 util=0 name=NVIDIA H100 80GB HBM3\n"
+        f"proc MIG-aaaa {ranks[0].pid} {5 * GiB}\n"
+        f"proc MIG-bbbb {ranks[1].pid} {2 * GiB}\n"))
+    spool = tmp_path / "spool"
+    # What each job's prolog leaves: Slurm's device numbers of the slices (SLURM_JOB_GPUS).
+    write_event(str(spool), JobEvent("start", "501", time.time(), gpu_indexes="0"))
+    write_event(str(spool), JobEvent("start", "502", time.time(), gpu_indexes="1"))
+    collector = Collector(tmp_path)
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "mig-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
+                  "--train-socket", str(tmp_path / "train.sock")],
+                 tmp_path / "agent.log", env={**clean, "SLURMD_NODENAME": "mig-node"})
+    try:
+        def job_memory() -> dict[str, float] | None:
+            from .helpers import metric_value
+
+            text = collector.metrics()
+            found = {job: metric_value(text, "clusterwatch_job_gpu_memory_used_bytes", job_id=job)
+                     for job in ("501", "502")}
+            return found if all(found.values()) else None
+        found = wait_for(job_memory, timeout=60, what="both jobs' GPU memory in /metrics")
+        assert found == {"501": 5 * GiB, "502": 2 * GiB}
+        text = collector.metrics()
+        from .helpers import metric_value
+
+        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-aaaa", job_id="501") == 6 * GiB
+        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-bbbb", job_id="502") == 3 * GiB
+        for job, mem in (("501", "5.0 GiB"), ("502", "2.0 GiB")):
+            out = cli("status", job, "--collector", collector.address).stdout
+            assert "GPUs: 1" in out, out
+            assert any("sleep" in line and mem in line for line in out.splitlines()), out
+    finally:
+        agent.stop()
+        collector.stop()
+        for p in ranks:
+            p.kill()
+            p.wait()
