@@ -86,14 +86,22 @@ def _node(settings: dict, env: dict[str, str]) -> str:
     return settings.get("node") or env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
+def _gpu_uuids(value: str | None) -> str:
+    """The value when it names GPUs by UUID (GPU-..., MIG-...), else empty."""
+    entries = [e.strip() for e in (value or "").split(",") if e.strip()]
+    return value if entries and all(e.startswith(("GPU-", "MIG-")) for e in entries) else ""
+
+
 def _event(kind: str, env: dict[str, str], exit_code: int | None = None):
     from clusterwatch.model import JobEvent
 
     return JobEvent(
         kind=kind, job_id=_job_id(env), time=time.time(), uid=_int_or(env.get("SLURM_JOB_UID"), 0),
         user=(env.get("SLURM_JOB_USER") or "")[:64],
-        # Indexes as Slurm numbers them on this node; the agent turns them into UUIDs.
-        gpu_indexes=(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or "")[:256],
+        # Indexes as Slurm numbers them on this node; the agent turns them into UUIDs. Under MIG,
+        # CUDA_VISIBLE_DEVICES holds the instances' MIG-... UUIDs, which name them exactly.
+        gpu_indexes=(_gpu_uuids(env.get("CUDA_VISIBLE_DEVICES")) or env.get("SLURM_JOB_GPUS")
+                     or env.get("CUDA_VISIBLE_DEVICES") or "")[:256],
         exit_code=exit_code,
     )
 
