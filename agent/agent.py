@@ -126,6 +126,9 @@ class Agent:
             self._shared_new_pids.new_round()
         gpu_poll = self.gpus.poll(now)
         self.gpu_errors += gpu_poll.errors
+        # The NVML source lists its GPUs again now and then (a reset, a MIG reconfiguration, a GPU
+        # back on the bus): job events resolve against, and the next Hello carries, the current list.
+        self.inventory = self.gpus.inventory()
         pids = self.procs.descendants(self.watched_roots(set(gpu_poll.processes)))
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         first_seen = self.labeler.label(samples)
