@@ -6,26 +6,33 @@ run when an alert fires; later steps run from `tick(now)` once the alert has bee
 firing that long (notify first, later ask for a checkpoint with SIGUSR1). Each
 step run is recorded in the store, so a restarted collector does not repeat it.
 
-Webhooks and commands run in one worker thread fed by a queue: the caller (the
-collector's ingest loop) never waits on a slow endpoint. Signals go through the
+Webhooks, commands and signals run off the caller's thread (the collector's ingest loop never
+waits on a slow endpoint), in lanes: one queue and one worker thread per (rule, step), so a slow
+action holds only its own lane and never delays another rule's actions, while one step's
+actions for one rule still run in order (a firing before its resolved). Each call has a
+deadline for the whole of it, its `timeout_s` (collector/webhook.py: urllib's own timeout is
+per read, and an endpoint dripping its answer held the only worker for 40 s on a 3 s
+timeout). A lane holds at most 100 waiting actions (more are dropped and counted) and its
+thread ends after a minute without work. Signals go through the
 `send_signal(node, pid, start_time, signum, reason)` callback the collector gives,
 since the process lives on another node; they are sent only when
 `allow_signals = true`.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
-import queue
 import signal as _signal
 import subprocess
 import threading
-import urllib.request
+import time
 from collections.abc import Callable
 
 from .alerts import Alert, AlertStore
 from .rules.config import SEVERITIES, ActionsConfig, ActionStep
 from .rules.model import FIRING, RESOLVED, AlertEvent
+from .webhook import post_json
 
 log = logging.getLogger("clusterwatch.alerts")
 
@@ -55,9 +62,9 @@ class Dispatcher:
         self.send_signal = send_signal
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
-        self._q: queue.Queue[tuple[ActionStep, dict] | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._run, name="clusterwatch-actions", daemon=True)
-        self._worker.start()
+        self.dropped = 0  # actions dropped because their lane was full
+        self._count_lock = threading.Lock()
+        self._lanes = _Lanes(self._deliver_counted)
 
     def process(self, events: list[AlertEvent] | tuple[AlertEvent, ...], now: float) -> list[Alert]:
         """Apply events to the store and run the steps due for each transition.
@@ -80,7 +87,7 @@ class Dispatcher:
             elif a.state == RESOLVED:
                 for i, step in enumerate(self.config.steps):
                     if i in a.steps_done and step.on_resolved and step.action != "signal":
-                        self._run_step(step, a)
+                        self._run_step(i, step, a)
         return changed
 
     def tick(self, now: float) -> None:
@@ -96,42 +103,36 @@ class Dispatcher:
                 continue
             self.store.mark_step_done(a.id, i)
             a.steps_done.add(i)
-            self._run_step(step, a)
+            self._run_step(i, step, a)
 
-    def _run_step(self, step: ActionStep, a: Alert) -> None:
+    def _run_step(self, index: int, step: ActionStep, a: Alert) -> None:
         payload = a.to_dict()
         if step.action == "log":
             self.logger.warning("alert %s %s [%s] %s", a.state, a.rule, a.severity, a.description)
-        elif step.action == "signal":
-            if not self.config.allow_signals or self.send_signal is None or a.pid < 0:
-                self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
-                return
-            self._q.put((step, payload))
-        else:
-            self._q.put((step, payload))
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                step, payload = item
-                self._deliver(step, payload)
-            except Exception as exc:  # one failing endpoint must not stop the worker
+            return
+        if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
+            self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
+            return
+        if not self._lanes.put((a.rule, index), (step, payload)):
+            with self._count_lock:
+                self.dropped += 1
                 self.errors += 1
-                self.logger.warning("alert action %s failed: %s", item[0].action if item else "?", exc)
-            finally:
-                self._q.task_done()
+
+    def _deliver_counted(self, item: tuple[ActionStep, dict]) -> None:
+        step, payload = item
+        try:
+            self._deliver(step, payload)
+        except Exception as exc:  # one failing endpoint must not stop its lane
+            with self._count_lock:  # lanes fail in threads of their own
+                self.errors += 1
+            self.logger.warning("alert action %s for %s failed: %s", step.action, payload.get("rule"), exc)
 
     def _deliver(self, step: ActionStep, payload: dict) -> None:
         body = json.dumps(payload, default=str).encode()
         if step.action == "webhook":
-            req = urllib.request.Request(step.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=step.timeout_s) as resp:  # noqa: S310 - URL from the rules file
-                resp.read()
+            post_json(step.url, body, step.timeout_s)
         elif step.action == "command":
+            # subprocess.run's timeout is for the whole run: it kills the command when it passes
             subprocess.run(list(step.command), input=body, timeout=step.timeout_s, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         elif step.action == "signal":
@@ -140,19 +141,82 @@ class Dispatcher:
             self.send_signal(payload["node"], payload["pid"], payload["start_time"], signum,
                              f"{payload['rule']}: {payload['description']}")
 
-    def drain(self, timeout: float = 10.0) -> None:
-        """Wait until queued actions have run (for shutdown and tests)."""
-        done = threading.Event()
-
-        def waiter() -> None:
-            self._q.join()
-            done.set()
-
-        threading.Thread(target=waiter, daemon=True).start()
-        done.wait(timeout)
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until queued actions have run (for shutdown and tests); False if some still run."""
+        return self._lanes.drain(timeout)
 
     def close(self) -> None:
-        """Finish queued actions and stop the worker."""
-        self.drain()
-        self._q.put(None)
-        self._worker.join(timeout=5)
+        """Finish queued actions (10 s at most) and stop the lanes."""
+        self._lanes.drain(10.0)
+        self._lanes.close()
+
+
+class _Lanes:
+    """A queue and a worker thread per key, started on demand; a thread ends after `idle_s` idle.
+
+    Args:
+        run: runs one item; it must not raise (the caller counts its failures).
+        max_queue: items a lane holds; put() refuses more.
+        idle_s: a lane's thread ends after this long without items.
+    """
+
+    def __init__(self, run: Callable[[object], None], max_queue: int = 100, idle_s: float = 60.0) -> None:
+        self._run_item = run
+        self.max_queue = max_queue
+        self.idle_s = idle_s
+        self._cond = threading.Condition()
+        self._queues: dict[object, collections.deque] = {}  # key -> waiting items; a key here has a thread
+        self._pending = 0  # items put and not yet run
+        self._closed = False
+
+    def put(self, key: object, item: object) -> bool:
+        """Queue an item on its key's lane; False when the lane is full or the lanes are closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            q = self._queues.get(key)
+            if q is None:
+                q = self._queues[key] = collections.deque()
+                threading.Thread(target=self._worker, args=(key, q), name="cw-action", daemon=True).start()
+            elif len(q) >= self.max_queue:
+                return False
+            q.append(item)
+            self._pending += 1
+            self._cond.notify_all()
+        return True
+
+    def _worker(self, key: object, q: collections.deque) -> None:
+        while True:
+            with self._cond:
+                deadline = time.monotonic() + self.idle_s
+                while not q and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if not q:  # idle too long, or closed: this lane goes (a later put starts a new one)
+                    del self._queues[key]
+                    return
+                item = q.popleft()
+            try:
+                self._run_item(item)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Stop taking items; each lane's thread ends once its queue is empty."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
