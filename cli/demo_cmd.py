@@ -50,8 +50,9 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subpr
     if rank == LEAKING_RANK:
         args += ["--leak-mib-per-s", "6", "--gpu-leak-mib-per-s", "40"]
     log = open(os.path.join(workdir, f"rank{rank}.log"), "ab")
+    # in the demo's folder, not the caller's: a clone's clusterwatch/ would shadow the package (see stack.py)
     proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=parent_death_signal())
+                            cwd=stack.workdir, start_new_session=True, preexec_fn=parent_death_signal())
     log.close()
     return proc
 
@@ -78,7 +79,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
     from .status_cmd import fetch_job
     from .stop_signals import StopSignals, name
 
-    workdir = keep or tempfile.mkdtemp(prefix="clusterwatch-demo-")
+    # absolute: the embedded processes run in it, not in the caller's folder
+    workdir = os.path.abspath(keep or tempfile.mkdtemp(prefix="clusterwatch-demo-"))
     os.makedirs(workdir, exist_ok=True)
     stack = Stack(workdir)
     ranks: list[subprocess.Popen] = []

@@ -74,7 +74,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
     from .status_cmd import fetch_job, view_as_dict
     from .stop_signals import StopSignals
 
-    workdir = keep or tempfile.mkdtemp(prefix="clusterwatch-run-")
+    # absolute: the embedded processes run in it, not in the caller's folder
+    workdir = os.path.abspath(keep or tempfile.mkdtemp(prefix="clusterwatch-run-"))
     os.makedirs(workdir, exist_ok=True)
     stack = Stack(workdir)
     node = socket.gethostname().split(".")[0]
@@ -86,7 +87,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
     with StopSignals() as signals:
         try:
             try:
-                extra = ["--rules", rules] if rules else []
+                # absolute: the collector runs in the stack's folder
+                extra = ["--rules", os.path.abspath(rules)] if rules else []
                 if summary_dir:
                     extra += ["--summary-dir", os.path.abspath(summary_dir)]
                 stack.start_collector(extra)

@@ -1,8 +1,11 @@
 """A collector and agents started as child processes on loopback, for `run` and `demo`.
 
 Each piece runs as its own process (`python -m clusterwatch.cli.main …`), exactly as it
-would on a cluster; the stack only picks free ports (port 0, read back from a ports
-file), a temporary store, and stops every process it started, by its pid.
+would on a cluster, in the stack's own folder: `python -m` puts the working directory first on
+sys.path, and started from the root of a clone, the clone's `clusterwatch/` folder would shadow an
+installed (non-editable) package (`python -P` would do from 3.11 only; we support 3.10). The stack
+only picks free ports (port 0, read back from a ports file), a temporary store, and stops every
+process it started, by its pid.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class Stack:
     """
 
     def __init__(self, workdir: str) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(os.path.abspath(workdir))
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.grpc_port = 0
         self.metrics_port = 0
@@ -47,7 +50,7 @@ class Stack:
         # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order;
         # SIGTERM when we die without stopping them (SIGKILL, OOM), so they never outlive us
         proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterwatch.cli.main", *args],
+            [sys.executable, "-m", "clusterwatch.cli.main", *args], cwd=self.workdir,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             preexec_fn=parent_death_signal(),
         )
