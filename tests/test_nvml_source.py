@@ -304,3 +304,22 @@ def test_mig_instances_that_cannot_be_listed_leave_the_parent_in() -> None:
     # Utilisation is not supported on a MIG-enabled GPU, memory needs privileges: None, not errors.
     assert poll.errors == 0
     assert poll.readings == [GpuReading("GPU-mig0", None, None, None, 312.5)]
+
+
+def test_the_agent_takes_the_gpus_listed_again(tmp_path) -> None:
+    from clusterwatch.agent.agent import Agent
+    from clusterwatch.agent.backends.procs import ProcSource
+    from clusterwatch.agent.config import AgentConfig
+    from clusterwatch.agent.labels import JobLabeler
+
+    gpus = two_gpus()
+    nv = FakeNvml(gpus[:1])
+    mono = [0.0]
+    agent = Agent(AgentConfig(collector=None, node="n1", spool_dir=str(tmp_path)),
+                  source(nv, clock=lambda: mono[0], inventory_every_s=60.0), ProcSource("n1"), JobLabeler({}))
+    assert [g.uuid for g in agent.hello().gpus] == ["GPU-aaaa"]
+    nv.gpus.append(gpus[1])  # back on the bus
+    mono[0] = 61.0
+    batch, _ = agent.poll()
+    assert [g.uuid for g in batch.gpus] == ["GPU-aaaa", "GPU-bbbb"]
+    assert [g.uuid for g in agent.hello().gpus] == ["GPU-aaaa", "GPU-bbbb"]
