@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -275,9 +276,16 @@ def test_for_any_name_the_other_job_is_never_given_to_its_author(name: str) -> N
 # ------------------------------------------------------------- the real ScontrolMapper, given texts
 
 
-def _fake_slurm(folder: Path, listing: str, alone: Mapping[int, str], owners: Mapping[int, Owner]) -> str:
-    """A scontrol and a squeue that print the given texts (as bytes, with no newline translation)."""
+def _fake_slurm(folder: Path, listing: str, alone: Mapping[int, str], owners: Mapping[int, Owner],
+                squeue_json: str | None = None) -> str:
+    """A scontrol and a squeue that print the given texts (as bytes, with no newline translation).
+
+    With ``squeue_json``, that squeue's --help lists --json, and --json prints it ("FAIL": exits 1 the way
+    a squeue without its JSON plugin does).
+    """
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "squeue.json").write_bytes((squeue_json or "").encode())
+    help_json = "echo '  --json'" if squeue_json else ":"
     (folder / "listing.txt").write_bytes(listing.encode())
     for job_id, text in alone.items():
         (folder / f"job-{job_id}.txt").write_bytes(text.encode())
@@ -296,6 +304,10 @@ def _fake_slurm(folder: Path, listing: str, alone: Mapping[int, str], owners: Ma
         f'cd "{folder}"\n'
         'for last; do :; done\n'
         'case "$*" in\n'
+        f'  "--help") echo "Usage: squeue [OPTIONS]"; {help_json}; exit 0 ;;\n'
+        '  "--json") grep -q "^FAIL$" squeue.json && {\n'
+        '     echo "squeue: error: serializer/json: plugin not found" >&2; exit 1; }\n'
+        '     exec cat squeue.json ;;\n'
         '  *" -j "*) grep "^$last " owners.txt && exit 0\n'
         '     echo "squeue: error: Invalid job id specified" >&2; exit 1 ;;\n'
         '  *) exec cat owners.txt ;;\n'
@@ -321,6 +333,44 @@ def test_the_mapper_gives_both_jobs_their_true_owner(tmp_path: Path, name: str, 
     assert hostile is not None and (hostile.uid, hostile.user, hostile.name) == (65534, "nobody", name)
     assert victim is not None and (victim.uid, victim.user, victim.state) == (1001, "usera", "RUNNING")
     assert mapper.reachability.reachable is True
+
+
+def _json_job(job_id: int, name: str, owner: Owner, state: str = "RUNNING") -> dict:
+    return {"job_id": job_id, "name": name, "user_id": owner[0], "user_name": owner[1], "job_state": state,
+            "nodes": "n1", "gres_detail": ["gpu:1(IDX:0)"], "cpus": 1, "tasks": 1, "exit_code": 0,
+            "time_limit": None, "submit_time": 1796127860, "start_time": 1796127861, "end_time": 0}
+
+
+@pytest.mark.parametrize("name", hostile_names(VICTIM))
+def test_where_squeue_has_json_listings_come_from_it(tmp_path: Path, name: str) -> None:
+    # Slurm 21.08-22.05: scontrol has no --json, squeue does; it escapes every value.
+    listing, alone = _listing(name, hostile_first=True)
+    doc = json.dumps({"jobs": [_json_job(HOSTILE, name, NOBODY), _json_job(VICTIM, "plain", USERA)]})
+    scontrol = _fake_slurm(tmp_path, listing, alone, OWNERS, squeue_json=doc)
+    mapper = ScontrolMapper(scontrol=scontrol, retries=0)
+    running = asyncio.run(mapper.list_jobs())
+    assert mapper.source == "squeue --json"
+    assert sorted((r.job_id, r.uid, r.user, r.name) for r in running) == [
+        (HOSTILE, 65534, "nobody", name), (VICTIM, 1001, "usera", "plain")]
+    hostile = asyncio.run(mapper.show_job(HOSTILE))  # one job: scontrol's text, read against squeue's owner
+    assert hostile is not None and (hostile.uid, hostile.name) == (65534, name)
+    assert mapper.records_skipped == 0
+
+
+def test_a_squeue_whose_json_does_not_work_falls_back_to_the_text(tmp_path: Path, caplog) -> None:
+    listing, alone = _listing("n\n\nJobId=8 JobName=x", hostile_first=True)
+    scontrol = _fake_slurm(tmp_path, listing, alone, OWNERS, squeue_json="FAIL")
+    mapper = ScontrolMapper(scontrol=scontrol, retries=0)
+    for _ in range(2):
+        running = asyncio.run(mapper.list_jobs())  # the hostile job is PENDING: not listed as active
+        assert [(r.job_id, r.uid) for r in running] == [(VICTIM, 1001)]
+    assert mapper.source == "text" and mapper.records_skipped == 0
+    said = [r.getMessage() for r in caplog.records if "squeue --json did not work" in r.getMessage()]
+    assert len(said) == 1 and "plugin not found" in said[0]
+
+
+def test_json_with_no_job_at_all_is_an_empty_listing() -> None:
+    assert parse_show_job("{\n}") == [] and parse_show_job("{}\n") == []
 
 
 def test_records_asked_alone_are_bounded_per_listing_and_the_rest_counted(tmp_path: Path) -> None:
@@ -378,7 +428,10 @@ def _sbatch(cluster: SlurmCluster, name: str, as_nobody: bool) -> int:
 
 
 @pytest.mark.slurm
-def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(open_cluster: SlurmCluster) -> None:
+@pytest.mark.parametrize("use_json", [False, None], ids=["text", "auto"])
+def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(
+    open_cluster: SlurmCluster, use_json: bool | None
+) -> None:
     cluster = open_cluster
     victim = _sbatch(cluster, "victim", as_nobody=False)  # root's job, the one to steal
     cluster.wait_job_state(victim, ["RUNNING"])
@@ -399,7 +452,7 @@ def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(open_
     assert update.returncode == 0, update.stderr.decode(errors="replace")
     hostile[renamed] = new_name
 
-    mapper = ScontrolMapper(env=cluster.env, retries=0)
+    mapper = ScontrolMapper(env=cluster.env, retries=0, use_json=use_json)
     core = CollectorCore(CollectorConfig(), Store(open_db(":memory:")))
     for job_id in [victim, *hostile]:
         core.state.job_event("n1", JobEvent("start", str(job_id), 1.0))
@@ -427,6 +480,14 @@ def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(open_
         assert (core.state.jobs[str(job_id)].user, core.state.jobs[str(job_id)].name) == ("nobody", name)
     assert all(not job.note for job in core.state.jobs.values())
     assert set(core.state.jobs) == {str(j) for j in [victim, *hostile]}
-    # Each of the two listings (the registry's pass, list_jobs) left out one made-up record: the JobId=
-    # victim+50 of the first name, unknown to squeue. The forged copies of the victim were asked alone.
-    assert registry.records_skipped == mapper.records_skipped == 2
+    if use_json is False:
+        # Each of the two listings (the registry's pass, list_jobs) left out one made-up record: the JobId=
+        # victim+50 of the first name, unknown to squeue. The forged copies of the victim were asked alone.
+        assert registry.records_skipped == mapper.records_skipped == 2
+    else:
+        # Slurm 22.05 here: scontrol has no --json, squeue has; its listing escapes every value.
+        helped = subprocess.run(["squeue", "--help"], env=cluster.env, capture_output=True, text=True, timeout=30)
+        assert mapper.source == ("squeue --json" if "--json" in helped.stdout + helped.stderr else "text")
+        assert registry.records_skipped == mapper.records_skipped == (0 if mapper.source != "text" else 2)
+    for job_id in [victim, *hostile]:
+        cluster.run(["scancel", str(job_id)], check=False)

@@ -758,7 +758,7 @@ def _json_record(job: Any, tz_unused: tzinfo | None) -> JobRecord:
 
 
 def parse_show_job_json(text: str | bytes) -> list[JobRecord]:
-    """Parse ``scontrol --json show job -d`` (data_parser v0.0.39 to v0.0.45).
+    """Parse ``scontrol --json show job -d`` (data_parser v0.0.39 to v0.0.45) or ``squeue --json`` (22.05).
 
     Args:
         text: scontrol's standard output.
@@ -776,6 +776,8 @@ def parse_show_job_json(text: str | bytes) -> list[JobRecord]:
         raise ParseError(f"scontrol --json: not JSON ({_short(str(exc))})") from None
     if not isinstance(doc, Mapping):
         raise ParseError("scontrol --json: the document is not an object")
+    if not doc:
+        return []  # squeue --json of Slurm 22.05 with no job at all prints {}
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
         errors = doc.get("errors") or []

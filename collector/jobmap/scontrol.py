@@ -5,9 +5,11 @@ polls would pile those up. Each call is killed after ``timeout_s``; calls that f
 not answer are retried with exponential backoff and jitter; the outcome is kept as a
 :class:`~clusterwatch.collector.jobmap.base.Reachability` that ``status`` can show.
 
-Without ``--json`` (Slurm before 23.02), scontrol prints values raw, and a job name, comment or path can
-hold lines that look like another job's record. Job owners are then asked first from
-``squeue -h -a -t all -o "%A %U %u"`` (numbers and login names, one job a line: nothing a user writes
+JSON escapes every value, so it is preferred: ``scontrol --json`` (Slurm 23.02+), else for listings
+``squeue --json`` (21.08 to 22.05, whose scontrol has no --json; it lists every job whatever its
+filters). In text (older Slurm, and one job's record before 23.02) scontrol prints values raw, and a job
+name, comment or path can hold lines that look like another job's record. Job owners are then asked first
+from ``squeue -h -a -t all -o "%A %U %u"`` (numbers and login names, one job a line: nothing a user writes
 reaches it), and the text is read against that list (see clusterwatch.slurm.scontrol, "What Slurm
 guarantees"): a record that does not read, or does not match, is asked for alone, and when that does not
 read either it is left out and counted (``records_skipped``), never the whole listing.
@@ -49,6 +51,10 @@ _OWNER_LINE = re.compile(r"^(\d+) (\d+) (\S+)$")
 RECHECK_PER_LISTING = 128
 
 
+class _NoAnswer(SlurmUnavailable):
+    """Slurm did not answer in time (slurmctld down or hung), rather than a command that failed."""
+
+
 class ScontrolMapper:
     """Query Slurm through ``scontrol`` (``--json`` when the installed one has it, else text).
 
@@ -61,7 +67,8 @@ class ScontrolMapper:
         max_backoff_s: cap on one wait.
         clock: returns Unix seconds (tests pass a fake).
         sleep: awaited between attempts (tests pass a fake).
-        use_json: force the JSON (True) or text (False) format; None probes ``scontrol --help`` once.
+        use_json: force ``scontrol --json`` (True) or the text format (False); None probes
+            ``scontrol --help`` once, then ``squeue --help`` for listings.
         squeue: the squeue binary for the owners list of the text format; None: the one beside
             ``scontrol`` when that is a path, else ``squeue``.
         recheck_limit: at most this many records of one listing asked for alone; the rest are skipped
@@ -102,6 +109,7 @@ class ScontrolMapper:
         self._clock = clock
         self._sleep = sleep
         self._use_json = use_json
+        self._squeue_json: bool | None = None if use_json is None else False
         self._reach = Reachability(reachable=None, since=None)
 
     @property
@@ -126,7 +134,7 @@ class ScontrolMapper:
                 "or give its path"
             ) from None
         except asyncio.TimeoutError:
-            raise SlurmUnavailable(
+            raise _NoAnswer(
                 f"slurmctld did not answer within {self._timeout_s:g} s; is it running? "
                 f"({os.path.basename(binary)} {' '.join(args)})"
             ) from None
@@ -244,11 +252,50 @@ class ScontrolMapper:
         self._skip(max(0, len(listing.recheck) - self._recheck_limit), ["too many records to ask alone"])
         return records
 
+    async def _squeue_has_json(self) -> bool:
+        if self._squeue_json is None:
+            try:
+                _, out, err = await self._exec(["--help"], self._squeue)
+                self._squeue_json = "--json" in out or "--json" in err
+            except SlurmUnavailable:
+                self._squeue_json = False
+        return self._squeue_json
+
+    @property
+    def source(self) -> str | None:
+        """Where listings come from: ``scontrol --json``, ``squeue --json``, ``text``; None before a call."""
+        if self._use_json is None:
+            return None
+        if self._use_json:
+            return "scontrol --json"
+        if self._squeue_json is None:
+            return None
+        return "squeue --json" if self._squeue_json else "text"
+
+    async def _list(self) -> list[JobRecord]:
+        if await self._json():
+            return await self._show_json(None)
+        if await self._squeue_has_json():
+            try:
+                _, out, _ = await self._call(["--json"], binary=self._squeue)
+                return parse_show_job_json(out)
+            except _NoAnswer:
+                raise
+            except (SlurmUnavailable, ParseError) as exc:
+                # If Slurm answers in text, it is this squeue's --json that fails (no JSON plugin): text
+                # from now on. If the text fails too, Slurm is down: the preference stays.
+                records = await self._list_text()
+                self._squeue_json = False
+                log.warning("slurm: squeue --json did not work (%s); reading scontrol's text instead", exc)
+                return records
+        return await self._list_text()
+
     async def _show(self, job_id: int | None) -> list[JobRecord]:
+        if job_id is None:
+            return await self._list()
         if await self._json():
             return await self._show_json(job_id)
-        if job_id is None:
-            return await self._list_text()
+        # Not squeue --json: it would list every job (22.05 ignores -j with --json) for each one asked.
         owners = await self._owners(job_id)
         if job_id not in owners:
             return []  # squeue does not know it: purged, or never existed
