@@ -470,6 +470,9 @@ class CollectorCore:
             "clusterwatch_ingest_throttled": (c.throttled, "Batches slowed down because one agent sent too much."),
             **{f"clusterwatch_ingest_refused_{reason}": (c.refused.get(reason, 0), text)
                for reason, text in REFUSAL_REASONS.items()},
+            "clusterwatch_ingest_training_unmatched": (
+                self.state.training_unmatched,
+                "Training reports dropped: no known process has their node, pid and start time."),
             "clusterwatch_store_errors": (c.store_errors, "Flushes and job closes the store refused (retried)."),
             "clusterwatch_ingest_callback_errors": (c.callback_errors,
                                                     "Rules, alerts or registry callbacks that failed on a batch."),

@@ -150,6 +150,7 @@ class ClusterState:
         # (any client that reaches the port can send samples naming a job); until Slurm has answered for a
         # job it has no owner, and only admins see it.
         self.owners_from_slurm = False
+        self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -412,9 +413,15 @@ class ClusterState:
             gpus[uuid].latest = gpu_reading_from_proto(m)
 
     def add_training(self, node: str, report: TrainingReport) -> ProcessSeries | None:
-        """Attach a training report to its process; the step rate comes from step deltas."""
-        series = self.pids.get(node, {}).get(report.pid)
+        """Attach a training report to its process, found by (node, pid, start time); the step rate comes from
+        step deltas.
+
+        A report whose process is unknown is dropped and counted (training_unmatched): after pid
+        reuse the pid alone would give one user's steps, loss and tags to another user's process.
+        """
+        series = self.processes.get(ProcessKey(node, report.pid, report.start_time))
         if series is None:
+            self.training_unmatched += 1
             return None
         if report.step is not None:
             series.step_history.append((report.time, report.step))
