@@ -473,6 +473,8 @@ class CollectorCore:
             "clusterwatch_ingest_training_unmatched": (
                 self.state.training_unmatched,
                 "Training reports dropped: no known process has their node, pid and start time."),
+            "clusterwatch_ingest_tags_dropped": (
+                self.state.tags_dropped, "Run tags dropped: past 32 keys a job, or a key or value too long."),
             "clusterwatch_store_errors": (c.store_errors, "Flushes and job closes the store refused (retried)."),
             "clusterwatch_ingest_callback_errors": (c.callback_errors,
                                                     "Rules, alerts or registry callbacks that failed on a batch."),

@@ -23,6 +23,20 @@ ENDED_STATES = frozenset(
 )
 
 
+# Bounds of a job's run tags (clusterwatch.train.tags): tags name a run (experiment, dataset, seed), a
+# handful per job; these leave plenty of room for that and none for a process that sends new keys in a loop.
+MAX_TAG_KEYS = 32
+MAX_TAG_KEY_BYTES = 64  # UTF-8
+MAX_TAG_VALUE_BYTES = 256
+
+
+def _over(text: str, limit: int) -> bool:
+    """Whether text takes more than `limit` bytes in UTF-8 (encoded only when its length leaves a doubt;
+    "replace": a lone surrogate is counted, never raised)."""
+    n = len(text)
+    return n > limit or (n * 4 > limit and len(text.encode("utf-8", "replace")) > limit)
+
+
 class Point(NamedTuple):
     """One process sample as kept in history (only what trends need); a named tuple, built once a step
     for every process."""
@@ -151,6 +165,7 @@ class ClusterState:
         # job it has no owner, and only admins see it.
         self.owners_from_slurm = False
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
+        self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -438,8 +453,20 @@ class ClusterState:
         if report.tags and series.latest.job_id:
             job = self.jobs.get(series.latest.job_id)
             if job is not None:
-                job.tags.update(report.tags)
+                self._merge_tags(job, report.tags)
         return series
+
+    def _merge_tags(self, job: JobState, tags: dict[str, str]) -> None:
+        """A report's tags into its job's, within bounds: every key ever sent was kept before, and one process
+        sending new keys in a loop grew the collector by hundreds of MB and made `status` of the job fail
+        (the reply passed the CLI's limit). A known key takes its new value; what is over is dropped, counted."""
+        held = job.tags
+        for key, value in tags.items():
+            if (_over(key, MAX_TAG_KEY_BYTES) or _over(value, MAX_TAG_VALUE_BYTES)
+                    or (key not in held and len(held) >= MAX_TAG_KEYS)):
+                self.tags_dropped += 1
+                continue
+            held[key] = value
 
     def job_event(self, node: str, event: JobEvent) -> JobState:
         """A prolog (start) or epilog (end) on a node."""
