@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -231,3 +232,53 @@ def test_spool_folders_and_gpu_uuids() -> None:
     assert resolve_gpus("1,0", inventory) == ("GPU-bbbb-2", "GPU-aaaa-1")
     assert resolve_gpus("GPU-aaaa,GPU-bbb,7,", inventory) == ("GPU-aaaa-1",)  # ambiguous and unknown dropped
     assert resolve_gpus("", inventory) == ()
+
+
+SLURM_DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _script_default(name: str) -> str:
+    text = (SLURM_DEPLOY / "slurm" / name).read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("CLUSTERWATCH=${CLUSTERWATCH:-")]
+    return line[len("CLUSTERWATCH=${CLUSTERWATCH:-"):-1]
+
+
+def test_hooks_units_and_docs_name_one_install_path() -> None:
+    units = {line.split("=", 1)[1].split()[0] for unit in (SLURM_DEPLOY / "systemd").glob("*.service")
+             for line in unit.read_text().splitlines() if line.startswith("ExecStart=")}
+    hooks = {_script_default("prolog.sh"), _script_default("epilog.sh")}
+    assert len(units) == 1 and hooks == units, (hooks, units)
+    (path,) = units
+    venv = path.removesuffix("/bin/clusterwatch")
+    assert f"python3 -m venv {venv}" in (DOCS / "operators.md").read_text()
+    assert f"python3 -m venv {venv} " in (SLURM_DEPLOY / "slurm" / "README.md").read_text()
+
+
+def _run_script(name: str, tmp_path: Path, hooks_env: str, **extra: str) -> subprocess.CompletedProcess:
+    """The shipped script as slurmd runs it: no PATH, the job's variables, our own hooks.env and log folder."""
+    env_file = tmp_path / "hooks.env"
+    env_file.write_text(hooks_env)
+    env = dict(hook_env(tmp_path / "spool", SLURM_SCRIPT_CONTEXT=f"{name}_slurmd", SLURM_JOB_EXIT_CODE2="0:0"),
+               CLUSTERWATCH_HOOKS_ENV=str(env_file), CLUSTERWATCH_HOOK_LOG_DIR=str(tmp_path / "log"), **extra)
+    return subprocess.run(["/bin/sh", str(SLURM_DEPLOY / "slurm" / f"{name}.sh")], env=env, capture_output=True,
+                          text=True, timeout=10)
+
+
+@pytest.mark.parametrize("name", ["prolog", "epilog"])
+def test_a_hook_that_cannot_find_clusterwatch_says_so_and_exits_0(tmp_path: Path, name: str) -> None:
+    missing = tmp_path / "nowhere" / "bin" / "clusterwatch"
+    start = time.monotonic()
+    proc = _run_script(name, tmp_path, f"CLUSTERWATCH={missing}\n")
+    assert proc.returncode == 0 and time.monotonic() - start < 1.5
+    assert f"clusterwatch {name}: {missing} is missing or not executable" in proc.stderr
+    assert "job 4242" in proc.stderr
+    assert proc.stderr.strip() in (tmp_path / "log" / "hooks-hk1.log").read_text()
+
+
+def test_the_shipped_epilog_runs_the_program_hooks_env_names(tmp_path: Path) -> None:
+    program = Path(sys.executable).parent / "clusterwatch"
+    proc = _run_script("epilog", tmp_path, f"CLUSTERWATCH={program}\n")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    (event,) = (tmp_path / "spool" / "hk1" / "events").glob("*.json")
+    assert json.loads(event.read_text())["kind"] == "end"
