@@ -19,6 +19,7 @@ from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore
 from .exporter import ClusterCollector, Exposition, serve_metrics
+from .grpc_limits import connection_caps, raise_open_file_limit, server_options
 from .query_auth import (
     MUNGE_RETRY_S,
     AuthError,
@@ -43,6 +44,8 @@ MAX_SAMPLES_PER_BATCH = 50_000
 # A node polled every second with a thousand processes sends 1,000 samples/s; fifty times that
 # from one stream is a flood, slowed down so it cannot starve the other agents.
 MAX_SAMPLES_PER_S_PER_AGENT = 50_000.0
+# An agent sends its Hello as soon as its stream opens; a stream silent this long is closed.
+HELLO_TIMEOUT_S = 20.0
 # Acks wait for the store: a batch is acknowledged only once durable (at most this late).
 FLUSH_S = 0.2
 # Net allocations of container objects between two young-generation garbage collections (CPython's
@@ -107,6 +110,25 @@ class TokenBucket:
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
+async def _hello_in_time(request_iterator, context, counters):
+    """The stream's messages; the first must come within HELLO_TIMEOUT_S (an agent sends its Hello at once).
+
+    A stream that opens and says nothing would otherwise hold its connection for ever.
+    """
+    messages = request_iterator.__aiter__()
+    try:
+        first = await asyncio.wait_for(messages.__anext__(), HELLO_TIMEOUT_S)
+    except StopAsyncIteration:
+        return
+    except asyncio.TimeoutError:
+        counters.rejected += 1
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"no hello within {HELLO_TIMEOUT_S:.0f} s of opening the stream")
+    yield first
+    async for msg in messages:
+        yield msg
+
+
 class IngestServicer(agent_pb2_grpc.IngestServicer):
     """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
 
@@ -154,7 +176,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         node = boot_id = None
         bucket = TokenBucket(self.max_samples_per_s, burst_s=10.0)
         try:
-            async for msg in request_iterator:
+            async for msg in _hello_in_time(request_iterator, context, self.core.counters):
                 kind = msg.WhichOneof("body")
                 if kind == "hello":
                     if not msg.hello.node:
@@ -362,6 +384,7 @@ class CollectorServer:
         self._flusher: asyncio.Future | None = None
         self._query_server: grpc.aio.Server | None = None
         self.query_port = 0
+        self._query_cap = 0
 
     async def start(self) -> None:
         tune_gc()
@@ -371,11 +394,14 @@ class CollectorServer:
         interceptors = []
         if self.config.token:
             interceptors.append(TokenInterceptor(self.config.token, self._count_unauthenticated))
+        fd_limit = raise_open_file_limit()
+        main_cap, self._query_cap = connection_caps(fd_limit, bool(self.config.query_listen))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            *server_options(main_cap),
         ])
         agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
         query = QueryServicer(self.core, await self._query_auth())
@@ -416,7 +442,7 @@ class CollectorServer:
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=server_options(self._query_cap))
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         cfg = self.config
         if cfg.tls_cert:
