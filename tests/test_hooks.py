@@ -30,6 +30,12 @@ def hook_env(spool: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+# The design's second is the hook's own work (cut at HOOK_DEADLINE_S from inside). Measured from outside,
+# the time also holds Python's start and the imports, which alone have passed a second on a loaded 2-core
+# test machine; a hook that waits past its deadline (the agent lock's 5 s wait) still shows above this.
+HOOK_WALL_BOUND_S = 4.0
+
+
 def run_hook(kind: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     proc = subprocess.run([*CLI, kind], env=env, capture_output=True, text=True, timeout=10)
@@ -66,7 +72,7 @@ def spool(tmp_path: Path):
 def test_prolog_with_collector_down_and_no_agent_returns_0_fast_and_starts_the_agent(spool: Path) -> None:
     proc, took = run_hook("prolog", hook_env(spool))
     assert proc.returncode == 0, proc.stderr
-    assert took < 1.0
+    assert took < HOOK_WALL_BOUND_S
     assert proc.stderr == ""
     node_dir = spool / "hk1"
     events = list((node_dir / "events").glob("*.json"))
@@ -83,7 +89,7 @@ def test_prolog_with_collector_down_and_no_agent_returns_0_fast_and_starts_the_a
     assert os.getsid(pid) == pid  # its own session: slurmd killing the prolog's group leaves it alone
     # A second prolog finds it running and starts nothing.
     again, took = run_hook("prolog", hook_env(spool, SLURM_JOB_ID="4243"))
-    assert again.returncode == 0 and took < 1.0
+    assert again.returncode == 0 and took < HOOK_WALL_BOUND_S
     assert agents_of(spool) == [pid]
 
 
@@ -106,7 +112,7 @@ def test_epilog_with_an_unwritable_spool_returns_0(tmp_path: Path) -> None:
     env = hook_env(blocker, SLURM_JOB_EXIT_CODE2="0:0", SLURM_SCRIPT_CONTEXT="epilog_slurmd")
     proc, took = run_hook("epilog", env)
     assert proc.returncode == 0
-    assert took < 1.0
+    assert took < HOOK_WALL_BOUND_S
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "cannot write its event" in lines[0], proc.stderr
 
@@ -115,7 +121,7 @@ def test_prolog_with_an_unwritable_spool_returns_0_and_starts_nothing(tmp_path: 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     proc, took = run_hook("prolog", hook_env(blocker))
-    assert proc.returncode == 0 and took < 1.0
+    assert proc.returncode == 0 and took < HOOK_WALL_BOUND_S
     assert len(proc.stderr.splitlines()) == 2  # the event, then the agent: one line each
     assert not agents_of(blocker)
 
@@ -131,7 +137,7 @@ def test_garbage_environment_exits_0_with_one_line(tmp_path: Path, kind: str, ga
                    CLUSTERWATCH_GPU_SOURCE="bogus", CLUSTERWATCH_INTERVAL="often", **garbage)
     proc, took = run_hook(kind, env)
     assert proc.returncode == 0
-    assert took < 1.0
+    assert took < HOOK_WALL_BOUND_S
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "SLURM_JOB_ID" in proc.stderr
     assert not (tmp_path / "spool").exists()
