@@ -11,10 +11,11 @@ from .common import collector_option, fail, query_metadata
 
 def render_alerts(entries, now: float) -> str:
     """A table of alerts: state, rule, job, where, since when, and the one-line description."""
-    from .render import human_duration
+    from .render import human_duration, printable_message
 
     if not entries:
         return "no alerts\n"
+    entries = [printable_message(e) for e in entries]
     out = [f"{'STATE':<9} {'SEVERITY':<9} {'RULE':<17} {'JOB':<12} {'NODE':<12} {'RANK':>5} {'FOR':>9}  DESCRIPTION"]
     for e in entries:
         a = e.alert

@@ -5,14 +5,110 @@ is doing (meters), then each rank and GPU with its trend, then alerts and advice
 """
 from __future__ import annotations
 
+import re
 import time
+from typing import TYPE_CHECKING
 
-from clusterwatch.v1 import query_pb2
+if TYPE_CHECKING:  # only for annotations: replay and provenance use printable() without protobuf
+    from clusterwatch.v1 import query_pb2
 
 SPARKS = "▁▂▃▄▅▆▇█"
 GIB = 1024**3
 MIB = 1024**2
 WIDTH = 78
+
+
+# C0 and C1 controls, DEL, and the bidirectional marks, embeddings, overrides and isolates ("Trojan
+# Source"): written raw, a job name, command, tag or path could move the cursor, clear or recolour the
+# screen, set the window title, hide or reorder what is shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` from users (a job name, a command, a tag, a path) with its control characters shown escaped.
+
+    ESC becomes the four characters `\\x1b`, a newline `\\x0a`: what they would have done to the terminal
+    is visible instead of done. Everything the CLI prints that came from users goes through here.
+    """
+    return _UNSAFE.sub(_escaped, text) if _UNSAFE.search(text) else text
+
+
+def printable_message(message):
+    """A copy of a protobuf message (a JobView, a JobInfo, an alert) with every string in it `printable`."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    _make_printable(copy)
+    return copy
+
+
+def _make_printable(message) -> None:
+    strings, messages, maps = _plan(message.DESCRIPTOR)
+    for name in strings:
+        value = getattr(message, name)
+        if isinstance(value, str):
+            if _UNSAFE.search(value):
+                setattr(message, name, printable(value))
+        elif any(_UNSAFE.search(v) for v in value):  # repeated string
+            value[:] = [printable(v) for v in value]
+    for name in messages:
+        field = message.DESCRIPTOR.fields_by_name[name]
+        if field.is_repeated:
+            for item in getattr(message, name):
+                _make_printable(item)
+        elif message.HasField(name):
+            _make_printable(getattr(message, name))
+    for name, values_are_messages in maps:
+        value = getattr(message, name)
+        if values_are_messages:
+            for key in list(value):
+                _make_printable(value[key])
+                if printable(key) != key:
+                    value[printable(key)].CopyFrom(value[key])
+                    del value[key]
+        else:
+            items = {printable(k) if isinstance(k, str) else k: printable(v) if isinstance(v, str) else v
+                     for k, v in value.items()}
+            value.clear()
+            value.update(items)
+
+
+_PLANS: dict = {}
+
+
+def _plan(descriptor) -> tuple[list[str], list[str], list[tuple[str, bool]]]:
+    """A message type's string fields, message fields and map fields, worked out once per type.
+
+    Message fields whose type holds no string at any depth are left out: a 512-process report
+    would otherwise walk every trend and figure. Measured 2026-12-01 on the 2-core VM: the copy and walk of
+    a 512-process, 512-GPU view take 2.5 ms of its 20 ms report.
+    """
+    plan = _PLANS.get(descriptor)
+    if plan is None:
+        strings, messages, maps = [], [], []
+        for field in descriptor.fields:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                value_type = field.message_type.fields_by_name["value"].message_type
+                maps.append((field.name, value_type is not None))
+            elif field.message_type is not None:
+                if _holds_strings(field.message_type, set()):
+                    messages.append(field.name)
+            elif field.type == field.TYPE_STRING:
+                strings.append(field.name)
+        plan = _PLANS[descriptor] = (strings, messages, maps)
+    return plan
+
+
+def _holds_strings(descriptor, seen: set) -> bool:
+    if descriptor.full_name in seen:
+        return False
+    seen.add(descriptor.full_name)
+    return any(f.type == f.TYPE_STRING or (f.message_type is not None and _holds_strings(f.message_type, seen))
+               for f in descriptor.fields)
 
 
 def human_bytes(n: float | None) -> str:
@@ -92,6 +188,7 @@ def exit_text(code: int) -> str:
 
 def render(view: query_pb2.JobView, now: float | None = None) -> str:
     """The full report for one job."""
+    view = printable_message(view)
     now = now or view.now or time.time()
     job = view.job
     lines: list[str] = []
@@ -283,7 +380,7 @@ def describe_code(record: dict) -> str:
     """One line for a provenance record: where, which commit, how clean."""
     git = record.get("git") or {}
     if git.get("error") or git.get("commit") in (None, "unknown"):
-        return f"unknown ({git.get('error') or 'no git repository'})"
+        return printable(f"unknown ({git.get('error') or 'no git repository'})")
     state = "modified" if git.get("dirty") is True else "clean"
     untracked = git.get("untracked")
     if isinstance(untracked, int) and untracked:
@@ -293,7 +390,7 @@ def describe_code(record: dict) -> str:
         state += f", diff {diff[:8]}"
     remote = git.get("remote_url")
     where = remote if remote and remote != "unknown" else git.get("root", "?")
-    return f"{where} @ {str(git.get('commit'))[:12]} ({git.get('branch', '?')}), {state}"
+    return printable(f"{where} @ {str(git.get('commit'))[:12]} ({git.get('branch', '?')}), {state}")
 
 
 def _provenance(view: query_pb2.JobView) -> list[str]:
@@ -314,7 +411,7 @@ def _provenance(view: query_pb2.JobView) -> list[str]:
         (records,) = groups.values()
         out.append(f"  {describe_code(records[0])}")
         out.append(f"  all {len(records)} recorded rank(s) run the same code")
-        command = " ".join(records[0].get("cmdline", []))
+        command = printable(" ".join(map(str, records[0].get("cmdline", []))))
         if command:
             out.append(f"  command: {command if len(command) <= WIDTH - 11 else command[:WIDTH - 12] + '…'}")
         return out
@@ -375,6 +472,8 @@ def _wrap(text: str, indent: str) -> list[str]:
 def render_jobs(jobs: list[query_pb2.JobInfo], firing: dict[str, int], now: float) -> str:
     if not jobs:
         return "no jobs known to the collector\n"
+    jobs = [printable_message(j) for j in jobs]
+    firing = {printable(k): v for k, v in firing.items()}
     out = [f"{'JOB':<14} {'USER':<10} {'STATE':<10} {'NODES':>5} {'GPUS':>4} {'RUN TIME':>11} {'ALERTS':>6}  NAME"]
     for j in jobs:
         run = ((j.end_time or now) - j.start_time) if j.start_time else 0

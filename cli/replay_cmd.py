@@ -26,6 +26,8 @@ def replay(trace: str, rules_path: str | None, fmt: str, jobs: int | None) -> No
     from clusterwatch.collector.replay import ReplayStats, event_human, event_json, replay_file
     from clusterwatch.collector.rules import load_rules
 
+    from .render import printable
+
     try:
         rules = load_rules(rules_path)
     except ConfigError as exc:
@@ -39,7 +41,7 @@ def replay(trace: str, rules_path: str | None, fmt: str, jobs: int | None) -> No
                 out.write(event_json(ev) + b"\n")
         else:
             for ev in replay_file(trace, rules, stats, jobs):
-                out.write(event_human(ev).encode() + b"\n")
+                out.write(printable(event_human(ev)).encode() + b"\n")
     except ParseError as exc:
         click.echo(f"clusterwatch replay: {exc}", err=True)
         sys.exit(2)

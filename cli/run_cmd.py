@@ -32,8 +32,9 @@ REAP_EVERY_S = 2.0  # orphans that exit become our zombies (we are their subreap
 
 
 def _status_line(view) -> str:
-    from .render import human_bytes, human_duration
+    from .render import human_bytes, human_duration, printable_message
 
+    view = printable_message(view)
     procs = [p for p in view.processes if p.alive]
     rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes"))
     gmem = sum(p.gpu_memory_bytes for p in procs if p.HasField("gpu_memory_bytes"))
@@ -110,7 +111,9 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
             # one machine, a few processes: every poll goes out, so what is shown is never behind
             stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
                                      "--send-interval", "0", "--gpu-source", gpu_source])
-            _say(f"[clusterwatch] watching {job_id} ({' '.join(command)}); collector on {stack.address}")
+            from .render import printable
+
+            _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
             code = _supervise(command_tree, signals, status_every,
                               lambda: _status_line(fetch_job(stack.address, job_id)))
             if signals.received:  # what a shell reports for a command a signal ended
