@@ -18,9 +18,10 @@ How NVML errors map (codes from nvml.h, read from `NVMLError.value`):
     LibraryNotFound, DriverNotLoaded,   at construction: SourceUnavailable with one line
     ... (any error in nvmlInit)         that says what and what to do
 
-Each GPU's calls run in its own thread (`nvml_lanes.Lane`) under a per-poll deadline: a GPU
-that has not answered by then reads stale for that poll and is counted, and the other GPUs
-and the host sampling go on. The inventory is read again every minute and whenever a device
+The GPUs are read off the poll thread under a per-poll deadline (`nvml_rounds.Rounds`: the
+healthy ones in turn on one thread, a GPU that overran on a thread of its own): a GPU that has
+not answered by then reads stale for that poll and is counted, and the other GPUs and the host
+sampling go on. The inventory is read again every minute and whenever a device
 stops answering or its handle names another UUID (a reset, a MIG reconfiguration).
 
 Nothing here logs per poll: failures are counted in `GpuPoll.errors`, and a GPU that
@@ -32,12 +33,11 @@ import logging
 import os
 import time
 import warnings
-from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.nvml_lanes import Lane
+from clusterwatch.agent.backends.nvml_rounds import Rounds
 from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
 
 from clusterwatch.errors import SourceUnavailable
@@ -120,10 +120,9 @@ class _Device:
 
 @dataclass(slots=True)
 class _Gpu:
-    """One NVML index (a physical GPU): its lane and the devices it shows (itself or its MIG instances)."""
+    """One NVML index (a physical GPU) and the devices it shows (itself or its MIG instances)."""
 
     index: int
-    lane: Lane
     devices: list[_Device] = field(default_factory=list)
     enumerate_due: bool = True
     stuck: bool = False  # past its deadline at the last poll (logged once an episode)
@@ -220,6 +219,7 @@ class NvmlGpuSource:
             raise SourceUnavailable(_init_line(exc)) from None
         self._proc_getters = {kind: self._getters(base) for kind, base in _GETTER_BASES.items()}
         self._gpus: list[_Gpu] = []
+        self._rounds = Rounds(deadline_s)
         self._startup_errors = 0
         try:
             self._add_indexes()
@@ -231,7 +231,7 @@ class NvmlGpuSource:
             ) from None
         self._startup_errors = self._enumerate_all()
         self._next_inventory = self._clock() + inventory_every_s
-        if not self.inventory() and not any(g.lane.busy for g in self._gpus):
+        if not self.inventory() and not self._rounds.busy:
             self.close()
             raise SourceUnavailable(
                 "NVML found no usable GPU on this node; running without GPU data. "
@@ -265,31 +265,26 @@ class NvmlGpuSource:
             out.errors += self._add_indexes_quietly()
             for g in self._gpus:
                 g.enumerate_due = True
-        jobs = {}
-        for g in self._gpus:
-            if not g.devices and not g.enumerate_due:
-                continue  # left out; listed again on the inventory cadence
-            future = g.lane.submit(self._read_gpu, g, now)
-            if future is not None:
-                jobs[g.index] = future
-        done, _ = wait(jobs.values(), timeout=self._deadline_s) if jobs else (set(), set())
-        for g in self._gpus:
-            future = jobs.get(g.index)
-            if future is None and not g.lane.busy:
-                continue
-            if future is None or future not in done:
-                self._past_deadline(g, out)
-                continue
+        wanted = [g.index for g in self._gpus if g.devices or g.enumerate_due]  # the left out wait for the cadence
+        round_ = self._rounds.run(self._read_index, wanted, now)
+        for index in round_.newly_late:
+            self._log.warning("GPU at NVML index %d did not answer within %.1f s; its readings are "
+                              "stale until it does", index, self._deadline_s)
+        for index in round_.late:
+            g = self._gpus[index]
+            g.stuck = True
+            out.errors += 1
+            out.stale.extend(d.info.uuid for d in g.devices)
+        for index, (ok, value) in sorted(round_.done.items()):
+            g = self._gpus[index]
             if g.stuck:
                 g.stuck = False
-                self._log.warning("GPU at NVML index %d answers again", g.index)
-            exc = future.exception()
-            if exc is not None:  # a bug in reading one GPU: counted, said once, the others stand
+                self._log.warning("GPU at NVML index %d answers again", index)
+            if not ok:  # a bug in reading one GPU: counted, said once, the others stand
                 out.errors += 1
-                self._once(f"bug{type(exc).__name__}", "reading GPU at NVML index %d failed: %r",
-                           g.index, exc)
+                self._once(f"bug{type(value).__name__}", "reading GPU at NVML index %d failed: %r", index, value)
                 continue
-            result: _Result = future.result()
+            result: _Result = value
             out.readings.extend(result.readings)
             out.stale.extend(result.stale)
             out.errors += result.errors
@@ -301,9 +296,8 @@ class NvmlGpuSource:
         """Release NVML (one nvmlShutdown for the nvmlInit), unless a GPU is inside a call."""
         if self._closed:
             return
-        for g in self._gpus:
-            g.lane.stop()
-        if any(g.lane.busy for g in self._gpus):
+        self._rounds.stop()
+        if self._rounds.busy:
             # nvmlShutdown would wait for the wedged call; the process ends without it.
             self._closed = True
             return
@@ -312,9 +306,9 @@ class NvmlGpuSource:
     # --- inventory ---------------------------------------------------------------------
 
     def _add_indexes(self) -> None:
-        """A lane for every NVML index not seen yet (the count may grow after a GPU comes back)."""
+        """Track every NVML index not seen yet (the count may grow after a GPU comes back)."""
         for index in range(len(self._gpus), self._nv.nvmlDeviceGetCount()):
-            self._gpus.append(_Gpu(index, Lane(f"cw-gpu{index}")))
+            self._gpus.append(_Gpu(index))
 
     def _add_indexes_quietly(self) -> int:
         try:
@@ -324,20 +318,14 @@ class NvmlGpuSource:
         return 0
 
     def _enumerate_all(self) -> int:
-        """List every GPU at start, each within the deadline; the number that could not be listed."""
-        jobs = {g.index: g.lane.submit(self._list_gpu, g) for g in self._gpus}
-        done, _ = wait([j for j in jobs.values() if j is not None], timeout=self._deadline_s)
-        errors = 0
-        for g in self._gpus:
-            job = jobs[g.index]
-            if job not in done:
-                errors += 1
-                g.stuck = True
-                self._log.warning("GPU at NVML index %d did not answer within %.1f s; "
-                                  "left out until it does", g.index, self._deadline_s)
-            elif job.exception() is not None or not job.result():
-                errors += 1
-        return errors
+        """List every GPU at start, within the deadline; the number that could not be listed."""
+        round_ = self._rounds.run(lambda index: self._list_gpu(self._gpus[index]), [g.index for g in self._gpus])
+        for index in round_.late:
+            self._gpus[index].stuck = True
+            self._log.warning("GPU at NVML index %d did not answer within %.1f s; "
+                              "left out until it does", index, self._deadline_s)
+        failed = sum(1 for ok, listed in round_.done.values() if not ok or not listed)
+        return len(round_.late) + failed
 
     def _list_gpu(self, g: _Gpu) -> bool:
         """List one index's devices (in its lane); False when it cannot be listed (left out)."""
@@ -433,6 +421,9 @@ class NvmlGpuSource:
         return [getattr(self._nv, n) for n in names if hasattr(self._nv, n)]
 
     # --- one GPU, in its lane ------------------------------------------------------------
+
+    def _read_index(self, index: int, now: float) -> _Result:
+        return self._read_gpu(self._gpus[index], now)
 
     def _read_gpu(self, g: _Gpu, now: float) -> _Result:
         result = _Result()
@@ -609,14 +600,6 @@ class NvmlGpuSource:
             samples = []
         fresh, dev.util_last_ts = newest_by_pid(samples, live, since, now, slack_s=self._window_s)
         return process_util(live, fresh, dev.util_seen, now, self._hold_s, answered)
-
-    def _past_deadline(self, g: _Gpu, out: GpuPoll) -> None:
-        out.errors += 1
-        out.stale.extend(d.info.uuid for d in g.devices)
-        if not g.stuck:
-            g.stuck = True
-            self._log.warning("GPU at NVML index %d did not answer within %.1f s; its readings are "
-                              "stale until it does", g.index, self._deadline_s)
 
     def _once(self, key: str, fmt: str, *args: Any) -> None:
         if key not in self._said:

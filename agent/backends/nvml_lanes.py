@@ -1,10 +1,9 @@
-"""One thread per physical GPU for its NVML calls, so a wedged GPU holds up only itself.
+"""A thread that runs NVML calls one job at a time, so a wedged GPU holds up only that thread.
 
 An NVML call on a GPU that stopped answering can block for seconds inside the driver, and
-ctypes cannot interrupt it. Each GPU's calls therefore run in that GPU's own thread (its
-"lane"); the poll waits for all lanes up to a deadline and reads a lane that has not finished
-as stale for that poll. A lane still inside an old call is not given a new one: the call in
-flight is left to finish, however long it takes, and the lane is busy until then. Lanes are
+ctypes cannot interrupt it. The reads therefore run off the poll thread, in lanes (see
+`nvml_rounds`); the poll waits for them up to a deadline. A lane still inside an old call is
+not given a new one: the call in flight is left to finish, however long it takes. Lanes are
 daemon threads: a C call that never returns cannot keep the agent from stopping.
 """
 from __future__ import annotations
@@ -20,7 +19,7 @@ __all__ = ["Lane"]
 
 
 class Lane:
-    """A thread that runs one job at a time for one GPU.
+    """A thread that runs one job at a time.
 
     Args:
         name: the thread's name, as `top -H` shows it (15 bytes at most).
