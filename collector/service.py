@@ -20,6 +20,7 @@ from .config import CollectorConfig
 from .core import CollectorCore
 from .exporter import ClusterCollector, Exposition, serve_metrics
 from .grpc_limits import connection_caps, raise_open_file_limit, server_options
+from .listen_check import taken_error
 from .query_auth import (
     MUNGE_RETRY_S,
     AuthError,
@@ -355,6 +356,22 @@ def _server_credentials(config: CollectorConfig) -> grpc.ServerCredentials | Non
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
+# gRPC's default SO_REUSEPORT let a second collector bind a running one's port and take some of its
+# agents; one collector a port (collector/listen_check.py).
+NO_REUSEPORT = ("grpc.so_reuseport", 0)
+
+
+def _bind(server: grpc.aio.Server, listen: str, flag: str, creds: grpc.ServerCredentials | None) -> int:
+    """Add the port `listen` to `server`; the port bound, or ConfigError in one line when it cannot be."""
+    try:
+        port = server.add_insecure_port(listen) if creds is None else server.add_secure_port(listen, creds)
+    except RuntimeError:  # taken in between, or an address gRPC cannot use
+        port = 0
+    if not port:
+        raise ConfigError(f"cannot listen on {listen} ({flag}); is another collector using the port?")
+    return port
+
+
 class CollectorServer:
     """The running collector: gRPC server, Prometheus endpoint, periodic tick."""
 
@@ -387,6 +404,11 @@ class CollectorServer:
         self._query_cap = 0
 
     async def start(self) -> None:
+        # a taken port stops the start before anything else is said or opened
+        for listen, flag in ((self.config.listen, "--listen"), (self.config.query_listen, "--query-listen")):
+            problem = taken_error(listen, flag) if listen else None
+            if problem is not None:
+                raise ConfigError(problem)
         tune_gc()
         warning = open_ingest_warning(self.config.listen, self.config.token, self.config.tls_client_ca)
         if warning:
@@ -401,18 +423,13 @@ class CollectorServer:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            NO_REUSEPORT,
             *server_options(main_cap),
         ])
         agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
         query = QueryServicer(self.core, await self._query_auth())
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
-        creds = _server_credentials(self.config)
-        if creds is None:
-            self.grpc_port = server.add_insecure_port(self.config.listen)
-        else:
-            self.grpc_port = server.add_secure_port(self.config.listen, creds)
-        if not self.grpc_port:
-            raise OSError(f"cannot listen on {self.config.listen}")
+        self.grpc_port = _bind(server, self.config.listen, "--listen", _server_credentials(self.config))
         await server.start()
         self._server = server
         if self.config.query_listen:
@@ -442,19 +459,17 @@ class CollectorServer:
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
-        server = grpc.aio.server(options=server_options(self._query_cap))
+        server = grpc.aio.server(options=[NO_REUSEPORT, *server_options(self._query_cap)])
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         cfg = self.config
+        creds = None
         if cfg.tls_cert:
             with open(cfg.tls_cert, "rb") as f:
                 cert = f.read()
             with open(cfg.tls_key, "rb") as f:
                 key = f.read()
-            self.query_port = server.add_secure_port(cfg.query_listen, grpc.ssl_server_credentials([(key, cert)]))
-        else:
-            self.query_port = server.add_insecure_port(cfg.query_listen)
-        if not self.query_port:
-            raise OSError(f"cannot listen on {cfg.query_listen}")
+            creds = grpc.ssl_server_credentials([(key, cert)])
+        self.query_port = _bind(server, cfg.query_listen, "--query-listen", creds)
         await server.start()
         self._query_server = server
 

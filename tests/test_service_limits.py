@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
-from .helpers import CLI, Proc, metric_value, wait_for
+from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -115,3 +116,23 @@ def test_a_stream_that_never_says_hello_is_closed(tmp_path):
     finally:
         channel.close()
         collector.stop()
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--query-listen"])
+def test_a_second_collector_on_a_taken_port_says_so_and_exits(tmp_path, flag):
+    first = Collector(tmp_path, "--query-listen", "127.0.0.1:0", name="first")
+    try:
+        ports = json.loads(first.ports_file.read_text())
+        taken = ports["grpc"] if flag == "--listen" else ports["query"]
+        args = [*CLI, "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                "--query-auth", "none", "--db", str(tmp_path / "second.db"), flag, f"127.0.0.1:{taken}"]
+        second = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{taken}: the port is in use" in lines[0], lines
+        assert flag in lines[0]
+        # the first one keeps its port, and answers
+        assert cli("jobs", "--collector", first.address).returncode == 0
+        assert first.popen.poll() is None
+    finally:
+        first.stop()
