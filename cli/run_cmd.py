@@ -58,12 +58,16 @@ def _status_line(view) -> str:
               show_default=True)
 @click.option("--rules", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Rules file for the embedded collector.")
-@click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="The final report as JSON, on stdout once the command has ended (the report is on stderr "
+                   "otherwise: stdout is the command's).")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the final report (JSON with --json) to this file instead.")
 @click.option("--summary-dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Also write the job's JSON summary (clusterwatch-local-PID.json) into this folder.")
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="Keep the store and logs in this folder instead of a temporary one.")
-def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir, keep) -> None:
+def run(command, interval, status_every, gpu_source, rules, as_json, output, summary_dir, keep) -> None:
     """Run COMMAND and watch its whole process tree (use `--` before the command)."""
     from clusterwatch.agent.spool import write_event
 
@@ -76,6 +80,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
     from .stop_signals import StopSignals
 
     # absolute: the embedded processes run in it, not in the caller's folder
+    if output and not os.access(os.path.dirname(os.path.abspath(output)), os.W_OK):
+        fail(f"cannot write the report to {output}: its folder does not exist or is not writable")
     workdir = os.path.abspath(keep or tempfile.mkdtemp(prefix="clusterwatch-run-"))
     os.makedirs(workdir, exist_ok=True)
     stack = Stack(workdir)
@@ -126,14 +132,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
             if view is None:
                 _say(f"[clusterwatch] no samples of {job_id} reached the collector; "
                      f"see {workdir}/agent-{node}.log")
-            elif as_json:
-                import json
-
-                _say(json.dumps(view_as_dict(view), indent=2, sort_keys=True))
             else:
-                from .render import render
-
-                _say("\n" + render(view), nl=False)
+                _report(view, as_json, output, view_as_dict)
         finally:
             if command_tree is not None:
                 command_tree.stop()
@@ -143,6 +143,33 @@ def run(command, interval, status_every, gpu_source, rules, as_json, summary_dir
 
                 shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)
+
+
+def _report(view, as_json: bool, output: str | None, view_as_dict) -> None:
+    """The final report: to `output`, else JSON to stdout (machine output) or text to stderr."""
+    if as_json:
+        import json
+
+        text = json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
+    else:
+        from .render import render
+
+        text = render(view)
+    if output:
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            _say(f"clusterwatch: cannot write the report to {output}: {exc.strerror}")
+            return
+        _say(f"[clusterwatch] report written to {output}")
+    elif as_json:
+        try:
+            click.echo(text, nl=False)
+        except OSError:  # stdout gone (a closed pipe, a hung-up terminal): the cleanup goes on
+            pass
+    else:
+        _say("\n" + text, nl=False)
 
 
 def _say(text: str, nl: bool = True) -> None:

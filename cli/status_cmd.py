@@ -82,13 +82,22 @@ def complete_job_ids(ctx: click.Context, param, incomplete: str):
             if j.job_id.startswith(incomplete)]
 
 
+def _job_id(ctx: click.Context, param, value: str) -> str:
+    if not value.strip():
+        raise click.BadParameter("is empty: give a job id, as `clusterwatch jobs` lists them")
+    return value
+
+
 @click.command()
-@click.argument("job_id", shell_complete=complete_job_ids)
+@click.argument("job_id", shell_complete=complete_job_ids, callback=_job_id)
 @collector_option
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON document.")
-@click.option("--watch", "watch", type=float, default=None, is_flag=False, flag_value=5.0,
-              help="Refresh in place every N seconds (default 5) until Ctrl-C.")
-def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> None:
+# a flag, not an option with an optional value: `--watch 4242` took the job id for the interval
+@click.option("--watch", "watch", is_flag=True,
+              help="Refresh until Ctrl-C: in place on a terminal; else one report (one JSON line) each time.")
+@click.option("-n", "--interval", "interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
+def status(job_id: str, collector: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show a job: its nodes, ranks and GPUs, memory and utilisation trends, alerts and advice."""
     # `munge -n` runs (on another core) while grpc and protobuf import; the first request takes its credential
     credential: MungeCredential | None = MungeCredential()
@@ -105,11 +114,14 @@ def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> N
         if as_json:
             import json
 
+            if watch and not tty:  # a stream a script reads: one document a line
+                return json.dumps(view_as_dict(view), sort_keys=True) + "\n"
             return json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
         from .render import render
 
         return render(view)
 
+    tty = sys.stdout.isatty()
     if not watch:
         exit_quickly_when_done()
         click.echo(once(), nl=False)
@@ -117,12 +129,18 @@ def status(job_id: str, collector: str, as_json: bool, watch: float | None) -> N
     try:
         while True:
             text = once()
-            # clear the screen and home the cursor, then draw: refresh in place
-            sys.stdout.write("\x1b[H\x1b[2J" + text)
+            if tty:  # clear the screen and home the cursor, then draw: refresh in place
+                sys.stdout.write("\x1b[H\x1b[2J" + text)
+            elif as_json:
+                sys.stdout.write(text)
+            else:  # a file or a pipe gets no terminal codes: one report after another
+                sys.stdout.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n{text}")
             sys.stdout.flush()
-            time.sleep(watch)
+            time.sleep(interval)
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:  # `| head` has read enough: leave quietly, as other filters do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @click.command()
