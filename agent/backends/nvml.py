@@ -585,7 +585,7 @@ class NvmlGpuSource:
             return {}
         if "process_util" in dev.unsupported:
             return {}
-        since = query_since(dev.util_last_ts, now, self._window_s)
+        since = query_since(dev.util_last_ts, now, self._window_s, slack_s=self._window_s)
         answered = True
         try:
             samples = self._nv.nvmlDeviceGetProcessUtilization(dev.handle, since)
@@ -598,7 +598,8 @@ class NvmlGpuSource:
                     return {}
                 answered = False
             samples = []
-        fresh, dev.util_last_ts = newest_by_pid(samples, live, since, now, slack_s=self._window_s)
+        fresh, dev.util_last_ts = newest_by_pid(samples, live, since, now, slack_s=self._window_s,
+                                                oldest_s=self._hold_s)
         return process_util(live, fresh, dev.util_seen, now, self._hold_s, answered)
 
     def _once(self, key: str, fmt: str, *args: Any) -> None:

@@ -5,12 +5,13 @@ in microseconds, and returns those newer than the `lastSeenTimeStamp` asked with
 sample only for a process that used the GPU in the sample period: a process NVML lists on the
 GPU with no sample is idle, and reads 0 % (not "unknown"), provided the query itself answered.
 
-The wall clock can step (NTP, a VM resumed) in either direction, and the buffer is minutes
-deep, so `since` is never older than one window before `now` (the first query, and a clock
-stepped forward, do not take minutes-old samples as current) and never later than `now` (after
-a step back, the last-seen stamp lies in the future; asking from it would find nothing newer for
-as long as the step). Samples stamped in the future (from before a step back) are not taken.
-These functions are pure: the source keeps the state between polls.
+The buffer is minutes deep and the wall clock can step (NTP, a VM resumed). So a first query
+asks from one window before `now` (not from 0, which would take minutes-old samples as
+current); a later one asks from the newest stamp taken, unless that lies in the future (the
+clock stepped back: asking from it would find nothing newer for as long as the step), when it
+asks from one window back again. Samples stamped in the future (from before a step back) or
+older than the hold (from before a step forward) are not taken. These functions are pure: the
+source keeps the state between polls.
 """
 from __future__ import annotations
 
@@ -22,26 +23,27 @@ __all__ = ["query_since", "newest_by_pid", "process_util"]
 _US = 1_000_000
 
 
-def query_since(last_seen_us: int, now: float, window_s: float) -> int:
-    """The `lastSeenTimeStamp` to ask with: the last stamp taken, kept within one window of now.
+def query_since(last_seen_us: int, now: float, window_s: float, slack_s: float = 1.0) -> int:
+    """The `lastSeenTimeStamp` to ask with.
 
     Args:
         last_seen_us: the newest sample stamp taken so far (0: none yet).
         now: the poll's wall-clock time (Unix seconds).
-        window_s: how far back a first query looks (one poll interval).
+        window_s: how far back a first query looks (a poll interval; at least the driver's
+            longest sample period, 1 s).
+        slack_s: how far past `now` a stamp may lie and still count as now (clocks drift).
 
     Returns:
         A CPU timestamp in microseconds.
     """
     now_us = int(now * _US)
-    floor = now_us - int(window_s * _US)
-    if last_seen_us < floor or last_seen_us > now_us:
-        return floor
+    if last_seen_us <= 0 or last_seen_us > now_us + int(slack_s * _US):
+        return now_us - int(max(window_s, 1.0) * _US)
     return last_seen_us
 
 
 def newest_by_pid(samples: Iterable[Any], live: set[int], since_us: int, now: float,
-                  slack_s: float) -> tuple[dict[int, float], int]:
+                  slack_s: float, oldest_s: float) -> tuple[dict[int, float], int]:
     """The newest sample of each listed process, and the newest stamp taken.
 
     Args:
@@ -50,17 +52,19 @@ def newest_by_pid(samples: Iterable[Any], live: set[int], since_us: int, now: fl
         since_us: the stamp the query asked from (the result when nothing is taken).
         now: the poll's wall-clock time (Unix seconds).
         slack_s: how far past `now` a stamp may lie and still be taken (clocks drift).
+        oldest_s: how old a sample may be and still be current (the hold).
 
     Returns:
         pid → SM utilisation clamped to 0-100, and the newest stamp taken (µs).
     """
     limit = int((now + slack_s) * _US)
+    floor = int((now - oldest_s) * _US)
     newest: dict[int, tuple[int, float]] = {}
     last = since_us
     for s in samples:
         ts = int(s.timeStamp)
-        if ts <= since_us or ts > limit:
-            continue  # older than asked (a driver that ignores the stamp), or from before a step back
+        if ts <= since_us or ts > limit or ts < floor:
+            continue  # older than asked (a driver that ignores the stamp), or from before a clock step
         last = max(last, ts)
         pid = int(s.pid)
         if pid in live and (pid not in newest or ts >= newest[pid][0]):
