@@ -6,9 +6,17 @@ Run from the repository root with the project installed:
     .venv/bin/python bench/gpu_device_check.py [--polls 8] [--interval 1.0] [--no-workload]
 
 It builds `NvmlGpuSource` on the real `pynvml`, prints the inventory, and polls a few
-times while a small CUDA process runs (when torch with CUDA is importable: it allocates
-128 MiB more every step and multiplies matrices, so memory grows and SMs are busy);
-it prints the device and per-process readings and the cost of a poll in ms.
+times while two small CUDA processes run (when torch with CUDA is importable): a busy one
+that allocates 128 MiB more every step and multiplies matrices, so memory grows and SMs are
+busy, and an idle one that holds 256 MiB and computes nothing. It prints the device and
+per-process readings and the cost of a poll in ms, and checks on the hardware what the
+stand-in tests assume of the driver (issue 14):
+
+- an idle process NVML lists reads 0 % SM, not unknown (None), once the GPU answered;
+- each reading fails alone: a GPU that answers has its memory whatever else is None;
+- the utilisation samples' timeStamp is the CPU's wall clock in microseconds, and the
+  driver's buffer goes back further than one poll interval (so a first query from 0 would
+  take old samples as current): the newest and oldest sample ages are printed.
 
 Exit status: 0 all steps passed; 1 a step failed unexpectedly (the reason is printed);
 2 NVML cannot be used on this machine (the source's one line is printed).
@@ -47,6 +55,19 @@ while time.time() < end:
 """
 
 
+# A process that holds GPU memory and computes nothing: NVML lists it with no utilisation sample.
+IDLE_WORKLOAD = r"""
+import sys, time
+import torch
+if not torch.cuda.is_available():
+    sys.exit(3)
+held = torch.ones(256 * 2**20, dtype=torch.uint8, device=torch.device("cuda:0"))
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
 # The seed-style monitor's one subprocess a poll (issue 6 compares the agent with it).
 SMI_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw",
              "--format=csv,noheader,nounits"]
@@ -64,14 +85,15 @@ def fmt(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:.1f}{unit}"
 
 
-def start_workload(seconds: float) -> subprocess.Popen | None:
+def start_workload(seconds: float, code: str = WORKLOAD, what: str = "allocating 128 MiB more every step"
+                   ) -> subprocess.Popen | None:
     if importlib.util.find_spec("torch") is None:
         print("workload: torch is not importable; polling the idle GPUs only")
         return None
     # stderr to a file, not a pipe: torch warnings must not fill a pipe nobody reads.
     err_file = tempfile.TemporaryFile(mode="w+")
     child = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD, str(seconds)], stdout=subprocess.PIPE, stderr=err_file, text=True
+        [sys.executable, "-c", code, str(seconds)], stdout=subprocess.PIPE, stderr=err_file, text=True
     )
     line = child.stdout.readline().strip() if child.stdout else ""
     if line != "ready":
@@ -82,7 +104,7 @@ def start_workload(seconds: float) -> subprocess.Popen | None:
         err_file.seek(0)
         err = err_file.read()
         raise CheckFailed(f"the CUDA workload failed (exit {code}): {err.strip()[-500:]}")
-    print(f"workload: pid {child.pid} allocating 128 MiB more every step on cuda:0")
+    print(f"workload: pid {child.pid} {what} on cuda:0")
     return child
 
 
@@ -104,6 +126,24 @@ def time_nvidia_smi(calls: int = 5) -> tuple[float, float] | None:
     return statistics.median(cpu), statistics.median(wall)
 
 
+def sample_clock(nv, handle) -> None:
+    """Print the driver's utilisation samples' ages (issue 14 item 6); raise when the stamps are not µs now."""
+    try:
+        samples = nv.nvmlDeviceGetProcessUtilization(handle, 0)
+    except nv.NVMLError as exc:
+        print(f"utilisation samples: none to read ({exc})")
+        return
+    if not samples:
+        print("utilisation samples: none in the driver's buffer")
+        return
+    now_us = time.time() * 1e6
+    ages = [(now_us - int(s.timeStamp)) / 1e6 for s in samples]
+    print(f"utilisation samples: {len(samples)} in the buffer, newest {min(ages):.2f} s old, "
+          f"oldest {max(ages):.1f} s old")
+    if not -5 < min(ages) < 120:
+        raise CheckFailed(f"the newest sample is {min(ages):.1f} s from now: timeStamp is not wall-clock µs")
+
+
 def check(polls: int, interval: float, workload: bool) -> int:
     import pynvml
     from clusterwatch.agent.backends.nvml import NvmlGpuSource
@@ -112,12 +152,12 @@ def check(polls: int, interval: float, workload: bool) -> int:
 
     started = time.perf_counter()
     try:
-        src = NvmlGpuSource(pynvml)
+        src = NvmlGpuSource(pynvml, interval_s=interval, deadline_s=max(0.5, interval / 2))
     except SourceUnavailable as exc:
         print(f"NVML unavailable: {exc}")
         return 2
     print(f"nvmlInit + inventory: {(time.perf_counter() - started) * 1000:.1f} ms")
-    child = None
+    child = idle = None
     try:
         inventory = src.inventory()
         if not inventory:
@@ -129,6 +169,9 @@ def check(polls: int, interval: float, workload: bool) -> int:
             print(f"GPU index {g.index}  {g.uuid}  {g.name}  {fmt_bytes(g.memory_total_bytes)}")
 
         child = start_workload(polls * interval + 5) if workload else None
+        idle = (start_workload(polls * interval + 5, IDLE_WORKLOAD, "holding 256 MiB, computing nothing")
+                if child is not None else None)
+        idle_sm: list[float | None] = []
         wall_ms: list[float] = []
         cpu_ms: list[float] = []
         child_memory: list[int] = []
@@ -140,13 +183,17 @@ def check(polls: int, interval: float, workload: bool) -> int:
             wall_ms.append((time.perf_counter() - w0) * 1000)
             cpu_ms.append((time.process_time() - c0) * 1000)
             errors += poll.errors
-            if {r.uuid for r in poll.readings} != uuids:
-                raise CheckFailed(f"poll {n}: readings are not one per inventory GPU")
+            if {r.uuid for r in poll.readings} | set(poll.stale) != uuids:
+                raise CheckFailed(f"poll {n}: readings and stale GPUs are not one per inventory GPU")
+            if poll.stale:
+                raise CheckFailed(f"poll {n}: GPUs {poll.stale} did not answer on a healthy machine")
             print(f"poll {n}: {wall_ms[-1]:.2f} ms wall, {cpu_ms[-1]:.2f} ms CPU, errors {poll.errors}")
             for r in poll.readings:
                 if r.memory_used_bytes is not None and r.memory_total_bytes is not None:
                     if not 0 <= r.memory_used_bytes <= r.memory_total_bytes:
                         raise CheckFailed(f"{r.uuid}: memory used {r.memory_used_bytes} outside 0..total")
+                if r.memory_used_bytes is None:  # each reading fails alone: memory stands on any GPU
+                    raise CheckFailed(f"{r.uuid}: no memory reading (the others: {r})")
                 if r.utilization is not None and not 0 <= r.utilization <= 100:
                     raise CheckFailed(f"{r.uuid}: utilisation {r.utilization} outside 0..100")
                 print(f"  {r.uuid}  util {fmt(r.utilization, '%')}  mem {fmt_bytes(r.memory_used_bytes)}"
@@ -154,7 +201,10 @@ def check(polls: int, interval: float, workload: bool) -> int:
             for pid, uses in sorted(poll.processes.items()):
                 seen_pids.add(pid)
                 for u in uses:
-                    mark = "  <- workload" if child is not None and pid == child.pid else ""
+                    mark = ("  <- workload" if child is not None and pid == child.pid else
+                            "  <- idle workload" if idle is not None and pid == idle.pid else "")
+                    if idle is not None and pid == idle.pid:
+                        idle_sm.append(u.sm_utilization)
                     print(f"  pid {pid:>7}  {u.gpu_uuid}  mem {fmt_bytes(u.used_memory_bytes)}"
                           f"  sm {fmt(u.sm_utilization, '%')}{mark}")
                     if child is not None and pid == child.pid and u.used_memory_bytes is not None:
@@ -162,6 +212,10 @@ def check(polls: int, interval: float, workload: bool) -> int:
             if n + 1 < polls:
                 time.sleep(interval)
 
+        for g in inventory:
+            if not g.uuid.startswith("MIG-"):
+                sample_clock(pynvml, pynvml.nvmlDeviceGetHandleByUUID(g.uuid))
+                break
         print(f"cost per poll: median {statistics.median(wall_ms):.2f} ms wall "
               f"(max {max(wall_ms):.2f}), median {statistics.median(cpu_ms):.2f} ms CPU")
         smi = time_nvidia_smi()
@@ -174,6 +228,11 @@ def check(polls: int, interval: float, workload: bool) -> int:
             raise CheckFailed(f"{errors} NVML reads failed on a healthy machine")
         if max(wall_ms) > 1000:
             raise CheckFailed(f"a poll took {max(wall_ms):.0f} ms")
+        if idle is not None and idle_sm:
+            # issue 14 item 1: NVML keeps no sample for a process that computes nothing; it must read 0 %
+            if idle_sm[-1] != 0.0:
+                raise CheckFailed(f"the idle workload's SM utilisation reads {idle_sm} (wanted 0.0 at the end)")
+            print(f"idle workload SM utilisation: {idle_sm} (0 % once listed: gpu_stall can fire)")
         if child is not None:
             if child.poll() is not None:
                 raise CheckFailed(f"the CUDA workload exited early (status {child.returncode})")
@@ -192,9 +251,10 @@ def check(polls: int, interval: float, workload: bool) -> int:
         print(f"FAILED: {exc}")
         return 1
     finally:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+        for proc in (child, idle):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
         src.close()
 
 
