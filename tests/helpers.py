@@ -8,9 +8,20 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
+
+#: This test session's simulated-GPU run (CLUSTERWATCH_SIM_RUN): its sources play only its own processes,
+#: never those of another session, a demo or a benchmark running on the same host.
+SIM_RUN = f"tests-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def clean_environ(base: dict | None = None) -> dict[str, str]:
+    """`base` (default os.environ) without any CLUSTERWATCH_* variable: the caller's settings (a token, a
+    collector address, a config file) must not reach the processes a test starts."""
+    return {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CLUSTERWATCH_")}
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
@@ -26,13 +37,17 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
 
 
 class Proc:
-    """A child process with its log file; stopped by its pid."""
+    """A child process with its log file; stopped by its pid.
+
+    `env` is the whole environment, as the test built it; without one, this environment without any
+    CLUSTERWATCH_* variable.
+    """
 
     def __init__(self, args: list[str], log: Path, env: dict | None = None) -> None:
         self.log = log
         with open(log, "ab") as f:
             self.popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=env)
+                                          env=clean_environ() if env is None else env)
 
     @property
     def pid(self) -> int:
@@ -94,7 +109,8 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
+    """Run the CLI with this environment less its CLUSTERWATCH_* variables, plus `env`."""
+    full_env = clean_environ()
     if env:
         full_env.update(env)
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full_env)
