@@ -6,16 +6,19 @@ import logging
 
 import click
 
+from .addresses import listen_option_callback
 from .common import fail, setup_logging
 
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
+              callback=listen_option_callback,
               help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts).")
-@click.option("--query-listen", default=None, envvar="CLUSTERWATCH_QUERY_LISTEN",
+@click.option("--query-listen", default=None, envvar="CLUSTERWATCH_QUERY_LISTEN", callback=listen_option_callback,
               help="Also serve the query service alone here, with TLS but no client certificate when --tls-cert "
                    "is set (for `status` on login nodes while agents use mutual TLS).")
 @click.option("--metrics-listen", default="127.0.0.1:9750", envvar="CLUSTERWATCH_METRICS_LISTEN",
+              callback=listen_option_callback,
               show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "

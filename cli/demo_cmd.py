@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import resources
 
@@ -75,13 +74,12 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
 
     from .render import render
     from .run_cmd import _final_view
-    from .stack import Stack
+    from .stack import Stack, make_workdir
     from .status_cmd import fetch_job
     from .stop_signals import StopSignals, name
 
     # absolute: the embedded processes run in it, not in the caller's folder
-    workdir = os.path.abspath(keep or tempfile.mkdtemp(prefix="clusterwatch-demo-"))
-    os.makedirs(workdir, exist_ok=True)
+    workdir = make_workdir(keep, "clusterwatch-demo-")
     stack = Stack(workdir)
     ranks: list[subprocess.Popen] = []
     job_id = f"demo-{os.getpid()}"

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import click
@@ -75,15 +74,14 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
     from clusterwatch.model import JobEvent
 
     from .proctree import become_subreaper
-    from .stack import Stack
+    from .stack import Stack, make_workdir
     from .status_cmd import fetch_job, view_as_dict
     from .stop_signals import StopSignals
 
     # absolute: the embedded processes run in it, not in the caller's folder
     if output and not os.access(os.path.dirname(os.path.abspath(output)), os.W_OK):
         fail(f"cannot write the report to {output}: its folder does not exist or is not writable")
-    workdir = os.path.abspath(keep or tempfile.mkdtemp(prefix="clusterwatch-run-"))
-    os.makedirs(workdir, exist_ok=True)
+    workdir = make_workdir(keep, "clusterwatch-run-")
     stack = Stack(workdir)
     node = socket.gethostname().split(".")[0]
     child = None

@@ -27,6 +27,25 @@ START_TIMEOUT_S = 20.0
 UNIX_PATH_MAX = 108  # sun_path, NUL included
 
 
+def make_workdir(keep: str | None, prefix: str) -> str:
+    """The folder of a run or demo: --keep DIR (made if missing), else a fresh temporary one; absolute.
+
+    One line and exit 2 when it cannot be made (`--keep /proc/nope`, an unwritable $TMPDIR).
+    """
+    from .common import fail
+
+    try:
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            if not os.access(keep, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+            return os.path.abspath(keep)
+        return os.path.abspath(tempfile.mkdtemp(prefix=prefix))
+    except OSError as exc:
+        where = f"--keep {keep}" if keep else f"a temporary folder in {tempfile.gettempdir()} ($TMPDIR)"
+        fail(f"cannot use {where}: {exc.strerror or exc}")
+
+
 class Stack:
     """Child processes of one `run` or `demo`, and their temporary folder.
 

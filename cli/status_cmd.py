@@ -20,9 +20,20 @@ from .common import (
 QUERY_TIMEOUT_S = 5.0
 
 
+def check_collector_address(address: str) -> None:
+    """One line and exit 2 for a --collector gRPC would misread: no port (it dials 443), port 0, a bad number."""
+    from .addresses import AddressError, split_host_port
+
+    try:
+        split_host_port(address)
+    except AddressError as exc:
+        fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
+
+
 def _stub(address: str):
     from clusterwatch.v1 import query_pb2_grpc
 
+    check_collector_address(address)
     channel = query_channel(address)
     return channel, query_pb2_grpc.QueryStub(channel)
 
@@ -31,6 +42,13 @@ def _explain(exc, address: str, what: str) -> str:
     import grpc
 
     code = exc.code()
+    details = exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE and "errors resolving" in details:
+        host = address.rpartition(":")[0].strip("[]")
+        return f"cannot resolve the host {host!r} of --collector {address}; check the name"
+    if code == grpc.StatusCode.UNAVAILABLE and ("HTTP/2" in details or "http1" in details.lower()):
+        return (f"{address} answers, but not with gRPC: it looks like the collector's /metrics port (9750 by "
+                "default); --collector takes its gRPC port (--listen, 50051 by default)")
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"the collector at {address} does not answer; check --collector / CLUSTERWATCH_COLLECTOR "
                 "and that `clusterwatch collector` runs there")
@@ -76,7 +94,7 @@ def complete_job_ids(ctx: click.Context, param, incomplete: str):
             resp = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=1.0, metadata=query_metadata())
         finally:
             channel.close()
-    except Exception:
+    except (Exception, SystemExit):  # away, or a bad --collector: quietly nothing to complete
         return []
     return [CompletionItem(j.job_id, help=f"{j.user} {j.name}".strip()) for j in resp.jobs
             if j.job_id.startswith(incomplete)]
