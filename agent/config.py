@@ -21,6 +21,7 @@ class AgentConfig:
             five polls costs the collector about what one poll does (the cost is per message).
         gpu_source: "auto", "nvml", "sim" or "none".
         sim_scenario: scenario file for the simulated GPU source (None: the embedded default).
+        sim_run: the run token of the processes the simulated source plays (None: those without one).
         pids: processes to watch besides those on a GPU (and their descendants).
         local_job_id: job id given to the `pids` trees (`clusterwatch run` uses "local-PID").
         buffer_max_samples: bound of the unacknowledged buffer in process samples.
@@ -39,6 +40,7 @@ class AgentConfig:
     send_interval_s: float = 5.0
     gpu_source: str = "auto"
     sim_scenario: str | None = None
+    sim_run: str | None = None
     pids: tuple[int, ...] = ()
     local_job_id: str = ""
     buffer_max_samples: int = DEFAULT_BUFFER_SAMPLES

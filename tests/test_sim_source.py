@@ -1,6 +1,7 @@
 """The simulated GPU source, with real child processes that opt in through their environment."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from clusterwatch.agent.labels import JobLabeler
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuUse
+from tests.helpers import CLI, SIM_RUN, clean_environ
 
 SCENARIO = """
 [gpus]
@@ -64,14 +66,24 @@ def scenario_file(tmp_path: Path) -> str:
     return str(path)
 
 
+def sim_env(**env: str) -> dict[str, str]:
+    """A child's environment: no CLUSTERWATCH_* of the caller's, this session's run, then `env`."""
+    return {**clean_environ(), "CLUSTERWATCH_SIM_RUN": SIM_RUN, **env}
+
+
+def ours(path: str | None, *, node: str | None = None) -> SimGpuSource:
+    """A source of this session's run: it plays our children, never a process of another run on the host."""
+    return open_sim_source(path, node=node, run=SIM_RUN)
+
+
 @pytest.fixture
 def spawn() -> Iterator:
-    """Start real child processes with CLUSTERWATCH_SIM_* in their environment; stop them after."""
+    """Start real child processes with CLUSTERWATCH_SIM_* in their environment (this session's run unless a
+    test names another); stop them after."""
     children: list[subprocess.Popen] = []
 
     def start(**env: str) -> subprocess.Popen:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
-        child = subprocess.Popen([SLEEP, "300"], env={**clean, **env})
+        child = subprocess.Popen([SLEEP, "300"], env=sim_env(**env))
         children.append(child)
         return child
 
@@ -95,7 +107,7 @@ class CountingSim(SimGpuSource):
 
 
 def counting(path: str | None, node: str = "n1") -> CountingSim:
-    return CountingSim(open_sim_source(path, node=node).scenario, node=node)
+    return CountingSim(open_sim_source(path, node=node).scenario, node=node, run=SIM_RUN)
 
 
 def start_time(pid: int) -> float:
@@ -135,11 +147,11 @@ def test_a_real_process_follows_its_profile_over_simulated_time(scenario_file: s
 def test_the_same_time_reads_the_same_values(scenario_file: str, spawn) -> None:
     child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="leak")
     t = start_time(child.pid) + 123.4
-    a = open_sim_source(scenario_file, node="n1").poll(t)
-    b = open_sim_source(scenario_file, node="n1").poll(t)
+    a = ours(scenario_file, node="n1").poll(t)
+    b = ours(scenario_file, node="n1").poll(t)
     assert a.processes[child.pid] == b.processes[child.pid]
     # Noise moves from second to second, within ±10 %.
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     utils = {src.poll(t + s).processes[child.pid][0].sm_utilization for s in range(20)}
     assert len(utils) > 5 and all(40.0 <= u <= 60.0 for u in utils)
 
@@ -152,17 +164,17 @@ def test_readings_kept_between_polls_are_what_a_fresh_source_reads(tmp_path: Pat
     kids = [spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="stalled"),
             spawn(CLUSTERWATCH_SIM_GPU="0,1", CLUSTERWATCH_SIM_PROFILE="leak"), spawn(CLUSTERWATCH_SIM_GPU="1")]
     t0 = start_time(kids[0].pid)
-    kept = open_sim_source(str(path), node="n1")
+    kept = ours(str(path), node="n1")
     times = [0.0, 0.3, 0.9, 1.0, 1.2, 99.5, 99.99, 100.0, 100.01, 100.6, 99.7, 5.5, 5.1, -3.0, -0.5, 0.2, 3600.0]
     for dt in times + [100.0 + k / 20 for k in range(21)] + [101.0 - k / 20 for k in range(21)]:
-        fresh = open_sim_source(str(path), node="n1").poll(t0 + dt)
+        fresh = ours(str(path), node="n1").poll(t0 + dt)
         got = kept.poll(t0 + dt)
         assert {k.pid: got.processes[k.pid] for k in kids} == {k.pid: fresh.processes[k.pid] for k in kids}, dt
         assert got.readings == fresh.readings, dt
 
 
 def test_a_stalled_process_drops_to_zero_and_the_gpu_to_idle_power(scenario_file: str, spawn) -> None:
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="stalled")
     t0 = start_time(child.pid)
     busy, stuck = src.poll(t0 + 50), src.poll(t0 + 150)
@@ -173,7 +185,7 @@ def test_a_stalled_process_drops_to_zero_and_the_gpu_to_idle_power(scenario_file
 
 def test_memory_file_steers_the_process_memory(scenario_file: str, spawn, tmp_path: Path) -> None:
     mem_file = tmp_path / "gpu-mem"
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     child = spawn(CLUSTERWATCH_SIM_GPU="1", CLUSTERWATCH_SIM_GPU_MEM_FILE=str(mem_file))
     t = start_time(child.pid) + 10
     assert src.poll(t).processes[child.pid][0].used_memory_bytes == 2048 * MiB  # no file yet: the curve
@@ -188,7 +200,7 @@ def test_memory_file_steers_the_process_memory(scenario_file: str, spawn, tmp_pa
 def test_memory_file_that_is_a_fifo_does_not_block(scenario_file: str, spawn, tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_MEM_FILE=str(fifo))
     started = time.monotonic()
     poll = src.poll(start_time(child.pid) + 5)
@@ -199,18 +211,50 @@ def test_memory_file_that_is_a_fifo_does_not_block(scenario_file: str, spawn, tm
 def test_base_memory_override_and_node_filter(scenario_file: str, spawn) -> None:
     mine = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_BASE_MB="512", CLUSTERWATCH_SIM_NODE="n1")
     theirs = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_NODE="n2")
-    poll = open_sim_source(scenario_file, node="n1").poll(start_time(mine.pid) + 1)
+    poll = ours(scenario_file, node="n1").poll(start_time(mine.pid) + 1)
     assert poll.processes[mine.pid][0].used_memory_bytes == 512 * MiB
     assert theirs.pid not in poll.processes
-    other = open_sim_source(scenario_file, node="n2")
+    other = ours(scenario_file, node="n2")
     assert theirs.pid in other.poll(start_time(theirs.pid) + 1).processes
     # Two simulated nodes on one host have different GPU UUIDs.
-    n1_uuids = {g.uuid for g in open_sim_source(None, node="n1").inventory()}
+    n1_uuids = {g.uuid for g in ours(None, node="n1").inventory()}
     assert n1_uuids.isdisjoint(g.uuid for g in other.inventory())
 
 
+def test_only_the_processes_of_its_own_run_are_played(scenario_file: str, spawn) -> None:
+    # Processes of other runs on the same host (another test session, a demo, a benchmark), one of them
+    # with a value this scenario cannot play: none is played, and no mistake of theirs is counted here.
+    mine = spawn(CLUSTERWATCH_SIM_GPU="0")
+    theirs = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_RUN="another-run")
+    spawn(CLUSTERWATCH_SIM_GPU="zero", CLUSTERWATCH_SIM_RUN="another-run")
+    unmarked = spawn(CLUSTERWATCH_SIM_GPU="1", CLUSTERWATCH_SIM_RUN="")
+    now = start_time(mine.pid) + 1
+    poll = ours(scenario_file, node="n1").poll(now)
+    assert (poll.errors, set(poll.processes)) == (0, {mine.pid})
+    assert poll.readings[0].memory_used_bytes == (100 + 2048) * MiB  # the GPU holds ours alone
+    other = open_sim_source(scenario_file, node="n1", run="another-run").poll(now)
+    assert (other.errors, set(other.processes)) == (1, {theirs.pid})
+    # A source given no run (docker-compose, a plain `clusterwatch agent`) plays only processes without one.
+    plain = open_sim_source(scenario_file, node="n1").poll(now)
+    assert unmarked.pid in plain.processes and not {mine.pid, theirs.pid} & set(plain.processes)
+
+
+def test_a_real_agent_plays_the_run_it_is_given(tmp_path: Path, spawn) -> None:
+    mine = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_NODE="run-node")
+    theirs = spawn(CLUSTERWATCH_SIM_GPU="1", CLUSTERWATCH_SIM_NODE="run-node", CLUSTERWATCH_SIM_RUN="another-run")
+    args = [*CLI, "agent", "--once", "--json", "--gpu-source", "sim", "--node", "run-node",
+            "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")]
+    flag = subprocess.run([*args, "--sim-run", SIM_RUN], env=clean_environ(), capture_output=True, text=True,
+                          timeout=60)
+    variable = subprocess.run(args, env=sim_env(), capture_output=True, text=True, timeout=60)
+    for out in (flag, variable):
+        assert out.returncode == 0, out.stderr
+        on_gpus = {p["pid"] for p in json.loads(out.stdout)["batch"]["processes"] if p.get("gpus")}
+        assert mine.pid in on_gpus and theirs.pid not in on_gpus, out.stdout[:2000]
+
+
 def test_an_exited_process_is_gone_at_the_next_poll(scenario_file: str, spawn) -> None:
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     child = spawn(CLUSTERWATCH_SIM_GPU="0")
     now = start_time(child.pid) + 1
     assert child.pid in src.poll(now).processes
@@ -223,7 +267,7 @@ def test_an_exited_process_is_gone_at_the_next_poll(scenario_file: str, spawn) -
 
 
 def test_a_bad_environment_is_counted_once(scenario_file: str, spawn) -> None:
-    src = open_sim_source(scenario_file, node="n1")
+    src = ours(scenario_file, node="n1")
     spawn(CLUSTERWATCH_SIM_GPU="7")  # the scenario has 2 GPUs
     spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_PROFILE="no-such-profile")
     spawn(CLUSTERWATCH_SIM_GPU="zero")
@@ -244,14 +288,25 @@ def test_a_bad_environment_is_counted_once(scenario_file: str, spawn) -> None:
             SimSpec((0, 1), "leak", 1.5, "/tmp/m", "n2"),
         ),
         (b"X_CLUSTERWATCH_SIM_GPU=1\0", None),
+        (b"CLUSTERWATCH_SIM_GPU=3\0CLUSTERWATCH_SIM_RUN=r1\0", None),  # another run's
+        (b"CLUSTERWATCH_SIM_GPU=3\0CLUSTERWATCH_SIM_RUN=\0", SimSpec((3,))),  # empty: no run
     ],
 )
 def test_parse_sim_environ(data: bytes, spec: SimSpec | None) -> None:
     assert parse_sim_environ(data) == spec
 
 
+def test_parse_sim_environ_of_a_run() -> None:
+    ours_, theirs = b"CLUSTERWATCH_SIM_RUN=r1\0CLUSTERWATCH_SIM_GPU=", b"CLUSTERWATCH_SIM_RUN=r2\0CLUSTERWATCH_SIM_GPU="
+    assert parse_sim_environ(ours_ + b"1\0", run="r1") == SimSpec((1,))
+    assert parse_sim_environ(b"CLUSTERWATCH_SIM_GPU=1\0", run="r1") is None
+    assert parse_sim_environ(theirs + b"zero\0", run="r1") is None  # not ours: not our mistake either
+    with pytest.raises(ValueError):
+        parse_sim_environ(ours_ + b"zero\0", run="r1")
+
+
 def test_the_default_scenario_has_every_kind_of_profile() -> None:
-    src = open_sim_source(None, node="n1")
+    src = ours(None, node="n1")
     assert len(src.inventory()) == 8
     assert {p.kind for p in src.scenario.profiles.values()} == set(KINDS)
     assert src.scenario.default_profile == "steady"
@@ -293,7 +348,7 @@ def test_a_malformed_scenario_is_one_line_naming_file_and_problem(
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        open_sim_source(str(path))
+        ours(str(path))
     line = str(info.value)
     assert "\n" not in line
     assert line.startswith(f"scenario {path}: ")
@@ -303,7 +358,7 @@ def test_a_malformed_scenario_is_one_line_naming_file_and_problem(
 def test_a_missing_scenario_file_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     with pytest.raises(ConfigError) as info:
-        open_sim_source(str(missing))
+        ours(str(missing))
     assert str(info.value) == (
         f"scenario {missing}: cannot read it (No such file or directory); pass an existing TOML file"
     )
@@ -339,8 +394,7 @@ def test_a_process_started_later_is_found_and_its_threads_are_not_processes(scen
     src = counting(scenario_file)
     first = src.poll(time.time())
     assert first.errors == 0
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
-    child = subprocess.Popen([sys.executable, "-c", THREADS], env={**clean, "CLUSTERWATCH_SIM_GPU": "1"},
+    child = subprocess.Popen([sys.executable, "-c", THREADS], env=sim_env(CLUSTERWATCH_SIM_GPU="1"),
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"
@@ -368,14 +422,13 @@ def test_an_agent_s_two_sources_share_one_look_for_new_processes(scenario_file: 
     a process started between polls is found by both, as a GPU user and with its child in its tree."""
     procs = ProcSource("n1")
     agent = Agent(AgentConfig(collector=None, node="n1", spool_dir=str(tmp_path)),
-                  open_sim_source(scenario_file, node="n1"), procs, JobLabeler({}))
+                  ours(scenario_file, node="n1"), procs, JobLabeler({}))
     assert agent.gpus._news is procs.new_pids  # (the simulator gave up its own)
     agent.poll()
     reads = []
     last_pid = procs.new_pids._last_pid
     procs.new_pids._last_pid = lambda: reads.append(1) or last_pid()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_SIM_")}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**clean, "CLUSTERWATCH_SIM_GPU": "1"},
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env=sim_env(CLUSTERWATCH_SIM_GPU="1"),
                               stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:

@@ -18,7 +18,7 @@ KINDS = ("auto", "nvml", "sim", "none")
 
 def open_gpu_source(
     kind: str, scenario: str | None, log: logging.Logger, *, node: str | None = None,
-    interval_s: float = 5.0,
+    interval_s: float = 5.0, sim_run: str | None = None,
 ) -> GpuSource:
     """Build the GPU source the agent asked for.
 
@@ -29,6 +29,7 @@ def open_gpu_source(
         log: where the one line goes when NVML cannot be used.
         node: the node name simulated GPU UUIDs derive from (default: the host name).
         interval_s: the agent's poll interval (an NVML GPU's deadline is at most half of it).
+        sim_run: for "sim", the run token whose processes it plays (None: those without one).
 
     Returns:
         The source; `NoGpuSource` when NVML was wanted but cannot be used.
@@ -41,7 +42,7 @@ def open_gpu_source(
     if kind == "sim":
         from clusterwatch.agent.backends.sim import open_sim_source
 
-        return open_sim_source(scenario, node=node)
+        return open_sim_source(scenario, node=node, run=sim_run)
     if kind in ("auto", "nvml"):
         from clusterwatch.agent.backends.nvml import open_nvml_source
 

@@ -11,6 +11,13 @@ simulated GPU when its environment says so (read once per process from
                                                 poll; a number there wins over the curve
     CLUSTERWATCH_SIM_NODE=<node>                only the source of that node plays it (two
                                                 simulated nodes on one host, as in the demo)
+    CLUSTERWATCH_SIM_RUN=<token>                the run it belongs to: a source plays only the
+                                                processes of its own run (`run=`), and a source
+                                                with no run only those without one
+
+A source adopts processes by what their environment says, anywhere on the host, so the run is
+what keeps a demo, a test or a benchmark from playing another one's processes (or counting
+their mistakes as its own): whoever starts a source and its processes gives both one token.
 
 Curves run from each process's start time; noise is seeded by (pid, start time), so a
 poll at a given time always reads the same. Device readings derive from the processes on
@@ -39,6 +46,7 @@ __all__ = ["SimGpuSource", "open_sim_source", "SimSpec", "parse_sim_environ", "D
 
 DEFAULT_SCENARIO = "sim_default.toml"
 ENV_GPU = b"CLUSTERWATCH_SIM_GPU"
+ENV_RUN = "CLUSTERWATCH_SIM_RUN"
 _UUID_NAMESPACE = uuid.UUID("6f1c3f0e-8f6a-4d2e-9a57-0c1a5d3b7e21")  # fixed: UUIDs stable across runs
 _MEM_FILE_MAX = 32  # bytes read from a memory file: a number, nothing more
 
@@ -54,17 +62,20 @@ class SimSpec:
     node: str | None = None
 
 
-def parse_sim_environ(data: bytes) -> SimSpec | None:
+def parse_sim_environ(data: bytes, *, run: str | None = None) -> SimSpec | None:
     """Read the CLUSTERWATCH_SIM_* variables out of a `/proc/<pid>/environ` text.
 
     Args:
         data: the NUL-separated environment.
+        run: the run whose processes are wanted: a process whose CLUSTERWATCH_SIM_RUN differs (set,
+            or empty and unset alike, against None) is another run's.
 
     Returns:
-        The spec, or None when the process does not use a simulated GPU.
+        The spec, or None when the process does not use a simulated GPU or is another run's.
 
     Raises:
-        ValueError: CLUSTERWATCH_SIM_GPU or CLUSTERWATCH_SIM_GPU_BASE_MB is not a number.
+        ValueError: CLUSTERWATCH_SIM_GPU or CLUSTERWATCH_SIM_GPU_BASE_MB is not a number (for a
+            process of this run only: another run's mistakes are not this one's to count).
     """
     if ENV_GPU not in data:  # most processes: no split, no decode
         return None
@@ -74,7 +85,7 @@ def parse_sim_environ(data: bytes) -> SimSpec | None:
             key, _, value = item.partition(b"=")
             env[key.decode()] = value.decode(errors="replace")
     gpu = env.get("CLUSTERWATCH_SIM_GPU", "").strip()
-    if not gpu:
+    if not gpu or (env.get(ENV_RUN) or None) != (run or None):
         return None
     indexes = tuple(int(part) for part in gpu.split(","))
     base = env.get("CLUSTERWATCH_SIM_GPU_BASE_MB")
@@ -131,13 +142,17 @@ class SimGpuSource:
             nodes on one host must not share UUIDs), and a process that names a node in
             CLUSTERWATCH_SIM_NODE is played only by that node's source. Default: the
             host name.
+        run: the run token: only processes whose CLUSTERWATCH_SIM_RUN is this are played
+            (None: only processes without one).
         proc_root: where /proc is.
     """
 
     name = "sim"
 
-    def __init__(self, scenario: Scenario, *, node: str | None = None, proc_root: str = "/proc") -> None:
+    def __init__(self, scenario: Scenario, *, node: str | None = None, run: str | None = None,
+                 proc_root: str = "/proc") -> None:
         self.scenario = scenario
+        self.run = run or None
         self._proc = proc_root
         node = node or socket.gethostname()
         self.node = node
@@ -324,7 +339,7 @@ class SimGpuSource:
         except OSError:
             return None  # another user's process (agent not root), or gone: not ours to play
         try:
-            spec = parse_sim_environ(data)
+            spec = parse_sim_environ(data, run=self.run)
         except ValueError:
             self._pending_errors += 1
             return None
@@ -379,12 +394,13 @@ def _read_mem_file(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def open_sim_source(path: str | None, *, node: str | None = None) -> SimGpuSource:
+def open_sim_source(path: str | None, *, node: str | None = None, run: str | None = None) -> SimGpuSource:
     """Load a scenario file (the embedded default for None) and build the source.
 
     Args:
         path: a scenario TOML file, or None for `sim_default.toml` shipped with the package.
         node: the node name the GPU UUIDs derive from (default: the host name).
+        run: the run token whose processes it plays (None: those without one).
 
     Returns:
         The simulated source.
@@ -404,4 +420,4 @@ def open_sim_source(path: str | None, *, node: str | None = None) -> SimGpuSourc
                 f"scenario {path}: cannot read it ({reason}); pass an existing TOML file"
             ) from None
         scenario = parse_scenario(text, path)
-    return SimGpuSource(scenario, node=node)
+    return SimGpuSource(scenario, node=node, run=run)
