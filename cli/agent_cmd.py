@@ -28,6 +28,9 @@ from .common import fail, setup_logging
               help="Where GPU data comes from; `sim` plays a scenario for machines without a GPU.")
 @click.option("--sim-scenario", type=click.Path(dir_okay=False), default=None,
               help="Scenario file for --gpu-source sim (default: the embedded scenario).")
+@click.option("--sim-run", envvar="CLUSTERWATCH_SIM_RUN", default=None, metavar="TOKEN",
+              help="With --gpu-source sim: play only processes whose CLUSTERWATCH_SIM_RUN is TOKEN "
+                   "(default: only those without one) (CLUSTERWATCH_SIM_RUN).")
 @click.option("--pid", "pids", type=int, multiple=True, help="Also watch this process and its children.")
 @click.option("--job-id", "local_job_id", default="", help="Job id given to the --pid trees.")
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
@@ -51,8 +54,8 @@ from .common import fail, setup_logging
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
-def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, pids, local_job_id, once, as_json, token,
-          tls_ca, tls_cert, tls_key,
+def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, sim_run, pids, local_job_id, once,
+          as_json, token, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
@@ -76,7 +79,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, pi
         sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token))
     config = AgentConfig(
         collector=collector, node=node, interval_s=interval, send_interval_s=send_interval, gpu_source=gpu_source,
-        sim_scenario=sim_scenario,
+        sim_scenario=sim_scenario, sim_run=sim_run,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -203,7 +206,7 @@ def open_gpus(config):
         return NoGpuSource()
     try:
         return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node,
-                               interval_s=config.interval_s)
+                               interval_s=config.interval_s, sim_run=config.sim_run)
     except ConfigError as exc:
         fail(str(exc))
 
