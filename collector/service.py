@@ -19,6 +19,7 @@ from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore
 from .exporter import ClusterCollector, Exposition, serve_metrics
+from .grpc_guard import MalformedMessageInterceptor, peer_host, say_once
 from .grpc_limits import connection_caps, raise_open_file_limit, server_options
 from .listen_check import taken_error
 from .query_auth import (
@@ -52,31 +53,6 @@ FLUSH_S = 0.2
 # Net allocations of container objects between two young-generation garbage collections (CPython's
 # default is 700). See tune_gc.
 GC_YOUNG_THRESHOLD = 50_000
-
-# What was said once already (a refused peer's reason): the counters say how often since.
-_said: set[str] = set()
-MAX_SAID = 10_000
-
-
-def peer_host(peer: str | None) -> str:
-    """The address of a gRPC peer without its port ("ipv4:10.0.0.5:40112" → "10.0.0.5")."""
-    if not peer:
-        return "an unknown peer"
-    kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return rest.rpartition(":")[0].strip("[]") or rest
-    return peer
-
-
-def _say_once(key: str, message: str, *args) -> None:
-    """Log `message` the first time `key` is seen; a bounded memory, so a flood cannot grow it."""
-    if key in _said:
-        return
-    if len(_said) >= MAX_SAID:
-        _said.clear()
-    _said.add(key)
-    log.warning(message, *args)
-
 
 def tune_gc() -> None:
     """Make the cyclic garbage collector cheap for the collector's heap, once it is built.
@@ -188,7 +164,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                         self.identity_refused += 1
                         self.core.counters.unauthenticated += 1
                         peer = peer_host(context.peer())
-                        _say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
+                        say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                     node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
                     self.outboxes[node] = outbox
@@ -252,9 +228,9 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
 
     async def _check_job(self, context, caller: Caller, job_id: str, owner: str) -> None:
         if not caller.may_see(owner):
+            # whose it is is not the caller's business either: the owner is not named
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"job {job_id} belongs to {owner or 'another user'}; this collector shows "
-                                f"{caller.user or 'you'} only their own jobs")
+                                f"job {job_id} is not yours; this collector shows each user only their own jobs")
 
     async def GetJob(self, request, context):
         core = self.core
@@ -416,6 +392,7 @@ class CollectorServer:
         interceptors = []
         if self.config.token:
             interceptors.append(TokenInterceptor(self.config.token, self._count_unauthenticated))
+        interceptors.append(MalformedMessageInterceptor(self._count_rejected))
         fd_limit = raise_open_file_limit()
         main_cap, self._query_cap = connection_caps(fd_limit, bool(self.config.query_listen))
         server = grpc.aio.server(interceptors=interceptors, options=[
@@ -453,13 +430,17 @@ class CollectorServer:
     def _count_unauthenticated(self) -> None:
         self.core.counters.unauthenticated += 1
 
+    def _count_rejected(self) -> None:
+        self.core.counters.rejected += 1
+
     def counter_values(self) -> dict[str, tuple[float, str]]:
         """The core's ingest counters and the service's own, for /metrics."""
         return {**self.core.counter_values(), **self.ingest.counter_values()}
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
-        server = grpc.aio.server(options=[NO_REUSEPORT, *server_options(self._query_cap)])
+        server = grpc.aio.server(interceptors=[MalformedMessageInterceptor(self._count_rejected)],
+                                 options=[NO_REUSEPORT, *server_options(self._query_cap)])
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         cfg = self.config
         creds = None

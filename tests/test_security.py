@@ -161,7 +161,8 @@ def test_munge_identified_queries(tmp_path, munged):
             stub.GetJob(query_pb2.GetJobRequest(job_id="sec-1"), timeout=10,
                         metadata=[("x-clusterwatch-munge", cred)])
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "belongs to root" in err.value.details() and "nobody" in err.value.details()
+        assert "job sec-1 is not yours" in err.value.details()
+        assert "root" not in err.value.details()  # nor whose it is
         cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", "-s", MUNGE_PAYLOAD,
                                f"--socket={munged}"],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
@@ -219,6 +220,39 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         text = collector.metrics()
         assert (metric_value(text, "clusterwatch_ingest_rejected_total") or 0) >= 3
         assert collector.popen.poll() is None  # still running, still answering
+        assert cli("jobs", "--collector", collector.address).returncode == 0
+    finally:
+        collector.stop()
+
+
+def test_garbage_frames_are_refused_counted_and_said_once_per_peer(tmp_path):
+    collector = Collector(tmp_path)
+    try:
+        channel = grpc.insecure_channel(collector.address)
+        raw_stream = channel.stream_stream("/clusterwatch.v1.Ingest/Stream", request_serializer=lambda b: b,
+                                           response_deserializer=lambda b: b)
+        raw_get = channel.unary_unary("/clusterwatch.v1.Query/GetJob", request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+        garbage = b"\xff\xff\xff garbage"
+        for _ in range(5):
+            with pytest.raises(grpc.RpcError) as err:
+                list(raw_stream(iter([garbage]), timeout=10))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "does not parse" in err.value.details()
+        # a good hello, then garbage: the stream is refused at the bad frame
+        hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")).SerializeToString()
+        with pytest.raises(grpc.RpcError) as err:
+            list(raw_stream(iter([hello, garbage]), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as err:
+            raw_get(garbage, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        channel.close()
+        assert metric_value(collector.metrics(), "clusterwatch_ingest_rejected_total") == 7
+        log = collector.text()
+        assert "Traceback" not in log and "DecodeError] raised by servicer" not in log
+        assert log.count("does not parse") == 1, log
+        # well-formed requests still answered
         assert cli("jobs", "--collector", collector.address).returncode == 0
     finally:
         collector.stop()
