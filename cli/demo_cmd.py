@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from importlib import resources
 
 import click
@@ -35,13 +36,13 @@ def _demo_rules() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack) -> subprocess.Popen:
+def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack, sim_run: str) -> subprocess.Popen:
     env = dict(os.environ)
     local = rank % RANKS_PER_NODE
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(RANKS_PER_NODE * len(NODES)),
         "CLUSTERWATCH_SIM_GPU": str(local), "CLUSTERWATCH_SIM_NODE": node,
-        "CLUSTERWATCH_SIM_PROFILE": "steady",
+        "CLUSTERWATCH_SIM_PROFILE": "steady", "CLUSTERWATCH_SIM_RUN": sim_run,
         "CLUSTERWATCH_SIM_GPU_MEM_FILE": os.path.join(workdir, f"gpu-mem-rank{rank}"),
         "CLUSTERWATCH_TRAIN_SOCKET": str(stack.train_socket(node)),
     })
@@ -83,6 +84,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
     stack = Stack(workdir)
     ranks: list[subprocess.Popen] = []
     job_id = f"demo-{os.getpid()}"
+    # The demo's simulated GPUs play its own ranks only, not another demo's or a test's on this host.
+    sim_run = f"{job_id}-{uuid.uuid4().hex[:8]}"
     tty = sys.stdout.isatty()
     with StopSignals() as signals:
         try:
@@ -100,11 +103,11 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
             for n, node in enumerate(NODES):
                 if signals.received:
                     break
-                node_ranks = [_start_rank(n * RANKS_PER_NODE + i, node, job_id, workdir, stack)
+                node_ranks = [_start_rank(n * RANKS_PER_NODE + i, node, job_id, workdir, stack, sim_run)
                               for i in range(RANKS_PER_NODE)]
                 ranks += node_ranks
                 pid_args = [a for p in node_ranks for a in ("--pid", str(p.pid))]
-                stack.start_agent(node, ["--gpu-source", "sim", "--interval", str(interval),
+                stack.start_agent(node, ["--gpu-source", "sim", "--sim-run", sim_run, "--interval", str(interval),
                                          "--send-interval", "0", "--job-id", job_id, *pid_args])
             if not signals.received:
                 click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
