@@ -344,3 +344,52 @@ def test_a_mig_slot_reused_by_a_new_instance_reports_under_its_own_uuid(
     assert by_uuid(second) == {"MIG-new0": ["MIG-new0", None, GiB, 10 * GiB, None]}
     assert uses(second, pid) == [["MIG-new0", GiB // 2, None]]
     assert second["inventory"] == [["MIG-new0", 0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB]]
+
+
+# --- the stand-in's health functions (for the health issue), through the real pynvml ---------
+
+HEALTH = r"""
+import json, pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+out = {"temp": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+       "reasons": nv.nvmlDeviceGetCurrentClocksEventReasons(h),
+       "ecc": [nv.nvmlDeviceGetTotalEccErrors(h, e, c) for e in (0, 1) for c in (0, 1)],
+       "remapped": list(nv.nvmlDeviceGetRemappedRows(h)),
+       "supported": nv.nvmlDeviceGetSupportedEventTypes(h)}
+events = nv.nvmlEventSetCreate()
+nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError, events)
+got = []
+for _ in range(3):
+    try:
+        e = nv.nvmlEventSetWait(events, 100)
+        got.append([e.eventType, e.eventData, nv.nvmlDeviceGetUUID(e.device)])
+    except nv.NVMLError_Timeout:
+        got.append("timeout")
+out["events"] = got
+nv.nvmlEventSetFree(events)
+nv.nvmlShutdown()
+print(json.dumps(out))
+"""
+
+
+def test_the_stand_in_serves_health_counters_and_events(stub_lib: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.fakes.nvml_stub import child_env, write_state
+
+    state = tmp_path / "nvml-state.txt"
+    write_state(state, gpus().replace("util=75", "util=75 temp=83 throttle=0x20") + (
+        "ecc GPU-aaaa corrected_volatile=5 uncorrected_volatile=1 corrected_aggregate=50 uncorrected_aggregate=2\n"
+        "remapped GPU-aaaa corrected=3 uncorrected=1 pending=1 failure=0\n"
+        "event GPU-aaaa 0x8 79\n"       # Xid 79: fallen off the bus
+        "event GPU-bbbb 0x8 48\n"       # another GPU, not registered
+        "event GPU-aaaa 0x2 0\n"))      # a double-bit ECC error
+    out = subprocess.run([sys.executable, "-c", HEALTH], env=child_env(stub_lib, state), capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got == {"temp": 83, "reasons": 0x20, "ecc": [5, 50, 1, 2], "remapped": [3, 1, 1, 0],
+                   "supported": 0x1F, "events": [[8, 79, "GPU-aaaa"], [2, 0, "GPU-aaaa"], "timeout"]}

@@ -13,6 +13,12 @@
  *   delay FUNCTION|* MS [UUID]                                        (FUNCTION sleeps MS first)
  *   init_error CODE
  *   driver VERSION
+ *   event UUID TYPE DATA                                              (an NVML event, delivered once)
+ *   ecc UUID corrected_volatile=N uncorrected_volatile=N corrected_aggregate=N uncorrected_aggregate=N
+ *   remapped UUID corrected=N uncorrected=N pending=0|1 failure=0|1
+ *
+ * A gpu line may also carry temp=C (temperature), throttle=MASK (clock event reasons) and
+ * events=MASK (supported event types; default single/double-bit ECC, P-state, Xid, clock).
  *
  * Layouts follow nvml.h: nvmlProcessInfo_v1_t {pid, usedGpuMemory} for the unversioned list
  * functions, nvmlProcessInfo_v2_t {pid, usedGpuMemory, gpuInstanceId, computeInstanceId} for _v2
@@ -51,7 +57,10 @@ typedef struct nvmlDevice_st {
     char uuid[96];
     char name[96];
     unsigned long long total, memused;
-    unsigned int util, power_mw, gi, ci;
+    unsigned int util, power_mw, gi, ci, temp;
+    unsigned long long throttle, event_types;
+    unsigned long long ecc[2][2];   /* [uncorrected?][aggregate?] */
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     int lost, mig_mode;
 } *nvmlDevice_t;
 
@@ -69,12 +78,20 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 struct proc { int dev; unsigned int pid; unsigned long long mem; int kind; };  /* 0 compute 1 graphics 2 mps */
 struct sample { int dev; unsigned int pid, sm; unsigned long long ts; long long age_us; };
 struct rule { char fn[80]; int dev; int value; };   /* dev -1: every device */
+struct event { int dev; unsigned long long type, data; };
+typedef struct { unsigned long long mask[MAX_DEV + MAX_DEV * MAX_MIG]; int used; } *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+#define MAX_EVENT 256
 
 static struct nvmlDevice_st devs[MAX_DEV + MAX_DEV * MAX_MIG];
 static int ndev;                                      /* whole GPUs, slots 0..ndev-1 */
 static struct proc procs[MAX_PROC]; static int nproc;
 static struct sample samples[MAX_SAMPLE]; static int nsample;
 static struct rule fails[MAX_RULE], delays[MAX_RULE]; static int nfail, ndelay;
+static struct event events[MAX_EVENT]; static int nevent;
+static int events_delivered;   /* events of the state file given out so far (each once) */
 static int init_error;
 static char driver[64] = "580.65.06";
 static int initialized;
@@ -127,7 +144,7 @@ static void load_state(void) {
     if (!f) return;
     state_mtime = st.st_mtim; state_size = st.st_size; state_ino = st.st_ino;
     memset(devs, 0, sizeof devs);
-    ndev = nproc = nsample = nfail = ndelay = 0; init_error = 0;
+    ndev = nproc = nsample = nfail = ndelay = nevent = 0; init_error = 0;
     char line[1024];
     /* two passes: devices first, so rules and processes may name any device */
     for (int pass = 0; pass < 2; pass++) {
@@ -147,6 +164,9 @@ static void load_state(void) {
                 d->power_mw = (unsigned)kv_num(rest, "power", 100000);
                 d->lost = (int)kv_num(rest, "lost", 0);
                 d->mig_mode = (int)kv_num(rest, "mig", 0);
+                d->temp = (unsigned)kv_num(rest, "temp", 40);
+                d->throttle = kv(rest, "throttle") ? strtoull(kv(rest, "throttle"), NULL, 0) : 0;
+                d->event_types = kv(rest, "events") ? strtoull(kv(rest, "events"), NULL, 0) : 0x1F;
                 kv_name(rest, d->name, sizeof d->name);
             } else if (pass == 0 && strcmp(word, "mig") == 0) {
                 char parent[96] = ""; int slot = -1;
@@ -181,6 +201,27 @@ static void load_state(void) {
                 parse_rule(rest, &fails[nfail++]);
             } else if (pass == 1 && strcmp(word, "delay") == 0 && ndelay < MAX_RULE) {
                 parse_rule(rest, &delays[ndelay++]);
+            } else if (pass == 1 && strcmp(word, "event") == 0 && nevent < MAX_EVENT) {
+                char type[32] = "0", data[32] = "0";
+                sscanf(rest, "%95s %31s %31s", uuid, type, data);
+                struct event *e = &events[nevent++];
+                e->dev = find_uuid(uuid); e->type = strtoull(type, NULL, 0); e->data = strtoull(data, NULL, 0);
+            } else if (pass == 1 && strcmp(word, "ecc") == 0) {
+                sscanf(rest, "%95s", uuid);
+                int slot = find_uuid(uuid);
+                if (slot < 0) continue;
+                devs[slot].ecc[0][0] = kv_num(rest, "corrected_volatile", 0);
+                devs[slot].ecc[1][0] = kv_num(rest, "uncorrected_volatile", 0);
+                devs[slot].ecc[0][1] = kv_num(rest, "corrected_aggregate", 0);
+                devs[slot].ecc[1][1] = kv_num(rest, "uncorrected_aggregate", 0);
+            } else if (pass == 1 && strcmp(word, "remapped") == 0) {
+                sscanf(rest, "%95s", uuid);
+                int slot = find_uuid(uuid);
+                if (slot < 0) continue;
+                devs[slot].remap_corr = (unsigned)kv_num(rest, "corrected", 0);
+                devs[slot].remap_unc = (unsigned)kv_num(rest, "uncorrected", 0);
+                devs[slot].remap_pending = (unsigned)kv_num(rest, "pending", 0);
+                devs[slot].remap_failure = (unsigned)kv_num(rest, "failure", 0);
             } else if (pass == 1 && strcmp(word, "init_error") == 0) {
                 init_error = atoi(rest);
             } else if (pass == 1 && strcmp(word, "driver") == 0) {
@@ -517,5 +558,105 @@ nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
     if (ret) return ret;
     if (d->mig_parent < 0) return NVML_ERROR_NOT_SUPPORTED;
     *id = d->ci;
+    return NVML_SUCCESS;
+}
+
+/* --- health: temperature, clock event reasons, ECC, remapped rows, events --------------------- */
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *temp) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetTemperature", d);
+    if (ret) return ret;
+    if (sensor != 0 || d->mig_parent >= 0) return NVML_ERROR_NOT_SUPPORTED;   /* NVML_TEMPERATURE_GPU only */
+    *temp = d->temp;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t reasons(const char *fn, nvmlDevice_t d, unsigned long long *mask) {
+    nvmlReturn_t ret = enter(fn, d);
+    if (ret == NVML_SUCCESS) *mask = d->throttle;
+    return ret;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *mask) {
+    return reasons("nvmlDeviceGetCurrentClocksEventReasons", d, mask);
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *mask) {
+    return reasons("nvmlDeviceGetCurrentClocksThrottleReasons", d, mask);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType,
+                                         unsigned long long *count) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetTotalEccErrors", d);
+    if (ret) return ret;
+    if (errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = d->ecc[errorType][counterType];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failure) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetRemappedRows", d);
+    if (ret) return ret;
+    *corr = d->remap_corr; *unc = d->remap_unc; *pending = d->remap_pending; *failure = d->remap_failure;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetSupportedEventTypes", d);
+    if (ret == NVML_SUCCESS) *types = d->event_types;
+    return ret;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    nvmlReturn_t ret = enter("nvmlEventSetCreate", NULL);
+    if (ret) return ret;
+    *set = calloc(1, sizeof **set);
+    if (!*set) return NVML_ERROR_UNKNOWN;
+    (*set)->used = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+    nvmlReturn_t ret = enter("nvmlDeviceRegisterEvents", d);
+    if (ret) return ret;
+    if (!set || !set->used) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~d->event_types) return NVML_ERROR_NOT_SUPPORTED;
+    set->mask[dev_slot(d)] |= types;
+    return NVML_SUCCESS;
+}
+
+/* The next event of the state file for a device and type the set registered (each event is given
+ * out once, in file order); none: wait up to the timeout (at most 200 ms here) and say Timeout. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    nvmlReturn_t ret = enter("nvmlEventSetWait_v2", NULL);
+    if (ret) return ret;
+    if (!set || !set->used) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    while (events_delivered < nevent) {
+        struct event *e = &events[events_delivered++];
+        if (e->dev >= 0 && (set->mask[e->dev] & e->type)) {
+            nvmlDevice_t owner = &devs[e->dev];
+            data->device = owner; data->eventType = e->type; data->eventData = e->data;
+            data->gpuInstanceId = owner->mig_parent >= 0 ? owner->gi : 0xFFFFFFFFu;
+            data->computeInstanceId = owner->mig_parent >= 0 ? owner->ci : 0xFFFFFFFFu;
+            pthread_mutex_unlock(&lock);
+            return NVML_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    unsigned int ms = timeoutms < 200 ? timeoutms : 200;
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
+    return 10;   /* NVML_ERROR_TIMEOUT */
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    nvmlReturn_t ret = enter("nvmlEventSetFree", NULL);
+    if (ret) return ret;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    set->used = 0;
+    free(set);
     return NVML_SUCCESS;
 }
