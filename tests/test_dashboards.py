@@ -25,7 +25,7 @@ import pytest
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, Collector, Proc
+from tests.helpers import CLI, SIM_RUN, Collector, Proc
 from tests.services.procs import require_binary
 from tests.services.prometheus import Prometheus, prometheus_factory  # noqa: F401  (registers the fixture)
 
@@ -152,6 +152,7 @@ def _start_rank(rank: int, node: str, local: int, tmp: Path, spool: Path) -> Pro
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": "4",
         "CLUSTERWATCH_SIM_GPU": str(local), "CLUSTERWATCH_SIM_NODE": node, "CLUSTERWATCH_SIM_PROFILE": "steady",
+        "CLUSTERWATCH_SIM_RUN": SIM_RUN,
         "CLUSTERWATCH_SIM_GPU_MEM_FILE": str(tmp / f"gpu-mem-rank{rank}"),
         "CLUSTERWATCH_TRAIN_SOCKET": str(spool / "train.sock"),
     })
@@ -165,7 +166,8 @@ def _start_rank(rank: int, node: str, local: int, tmp: Path, spool: Path) -> Pro
 def _start_idle_holder(node: str, gpu: int, tmp: Path) -> Proc:
     # A real process that holds a simulated GPU at 0 % (the `idle` profile): a hung data loader.
     env = dict(os.environ)
-    env.update({"CLUSTERWATCH_SIM_GPU": str(gpu), "CLUSTERWATCH_SIM_NODE": node, "CLUSTERWATCH_SIM_PROFILE": "idle"})
+    env.update({"CLUSTERWATCH_SIM_GPU": str(gpu), "CLUSTERWATCH_SIM_NODE": node, "CLUSTERWATCH_SIM_PROFILE": "idle",
+                "CLUSTERWATCH_SIM_RUN": SIM_RUN})
     return Proc([sys.executable, "-c", "import time; time.sleep(600)"], tmp / "idle.log", env=env)
 
 
@@ -194,7 +196,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, prometheus_factory):  # noqa:
         for node in NODES:
             pid_args = [a for p in ranks[node] for a in ("--pid", str(p.pid))]
             procs.append(Proc([*CLI, "agent", "--collector", collector.address, "--node", node, "--gpu-source", "sim",
-                               "--interval", "1", "--spool-dir", str(spools[node]),
+                               "--sim-run", SIM_RUN, "--interval", "1", "--spool-dir", str(spools[node]),
                                "--train-socket", str(spools[node] / "train.sock"), "--job-id", JOB_ID, *pid_args],
                               tmp / f"agent-{node}.log"))
         prom = prometheus_factory([f"127.0.0.1:{collector.metrics_port}"], rule_files=[ALERT_RULES])
