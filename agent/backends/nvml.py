@@ -208,18 +208,13 @@ class NvmlGpuSource:
         # Not an NVMLError subclass: raised by unversioned wrappers when the library lacks
         # the function they call; caught separately so we can fall back to an older version.
         self._mismatch: tuple[type[Exception], ...] = (mismatch,) if mismatch else ()
-        if nested_pid_namespace is None:
-            nested_pid_namespace = in_nested_pid_namespace()
-        self.pids_hidden = nested_pid_namespace
-        if self.pids_hidden:
-            self._log.warning("%s", NAMESPACE_LINE)
+        self.pids_hidden = in_nested_pid_namespace() if nested_pid_namespace is None else nested_pid_namespace
         try:
             nvml.nvmlInit()
         except self._nvml_error as exc:
             raise SourceUnavailable(_init_line(exc)) from None
         self._proc_getters = {kind: self._getters(base) for kind, base in _GETTER_BASES.items()}
         self._gpus: list[_Gpu] = []
-        self._rounds = Rounds(deadline_s)
         self._startup_errors = 0
         try:
             self._add_indexes()
@@ -229,6 +224,9 @@ class NvmlGpuSource:
                 f"NVML could not list the GPUs ({exc}); running without GPU data. "
                 "Check that nvidia-smi works on this node."
             ) from None
+        if self.pids_hidden:
+            self._log.warning("%s", NAMESPACE_LINE)
+        self._rounds = Rounds(deadline_s)
         self._startup_errors = self._enumerate_all()
         self._next_inventory = self._clock() + inventory_every_s
         if not self.inventory() and not self._rounds.busy:
