@@ -323,3 +323,18 @@ def test_the_agent_takes_the_gpus_listed_again(tmp_path) -> None:
     batch, _ = agent.poll()
     assert [g.uuid for g in batch.gpus] == ["GPU-aaaa", "GPU-bbbb"]
     assert [g.uuid for g in agent.hello().gpus] == ["GPU-aaaa", "GPU-bbbb"]
+
+
+def test_no_working_process_getter_is_said_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    # Bindings without _v2 wrappers (nvidia-ml-py 12.535.x) on a driver without _v3.
+    nv = FakeNvml(two_gpus(), binding_has_v3=True, library_has_v3=False)
+    for kind in ("Compute", "Graphics"):
+        delattr(nv, f"nvmlDeviceGet{kind}RunningProcesses_v2")
+    src = source(nv, log=logging.getLogger("test.nvml"))
+    with caplog.at_level(logging.WARNING, logger="test.nvml"):
+        polls = [src.poll(now) for now in (1000.0, 1005.0)]
+    for poll in polls:
+        assert poll.processes == {}
+        assert poll.errors == 4  # two lists on two GPUs, each poll
+    lines = [r.getMessage() for r in caplog.records if "works with this driver" in r.getMessage()]
+    assert len(lines) == 2 and "nvmlDeviceGetComputeRunningProcesses" in lines[0]
