@@ -17,6 +17,7 @@ from clusterwatch.collector.rules import AlertEvent, parse_rules
 from clusterwatch.collector.webhook import post_json
 
 from .helpers import wait_for
+from .services.procs import refused_port
 
 
 def _ev(state, t):
@@ -97,25 +98,26 @@ after_s = 3600
 
 
 def test_signal_off_by_default_and_slow_webhook_does_not_block(tmp_path):
-    rules = parse_rules("""
+    with refused_port() as port:  # a webhook nobody answers: the connection is refused
+        rules = parse_rules(f"""
 [[actions.steps]]
 action = "webhook"
-url = "http://127.0.0.1:9/unreachable"
+url = "http://127.0.0.1:{port}/unreachable"
 timeout_s = 2
 [[actions.steps]]
 action = "signal"
 """)
-    sent = []
-    d = Dispatcher(AlertStore(sqlite3.connect(":memory:", check_same_thread=False)), rules.actions,
-                   send_signal=lambda *a: sent.append(a))
-    try:
-        t0 = time.monotonic()
-        d.process([_ev("firing", 1.0)], now=1.0)
-        assert time.monotonic() - t0 < 0.5
-        d.drain()
-        assert sent == [] and d.errors == 1
-    finally:
-        d.close()
+        sent = []
+        d = Dispatcher(AlertStore(sqlite3.connect(":memory:", check_same_thread=False)), rules.actions,
+                       send_signal=lambda *a: sent.append(a))
+        try:
+            t0 = time.monotonic()
+            d.process([_ev("firing", 1.0)], now=1.0)
+            assert time.monotonic() - t0 < 0.5
+            d.drain()
+            assert sent == [] and d.errors == 1
+        finally:
+            d.close()
 
 
 class _Drip(socketserver.BaseRequestHandler):

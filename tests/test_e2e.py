@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from .services.procs import refused_port
 
 pytestmark = pytest.mark.e2e
 
@@ -111,7 +112,8 @@ def test_status_of_unknown_job_and_unreachable_collector(stack):
     assert r.returncode == 1
     assert "nope-42" in r.stderr and "unknown" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = cli("status", "1", "--collector", "127.0.0.1:1")
+    with refused_port() as port:
+        r = cli("status", "1", "--collector", f"127.0.0.1:{port}")
     assert r.returncode == 1
     assert "does not answer" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
