@@ -16,6 +16,12 @@ GPUs and Slurm variables in its environment, then alternates, in this one proces
   GPUs (and, as a second row, `python3 -c "print(…)"`). On a machine that has `nvidia-smi` (a GPU
   node), a further row runs the real one, and the target is judged on it.
 
+Then, in a child process that loads the C stand-in for the driver library (tests/fakes/nvml_stub,
+built here with cc) through the real pynvml: the same Agent with `--gpu-source nvml`, the 64 busy
+processes listed 8 a GPU with a fresh utilisation sample each, beside a seed-style "psutil + pyNVML"
+monitor (psutil per process, pynvml per GPU: utilisation, memory, power, the process list), so the
+NVML path's own cost is known and judged against the seed in the same run.
+
 The polls are 0.1 s apart; the agent's clock moves a second a poll (PollClock), so it sees what it
 sees at its 1 Hz. A second set of 64 `sleep` processes gives the idle case, agent only.
 
@@ -156,8 +162,11 @@ def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: in
     c0, k0 = time.process_time(), children_cpu()
     batch, samples = agent.poll()  # first poll: environ reads, user names, labels cached, trees walked
     first_ms = (time.process_time() - c0) * 1000
+    # Only the bench's own children count: a stray process elsewhere on the machine with
+    # CLUSTERWATCH_SIM_GPU set and no node is played by every simulated source, this one too.
+    samples = [s for s in samples if s.pid in set(pids)]
     if len(samples) != len(pids):
-        raise RuntimeError(f"the agent sampled {len(samples)} processes, expected {len(pids)}")
+        raise RuntimeError(f"the agent sampled {len(samples)} of its {len(pids)} processes")
     # Provenance is taken once per rank process, by a worker thread, off the poll; its CPU (and git's)
     # is counted apart, once it is done, so that the rounds below measure the steady poll.
     prov_ms = prov_n = None
@@ -196,6 +205,93 @@ def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: in
     res["batch_bytes"] = len(batch.SerializeToString())
     res["first_ms"], res["prov_ms"], res["prov_n"] = first_ms, prov_ms, prov_n
     return res
+
+
+def nvml_state(pids: list[int], gpus: int = 8) -> str:
+    """The stand-in's state: `gpus` GPUs, the pids spread over them, each with a fresh sample a query."""
+    lines = [f"gpu GPU-{i:08x}-bench-0000-000000000000 total={80 * benchlib.GiB} used={20 * benchlib.GiB} "
+             f"util={60 + i} power={300000 + i} name=NVIDIA H100 80GB HBM3" for i in range(gpus)]
+    for n, pid in enumerate(pids):
+        uuid = f"GPU-{n % gpus:08x}-bench-0000-000000000000"
+        lines.append(f"proc {uuid} {pid} {(2 + n % 5) * benchlib.GiB}")
+        lines.append(f"sample {uuid} {pid} {40 + n % 50} age_us=200000")
+    return "\n".join(lines) + "\n"
+
+
+class PynvmlSeed:
+    """The seed write-ups' "psutil + pyNVML": psutil per process, pynvml per GPU, in Python."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import psutil
+        import pynvml
+
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.procs = {p: psutil.Process(p) for p in pids}
+        self.rows: list = []
+
+    def poll(self) -> None:
+        nv, gpus, procs = self.nv, [], []
+        for h in self.handles:
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            gpus.append((util.gpu, mem.used, mem.total, nv.nvmlDeviceGetPowerUsage(h)))
+            for app in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                p = self.procs.get(app.pid)
+                if p is not None:
+                    procs.append((app.pid, app.usedGpuMemory, p.cpu_percent(), p.memory_info().rss,
+                                  p.num_threads()))
+        self.rows = [gpus, procs]
+
+
+def nvml_child(spec_path: str) -> None:
+    """`--nvml-child SPEC`: in a process whose LD_LIBRARY_PATH holds the stand-in, time the NVML rows."""
+    import json
+
+    spec = json.loads(open(spec_path).read())
+    from clusterwatch.agent.config import AgentConfig
+    from clusterwatch.cli.agent_cmd import build_agent as build
+
+    agent = build(AgentConfig(collector=None, node=spec["node"], interval_s=1.0, gpu_source="nvml",
+                              spool_dir=spec["spool"], provenance=False), live=False)
+    if agent.gpus.name != "nvml":
+        raise RuntimeError("the NVML source did not open on the stand-in")
+    agent.clock = PollClock(agent.config.interval_s)
+    batch, samples = agent.poll()
+    samples = [s for s in samples if s.pid in set(spec["pids"])]
+    gpu_procs = sum(1 for s in samples if s.gpus)
+    seed = PynvmlSeed(spec["pids"])
+    seed.poll()
+    res: dict = {"agent": [], "seed": []}
+    for _ in range(spec["rounds"]):
+        res["agent"].append(median(time_agent(agent, spec["polls"], spec["gap"])))
+        res["seed"].append(median(time_seed(seed, spec["polls"], spec["gap"])))
+    agent.gpus.close()
+    res.update(samples=len(samples), gpu_procs=gpu_procs, seed_procs=len(seed.rows[1]),
+               batch_bytes=len(batch.SerializeToString()))
+    print(json.dumps(res))
+
+
+def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, gap: float) -> dict:
+    """The NVML rows: a child process over the real pynvml and the C stand-in (built here with cc)."""
+    import json
+    from pathlib import Path
+
+    sys.path.insert(0, str(benchlib.REPO))
+    from tests.fakes.nvml_stub import build, child_env, write_state
+
+    lib = build(Path(tmp) / "nvml-stub")
+    state = Path(tmp) / "nvml-state.txt"
+    write_state(state, nvml_state(pids))
+    spec = Path(tmp) / "nvml-spec.json"
+    spec.write_text(json.dumps({"node": node, "spool": os.path.join(tmp, "spool-nvml"), "pids": pids,
+                                "rounds": rounds, "polls": polls, "gap": gap}))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--nvml-child", str(spec)],
+                         capture_output=True, text=True, timeout=600, env=child_env(lib, state))
+    if out.returncode != 0:
+        raise RuntimeError(f"the NVML rows failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def profile_agent(node: str, spool: str, polls: int) -> str:
@@ -279,15 +375,20 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         spool = os.path.join(tmp, "spool")
         gap = 0.1  # more than the busy children's 20 ms: each poll sees every process changed
         res = measure_polls(pids, node, spool, rounds, polls, gap)
+        nvml = measure_nvml(pids, node, tmp, rounds, polls, gap)
         idle = measure_polls(idle_pids, idle_node, os.path.join(tmp, "spool-idle"), rounds, polls, gap, seeds=False)
         real = measure_real_agent(children, tmp, node, seconds, interval=0.5)
         noprov = measure_real_agent(children, tmp, node, seconds, interval=0.5, extra=("--no-provenance",))
         prof = profile_agent(node, spool, polls * 2) if profile else ""
     a, sh, py, ps = (median(res[k]) for k in ("agent", "sh", "py", "psutil"))
     ai = median(idle["agent"])
+    na, ns = median(nvml["agent"]), median(nvml["seed"])
     rows = [
         ["clusterwatch Agent.poll + serialise (sim GPUs)", a, spread(res["agent"]), "1.0×"],
         ["  the same, the 64 processes asleep (`sleep`)", ai, spread(idle["agent"]), f"{ai / a:.1f}×"],
+        ["clusterwatch Agent.poll + serialise (NVML: real pynvml, C stand-in)", na, spread(nvml["agent"]),
+         f"{na / a:.1f}×"],
+        ["seed: psutil ×64 + pyNVML per GPU (real pynvml, C stand-in)", ns, spread(nvml["seed"]), f"{ns / a:.1f}×"],
         ["seed: psutil ×64 + /bin/sh printf stand-in", sh, spread(res["sh"]), f"{sh / a:.1f}×"],
         ["seed: psutil ×64 + python3 -S -c stand-in", py, spread(res["py"]), f"{py / a:.1f}×"],
         ["  (psutil ×64 alone, no subprocess)", ps, spread(res["psutil"]), f"{ps / a:.1f}×"],
@@ -306,6 +407,11 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         " median of round medians; 'runs' = min–max of round medians.",
         "the watched processes work as a training node's do: each one's /proc/<pid>/stat changes between polls "
         "(it faults in fresh pages every 20 ms); the 'asleep' row is 64 `sleep` processes, whose stat never changes.",
+        f"NVML rows: a child process loads tests/fakes/nvml_stub (the driver library's stand-in, built with cc) "
+        f"through the real pynvml; {nvml['samples']} processes, {nvml['gpu_procs']} listed on 8 GPUs with a fresh "
+        f"utilisation sample each; the NVML path costs {na - a:+.2f} ms/poll over the simulated one. "
+        f"psutil + pyNVML seed ({nvml['seed_procs']} processes): {ns / na:.1f}× the NVML agent's poll, target ≥ 10× "
+        f"→ {verdict(ns / na >= 10)}.",
         f"first poll (trees walked, environments read) {res['first_ms']:.1f} ms; provenance, once per rank process "
         f"off the poll: " + (f"{res['prov_n']} processes, {res['prov_ms']:.0f} ms CPU with git's, before the rounds"
                               if res["prov_n"] is not None else "off"),
@@ -334,7 +440,8 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         print(out, flush=True)
     if prof:
         print(prof)
-    return {"agent_ms": a, "agent_idle_ms": ai, "seed_sh_ms": sh, "seed_py_ms": py, "ratio": sh / a,
+    return {"agent_ms": a, "agent_idle_ms": ai, "nvml_agent_ms": na, "nvml_seed_ms": ns,
+            "seed_sh_ms": sh, "seed_py_ms": py, "ratio": sh / a,
             "seed_smi_ms": median(res["smi"]) if "smi" in res else None,
             "rss_mib": real["rss_mib"], "real_agent_ms": real["cpu_ms_per_poll"], "table": out}
 
@@ -347,7 +454,11 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=64, help="watched processes")
     ap.add_argument("--seconds", type=float, default=10.0, help="how long the real agent runs for its RSS")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of Agent.poll")
+    ap.add_argument("--nvml-child", metavar="SPEC", help=argparse.SUPPRESS)  # the NVML rows' own process
     args = ap.parse_args()
+    if args.nvml_child:
+        nvml_child(args.nvml_child)
+        return
     run(args.quick, args.rounds, args.polls, args.procs, args.seconds, args.profile)
 
 
