@@ -48,7 +48,21 @@ def alerts(collector: str, job_id: str, include_resolved: bool, limit: int, as_j
         fail(_explain(exc, collector, "the alert list"), code=1)
     finally:
         channel.close()
+    if job_id and not resp.alerts:
+        _check_job_known(collector, job_id)
     if as_json:
         click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
         return
     click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)
+
+
+def _check_job_known(collector: str, job_id: str) -> None:
+    """No alerts for --job: one line and exit 1 when the collector does not know the job at all (a typo)."""
+    import grpc
+
+    from .status_cmd import _explain, fetch_job
+
+    try:
+        fetch_job(collector, job_id, trend_points=0)
+    except grpc.RpcError as exc:
+        fail(_explain(exc, collector, f"status {job_id}"), code=1)

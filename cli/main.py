@@ -66,12 +66,35 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
     try:
         ctx.default_map = load_default_map(config_path)
+        _check_keys(ctx, config_path)
     except ConfigError as exc:
         if ctx.invoked_subcommand in ("prolog", "epilog"):
             # a hook must never fail a job start or drain a node: say it, and go on with defaults
             click.echo(f"clusterwatch: {exc}; the hook goes on with defaults", err=True)
             return
         raise click.UsageError(str(exc)) from None
+
+
+def _check_keys(ctx: click.Context, config_path: str | None) -> None:
+    """ConfigError for a key of the file that no command of its section has (a typo was silently ignored).
+
+    Only the section the invoked command reads is checked, so `status` imports no agent or collector
+    module for it; a [cli] key counts when any of status, jobs, alerts, record takes it.
+    """
+    from clusterwatch.config import SECTIONS, find_config
+    from clusterwatch.errors import ConfigError
+
+    name = ctx.invoked_subcommand
+    for section, commands in SECTIONS.items():
+        if name not in commands or not ctx.default_map.get(name):
+            continue
+        group = ctx.command
+        known = {p.name for c in commands if (cmd := group.get_command(ctx, c)) is not None for p in cmd.params}
+        unknown = sorted(set(ctx.default_map[name]) - known)
+        if unknown:
+            raise ConfigError(f"config file {find_config(config_path)}: [{section}] has no setting "
+                              f"{', '.join(unknown)}; settings are the long options of `clusterwatch "
+                              f"{commands[0]} --help`, with underscores")
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from .helpers import CLI, cli, wait_for
+from .helpers import CLI, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,7 @@ def running_job(tmp_path):
     err = tmp_path / "run.err"
     with open(err, "wb") as f:
         proc = subprocess.Popen([*CLI, "run", "--interval", "0.5", "--gpu-source", "none", "--status-every", "0",
-                                 "--", "sleep", "60"], stdout=subprocess.DEVNULL, stderr=f)
+                                 "--", "sleep", "60"], stdout=subprocess.DEVNULL, stderr=f, env=clean_environ())
     try:
         found = wait_for(lambda: re.search(r"watching (local-\d+) .*collector on (\S+)", err.read_text()),
                          timeout=60, what="run's collector")
@@ -69,7 +69,7 @@ def _watch(tmp_path, *args: str) -> str:
     out = tmp_path / "watch.out"
     with open(out, "wb") as f:  # a file, as in `status --watch > f`
         proc = subprocess.Popen([*CLI, "status", *args, "--watch", "-n", "0.5"], stdout=f,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, env=clean_environ())
     try:
         wait_for(lambda: out.read_bytes().count(b"local-") >= 3 or proc.poll() is not None, timeout=30,
                  what="three refreshes")
@@ -100,7 +100,7 @@ def test_status_watch_does_not_take_the_job_id_for_its_interval(tmp_path, runnin
     out = tmp_path / "watch.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen([*CLI, "status", "--watch", job, "--collector", address], stdout=f,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, env=clean_environ())
     try:
         wait_for(lambda: f"job {job}" in out.read_text() or proc.poll() is not None, timeout=30,
                  what="the first report")

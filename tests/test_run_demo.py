@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CLI, cli, wait_for
+from .helpers import CLI, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +69,7 @@ def test_run_with_a_missing_command_says_so():
 def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
     proc = subprocess.Popen([*CLI, "demo", "--duration", "65", "--interval", "0.5", "--refresh", "5",
                              "--keep", str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=clean_environ())
     try:
         wait_for(lambda: len(_descendants(proc.pid)) >= 7, timeout=60, what="demo processes")
         started = _descendants(proc.pid)
@@ -91,7 +91,8 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
 
 def test_demo_interrupted_leaves_no_process(tmp_path):
     proc = subprocess.Popen([*CLI, "demo", "--duration", "120", "--interval", "0.5", "--keep",
-                             str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(tmp_path / "demo")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_environ())
     try:
         # wait until the collector, both agents and the four ranks run
         wait_for(lambda: len(_descendants(proc.pid)) >= 7, timeout=60, what="demo processes")
@@ -104,6 +105,7 @@ def test_demo_interrupted_leaves_no_process(tmp_path):
             proc.kill()
     wait_for(lambda: not any(_alive(p) for p in started), timeout=20, what="all demo processes gone")
     assert "Interrupted" in proc.stderr.read()
+    assert proc.returncode == 130  # as a shell reports Ctrl-C
 
 
 def test_run_in_a_deep_folder_still_gets_the_training_socket(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CLI, cli, left_behind, wait_for
+from .helpers import CLI, clean_environ, cli, left_behind, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,8 +47,7 @@ class Session:
         self.marker = uuid.uuid4().hex
         self.tmpdir = tmp / "tmp"
         self.tmpdir.mkdir()
-        env = dict(os.environ, CW_SIGNAL_TEST=self.marker, TMPDIR=str(self.tmpdir))
-        env.pop("CLUSTERWATCH_COLLECTOR", None)
+        env = dict(clean_environ(), CW_SIGNAL_TEST=self.marker, TMPDIR=str(self.tmpdir))
         self.out_path, self.err_path = tmp / "out", tmp / "err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             # its own process group, as a shell puts a job: a group signal reaches it and its command only
