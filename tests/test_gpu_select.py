@@ -2,28 +2,50 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
-from clusterwatch.agent.backends.gpu import NoGpuSource
 from clusterwatch.agent.backends.select import open_gpu_source
 from clusterwatch.agent.backends.sim import SimGpuSource
 
 from clusterwatch.errors import ConfigError
+from tests.fakes import nvml_stub
+from tests.fakes.no_nvml import run_without_nvml
 
 LOG = logging.getLogger("test.select")
 
 
+# In a child whose NVML library cannot be loaded (tests/fakes/no_nvml.py), whether or not this host has one.
+OPEN = """
+import logging, sys
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s|%(levelname)s|%(message)s")
+from clusterwatch.agent.backends.select import open_gpu_source
+src = open_gpu_source(sys.argv[1], None, logging.getLogger("test.select"))
+print(type(src).__name__, src.poll(0.0).readings)
+"""
+
+
+def _warning_of(out) -> str:
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "NoGpuSource []\n"
+    [line] = [ln for ln in out.stderr.splitlines() if ln.startswith("test.select|")]
+    level, message = line.split("|")[1:]
+    assert level == "WARNING"
+    return message
+
+
 @pytest.mark.parametrize("kind", ["auto", "nvml"])
-def test_no_nvml_library_gives_no_gpu_data_and_one_line(kind: str, caplog: pytest.LogCaptureFixture) -> None:
-    # This machine has nvidia-ml-py but no NVIDIA driver.
-    with caplog.at_level(logging.INFO, logger="test.select"):
-        src = open_gpu_source(kind, None, LOG)
-    assert isinstance(src, NoGpuSource)
-    assert src.poll(0.0).readings == []
-    [record] = caplog.records
-    assert record.levelno == logging.WARNING
-    assert record.getMessage().startswith("NVML library not found (libnvidia-ml.so.1)")
-    assert "\n" not in record.getMessage()
+def test_no_nvml_library_gives_no_gpu_data_and_one_line(kind: str, tmp_path: Path) -> None:
+    out = run_without_nvml(OPEN.replace("sys.argv[1]", repr(kind)), tmp_path)
+    assert _warning_of(out).startswith("NVML library not found (libnvidia-ml.so.1)")
+
+
+def test_the_unloadable_library_is_found_before_a_loadable_one(tmp_path: Path) -> None:
+    # As on a host with the driver: a libnvidia-ml.so.1 that loads (the C stand-in) further on the search
+    # path; found, it would say "NVML found no usable GPU" instead.
+    stand_in = nvml_stub.build(tmp_path / "stand-in")
+    out = run_without_nvml(OPEN.replace("sys.argv[1]", "'nvml'"), tmp_path, also_on_path=stand_in)
+    assert _warning_of(out).startswith("NVML library not found (libnvidia-ml.so.1)")
 
 
 def test_sim_and_none() -> None:
