@@ -190,10 +190,18 @@ def test_unknown_error_on_one_call_fails_that_field_only() -> None:
 def test_gpu_lost_before_enumeration_is_left_out_and_counted_once() -> None:
     gpus = two_gpus()
     gpus[1].lost = True
-    src = source(FakeNvml(gpus))
+    mono = [0.0]
+    src = source(FakeNvml(gpus), clock=lambda: mono[0], inventory_every_s=60.0)
     assert [g.uuid for g in src.inventory()] == ["GPU-aaaa"]
     assert src.poll(1000.0).errors == 1
     assert src.poll(1005.0).errors == 0
+    # Tried again once a minute, counted once each time, not at every poll in between.
+    mono[0] = 61.0
+    assert [src.poll(1060.0 + 5 * i).errors for i in range(3)] == [1, 0, 0]
+    gpus[1].lost = False
+    mono[0] = 122.0
+    poll = src.poll(1125.0)
+    assert poll.errors == 0 and [r.uuid for r in poll.readings] == ["GPU-aaaa", "GPU-bbbb"]
 
 
 def test_library_mismatch_falls_back_to_v2() -> None:

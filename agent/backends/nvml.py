@@ -426,11 +426,11 @@ class NvmlGpuSource:
     def _read_gpu(self, g: _Gpu, now: float) -> _Result:
         result = _Result()
         if g.enumerate_due and not self._list_gpu(g):
-            if g.devices:  # known devices that cannot be listed now: a gap, not gone
-                result.stale.extend(d.info.uuid for d in g.devices)
             result.errors += 1
-            g.enumerate_due = True
-            return result
+            if g.devices:  # known devices that cannot be listed now: a gap, not gone; tried every poll
+                result.stale.extend(d.info.uuid for d in g.devices)
+                g.enumerate_due = True
+            return result  # one never listed waits for the inventory cadence
         for attempt in (1, 2):
             if attempt == 2 and not self._list_gpu(g):
                 result.stale.extend(d.info.uuid for d in g.devices)
