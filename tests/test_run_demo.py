@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,9 @@ def test_run_returns_the_commands_exit_code_and_prints_a_summary():
     assert r.returncode == 7, r.stderr
     assert "clusterwatch · job local-" in r.stderr
     assert "FAILED (exit code 7)" in r.stderr
-    assert "python3" in r.stderr  # the process table names the command
+    # the process table names the command: its row (the command's pid, as in the job id local-PID) says python3
+    pid = re.search(r"job local-(\d+)", r.stderr).group(1)
+    assert re.search(rf"^ +\S+ +\S+ +{pid} python3 ", r.stderr, re.MULTILINE), r.stderr
 
 
 def test_run_passes_success_through():
