@@ -204,7 +204,7 @@ def test_memory_file_that_is_a_fifo_does_not_block(scenario_file: str, spawn, tm
     child = spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_MEM_FILE=str(fifo))
     started = time.monotonic()
     poll = src.poll(start_time(child.pid) + 5)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10.0  # a blocking read of the FIFO would never return
     assert poll.processes[child.pid][0].used_memory_bytes == 2048 * MiB
 
 
