@@ -163,11 +163,12 @@ def test_a_lost_gpu_has_no_reading_and_is_stale_not_freed(stub_lib: Path, tmp_pa
     first, *gone, back = out["polls"]
     assert set(by_uuid(first)) == {"GPU-aaaa", "GPU-bbbb"}
     for poll in gone:
-        # No reading at all (an empty one read as "answered, nothing there"), marked stale.
+        # No reading at all (an empty one read as "answered, nothing there"), marked stale; its
+        # process still on it, with no figures (not "no process", not memory dropped to zero).
         assert set(by_uuid(poll)) == {"GPU-bbbb"}
         assert poll["stale"] == ["GPU-aaaa"]
         assert poll["errors"] == 1
-        assert str(a) not in poll["processes"] and uses(poll, b) == [["GPU-bbbb", GiB, 0.0]]
+        assert uses(poll, a) == [["GPU-aaaa", None, None]] and uses(poll, b) == [["GPU-bbbb", GiB, 0.0]]
         assert [g[0] for g in poll["inventory"]] == ["GPU-aaaa", "GPU-bbbb"]
     assert back["stale"] == [] and uses(back, a) == [["GPU-aaaa", 3 * GiB, 0.0]]
     assert sum("GPU-aaaa" in line and "does not answer" in line for line in out["log"]) == 1
@@ -295,6 +296,7 @@ def test_a_wedged_gpu_reads_stale_within_the_deadline_and_the_others_go_on(
         assert poll["seconds"] < 1.4  # the deadline, not the wedged calls (generous)
         assert set(by_uuid(poll)) == {"GPU-aaaa"} and uses(poll, a) == [["GPU-aaaa", GiB, 0.0]]
         assert poll["stale"] == ["GPU-bbbb"] and poll["errors"] == 1
+        assert uses(poll, b) == [["GPU-bbbb", None, None]]  # a gap, not a freed GPU
     assert still["seconds"] < 0.5  # the lane is still inside the last call: not asked again
     assert set(by_uuid(back)) == {"GPU-aaaa", "GPU-bbbb"} and back["stale"] == []
     assert sum("did not answer within 0.5 s" in line for line in out["log"]) == 1

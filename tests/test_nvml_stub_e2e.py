@@ -158,3 +158,50 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
         for p in ranks:
             p.kill()
             p.wait()
+
+
+def _alerts(collector: Collector, rule: str) -> list[dict]:
+    r = cli("alerts", "--collector", collector.address, "--json")
+    assert r.returncode == 0, r.stderr
+    return [e for e in json.loads(r.stdout).get("alerts", []) if e["alert"]["rule"] == rule]
+
+
+def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[idle_gpu]\nfor_s = 3\n")
+    state = tmp_path / "nvml-state.txt"
+    clean = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    rank = subprocess.Popen(["sleep", "300"], env={**clean, "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+                                                    "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
+    gpu = f"gpu GPU-lost0 total={80 * GiB} used={30 * GiB} util=85 power=400000{{lost}} name=NVIDIA H100 80GB HBM3\n"
+    on_gpu = f"proc GPU-lost0 {rank.pid} {24 * GiB}\nsample GPU-lost0 {rank.pid} 85 age_us=100000\n"
+    write_state(state, gpu.format(lost="") + on_gpu)
+    spool = tmp_path / "spool"
+    write_event(str(spool), JobEvent("start", "77", time.time(), gpu_indexes="0"))
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "lost-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
+                  "--train-socket", str(tmp_path / "train.sock")],
+                 tmp_path / "agent.log", env={**clean, "SLURMD_NODENAME": "lost-node"})
+    try:
+        def busy() -> bool:
+            out = cli("status", "77", "--collector", collector.address).stdout
+            return any("sleep" in line and " 85%" in line for line in out.splitlines())
+        wait_for(busy, timeout=60, what="the job's process busy on its GPU")
+        write_state(state, gpu.format(lost=" lost=1") + on_gpu)  # fallen off the bus
+        time.sleep(8)  # well past idle_gpu's 3 s
+        assert _alerts(collector, "idle_gpu") == []
+        assert "GPU-lost0 (index 0) does not answer" in agent.text()
+        # The rule itself works here: back on the bus, the process gone from it, it fires.
+        write_state(state, gpu.format(lost=""))
+        wait_for(lambda: any(e["alert"]["state"] == "firing" for e in _alerts(collector, "idle_gpu")),
+                 timeout=60, what="idle_gpu once the GPU really has no process")
+    finally:
+        agent.stop()
+        collector.stop()
+        rank.kill()
+        rank.wait()

@@ -9,9 +9,10 @@ How NVML errors map (codes from nvml.h, read from `NVMLError.value`):
 
     NotSupported, NoPermission,     the field is None, and is not asked again for that device
     FunctionNotFound, mismatch
-    GpuIsLost, ResetRequired        the device reads stale this poll: no reading and no
-                                    processes (a gap, not a freed GPU); one error counted; the
-                                    other GPUs are still read, and the inventory is read again
+    GpuIsLost, ResetRequired        the device reads stale this poll: no reading, its processes as
+                                    last listed with no figures (a gap, not a freed GPU); one
+                                    error counted; the other GPUs are still read, and the
+                                    inventory is read again
     anything else (Unknown, ...)    that one field is None and one error counted; the device's
                                     other readings stand (a failed process list keeps the
                                     processes last listed, their figures None)
@@ -131,12 +132,23 @@ class _Gpu:
 
 @dataclass(slots=True)
 class _Result:
-    """What one lane job returns: one GPU's part of the poll."""
+    """One GPU's part of the poll."""
 
     readings: list[GpuReading] = field(default_factory=list)
     uses: dict[int, list[GpuUse]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)
     errors: int = 0
+
+    def add_stale(self, devices: list[_Device]) -> None:
+        """Devices that did not answer: no reading, and their processes as last listed, figures unknown.
+
+        A gap, not a freed GPU: the collector still sees the processes on it (so `idle_gpu` does not
+        read "no process"), and no memory figure (so no leak rule reads a drop to zero).
+        """
+        for dev in devices:
+            self.stale.append(dev.info.uuid)
+            for pid in sorted({p for pids in dev.last_listed.values() for p in pids}):
+                self.uses.setdefault(pid, []).append(GpuUse(gpu_uuid=dev.info.uuid))
 
 
 def host_pid_visible(pid: int) -> bool:
@@ -272,7 +284,12 @@ class NvmlGpuSource:
             g = self._gpus[index]
             g.stuck = True
             out.errors += 1
-            out.stale.extend(d.info.uuid for d in g.devices)
+            # Read here while its thread may be inside a call: `last_listed` is only ever replaced whole.
+            gap = _Result()
+            gap.add_stale(list(g.devices))
+            out.stale.extend(gap.stale)
+            for pid, uses in gap.uses.items():
+                out.processes.setdefault(pid, []).extend(uses)
         for index, (ok, value) in sorted(round_.done.items()):
             g = self._gpus[index]
             if g.stuck:
@@ -428,12 +445,12 @@ class NvmlGpuSource:
         if g.enumerate_due and not self._list_gpu(g):
             result.errors += 1
             if g.devices:  # known devices that cannot be listed now: a gap, not gone; tried every poll
-                result.stale.extend(d.info.uuid for d in g.devices)
+                result.add_stale(g.devices)
                 g.enumerate_due = True
             return result  # one never listed waits for the inventory cadence
         for attempt in (1, 2):
             if attempt == 2 and not self._list_gpu(g):
-                result.stale.extend(d.info.uuid for d in g.devices)
+                result.add_stale(g.devices)
                 result.errors += 1
                 return result
             result = _Result()
@@ -468,7 +485,7 @@ class NvmlGpuSource:
         return uuid != dev.info.uuid
 
     def _on_gone(self, g: _Gpu, dev: _Device, why: str, result: _Result) -> None:
-        result.stale.append(dev.info.uuid)
+        result.add_stale([dev])
         result.errors += 1
         dev.util_seen.clear()
         g.enumerate_due = True  # it may come back under a new handle
@@ -493,11 +510,13 @@ class NvmlGpuSource:
         )
         memory_by_pid: dict[int, int | None] = {}
         listed_ok = True
+        listed: dict[str, tuple[int, ...]] = {}
         for kind in _PROCESS_KINDS:
             procs = self._running(dev, kind, out)
             if procs is None:  # the list failed: its processes as last listed, figures unknown
                 listed_ok = False
-                for pid in dev.last_listed.get(kind, ()):
+                listed[kind] = dev.last_listed.get(kind, ())
+                for pid in listed[kind]:
                     memory_by_pid.setdefault(pid, None)
                 continue
             pids = []
@@ -511,7 +530,8 @@ class NvmlGpuSource:
                 # application" figure in each: take it once, not the sum.
                 if pid not in memory_by_pid or (used is not None and (prev is None or used > prev)):
                     memory_by_pid[pid] = None if used is None else int(used)
-            dev.last_listed[kind] = tuple(pids)
+            listed[kind] = tuple(pids)
+        dev.last_listed = listed  # replaced whole: a poll past the deadline reads it from another thread
         sm = self._process_util(dev, now, memory_by_pid.keys(), out)
         if not listed_ok:
             sm = dict.fromkeys(sm)  # figures of a list that failed are not known
