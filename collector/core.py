@@ -190,13 +190,13 @@ class CollectorCore:
         except ValueError:
             self._count_refusal("inconsistent")
             raise
-        refusal = check_batch(batch, cols)
+        now = self.clock()
+        refusal = check_batch(batch, cols, now)
         if refusal is not None:
             self._refuse(node, batch.seq, refusal)
             tracker.add(batch.seq)
             self._dirty_seqs.add(boot_id)
             return False
-        now = self.clock()
         st = self.state
         jobs = st.jobs
         # What the batch needs from the store is read before anything is applied (a read can fail too).
@@ -448,7 +448,8 @@ class CollectorCore:
                     continue
                 procs = self.state.job_processes(job)
                 if procs and not any(p.alive for p in procs):
-                    last = max(p.latest.time for p in procs)
+                    # by the collector's clock: a node's clock stepping back must not end its jobs
+                    last = max(p.seen for p in procs)
                     if now - last > AGENT_JOB_GONE_S:
                         job.state = "ENDED"
                         job.end_time = last

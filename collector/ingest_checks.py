@@ -20,7 +20,15 @@ REFUSAL_REASONS = {
     "not_finite": "Batches refused: a time or start time that is NaN or infinite.",
     "bad_pid": "Batches refused: a pid of 0 or beyond the kernel's limit.",
     "bad_value": "Batches refused: a negative or absurd memory, count, CPU or utilisation figure.",
+    "clock_ahead": "Batches refused: a time more than 5 minutes ahead of the collector's clock.",
 }
+
+# How far ahead of the collector's clock a time may be. A time ahead freezes what it stamps (a later,
+# true reading looks older and is ignored; 1e300 froze a process for good); nodes synchronised by NTP
+# differ by milliseconds, so minutes ahead is a broken clock. Times behind are let in: a batch resent
+# after an outage carries them (the agent's buffer can span days on a quiet node), and liveness is
+# judged by the collector's own receive time, so an old time stalls nothing.
+MAX_AHEAD_S = 300.0
 
 # Linux's PID_MAX_LIMIT on 64-bit (4,194,304): no pid is larger.
 MAX_PID = 1 << 22
@@ -58,21 +66,26 @@ def _int_ok(values, low: int, high: int) -> bool:
     return not values or (min(values) >= low and max(values) <= high)
 
 
-def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns) -> Refusal | None:
+def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns, now: float) -> Refusal | None:
     """The first reason to refuse a batch, or None when every value of it can be held.
 
     Args:
         batch: the batch as received.
         cols: its process table, decoded (and checked for consistency) already.
+        now: the collector's clock when the batch arrived.
 
     Returns:
         A Refusal naming what is wrong, or None.
     """
+    latest = now + MAX_AHEAD_S
     if cols.rows:
         if not _finite(cols.time) or not _finite(cols.start_time):
             return Refusal("not_finite", "a process sample's time or start time is NaN or infinite")
         if min(cols.time) <= 0 or min(cols.start_time) < 0:
             return Refusal("bad_value", "a process sample's time or start time is negative")
+        if max(cols.time) > latest or max(cols.start_time) > latest:
+            return Refusal("clock_ahead", f"a process sample is stamped {max(cols.time) - now:.0f} s ahead of "
+                                          "the collector's clock")
         if not _int_ok(cols.pid, 1, MAX_PID):
             return Refusal("bad_pid", f"a process sample's pid is 0 or above {MAX_PID}")
         if not _int_ok(cols.rss_bytes, -1, MAX_BYTES) or not _int_ok(cols.gpu_memory_bytes, -1, MAX_BYTES):
@@ -89,6 +102,9 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns) -> Refusal | None:
     for g in batch.gpus:
         if not math.isfinite(g.time) or g.time <= 0:
             return Refusal("not_finite", f"GPU {g.uuid[:64]}: a reading's time is NaN, infinite or negative")
+        if g.time > latest:
+            return Refusal("clock_ahead", f"GPU {g.uuid[:64]}: a reading is stamped {g.time - now:.0f} s ahead "
+                                          "of the collector's clock")
         if (g.memory_used_bytes > MAX_BYTES or g.memory_total_bytes > MAX_BYTES
                 or not 0 <= g.utilization <= MAX_UTILIZATION or not 0 <= g.power_watts <= MAX_POWER_W):
             return Refusal("bad_value", f"GPU {g.uuid[:64]}: a memory, utilisation or power figure is absurd")
@@ -97,6 +113,9 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns) -> Refusal | None:
             return Refusal("not_finite", "a training report's time or start time is NaN or infinite")
         if not 1 <= t.pid <= MAX_PID:
             return Refusal("bad_pid", f"a training report's pid is 0 or above {MAX_PID}")
+        if t.time > latest:
+            return Refusal("clock_ahead", f"a training report is stamped {t.time - now:.0f} s ahead of the "
+                                          "collector's clock")
     for p in batch.provenance:
         if not math.isfinite(p.start_time):
             return Refusal("not_finite", "a provenance record's start time is NaN or infinite")
@@ -105,4 +124,7 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns) -> Refusal | None:
     for e in batch.job_events:
         if not math.isfinite(e.time) or e.time < 0:
             return Refusal("not_finite", f"job {e.job_id[:64]}: an event's time is NaN, infinite or negative")
+        if e.time > latest:
+            return Refusal("clock_ahead", f"job {e.job_id[:64]}: an event is stamped {e.time - now:.0f} s ahead "
+                                          "of the collector's clock")
     return None

@@ -70,6 +70,8 @@ class ProcessSeries:
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
     labels: tuple = ()  # the labels as last sent (wire.LABEL_FIELDS order), to tell a change cheaply
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
+    # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
+    seen: float = 0.0
 
 
 @dataclass(slots=True)
@@ -229,6 +231,10 @@ class ClusterState:
                 touched.append(series)
             else:
                 early[series.key] = series
+        for series in touched:
+            series.seen = batch_time
+        for series in early.values():
+            series.seen = batch_time
         gone = early.keys() | self._node_live.get(node, set())
         if gone:
             processes = self.processes
@@ -348,7 +354,11 @@ class ClusterState:
             if pid not in pids_of or pids_of[pid].key.start_time < start:
                 pids_of[pid] = series
         elif t < series.latest.time:
-            return None  # an old batch resent after a newer one: history stays in time order
+            # Older than what is held: a node whose clock stepped back (or an old batch resent after a newer
+            # one). The process is there, so it stays alive; its readings wait until its times pass the held
+            # one, so that history stays in time order.
+            series.alive = True
+            return series
         else:
             series.latest = self._convert(node, cols.sample(i, node, g), unlabel)
             if lab != series.labels:
@@ -525,7 +535,7 @@ class ClusterState:
     def prune(self, now: float, keep_dead_s: float = 600.0) -> None:
         """Forget processes that are gone and belong to no job, after a while."""
         for key, series in list(self.processes.items()):
-            if not series.alive and not series.latest.job_id and now - series.latest.time > keep_dead_s:
+            if not series.alive and not series.latest.job_id and now - series.seen > keep_dead_s:
                 del self.processes[key]
                 self._forget_pid(key)
 
