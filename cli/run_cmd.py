@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import click
 
@@ -104,6 +105,10 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             try:
                 # the command reports training progress (clusterwatch.train) to the embedded agent
                 env = dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node)))
+                # simulated GPUs play this command's processes, not others on the host (unless the caller
+                # named a run of their own)
+                sim_run = env.get("CLUSTERWATCH_SIM_RUN") or f"run-{uuid.uuid4().hex[:12]}"
+                env["CLUSTERWATCH_SIM_RUN"] = sim_run
                 child = subprocess.Popen(list(command), env=env)
             except FileNotFoundError:
                 fail(f"command not found: {command[0]}", code=127)
@@ -114,7 +119,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
             # one machine, a few processes: every poll goes out, so what is shown is never behind
             stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
-                                     "--send-interval", "0", "--gpu-source", gpu_source])
+                                     "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run])
             from .render import printable
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
