@@ -23,7 +23,7 @@ from clusterwatch.agent.labels import JobLabeler
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuUse
-from tests.helpers import CLI, SIM_RUN, clean_environ
+from tests.helpers import CLI, SIM_RUN, clean_environ, cli
 
 SCENARIO = """
 [gpus]
@@ -251,6 +251,21 @@ def test_a_real_agent_plays_the_run_it_is_given(tmp_path: Path, spawn) -> None:
         assert out.returncode == 0, out.stderr
         on_gpus = {p["pid"] for p in json.loads(out.stdout)["batch"]["processes"] if p.get("gpus")}
         assert mine.pid in on_gpus and theirs.pid not in on_gpus, out.stdout[:2000]
+
+
+def test_run_plays_its_own_command_only(spawn) -> None:
+    # `clusterwatch run --gpu-source sim`: the command asks for simulated GPU 0; so does a process of no run
+    # beside it, with 50 GB. Only the command is played: the GPU's peak is the scenario's base plus 1000 MiB.
+    spawn(CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_GPU_BASE_MB="50000", CLUSTERWATCH_SIM_RUN="")
+    r = cli("run", "--interval", "0.5", "--gpu-source", "sim", "--json", "--", sys.executable, "-c",
+            "import time; time.sleep(3)", env={"CLUSTERWATCH_SIM_GPU": "0", "CLUSTERWATCH_SIM_GPU_BASE_MB": "1000"},
+            timeout=90)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    [gpu0] = [g for g in report["gpus"] if g["index"] == 0]
+    base = open_sim_source(None).scenario.gpus.base_memory_bytes
+    assert int(gpu0["memory_peak_bytes"]) == base + 1000 * MiB, gpu0
+    assert [int(p["gpu_memory_bytes"]) for p in report["processes"]] == [1000 * MiB]
 
 
 def test_an_exited_process_is_gone_at_the_next_poll(scenario_file: str, spawn) -> None:
