@@ -100,9 +100,19 @@ def open_db(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        # A damaged page would otherwise surface as a traceback from the first read that meets it (the
+        # restore, at start-up) or later, mid-ingest. quick_check reads every page once: milliseconds for
+        # the few MB a store holds.
+        problem = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
     except sqlite3.DatabaseError as exc:
         raise ConfigError(f"cannot use the store {path}: {exc}; pass --db with another path "
                           "or move the broken file away") from None
+    if problem != "ok":
+        conn.close()
+        problem = " ".join(problem.replace("*** in database main ***", "").split())  # one line
+        raise ConfigError(f"the store {path} is damaged (SQLite: {problem}); move it away and start again "
+                          "(a new store is created; the ended jobs' summaries it held can be salvaged with "
+                          f"sqlite3 {path} .recover), or pass --db with another path")
     return conn
 
 
