@@ -46,6 +46,12 @@ def _alive(pid: int) -> bool:
     return text[text.rindex(b")") + 2:].split()[0] != b"Z"
 
 
+def _sections(report: str) -> list[str]:
+    """The section titles of a report: each line above a rule of ─."""
+    lines = report.splitlines()
+    return [lines[i - 1].strip() for i in range(1, len(lines)) if lines[i].startswith("────")]
+
+
 def test_run_returns_the_commands_exit_code_and_prints_a_summary():
     code = ("import time; x = bytearray(30 * 1024 * 1024); x[::4096] = b'y' * len(x[::4096]); "
             "time.sleep(2.5); raise SystemExit(7)")
@@ -82,6 +88,11 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err + out
     assert "demo-node1" in out and "demo-node2" in out
+    # docs/users.md's sample report shows the sections a live report has, in their order
+    last_live = out.split("\nDemo time is up")[0].rsplit("\n--- ", 1)[1]
+    users = (Path(__file__).resolve().parent.parent / "docs" / "users.md").read_text()
+    sample = users.split("$ clusterwatch status ", 1)[1].split("```", 1)[0]
+    assert _sections(sample) == _sections(last_live)
     assert "Final summary" in out and "COMPLETED" in out
     for rank in range(4):
         assert f"\n      {rank} demo-node" in out  # every rank shows in the table
