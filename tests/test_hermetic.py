@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import Collector, Proc, cli
-from tests.services.procs import refused_port
+from tests.helpers import Collector, Proc, clean_environ, cli
+from tests.services.procs import refused_port, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,3 +55,28 @@ def test_a_munged_where_the_collector_looks_leaves_the_tests_collectors_open(tmp
         assert r.returncode == 1 and "unknown" in r.stderr, r.stderr
     finally:
         collector.stop()
+
+
+SSHD_WITHOUT_PRIVSEP_DIR = """
+import os, subprocess
+from tests.services.sshd import running_sshd
+with running_sshd() as s:
+    login = subprocess.run(["ssh", "-i", str(s.client_key), "-o", f"UserKnownHostsFile={s.known_hosts}",
+                            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(s.port),
+                            f"{s.username}@127.0.0.1", "echo", "logged-in"], capture_output=True, text=True,
+                           timeout=60)
+    print(login.stdout.strip() or login.stderr.strip()[-300:])
+print(sorted(os.listdir("/run")))
+"""
+
+
+def test_the_sshd_fixture_needs_no_privsep_dir_of_the_host() -> None:
+    # A host whose /run has no sshd folder (the init script that makes it never ran): the fixture's sshd
+    # starts and takes a login, and nothing is created in /run. Played in a child whose /run is empty.
+    require_binary("unshare", "util-linux")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                          'mount -n -t tmpfs -o mode=755 cw-test-run /run && exec "$@"', "sh",
+                          sys.executable, "-c", SSHD_WITHOUT_PRIVSEP_DIR],
+                         cwd=ROOT, env=clean_environ(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["logged-in", "[]"], out.stdout + out.stderr[-2000:]

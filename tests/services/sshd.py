@@ -12,6 +12,7 @@ sshd is stopped by the PID in its pid file.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import tempfile
@@ -53,6 +54,26 @@ def _keygen(path: Path, ssh_keygen: str) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
+# OpenSSH's privilege separation directory, fixed when it is built (Debian's: /run/sshd); sshd refuses to
+# start, even to check its config, without it. The init script that creates it does not run here.
+PRIVSEP_DIR = "/run/sshd"
+
+
+def _privsep_wrapper() -> list[str]:
+    """What to run sshd under so that it has its privilege separation directory without touching the host.
+
+    Where the host has one, nothing. Where it has none, sshd runs in a mount namespace of its own whose
+    /run is an empty tmpfs holding just that directory: nothing is created on the host, and what its
+    sessions run here (scontrol listpids against the test cluster, whose sockets and spool live in the
+    cluster's temporary folder) needs nothing of the host's /run.
+    """
+    if os.path.isdir(PRIVSEP_DIR):
+        return []
+    unshare = require_binary("unshare", "util-linux")
+    return [unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+            f'mount -n -t tmpfs -o mode=755 cw-sshd-run /run && mkdir -m 755 {PRIVSEP_DIR} && exec "$@"', "sh"]
+
+
 def _accepts(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
         return sock.recv(4).startswith(b"SSH-")
@@ -78,8 +99,7 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
         if root is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cw-sshd-")))
         root = Path(root).resolve()
-        # sshd's privilege separation needs this folder (created by the init script we do not run).
-        Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        wrapper = _privsep_wrapper()
         host_pub = _keygen(root / "host_ed25519", ssh_keygen)
         client_pub = _keygen(root / "client_ed25519", ssh_keygen)
         other_pub = _keygen(root / "other_host_ed25519", ssh_keygen)
@@ -105,7 +125,7 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
             # The temporary folder is not owned the way StrictModes wants home folders to be.
             "StrictModes no\n" + env_line
         )
-        check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30)
+        check = subprocess.run([*wrapper, sshd, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             pytest.fail(f"sshd rejected its config: {check.stderr.strip()}", pytrace=False)
         pid_file = root / "sshd.pid"
@@ -117,7 +137,7 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
 
         stack.callback(stop)
         started = subprocess.run(
-            [sshd, "-f", str(config), "-E", str(root / "sshd.log")],
+            [*wrapper, sshd, "-f", str(config), "-E", str(root / "sshd.log")],
             capture_output=True,
             text=True,
             timeout=30,
