@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from clusterwatch.v1 import agent_pb2, query_pb2
 
+from clusterwatch.errors import ClusterwatchError
 from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
     ProcessColumns,
@@ -49,6 +50,10 @@ def _provenance_record(text: str) -> dict | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+class StoreBehind(ClusterwatchError):
+    """Something ingested is not durable yet (the store refused it): acknowledgements must wait."""
 
 
 class SeqTracker:
@@ -301,13 +306,18 @@ class CollectorCore:
         Called every few hundred milliseconds; acknowledgements go out only after it succeeds,
         so one SQLite transaction covers many batches. When the store refuses the write (a full
         disk, a read-only or locked database), everything stays pending for the next flush and
-        the error is raised: the caller holds the acknowledgements back.
+        the error is raised: the caller holds the acknowledgements back. So it is while a closed
+        job's summary waits to be stored (StoreBehind).
         """
         if self._dirty_seqs or self._dirty_nodes or self._pending_jobs or self._pending_nodes \
                 or self._pending_provenance:
             self._flush_ingest()
         for job_id in list(self._closing):
             self._persist_close(job_id)
+        if self._closing:
+            # an epilog's end is acknowledged only once its job's summary is stored
+            raise StoreBehind(f"the summaries of {len(self._closing)} ended job(s) are not stored yet; "
+                              "acknowledgements wait")
 
     def _flush_ingest(self) -> None:
         with self.lock:

@@ -227,6 +227,25 @@ def test_a_full_disk_during_ingest_loses_and_doubles_nothing(small_disk: Path) -
     assert again.state.restored_samples == {("n1", 201, T0 - 100 + 201): 2}
 
 
+def test_an_epilog_is_acknowledged_only_once_its_jobs_summary_is_stored(tmp_path: Path) -> None:
+    clock = Clock()
+    core = new_core(tmp_path / "cw.db", clock)
+    core.batch("n1", "boot-1", good_batch(1))
+    core.flush()
+    # the store takes the small ingest rows but refuses summaries (a trigger of the real SQLite)
+    core.store.conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON job_summaries "
+                            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    clock.now += 1
+    core.batch("n1", "boot-1", make_batch(2, events=[JobEvent("end", "7", clock.now, exit_code=0)]))
+    with pytest.raises(Exception, match="not stored yet"):
+        core.flush()  # so the service holds the epilog's ack back
+    assert core.store.load_seqs() == [("boot-1", 2, [])]  # the ingest rows went in
+    assert core.state.jobs["7"].ended and core.store.load_summary("7") is None
+    core.store.conn.execute("DROP TRIGGER refuse")
+    core.flush()
+    assert core.store.load_summary("7") is not None and "7" not in core.state.jobs
+
+
 # -- the same with a real collector and agent -------------------------------------------------------
 
 # Two workers under a rank; they leave when the rank is stopped.
