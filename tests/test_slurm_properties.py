@@ -176,6 +176,14 @@ def test_listpids_and_cgroup_raise_only_parse_error(text: str) -> None:
 
 @given(st.binary(max_size=300))
 def test_environ_never_fails_on_bytes(data: bytes) -> None:
-    env = parse_environ(data)
-    environ_labels(env)
-    assert all("\0" not in k for k in env)
+    environ_labels(parse_environ(data))
+
+
+_env_names = st.text(st.characters(blacklist_characters="=\0", blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_env_values = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=20)
+
+
+@given(st.dictionaries(_env_names, _env_values, max_size=8))
+def test_environ_gives_back_the_variables_it_was_written_from(env: dict[str, str]) -> None:
+    data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    assert parse_environ(data) == env
