@@ -343,7 +343,7 @@ class NvmlGpuSource:
         return len(round_.late) + failed
 
     def _list_gpu(self, g: _Gpu) -> bool:
-        """List one index's devices (in its lane); False when it cannot be listed (left out)."""
+        """List one index's devices (on a read thread); False when it cannot be listed (left out)."""
         try:
             devices = self._devices_at(g.index)
         except self._nvml_error as exc:
@@ -435,7 +435,7 @@ class NvmlGpuSource:
         names = (base + "_v3", base, base + "_v2")
         return [getattr(self._nv, n) for n in names if hasattr(self._nv, n)]
 
-    # --- one GPU, in its lane ------------------------------------------------------------
+    # --- one GPU, on a read thread -------------------------------------------------------
 
     def _read_index(self, index: int, now: float) -> _Result:
         return self._read_gpu(self._gpus[index], now)
