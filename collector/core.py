@@ -262,6 +262,12 @@ class CollectorCore:
                 self.close_job(job)
         return True
 
+    def save_job(self, job: JobState) -> None:
+        """Write a job's row with the next flush, in its transaction (kept pending while the store refuses
+        it), rather than at once: a full or locked store then never raises into the caller."""
+        with self.lock:
+            self._pending_jobs[job.job_id] = job
+
     def _count_refusal(self, reason: str) -> None:
         self.counters.rejected += 1
         self.counters.refused[reason] = self.counters.refused.get(reason, 0) + 1

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
+from clusterwatch.collector.state import JobState
 from clusterwatch.collector.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
@@ -244,6 +245,18 @@ def test_an_epilog_is_acknowledged_only_once_its_jobs_summary_is_stored(tmp_path
     core.store.conn.execute("DROP TRIGGER refuse")
     core.flush()
     assert core.store.load_summary("7") is not None and "7" not in core.state.jobs
+
+
+def test_a_job_saved_through_the_core_waits_for_the_flush_and_survives_a_full_disk(small_disk: Path) -> None:
+    core = new_core(small_disk / "cw.db", Clock())
+    core.flush()
+    filler = fill(small_disk)
+    core.save_job(JobState("55", name="from-slurm", user="bob"))  # what the registry does each pass
+    with pytest.raises(Exception, match="full"):
+        core.flush()
+    filler.unlink()
+    core.flush()
+    assert [(j.job_id, j.user) for j in core.store.load_jobs()] == [("55", "bob")]
 
 
 # -- the same with a real collector and agent -------------------------------------------------------
