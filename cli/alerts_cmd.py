@@ -11,7 +11,7 @@ from .common import collector_option, fail, query_metadata
 
 def render_alerts(entries, now: float) -> str:
     """A table of alerts: state, rule, job, where, since when, and the one-line description."""
-    from .render import human_duration, printable_message
+    from .render import fit, human_duration, printable_message
 
     if not entries:
         return "no alerts\n"
@@ -21,8 +21,8 @@ def render_alerts(entries, now: float) -> str:
         a = e.alert
         rank = str(a.rank) if a.HasField("rank") else "-"
         end = a.resolved_at or now
-        out.append(f"{a.state:<9} {a.severity:<9} {a.rule:<17} {e.job_id or '-':<12} {a.node[:12]:<12} {rank:>5} "
-                   f"{human_duration(end - a.since):>9}  {a.description}")
+        out.append(f"{a.state:<9} {a.severity:<9} {a.rule:<17} {fit(e.job_id or '-', 12):<12} "
+                   f"{fit(a.node, 12):<12} {rank:>5} {human_duration(end - a.since):>9}  {a.description}")
     return "\n".join(out) + "\n"
 
 

@@ -15,7 +15,9 @@ if TYPE_CHECKING:  # only for annotations: replay and provenance use printable()
 SPARKS = "▁▂▃▄▅▆▇█"
 GIB = 1024**3
 MIB = 1024**2
-WIDTH = 78
+WIDTH = 78       # rules and wrapped text; tables may be wider where nothing limits them
+MIN_WIDTH = 80   # a terminal narrower than this gets the 80-column layout all the same
+RULE = "\0rule"  # where a rule goes: drawn once the report's width is known
 
 
 # C0 and C1 controls, DEL, and the bidirectional marks, embeddings, overrides and isolates ("Trojan
@@ -111,6 +113,64 @@ def _holds_strings(descriptor, seen: set) -> bool:
                for f in descriptor.fields)
 
 
+def fit(text: str, width: int) -> str:
+    """`text` cut to `width` characters, with "…" saying it was cut."""
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def report_width() -> int | None:
+    """The columns to fit: $COLUMNS or the terminal's (80 at least); None (no limit) into a file or a pipe."""
+    import os
+    import shutil
+    import sys
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(MIN_WIDTH, int(columns))
+    try:
+        if sys.stdout.isatty():
+            return max(MIN_WIDTH, shutil.get_terminal_size().columns)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+class Col:
+    """A table column: header, width, alignment ('<' or '>'), and when it goes (0: never; higher: sooner)."""
+
+    __slots__ = ("header", "width", "align", "drop")
+
+    def __init__(self, header: str, width: int, align: str = ">", drop: int = 0) -> None:
+        self.header, self.width, self.align, self.drop = header, width, align, drop
+
+
+def table(columns: list[Col], rows: list[list[str]], width: int | None, tails: list[str] | None = None) -> list[str]:
+    """The header and rows, two spaces in, one between cells; cells cut with "…" to their column.
+
+    Columns that can go are dropped, soonest first, until a line fits `width` (None: keep them all).
+    `tails` are appended to their row as they are (a short "(gone)"), not counted.
+    """
+    keep = list(range(len(columns)))
+
+    def line_width(idx: list[int]) -> int:
+        return 2 + sum(columns[i].width for i in idx) + max(0, len(idx) - 1)
+
+    if width is not None:
+        for level in sorted({c.drop for c in columns if c.drop}, reverse=True):
+            if line_width(keep) <= width:
+                break
+            keep = [i for i in keep if columns[i].drop != level]
+
+    def cells(values: list[str]) -> str:
+        return "  " + " ".join(f"{fit(values[i], columns[i].width):{columns[i].align}{columns[i].width}}"
+                               for i in keep)
+
+    out = [cells([c.header for c in columns]).rstrip()]
+    for n, row in enumerate(rows):
+        out.append(cells(row).rstrip() + (tails[n] if tails else ""))
+    return out
+
+
 def human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
@@ -171,7 +231,7 @@ def trend_word(values: list[float]) -> str:
 
 
 def _title(text: str) -> str:
-    return f"\n{text}\n" + "─" * WIDTH
+    return f"\n{text}\n{RULE}─"
 
 
 def exit_text(code: int) -> str:
@@ -186,8 +246,14 @@ def exit_text(code: int) -> str:
     return f"exit code {code}"
 
 
-def render(view: query_pb2.JobView, now: float | None = None) -> str:
-    """The full report for one job."""
+def render(view: query_pb2.JobView, now: float | None = None, width: int | None = -1) -> str:
+    """The full report for one job.
+
+    `width`: the columns to fit (tables drop their least needed columns, alerts wrap); the default
+    is report_width(); None: no limit. Rules span the widest line, within that width.
+    """
+    if width == -1:
+        width = report_width()
     view = printable_message(view)
     now = now or view.now or time.time()
     job = view.job
@@ -195,9 +261,9 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
     ended = job.end_time > 0
     run_time = (job.end_time if ended else now) - job.start_time if job.start_time else 0
     name = f'  "{job.name}"' if job.name else ""
-    lines.append("═" * WIDTH)
+    lines.append(f"{RULE}═")
     lines.append(f" clusterwatch · job {job.job_id}{name}")
-    lines.append("═" * WIDTH)
+    lines.append(f"{RULE}═")
     state = job.state + (f" ({exit_text(job.exit_code)})" if job.HasField("exit_code") else "")
     ranks_seen = len({p.rank for p in view.processes if p.HasField("rank")})
     rows = [
@@ -213,7 +279,7 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
     if job.memory_bytes:
         rows.append(("CPU memory", human_bytes(job.memory_bytes)))
     if job.start_time:
-        rows.append(("Start time", time.strftime("%a %b %d %Y %H:%M:%S", time.localtime(job.start_time))))
+        rows.append(("Start time", time.strftime("%a %b %d %Y %H:%M:%S %Z", time.localtime(job.start_time))))
     rows.append(("Run time", human_duration(run_time)
                  + (f" of {human_duration(job.time_limit_s)} limit" if job.time_limit_s else "")))
     expected = job.ranks_expected
@@ -227,18 +293,27 @@ def render(view: query_pb2.JobView, now: float | None = None) -> str:
     if view.tags:
         lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
 
-    lines.extend(_overall(view))
-    lines.extend(_nodes(view))
-    lines.extend(_ranks(view, now))
-    lines.extend(_gpus(view))
-    lines.extend(_alerts(view))
+    lines.extend(_overall(view, width))
+    lines.extend(_nodes(view, width))
+    lines.extend(_ranks(view, now, width))
+    lines.extend(_gpus(view, width))
+    lines.extend(_alerts(view, width))
     lines.extend(_provenance(view))
     lines.extend(_notes(view, run_time))
-    return "\n".join(lines) + "\n"
+    return _draw_rules("\n".join(lines) + "\n", width)
 
 
-def _overall(view: query_pb2.JobView) -> list[str]:
+def _draw_rules(text: str, width: int | None) -> str:
+    """Rules as wide as the widest line (at least WIDTH), within `width`; alert lines, which wrap only
+    where there is a width to fit, do not count."""
+    widest = max(len(x) for x in text.splitlines() if not x.startswith((RULE, "  ● ", "  ◐ ", "  ○ ", "  ? ")))
+    span = max(WIDTH, min(widest, width if width is not None else widest))
+    return text.replace(f"{RULE}─", "─" * span).replace(f"{RULE}═", "═" * span)
+
+
+def _overall(view: query_pb2.JobView, width: int | None) -> list[str]:
     out = [_title("Overall utilisation")]
+    meters: list[tuple[str, float | None, str]] = []  # label, fraction, the figures after the meter
     live = [p for p in view.processes if p.alive] or list(view.processes)
     gpus = list(view.gpus)
     if gpus:
@@ -246,37 +321,43 @@ def _overall(view: query_pb2.JobView) -> list[str]:
         trend = [u for g in gpus for u in g.utilization_trend]
         util = [g.utilization for g in gpus if g.HasField("utilization")]
         avg = sum(trend) / len(trend) if trend else (sum(util) / len(util) if util else None)
-        out.append(f"  GPU utilisation  {meter(avg / 100 if avg is not None else None)}  average")
+        meters.append(("GPU utilisation", avg / 100 if avg is not None else None, "  average"))
         ended = bool(view.job.end_time)
         # an ended job is judged by its peaks (its last readings are after the processes left)
         used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
                    if ended or g.HasField("memory_used_bytes"))
         total = sum(g.memory_total_bytes for g in gpus)
-        frac = used / total if total else None
-        out.append(f"  GPU memory       {meter(frac)}"
-                   + (f"  {human_bytes(used)} of {human_bytes(total)}{' at peak' if ended else ''}" if total else ""))
-    else:
-        out.append("  GPU              no GPU reported for this job")
+        meters.append(("GPU memory", used / total if total else None,
+                       f"  {human_bytes(used)} of {human_bytes(total)}{' at peak' if ended else ''}" if total else ""))
     cpu = sum(p.cpu_percent for p in live if p.HasField("cpu_percent"))
     cores = view.job.cpus
-    out.append(f"  CPU              {meter(cpu / 100 / cores if cores else None)}"
-               + (f"  {cpu / 100:.1f} of {cores} cores" if cores else f"  {cpu / 100:.1f} cores busy"))
+    meters.append(("CPU", cpu / 100 / cores if cores else None,
+                   f"  {cpu / 100:.1f} of {cores} cores" if cores else f"  {cpu / 100:.1f} cores busy"))
     rss = sum(p.rss_bytes for p in live if p.HasField("rss_bytes"))
     mem = view.job.memory_bytes or sum(n.memory_total_bytes for n in view.nodes)
     label = "of allocated" if view.job.memory_bytes else "of node RAM"
-    out.append(f"  Host memory      {meter(rss / mem if mem else None)}"
-               + (f"  {human_bytes(rss)} {label} {human_bytes(mem)}" if mem else ""))
+    meters.append(("Host memory", rss / mem if mem else None,
+                   f"  {human_bytes(rss)} {label} {human_bytes(mem)}" if mem else ""))
+    # 40 cells, fewer where the lines must fit: 19 before the meter, 2 brackets and "  nnn%" after it
+    cells = 40
+    if width is not None:
+        cells = max(10, min(40, width - 19 - 8 - max(len(t) for _, _, t in meters)))
+    if not gpus:
+        out.append("  GPU              no GPU reported for this job")
+    for name, fraction, text in meters:
+        out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
     return out
 
 
-def _nodes(view: query_pb2.JobView) -> list[str]:
+def _nodes(view: query_pb2.JobView, width: int | None) -> list[str]:
     """Per node: is its agent reporting, and what the job uses there (jobstats' per-node lines)."""
     if len(view.nodes) < 1:
         return []
     out = [_title("Nodes")]
-    out.append(f"  {'NODE':<14} {'AGENT':<6} {'PROCS':>5} {'CPU CORES':>9} {'HOST MEM':>10} {'GPUS':>4} "
-               f"{'GPU UTIL':>8} {'GPU MEM (peak)' if view.job.end_time else 'GPU MEM':>19}")
     ended = bool(view.job.end_time)
+    columns = [Col("NODE", 14, "<"), Col("AGENT", 6, "<"), Col("PROCS", 5), Col("CPU CORES", 9),
+               Col("HOST MEM", 10), Col("GPUS", 4, drop=1), Col("GPU UTIL", 8),
+               Col("GPU MEM (peak)" if ended else "GPU MEM", 20)]
     # grouped in one pass: a scan of every process per node was 3 ms of a 512-process job's 8 ms report
     procs_of: dict[str, list] = {}
     for p in view.processes:
@@ -285,6 +366,7 @@ def _nodes(view: query_pb2.JobView) -> list[str]:
     gpus_of: dict[str, list] = {}
     for g in view.gpus:
         gpus_of.setdefault(g.node, []).append(g)
+    rows = []
     for n in sorted(view.nodes, key=lambda n: n.node):
         procs = procs_of.get(n.node, [])
         cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
@@ -297,42 +379,42 @@ def _nodes(view: query_pb2.JobView) -> list[str]:
         total = sum(g.memory_total_bytes for g in gpus)
         mem = f"{human_bytes(used)} / {human_bytes(total)}" if total else "-"
         agent = "ended" if ended else ("up" if n.agent_up else "DOWN")
-        out.append(f"  {n.node[:14]:<14} {agent:<6} {len(procs):>5} {cpu:>9.1f} {human_bytes(rss):>10} "
-                   f"{len(gpus):>4} {util:>8} {mem:>19}")
+        rows.append([n.node, agent, str(len(procs)), f"{cpu:.1f}", human_bytes(rss), str(len(gpus)), util, mem])
+    out.extend(table(columns, rows, width))
     down = [n.node for n in view.nodes if not n.agent_up and not ended]
     if down:
         out.append(f"  no recent samples from {', '.join(down)}: its figures are the last ones received")
     return out
 
 
-def _ranks(view: query_pb2.JobView, now: float) -> list[str]:
+def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
     out = [_title("Processes (by rank)")]
     if not view.processes:
         out.append("  no process of this job has been reported yet")
         return out
     has_steps = any(p.HasField("step") for p in view.processes)
-    head = (f"  {'RANK':>5} {'NODE':<10} {'PID':>7} {'CMD':<10} {'GPU MEM':>9} {'PEAK':>9} {'TREND':<12} "
-            f"{'UTIL':>5} {'CPU':>5} {'RSS':>9} {'TREND':<8}")
+    # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first
+    columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9),
+               Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
+               Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
     if has_steps:
-        head += f" {'STEP':>7} {'STEP/S':>6}"
-    out.append(head)
+        columns += [Col("STEP", 7), Col("STEP/S", 6)]
+    rows, tails = [], []
     for p in view.processes:
-        rank = str(p.rank) if p.HasField("rank") else "-"
-        gmem = human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"
-        peak = human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-"
-        util = f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-"
-        cpu = f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-"
-        rss = human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-"
-        gtrend = sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else ""
-        row = (f"  {rank:>5} {p.node[:10]:<10} {p.pid:>7} {p.command[:10]:<10} {gmem:>9} {peak:>9} {gtrend:<12} "
-               f"{util:>5} {cpu:>5} {rss:>9} {sparkline(list(p.rss_trend), 8):<8}")
+        row = [str(p.rank) if p.HasField("rank") else "-", p.node, str(p.pid), p.command,
+               human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-",
+               human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-",
+               sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else "",
+               f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-",
+               f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
+               human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
+               sparkline(list(p.rss_trend), 8)]
         if has_steps:
-            step = str(p.step) if p.HasField("step") else "-"
-            rate = f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"
-            row += f" {step:>7} {rate:>6}"
-        if not p.alive and not view.job.end_time:
-            row += "  (gone)"
-        out.append(row)
+            row += [str(p.step) if p.HasField("step") else "-",
+                    f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"]
+        rows.append(row)
+        tails.append("  (gone)" if not p.alive and not view.job.end_time else "")
+    out.extend(table(columns, rows, width, tails))
     rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
     if len(rates) > 1:
         slow_rate, slow = min(rates, key=lambda r: r[0])
@@ -347,32 +429,38 @@ def _ranks(view: query_pb2.JobView, now: float) -> list[str]:
     return out
 
 
-def _gpus(view: query_pb2.JobView) -> list[str]:
+def _gpus(view: query_pb2.JobView, width: int | None) -> list[str]:
     if not view.gpus:
         return []
     out = [_title("GPUs")]
-    out.append(f"  {'NODE':<10} {'GPU':>3} {'NAME':<22} {'UTIL':>5} {'TREND':<12} {'MEMORY':>21} {'PEAK':>9} "
-               f"{'POWER':>6} {'PROCS':>5}")
+    columns = [Col("NODE", 10, "<"), Col("GPU", 3), Col("NAME", 22, "<"), Col("UTIL", 5),
+               Col("TREND", 12, "<", drop=2), Col("MEMORY", 21), Col("PEAK", 9, drop=1), Col("POWER", 6),
+               Col("PROCS", 5)]
+    rows = []
     for g in view.gpus:
-        util = f"{g.utilization:.0f}%" if g.HasField("utilization") else "-"
-        mem = (f"{human_bytes(g.memory_used_bytes)} / {human_bytes(g.memory_total_bytes)}"
-               if g.HasField("memory_used_bytes") else "-")
-        power = f"{g.power_watts:.0f} W" if g.HasField("power_watts") else "-"
-        procs = str(g.processes) if g.processes else "none"
-        out.append(f"  {g.node[:10]:<10} {g.index:>3} {g.name[:22]:<22} {util:>5} "
-                   f"{sparkline(list(g.utilization_trend)):<12} {mem:>21} {human_bytes(g.memory_peak_bytes):>9} "
-                   f"{power:>6} {procs:>5}")
+        rows.append([g.node, str(g.index), g.name, f"{g.utilization:.0f}%" if g.HasField("utilization") else "-",
+                     sparkline(list(g.utilization_trend)),
+                     (f"{human_bytes(g.memory_used_bytes)} / {human_bytes(g.memory_total_bytes)}"
+                      if g.HasField("memory_used_bytes") else "-"),
+                     human_bytes(g.memory_peak_bytes),
+                     f"{g.power_watts:.0f} W" if g.HasField("power_watts") else "-",
+                     str(g.processes) if g.processes else "none"])
+    out.extend(table(columns, rows, width))
     return out
 
 
-def _alerts(view: query_pb2.JobView) -> list[str]:
+def _alerts(view: query_pb2.JobView, width: int | None) -> list[str]:
     if not view.alerts:
         return []
     out = [_title("Alerts")]
     order = {"firing": 0, "pending": 1, "resolved": 2}
     for a in sorted(view.alerts, key=lambda a: (order.get(a.state, 3), -a.since)):
         mark = {"firing": "●", "pending": "◐", "resolved": "○"}.get(a.state, "?")
-        out.append(f"  {mark} {a.state.upper():<8} {a.rule:<18} {a.description}")
+        head = f"  {mark} {a.state.upper():<8} {a.rule:<18} "
+        if width is None or len(head) + len(a.description) <= width:
+            out.append(head + a.description)
+        else:  # the description wraps under itself
+            out.extend(_wrap_words(a.description, head, " " * len(head), width))
     return out
 
 
@@ -389,8 +477,10 @@ def describe_code(record: dict) -> str:
     if git.get("dirty") is True and diff and diff != "unknown":
         state += f", diff {diff[:8]}"
     remote = git.get("remote_url")
-    where = remote if remote and remote != "unknown" else git.get("root", "?")
-    return printable(f"{where} @ {str(git.get('commit'))[:12]} ({git.get('branch', '?')}), {state}")
+    line = f"{git.get('root', '?')} @ {str(git.get('commit'))[:12]} ({git.get('branch', '?')}), {state}"
+    if remote and remote != "unknown":
+        line += f"; remote {remote}"
+    return printable(line)
 
 
 def _provenance(view: query_pb2.JobView) -> list[str]:
@@ -458,6 +548,18 @@ def _notes(view: query_pb2.JobView, run_time: float) -> list[str]:
     return out
 
 
+def _wrap_words(text: str, first: str, indent: str, width: int) -> list[str]:
+    """`text` in lines of at most `width`, the first after `first`, the others after `indent`."""
+    lines, cur = [], first
+    for w in text.split():
+        if len(cur) + len(w) > width and cur.strip():
+            lines.append(cur.rstrip())
+            cur = indent
+        cur += w + " "
+    lines.append(cur.rstrip())
+    return lines
+
+
 def _wrap(text: str, indent: str) -> list[str]:
     words, lines, cur = text.split(), [], "  "
     for w in words:
@@ -478,6 +580,6 @@ def render_jobs(jobs: list[query_pb2.JobInfo], firing: dict[str, int], now: floa
     for j in jobs:
         run = ((j.end_time or now) - j.start_time) if j.start_time else 0
         alerts = str(firing.get(j.job_id, 0))
-        out.append(f"{j.job_id:<14} {j.user[:10]:<10} {j.state[:10]:<10} {len(j.nodes):>5} {j.gpus:>4} "
-                   f"{human_duration(run):>11} {alerts:>6}  {j.name}")
+        out.append(f"{fit(j.job_id, 14):<14} {fit(j.user, 10):<10} {fit(j.state, 10):<10} {len(j.nodes):>5} "
+                   f"{j.gpus:>4} {human_duration(run):>11} {alerts:>6}  {j.name}")
     return "\n".join(out) + "\n"
