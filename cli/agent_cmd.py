@@ -100,6 +100,10 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         if as_json:
             click.echo(batch_as_json(batch, agent_obj.hello()))
         else:
+            # a header always: with no job process on the node the rows alone were nothing at all, exit 0
+            hello = agent_obj.hello()
+            click.echo(f"one poll of {hello.node} (GPU source {hello.gpu_source}): {len(samples)} process(es) of "
+                       f"jobs, {len(hello.gpus)} GPU(s); --json prints the whole batch")
             for s in samples:
                 click.echo(f"{s.pid:>8} {s.command:<16} job={s.job_id or '-':<10} cpu={s.cpu_percent}% "
                            f"rss={s.rss_bytes} gpu_mem={s.gpu_memory_bytes}")
