@@ -269,7 +269,7 @@ class JobRegistry:
             signature = (job.name, job.user, job.state, job.start_time, tuple(job.nodes), job.gpus,
                          job.ranks_expected, tuple(sorted((n, tuple(u)) for n, u in job.gpus_by_node.items())))
         if self._saved.get(jid) != signature:
-            self.core.store.save_job(job)
+            self.core.save_job(job)  # with the next flush: a full or locked store never raises here
             self._saved[jid] = signature
         return job
 

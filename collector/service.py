@@ -378,6 +378,7 @@ class CollectorServer:
         self._query_server: grpc.aio.Server | None = None
         self.query_port = 0
         self._query_cap = 0
+        self._registry = None
 
     async def start(self) -> None:
         # a taken port stops the start before anything else is said or opened
@@ -411,7 +412,6 @@ class CollectorServer:
         self._server = server
         if self.config.query_listen:
             await self._start_query_server(query)
-        self._registry = None
         if self.config.slurm:
             from .registry import build_registry
 
@@ -434,8 +434,13 @@ class CollectorServer:
         self.core.counters.rejected += 1
 
     def counter_values(self) -> dict[str, tuple[float, str]]:
-        """The core's ingest counters and the service's own, for /metrics."""
-        return {**self.core.counter_values(), **self.ingest.counter_values()}
+        """The core's ingest counters, the service's own and the job registry's, for /metrics."""
+        values = {**self.core.counter_values(), **self.ingest.counter_values()}
+        if self._registry is not None:
+            values["clusterwatch_slurm_records_skipped"] = (
+                self._registry.records_skipped,
+                "Slurm job records left out because their values could forge another record's lines.")
+        return values
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
@@ -510,26 +515,35 @@ class CollectorServer:
 
     async def _flush_loop(self) -> None:
         """Every FLUSH_S: one transaction for all batches since the last, then their acks."""
+        failing = False  # said once a streak: a full disk fails every flush, five times a second
         while True:
             await asyncio.sleep(FLUSH_S)
             try:
                 self.core.flush()
-            except Exception:
-                log.exception("cannot write the store; acks wait and the flush is retried")
+            except Exception as exc:
+                if not failing:
+                    log.error("cannot write the store (%s); acks wait and the flush is retried every %.1f s",
+                              exc, FLUSH_S)
+                failing = True
                 continue
+            if failing:
+                log.warning("the store takes writes again; waiting acks are sent")
+                failing = False
             self.ingest.flushed()
 
     async def stop(self) -> None:
-        registry = getattr(self, "_registry", None)
-        if registry is not None:
-            await registry.stop()
+        if self._registry is not None:
+            await self._registry.stop()
         if self._flusher is not None:
             self._flusher.cancel()
         if self._query_server is not None:
             await self._query_server.stop(grace=1.0)
         if self._server is not None:
             await self._server.stop(grace=2.0)
-        self.core.flush()
+        try:
+            self.core.flush()
+        except Exception as exc:  # kept for the agents to resend: what was not acked is not lost
+            log.error("stopping with writes the store refused (%s); agents resend what was not acknowledged", exc)
         self.alerting.close()
         if self._httpd is not None:
             self._httpd.shutdown()

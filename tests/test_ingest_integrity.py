@@ -321,6 +321,10 @@ def test_a_full_disk_under_a_real_collector_every_sample_arrives_once(tmp_path: 
         wait_for(lambda: _held(collector.address, "5151")["job"]["state"] == "COMPLETED", timeout=30,
                  what="the job's summary stored once the disk has room")
         assert agent.stop() == 0
+        # a full disk fails every flush: said once when it starts and once when it ends, no traceback
+        log_text = collector.text()
+        assert log_text.count("cannot write the store") == 1, log_text[-2000:]
+        assert "the store takes writes again" in log_text and "Traceback" not in log_text
         line = [ln for ln in agent.text().splitlines() if ln.startswith("samples_sent=")][-1]
         counters = dict(kv.split("=") for kv in line.split())
         sent = int(counters["samples_sent"])

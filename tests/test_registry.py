@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 
 import pytest
@@ -310,3 +311,17 @@ def test_start_and_stop_the_task(core: CollectorCore, clock: Clock) -> None:
     asyncio.run(main())
     assert sum(1 for c in mapper.calls if c[0] == "list_jobs") >= 3
     assert list(core.state.jobs) == ["5"]
+
+
+def test_a_store_that_refuses_writes_never_breaks_a_registry_pass(core: CollectorCore, clock: Clock) -> None:
+    """A full or locked store: the job rows the registry changes wait for the flush, the pass goes on."""
+    core.store.conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON jobs "
+                            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    registry = JobRegistry(core, FakeJobMapper([record()]), clock=clock)
+    assert asyncio.run(registry.refresh()) is True  # raised OperationalError when it wrote at once
+    assert core.state.jobs["42"].user == "alice"
+    with pytest.raises(sqlite3.Error):
+        core.flush()  # the row is still to be written
+    core.store.conn.execute("DROP TRIGGER refuse")
+    core.flush()
+    assert [j.job_id for j in core.store.load_jobs(include_ended=True)] == ["42"]

@@ -26,6 +26,7 @@ from clusterwatch.collector.registry import JobRegistry
 from clusterwatch.collector.store import Store, open_db
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from clusterwatch.errors import ParseError
 from clusterwatch.model import JobEvent
@@ -491,3 +492,24 @@ def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(
         assert registry.records_skipped == mapper.records_skipped == (0 if mapper.source != "text" else 2)
     for job_id in [victim, *hostile]:
         cluster.run(["scancel", str(job_id)], check=False)
+
+
+def test_skipped_records_reach_metrics(tmp_path):
+    """The registry's count of records left out is exported, so an operator sees hostile names at work."""
+    from types import SimpleNamespace
+
+    from clusterwatch.collector.exporter import ClusterCollector
+    from clusterwatch.collector.service import CollectorServer
+
+    server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
+    assert "clusterwatch_slurm_records_skipped" not in server.counter_values()  # no Slurm, no such count
+    server._registry = SimpleNamespace(records_skipped=3)
+    collector = ClusterCollector(server.core.state, server.core.clock, False, counters=server.counter_values)
+    text = generate_latest(_registry_of(collector)).decode()
+    assert "clusterwatch_slurm_records_skipped_total 3.0" in text
+
+
+def _registry_of(collector):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
