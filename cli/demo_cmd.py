@@ -129,7 +129,7 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                 if tty:
                     _out("\x1b[H\x1b[2J" + text)
                 else:
-                    _out(f"--- {time.strftime('%H:%M:%S')}\n{text}")
+                    _out(f"--- {time.strftime('%H:%M:%S %Z')}\n{text}")
             if not signals.received:
                 _out("\nDemo time is up: stopping the workload and closing the job.\n")
                 _stop_ranks(ranks)

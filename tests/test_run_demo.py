@@ -88,6 +88,8 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err + out
     assert "demo-node1" in out and "demo-node2" in out
+    assert "\x1b" not in out  # stdout is a pipe: no screen codes, and each refresh's time carries its zone
+    assert re.search(r"\n--- \d\d:\d\d:\d\d [A-Z][A-Za-z0-9+-]*\n", out)
     # docs/users.md's sample report shows the sections a live report has, in their order
     last_live = out.split("\nDemo time is up")[0].rsplit("\n--- ", 1)[1]
     users = (Path(__file__).resolve().parent.parent / "docs" / "users.md").read_text()
