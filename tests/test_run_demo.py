@@ -134,3 +134,11 @@ def test_run_in_a_deep_folder_still_gets_the_training_socket(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "no samples" not in r.stderr and "clusterwatch · job local-" in r.stderr
     assert set(Path("/tmp").glob("clusterwatch-sockets-*")) <= before, "the short socket folder goes with the run"
+
+
+def test_run_shows_its_job_where_munge_is_installed_but_does_not_answer(tmp_path):
+    # munge and unmunge are on this machine; a socket nobody serves is munged down, as before it starts
+    r = cli("run", "--interval", "0.5", "--gpu-source", "none", "--", "sleep", "2", timeout=90,
+            env={"CLUSTERWATCH_MUNGE_SOCKET": str(tmp_path / "no-munged.socket")})
+    assert r.returncode == 0, r.stderr
+    assert "no samples" not in r.stderr and "clusterwatch · job local-" in r.stderr
