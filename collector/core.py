@@ -181,8 +181,7 @@ class CollectorCore:
         recorded so that the agent drops it rather than resend it forever (it would be refused
         again, and every batch behind it would wait).
 
-        Raises ValueError, with the reason, for a batch whose process table is inconsistent
-        (nothing of it is stored, and it is counted as rejected).
+        A batch whose process table's columns disagree is refused the same way.
         """
         tracker = self._seqs.get(boot_id)
         if tracker is None:
@@ -192,11 +191,11 @@ class CollectorCore:
             return False
         try:
             cols = ProcessColumns(batch.processes)
-        except ValueError:
-            self._count_refusal("inconsistent")
-            raise
+        except ValueError as exc:
+            cols, refusal = None, Refusal("inconsistent", str(exc))
         now = self.clock()
-        refusal = check_batch(batch, cols, now)
+        if cols is not None:
+            refusal = check_batch(batch, cols, now)
         if refusal is not None:
             self._refuse(node, batch.seq, refusal)
             tracker.add(batch.seq)

@@ -182,10 +182,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if delay > 0:
                         self.core.counters.throttled += 1
                         await asyncio.sleep(delay)
-                    try:
-                        self.core.batch(node, boot_id, msg.batch)
-                    except ValueError as exc:  # counted by the core
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; the batch was not stored")
+                    self.core.batch(node, boot_id, msg.batch)  # a refused batch is acked too, or resent forever
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
                     self.after_flush.append((outbox, ack))
                 else:

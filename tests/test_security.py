@@ -202,15 +202,17 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             list(stub.Stream(iter([huge]), timeout=30))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # a process table whose columns disagree: refused whole, with the reason
+        # a process table whose columns disagree: refused whole, with the reason said once, and acknowledged
+        # (an agent would otherwise resend it forever, and every batch behind it would wait)
         bad = agent_pb2.Batch(seq=1)
         processes_to_table([ProcessSample(1.0, "n", 5, 1.0, job_id="9")], bad.processes)
         bad.processes.rss_bytes.append(7)  # a second rss for one row
-        with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")),
-                                   agent_pb2.AgentMessage(batch=bad)]), timeout=10))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "column rss_bytes has 2 rows, pid has 1" in err.value.details()
+        replies = list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")),
+                                         agent_pb2.AgentMessage(batch=bad)]), timeout=10))
+        assert [r.ack.seq for r in replies if r.WhichOneof("body") == "ack"] == [1]
+        assert metric_value(collector.metrics(), "clusterwatch_ingest_refused_inconsistent_total") == 1
+        assert "column rss_bytes has 2 rows, pid has 1" in collector.text()
+        assert metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") in (None, 0)
         # bytes that are not a message at all
         raw = channel.stream_stream("/clusterwatch.v1.Ingest/Stream", request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
