@@ -116,7 +116,8 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
 
         # record what the collector holds, and replay it through the same engine
         trace = tmp_path / "leak.jsonl"
-        wait_for(lambda: cli("record", "leak-1", "--collector", collector.address, "-o", str(trace)).returncode == 0
+        wait_for(lambda: cli("record", "leak-1", "--collector", collector.address, "-o", str(trace),
+                                     "--force").returncode == 0
                  and len(trace.read_text().splitlines()) > 110, timeout=90, what="a recorded trace of 55 s")
         replay = cli("replay", str(trace), "--rules",
                      str(resources.files("clusterwatch.collector.rules") / "demo_rules.toml"), "--format", "jsonl")
