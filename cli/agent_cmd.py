@@ -84,10 +84,13 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
     )
-    if bool(tls_cert) != bool(tls_key):
-        fail("--tls-cert and --tls-key go together")
-    if tls_cert and not tls_ca:
-        fail("--tls-cert needs --tls-ca (the CA that signed the collector's certificate)")
+    from clusterwatch.errors import ConfigError
+    from clusterwatch.tls import check_client_pair
+
+    try:
+        check_client_pair(tls_cert, tls_key, tls_ca)
+    except ConfigError as exc:
+        fail(str(exc))
     if not once:
         claim_spool_or_exit(spool_dir)  # before anything is opened: a second agent must touch nothing
     agent_obj = build_agent(config, live=not once)
@@ -216,20 +219,14 @@ def open_gpus(config):
 
 
 def channel_credentials(config):
-    """TLS (and mutual TLS) credentials for the stream, None for plaintext."""
-    if not config.tls_ca:
-        return None
-    import grpc
+    """TLS (and mutual TLS) credentials for the stream, None for plaintext; a bad file exits with one line."""
+    from clusterwatch.errors import ConfigError
+    from clusterwatch.tls import channel_credentials as build
 
-    def read(path):
-        with open(path, "rb") as f:
-            return f.read()
-
-    return grpc.ssl_channel_credentials(
-        root_certificates=read(config.tls_ca),
-        private_key=read(config.tls_key) if config.tls_key else None,
-        certificate_chain=read(config.tls_cert) if config.tls_cert else None,
-    )
+    try:
+        return build(config.tls_ca, config.tls_cert, config.tls_key)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def run_agent(agent_obj) -> int:
