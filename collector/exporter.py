@@ -19,8 +19,9 @@ dropped at every scrape. The text is prometheus_client's `generate_latest` of th
 integers (`3221225472`, not `3.221225472e+09`), the same number to any parser
 (tests/test_exporter.py checks both).
 
-`metrics_app`/`serve_metrics` serve it over HTTP (WSGI, a thread per connection, at most 64, each
-given 10 s to send its request), gzipped when the scraper accepts gzip.
+`metrics_app`/`serve_metrics` serve it over HTTP with prometheus_client's WSGI app, format choice and
+gzip negotiation, on the library's threading server bounded to 64 connections, each given 10 s to send
+its request (the library's server waits for a request for ever).
 """
 from __future__ import annotations
 
@@ -32,26 +33,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
 from typing import NamedTuple
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gzip_accepted, make_wsgi_app
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from .state import ClusterState
 
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-# zlib level 1: 8.9 MB of exposition in ~50 ms (level 9, gzip's default, takes ~600 ms for 13 % less)
+# zlib level 1: a scrape of megabytes must not hold a thread for long; level 9 (gzip's default, and
+# prometheus_client's) takes about ten times longer for some 13 % less (bench/bench_metrics.py)
 GZIP_LEVEL = 1
-
-
-def rank_label(rank: int | None, pid: int) -> str:
-    """The `rank` label: the rank number, or pid<PID> for a process with no known rank."""
-    return str(rank) if rank is not None else f"pid{pid}"
 
 
 # Run tags become labels of clusterwatch_job_info: a small set, fixed per job (its first tags,
@@ -575,53 +571,26 @@ class Exposition:
         return self.collector.render(snap, openmetrics, names)
 
 
-def wants_openmetrics(accept: str | None) -> bool:
-    """True when the Accept header names OpenMetrics before (or without) the text format.
-
-    Prometheus sends its preferences in order of quality (OpenMetrics first by default); a bare `*/*` or no
-    header gets the text format, as prometheus_client does."""
-    best, best_q = None, -1.0
-    for item in (accept or "").split(","):
-        toks = [t.strip() for t in item.split(";")]
-        q = 1.0
-        for t in toks[1:]:
-            if t.startswith("q="):
-                try:
-                    q = float(t[2:])
-                except ValueError:
-                    q = 0.0
-        if toks[0] in ("application/openmetrics-text", "text/plain") and q > 0 and q > best_q:
-            best, best_q = toks[0], q
-    return best == "application/openmetrics-text"
-
-
-def gzip_accepted(accept_encoding: str | None) -> bool:
-    for item in (accept_encoding or "").split(","):
-        toks = [t.strip().lower() for t in item.split(";")]
-        if toks[0] == "gzip" and "q=0" not in toks:
-            return True
-    return False
-
-
 def metrics_app(exposition: Exposition) -> Callable:
-    """A WSGI app serving the exposition on any path (as prometheus_client's does)."""
+    """A WSGI app serving the exposition on any path: prometheus_client's app, with our writer for GETs.
+
+    prometheus_client's `make_wsgi_app` answers OPTIONS, other methods (405) and /favicon.ico; a GET
+    (or HEAD) takes its format from the library's `choose_encoder` and its compression from
+    `gzip_accepted`, and is written by `render()` instead of the library's `generate_latest`.
+    """
+    library_app = make_wsgi_app(CollectorRegistry(auto_describe=False))
 
     def app(environ, start_response):
         method = environ["REQUEST_METHOD"]
-        if method == "OPTIONS":
-            start_response("200 OK", [("Allow", "OPTIONS,GET")])
-            return [b""]
-        if method not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
-            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
-        if environ.get("PATH_INFO") == "/favicon.ico":
-            start_response("200 OK", [])
-            return [b""]
+        if method not in ("GET", "HEAD") or environ.get("PATH_INFO") == "/favicon.ico":
+            return library_app(environ, start_response)
         params = parse_qs(environ.get("QUERY_STRING", ""))
-        om = wants_openmetrics(environ.get("HTTP_ACCEPT"))
+        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        om = content_type.startswith("application/openmetrics-text")
         body = exposition.scrape(om, set(params["name[]"]) if "name[]" in params else None)
-        headers = [("Content-Type", OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE)]
+        headers = [("Content-Type", content_type)]
         if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING")):
+            # not the library's gzip (level 9): see GZIP_LEVEL
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
@@ -632,15 +601,16 @@ def metrics_app(exposition: Exposition) -> Callable:
 
 
 # Bounds of the HTTP server. Each connection has a thread, and wsgiref waits for a request
-# forever: a few hundred connections that never sent one held as many threads and descriptors,
-# and at the descriptor limit /metrics stopped answering (issue 13, item 9).
+# for ever: without a bound, connections that never send one hold as many threads and descriptors,
+# and at the descriptor limit /metrics stops answering.
 MAX_CONNECTIONS = 64       # connections served at once; past it the oldest one still sending its request goes
 REQUEST_TIMEOUT_S = 10.0   # for the request: each read, and (checked as connections come) the whole request
 RESPONSE_TIMEOUT_S = 60.0  # for the response: 9 MB of exposition to a slow scraper
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    """wsgiref's server with a thread per connection, at most `max_connections` of them.
+class _Server(ThreadingWSGIServer):
+    """prometheus_client's server (wsgiref's, a daemon thread per connection), at most `max_connections`
+    connections at once, each given `request_timeout_s` for its request (the library's has no bound).
 
     A connection counts from its accept to its close. When a new one would pass the limit, the one
     that has waited longest for its request goes (shut down, so its thread ends at once), or, when
@@ -650,7 +620,6 @@ class _Server(ThreadingMixIn, WSGIServer):
     goes too, the next time one comes.
     """
 
-    daemon_threads = True
     request_queue_size = 128  # the listen backlog (socketserver's 5 dropped SYNs of a burst: 1 s retries)
     max_connections = MAX_CONNECTIONS
     request_timeout_s = REQUEST_TIMEOUT_S

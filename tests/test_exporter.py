@@ -17,20 +17,17 @@ import urllib.request
 
 import pytest
 from clusterwatch.collector.exporter import (
-    OPENMETRICS_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE,
     ClusterCollector,
     Exposition,
     format_value,
     same_exposition,
     serve_metrics,
-    wants_openmetrics,
 )
 from clusterwatch.collector.state import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given
 from hypothesis import strategies as hst
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
@@ -259,40 +256,48 @@ def test_format_value_is_prometheus_clients(value):
         assert ours == theirs
 
 
-def test_accept_header_choice():
-    assert wants_openmetrics(PROMETHEUS3_ACCEPT)
-    assert wants_openmetrics("application/openmetrics-text; version=1.0.0")
-    assert not wants_openmetrics(None)
-    assert not wants_openmetrics("*/*")
-    assert not wants_openmetrics("text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5")
-    assert not wants_openmetrics("application/openmetrics-text;q=0")
-
-
 def _get(url: str, **headers: str):
     req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, dict(r.headers), r.read()
 
 
-def test_http_content_type_gzip_and_openmetrics():
+def _library_headers(registry, **headers: str) -> dict[str, str]:
+    """The headers prometheus_client's own WSGI app answers a GET with."""
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""}
+    environ.update({"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()})
+    got = {}
+    make_wsgi_app(registry)(environ, lambda status, hs: got.update(hs))
+    return got
+
+
+def test_http_content_type_gzip_and_openmetrics_as_the_library_answers():
     c = _collector(_state())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(c)
     httpd = serve_metrics(Exposition(c, threading.Lock()), "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{httpd.server_port}/metrics"
         status, headers, plain = _get(url)
-        assert status == 200 and headers["Content-Type"] == TEXT_CONTENT_TYPE
+        assert status == 200 and headers["Content-Type"] == _library_headers(registry)["Content-Type"]
+        assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
         assert "Content-Encoding" not in headers
         assert "clusterwatch_node_up" in _families(plain.decode())
 
         status, headers, body = _get(url, **{"Accept-Encoding": "gzip"})
         assert status == 200 and headers["Content-Encoding"] == "gzip"
-        assert headers["Content-Type"] == TEXT_CONTENT_TYPE
         assert gzip.decompress(body) == plain
 
-        status, headers, body = _get(url, Accept=PROMETHEUS3_ACCEPT, **{"Accept-Encoding": "gzip"})
-        assert headers["Content-Type"] == OPENMETRICS_CONTENT_TYPE
-        om = gzip.decompress(body).decode()
-        assert om.endswith("# EOF\n")
+        for accept in (PROMETHEUS3_ACCEPT, "application/openmetrics-text; version=1.0.0",
+                       "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5", "*/*"):
+            asked = {"Accept": accept, "Accept-Encoding": "gzip"}
+            status, headers, body = _get(url, **asked)
+            theirs = _library_headers(registry, **asked)
+            assert (headers["Content-Type"], headers["Content-Encoding"]) == (
+                theirs["Content-Type"], theirs["Content-Encoding"]), accept
+            text = gzip.decompress(body).decode()
+            assert text.endswith("# EOF\n") == headers["Content-Type"].startswith("application/openmetrics-text")
+        om = gzip.decompress(_get(url, Accept=PROMETHEUS3_ACCEPT, **{"Accept-Encoding": "gzip"})[2]).decode()
         assert {s.name for f in parse_openmetrics(om) for s in f.samples} == {
             s.name for f in text_string_to_metric_families(plain.decode()) for s in f.samples}
         assert {f.type for f in parse_openmetrics(om)} == {"info", "gauge", "counter"}
@@ -300,6 +305,13 @@ def test_http_content_type_gzip_and_openmetrics():
         status, headers, body = _get(url + "?name[]=clusterwatch_node_up")
         assert {f.name for f in text_string_to_metric_families(body.decode())} == {"clusterwatch_node_up"}
 
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as r:
+            assert r.status == 200 and r.read() == b"" and int(r.headers["Content-Length"]) == len(plain)
+        options = urllib.request.Request(url, method="OPTIONS")
+        with urllib.request.urlopen(options, timeout=10) as r:
+            assert r.headers["Allow"] == "OPTIONS,GET"
+        assert _get(url.replace("/metrics", "/favicon.ico"))[2] == b""
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(urllib.request.Request(url, data=b"x", method="POST"), timeout=10)
         assert err.value.code == 405
