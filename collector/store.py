@@ -63,6 +63,11 @@ CREATE TABLE IF NOT EXISTS provenance (
 );
 """
 
+# An agent instance still running resends what was not acknowledged, however long it was cut off, and its
+# batch numbers are what drops the duplicates: they are forgotten only after a week without a word from it
+# (while the collector ran: see CollectorCore._forget_stale).
+STALE_AFTER_S = 7 * 86400.0
+
 _JOB_FIELDS = (
     "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
     "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "gpus_by_node", "source", "ranks_expected",
@@ -225,11 +230,20 @@ class Store:
                 out[(node, pid, start_time)] = samples
         return out
 
-    def forget_stale(self, before: float) -> None:
-        """Drop counts of nodes and agent instances not heard of since `before` (Unix seconds)."""
-        with self.conn:
-            self.conn.execute("DELETE FROM node_counts WHERE updated < ?", (before,))
+    def forget_stale(self, older_than_s: float = STALE_AFTER_S) -> list[str]:
+        """Forget the sample counts of nodes and the batch numbers of agent instances not written for
+        `older_than_s` seconds (by this store's clock, the one that stamps the rows); returns the agent
+        instances (boot ids) forgotten, for the caller to drop its trackers of them.
+
+        Each agent start is a new instance with a row of its own, so without this the table (and the
+        restore at start-up, which reads all of it) grows with every agent restart.
+        """
+        before = time.time() - older_than_s
+        with self._transaction():
+            gone = [b for (b,) in self.conn.execute("SELECT boot_id FROM stream_seqs WHERE updated < ?", (before,))]
             self.conn.execute("DELETE FROM stream_seqs WHERE updated < ?", (before,))
+            self.conn.execute("DELETE FROM node_counts WHERE updated < ?", (before,))
+        return gone
 
     def save_provenance(self, job_id: str, node: str, pid: int, start_time: float, record: str) -> None:
         self.conn.execute(
