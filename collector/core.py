@@ -28,7 +28,7 @@ from clusterwatch.wire import (
 from .config import CollectorConfig
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
 from .state import ClusterState, JobState
-from .store import Store, job_row
+from .store import STALE_AFTER_S, Store, job_row
 from .summary import write_summary
 from .views import job_view
 
@@ -131,6 +131,7 @@ class CollectorCore:
         self._saved: set[str] = set()
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
         self._swept = float("-inf")  # when tick() last swept every process
+        self._started = clock()
         self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
         self.on_job_closed: list[Callable[[JobState, float], None]] = []
         self.on_provenance: list[Callable[[JobState, float], None]] = []
@@ -472,6 +473,22 @@ class CollectorCore:
             self.state.prune(now)
         for job in ended:
             self.close_job(job)
+        self._forget_stale(now)
+
+    def _forget_stale(self, now: float) -> None:
+        """Forget agent instances and nodes silent for STALE_AFTER_S while this collector ran (rows restored
+        at start-up count from the start: a collector down a week must not forget agents about to resend)."""
+        if now - self._started < STALE_AFTER_S:
+            return
+        try:
+            gone = self.store.forget_stale(STALE_AFTER_S)
+        except sqlite3.Error:
+            self.counters.store_errors += 1  # tried again at the next sweep
+            return
+        with self.lock:
+            for boot_id in gone:
+                if boot_id not in self._dirty_seqs:  # heard of again since: its next flush writes it back
+                    self._seqs.pop(boot_id, None)
 
     # -- queries ----------------------------------------------------------------------------
 
