@@ -22,10 +22,11 @@ QUERY_TIMEOUT_S = 5.0
 
 def check_collector_address(address: str) -> None:
     """One line and exit 2 for a --collector gRPC would misread: no port (it dials 443), port 0, a bad number."""
-    from .addresses import AddressError, split_host_port
+    from .addresses import AddressError
+    from .addresses import check_collector_address as check
 
     try:
-        split_host_port(address)
+        check(address)
     except AddressError as exc:
         fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
 
