@@ -6,19 +6,20 @@ import logging
 
 import click
 
-from .addresses import listen_option_callback
+from .addresses import listen_option_callback, tcp_listen_option_callback
 from .common import fail, setup_logging
 
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
               callback=listen_option_callback,
-              help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts).")
+              help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts, or unix:PATH "
+                   "for a Unix socket only those who may enter its folder can reach).")
 @click.option("--query-listen", default=None, envvar="CLUSTERWATCH_QUERY_LISTEN", callback=listen_option_callback,
               help="Also serve the query service alone here, with TLS but no client certificate when --tls-cert "
                    "is set (for `status` on login nodes while agents use mutual TLS).")
 @click.option("--metrics-listen", default="127.0.0.1:9750", envvar="CLUSTERWATCH_METRICS_LISTEN",
-              callback=listen_option_callback,
+              callback=tcp_listen_option_callback,
               show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
@@ -110,9 +111,9 @@ def collector(listen, query_listen, metrics_listen, db_path, history_points, his
     async def main() -> None:
         server = CollectorServer(config)
         await server.start()
+        grpc_at = config.listen if config.listen.startswith("unix:") else f"port {server.grpc_port}"
         logging.getLogger("clusterwatch.collector").info(
-            "collector: gRPC on port %d, /metrics on port %s, store %s",
-            server.grpc_port, server.metrics_port or "-", config.db_path)
+            "collector: gRPC on %s, /metrics on port %s, store %s", grpc_at, server.metrics_port or "-", config.db_path)
         await server.run_until_stopped()
 
     try:

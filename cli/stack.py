@@ -1,11 +1,15 @@
-"""A collector and agents started as child processes on loopback, for `run` and `demo`.
+"""A collector and agents started as child processes, private to their user, for `run` and `demo`.
 
 Each piece runs as its own process (`python -m clusterwatch.cli.main …`), exactly as it
 would on a cluster, in the stack's own folder: `python -m` puts the working directory first on
 sys.path, and started from the root of a clone, the clone's `clusterwatch/` folder would shadow an
 installed (non-editable) package (`python -P` would do from 3.11 only; we support 3.10). The stack
-only picks free ports (port 0, read back from a ports file), a temporary store, and stops every
-process it started, by its pid.
+uses a temporary store and stops every process it started, by its pid.
+
+The collector takes agents and queries on a Unix socket in a folder of mode 0700, so on a shared
+login node no other user can read the job or feed it samples (its queries are not authenticated:
+`--query-auth none`, since munge may be installed and down). /metrics stays on a free loopback TCP
+port (read back from a ports file): it is read-only and shows what Prometheus would scrape.
 """
 from __future__ import annotations
 
@@ -20,11 +24,11 @@ import time
 from pathlib import Path
 
 from clusterwatch.errors import ClusterwatchError
+from clusterwatch.unix_address import UNIX_PATH_MAX
 
 from .proctree import parent_death_signal
 
 START_TIMEOUT_S = 20.0
-UNIX_PATH_MAX = 108  # sun_path, NUL included
 
 
 def make_workdir(keep: str | None, prefix: str) -> str:
@@ -56,13 +60,33 @@ class Stack:
     def __init__(self, workdir: str) -> None:
         self.workdir = Path(os.path.abspath(workdir))
         self.children: list[tuple[str, subprocess.Popen]] = []
-        self.grpc_port = 0
         self.metrics_port = 0
         self._socket_dir: Path | None = None
+        self._private_dir: Path | None = None
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        """The collector's gRPC address, for the agents and the stack's queries."""
+        return f"unix:{self.collector_socket}"
+
+    @property
+    def collector_socket(self) -> Path:
+        return self.private_dir() / "collector.sock"
+
+    def private_dir(self) -> Path:
+        """A folder of mode 0700 for the collector's socket: only our uid (and root) may enter it.
+
+        In the workdir (whatever its mode: --keep may name a shared one), unless a socket's path
+        there would be too long: then under /tmp.
+        """
+        if self._private_dir is None:
+            fits = len(os.fsencode(self.workdir / "private-XXXXXXXX" / "collector.sock")) < UNIX_PATH_MAX
+            if fits:
+                self._private_dir = Path(tempfile.mkdtemp(prefix="private-", dir=self.workdir))
+            else:
+                self._private_dir = Path(tempfile.mkdtemp(prefix="clusterwatch-private-", dir="/tmp"))
+            os.chmod(self._private_dir, 0o700)  # mkdtemp's mode already; said here as the constraint
+        return self._private_dir
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
@@ -79,10 +103,10 @@ class Stack:
 
     def start_collector(self, extra: list[str] = ()) -> None:
         ports = self.workdir / "ports.json"
-        # `run` and `demo` watch one command on one machine, their collector on a loopback port: no munge
+        # `run` and `demo` watch one command on one machine, their collector on a private socket: no munge
         # (under `auto` a host with munge installed but munged down would refuse their own queries)
         proc = self._spawn("collector", [
-            "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--query-auth", "none",
+            "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0", "--query-auth", "none",
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -91,8 +115,7 @@ class Stack:
                 raise ClusterwatchError(f"the embedded collector did not start; see {self.workdir}/collector.log:\n"
                                         + self.log_tail("collector"))
             time.sleep(0.05)
-        doc = json.loads(ports.read_text())
-        self.grpc_port, self.metrics_port = doc["grpc"], doc["metrics"]
+        self.metrics_port = json.loads(ports.read_text())["metrics"]
 
     def start_agent(self, node: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
         spool = self.spool(node)
@@ -141,6 +164,7 @@ class Stack:
                     proc.kill()
                     proc.wait()
         self.children.clear()
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        for folder in (self._socket_dir, self._private_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self._socket_dir = self._private_dir = None

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 
+from clusterwatch.unix_address import unix_path
+
 INGEST_METHOD_PREFIX = "/clusterwatch.v1.Ingest/"
 TOKEN_REFUSED = "missing or wrong clusterwatch token"
 
@@ -77,7 +79,9 @@ def node_identity_error(node: str, names: frozenset[str] | None) -> str | None:
 
 
 def is_loopback_listen(listen: str) -> bool:
-    """Whether a HOST:PORT listen address is reachable from this host only."""
+    """Whether a listen address (HOST:PORT, or a `unix:` socket) is reachable from this host only."""
+    if unix_path(listen) is not None:
+        return True
     host = listen.rpartition(":")[0].strip("[]")
     if host == "localhost":
         return True

@@ -25,7 +25,8 @@ class CollectorConfig:
     """Everything the collector needs to run.
 
     Attributes:
-        listen: gRPC address for agents and the query service, HOST:PORT (port 0: any free port).
+        listen: gRPC address for agents and the query service, HOST:PORT (port 0: any free port) or
+            unix:PATH (a Unix socket: only those who may enter its folder reach it).
         query_listen: a second address serving only the query service, with TLS but no client
             certificate when TLS is on (login nodes have no agent certificates); None: none.
         metrics_listen: HTTP address of the Prometheus endpoint, HOST:PORT; None: no endpoint.

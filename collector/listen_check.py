@@ -1,14 +1,19 @@
 """Is a listen address free? Asked before gRPC binds it, so a taken port is one clear line.
 
-gRPC sets SO_REUSEPORT by default, which let a second collector bind the first one's port and
-take half its agents (the kernel spreads connections between the two); the servers now bind
-with grpc.so_reuseport 0, and this check turns "address in use" into a sentence instead of
-gRPC's RuntimeError and its C-core log line.
+With SO_REUSEPORT (gRPC's default) a second collector could bind a running one's port and take
+half its agents, the kernel spreading connections between the two; the servers bind with
+grpc.so_reuseport 0, and this check turns "address in use" into a sentence instead of gRPC's
+RuntimeError and its C-core log line. A Unix socket (`unix:PATH`) is in use when something
+answers on it; a socket file nobody answers on (a collector that was killed) is removed.
 """
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import stat
+
+from clusterwatch.unix_address import unix_path
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -24,6 +29,9 @@ def taken_error(listen: str, flag: str) -> str | None:
 
     Port 0 (any free port) is always free. `flag` names the option, for the message.
     """
+    path = unix_path(listen)
+    if path is not None:
+        return _unix_taken_error(listen, path, flag)
     try:
         host, port = split_listen(listen)
     except ValueError as exc:
@@ -46,3 +54,36 @@ def taken_error(listen: str, flag: str) -> str | None:
                             f"give another {flag}")
                 return f"cannot listen on {listen} ({flag}): {exc.strerror}"
     return None
+
+
+def _unix_taken_error(listen: str, path: str, flag: str) -> str | None:
+    """Why the Unix socket `path` cannot be listened on, or None (a stale socket file is removed)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"cannot listen on {listen} ({flag}): the folder {folder} does not exist"
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot listen on {listen} ({flag}): {exc.strerror}"
+    if not stat.S_ISSOCK(mode):
+        return f"cannot listen on {listen} ({flag}): {path} exists and is not a socket; give another path"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # nobody listens: left behind by a collector that did not stop
+        except OSError as exc:
+            return f"cannot listen on {listen} ({flag}): {exc.strerror}"
+        else:
+            return (f"cannot listen on {listen}: another process (a collector?) answers on it; stop it or "
+                    f"give another {flag}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return f"cannot listen on {listen} ({flag}): the stale socket {path} cannot be removed: {exc.strerror}"
+    return None
+
