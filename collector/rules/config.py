@@ -2,7 +2,8 @@
 
 `load_rules(path)` and `parse_rules(text, source)` validate the whole file once and
 return a `RuleSet`; an unknown key, a wrong type or a bad pattern raises
-`ConfigError` naming the file, the line and what is wrong. Units in the file are
+`ConfigError` naming the file, the line and what is wrong. The file's schema (which key sets
+which field, in which unit) is declared below the dataclasses and checked by `schema.py`. Units in the file are
 the ones people think in (MB, MB/h, seconds, percent); the dataclasses hold base
 units (bytes, bytes/h). docs/rules.md documents every key and default.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import re
+import signal
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,6 +27,7 @@ except ModuleNotFoundError:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from .model import RULE_NAMES
+from .schema import ArrayOf, Bool, Converted, Invalid, Key, Number, Strings, Table, Text, Value, is_number, keys_of
 
 MB = 1024 * 1024
 SEVERITIES = ("info", "warning", "critical")
@@ -337,197 +341,114 @@ class RuleSet:
         return rules, silenced
 
 
-# ---- loading ---------------------------------------------------------------------------------
+# ---- the rules file's schema -----------------------------------------------------------------
+# Which file key sets which field, in which unit, and what it may hold; schema.py checks a
+# parsed file against it and builds the dataclasses above.
 
-_LEAK_MEMORY_KEYS = {
-    # file key → (field, scale to base units)
-    "enabled": ("enabled", None), "severity": ("severity", None),
-    "min_rate_mb_per_h": ("min_rate_per_h", MB), "min_growth_mb": ("min_growth", MB),
-    "warmup_s": ("warmup_s", 1.0), "bucket_s": ("bucket_s", 1.0), "windows": ("windows", MB),
-    "min_t_stat": ("min_t_stat", 1.0), "min_mk_z": ("min_mk_z", 1.0),
-    "rise_fraction": ("rise_fraction", 1.0),
-    "max_jump_fraction": ("max_jump_fraction", 1.0), "sub_buckets": ("sub_buckets", 1.0),
-    "urgent_time_to_full_s": ("urgent_time_to_full_s", 1.0),
-    "resolve_fraction": ("resolve_fraction", 1.0),
-}
-_LEAK_COUNT_KEYS = {
-    **{k: v for k, v in _LEAK_MEMORY_KEYS.items() if "mb" not in k and k != "windows"},
-    "min_rate_per_h": ("min_rate_per_h", 1.0), "min_growth": ("min_growth", 1.0),
-    "windows": ("windows", 1.0),
-}
-
-
-def _simple_keys(cls: type) -> dict[str, tuple[str, float | None]]:
-    return {f.name: (f.name, None if f.type in ("bool", "str") else 1.0) for f in dataclasses.fields(cls)}
-
-
-_RULE_KEYS: dict[str, dict[str, tuple[str, float | None]]] = {
-    "gpu_memory_leak": _LEAK_MEMORY_KEYS,
-    "host_memory_leak": _LEAK_MEMORY_KEYS,
-    "handle_leak": _LEAK_COUNT_KEYS,
-    "gpu_stall": _simple_keys(GpuStallRule),
-    "training_stall": _simple_keys(TrainingStallRule),
-    "idle_gpu": _simple_keys(IdleGpuRule),
-    "agent_down": _simple_keys(AgentDownRule),
-    "code_mismatch": _simple_keys(CodeMismatchRule),
-}
 _MATCH_KEYS = ("job_name", "user", "partition", "command")
 _ACTION_KINDS = ("log", "webhook", "command", "signal")
+_DEFAULTS = RuleSet()
 
 
-class _Ctx:
-    """Where we are in the file, to name the line in an error."""
-
-    def __init__(self, source: str, text: str) -> None:
-        self.source = source
-        self.lines = text.splitlines()
-
-    def line_of(self, key: str, after: str | None = None) -> int | None:
-        start = 0
-        if after is not None:
-            for i, line in enumerate(self.lines):
-                if line.strip().strip("[]").strip() == after:
-                    start = i
-                    break
-        pat = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
-        for i in range(start, len(self.lines)):
-            if pat.match(self.lines[i]):
-                return i + 1
-        for i in range(0, len(self.lines)):
-            if pat.match(self.lines[i]):
-                return i + 1
-        return None
-
-    def error(self, what: str, key: str | None = None, table: str | None = None) -> ConfigError:
-        line = self.line_of(key, table) if key else None
-        where = f"{self.source}: line {line}" if line else self.source
-        return ConfigError(f"{where}: {what}")
-
-
-def _convert(ctx: _Ctx, table: str, key: str, value: Any, scale: float | None, current: Any) -> Any:
-    if key == "windows":
-        if not isinstance(value, list) or not value or not all(
-                isinstance(w, list) and len(w) == 2 and all(_is_number(x) for x in w) for w in value):
-            raise ctx.error(f"[{table}] windows must be a list of [window_s, min_rate] pairs", key, table)
-        wins = tuple(LeakWindow(float(w[0]), float(w[1]) * (scale or 1.0)) for w in value)
-        if any(w.window_s <= 0 for w in wins):
-            raise ctx.error(f"[{table}] window lengths must be positive", key, table)
-        return tuple(sorted(wins, key=lambda w: w.window_s))
-    if isinstance(current, bool):
-        if not isinstance(value, bool):
-            raise ctx.error(f"[{table}] {key} must be true or false, not {value!r}", key, table)
-        return value
-    if isinstance(current, str):
-        if not isinstance(value, str):
-            raise ctx.error(f"[{table}] {key} must be a string, not {value!r}", key, table)
-        if key == "severity" and value not in SEVERITIES:
-            raise ctx.error(f"[{table}] severity must be one of {', '.join(SEVERITIES)}, not {value!r}",
-                            key, table)
-        return value
-    if not _is_number(value):
-        raise ctx.error(f"[{table}] {key} must be a number, not {value!r}", key, table)
-    if value < 0:
-        raise ctx.error(f"[{table}] {key} must not be negative", key, table)
-    if key == "sub_buckets":
-        return max(6, int(value))
-    return float(value) * (scale or 1.0)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _rule_changes(ctx: _Ctx, rule_name: str, table: dict[str, Any], base: Any, where: str
-                  ) -> dict[str, Any]:
-    keys = _RULE_KEYS[rule_name]
-    changes: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in keys:
-            raise ctx.error(f"[{where}] unknown key {key!r} (known: {', '.join(sorted(keys))})", key, where)
-        fname, scale = keys[key]
-        changes[fname] = _convert(ctx, where, key, value, scale, getattr(base, fname))
-    return changes
-
-
-def _pattern(ctx: _Ctx, where: str, key: str, value: Any) -> Pattern:
+def _pattern(value: Any) -> Pattern:
     if not isinstance(value, str):
-        raise ctx.error(f"[{where}] {key} must be a string pattern, not {value!r}", key, where)
+        raise ValueError(f"must be a string pattern, not {value!r}")
     if value.startswith("re:"):
         try:
             return Pattern(value, re.compile(value[3:]))
         except re.error as exc:
-            raise ctx.error(f"[{where}] {key}: bad regular expression {value[3:]!r}: {exc}", key, where) from exc
+            raise ValueError(f"is a bad regular expression {value[3:]!r}: {exc}") from None
     return Pattern(value)
 
 
-def _match(ctx: _Ctx, where: str, entry: dict[str, Any]) -> Match:
-    pats = {k: _pattern(ctx, where, k, entry[k]) for k in _MATCH_KEYS if k in entry}
-    if not pats:
-        raise ctx.error(f"[{where}] needs at least one of {', '.join(_MATCH_KEYS)}")
-    return Match(**pats)
+def _windows(scale: float, rate_unit: str) -> Converted:
+    """[[window_s, min rate in file units], ...] → LeakWindows in base units, shortest first."""
+    def convert(value: Any) -> tuple[LeakWindow, ...]:
+        if not isinstance(value, list) or not value or not all(
+                isinstance(w, list) and len(w) == 2 and all(is_number(x) and not math.isnan(x) for x in w)
+                for w in value):
+            raise ValueError(f"must be a list of [window_s, min {rate_unit}] pairs")
+        if any(w[0] <= 0 for w in value):
+            raise ValueError("must hold positive window lengths")
+        if any(w[1] < 0 for w in value):
+            raise ValueError("must not hold negative rates")
+        wins = (LeakWindow(float(w[0]), float(w[1]) * scale) for w in value)
+        return tuple(sorted(wins, key=lambda w: w.window_s))
+    return Converted(convert)
 
 
-def _check_rule_names(ctx: _Ctx, where: str, key: str, names: Any) -> tuple[str, ...]:
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ctx.error(f"[{where}] {key} must be a list of rule names", key, where)
-    for n in names:
-        if n not in RULE_NAMES:
-            raise ctx.error(f"[{where}] unknown rule {n!r} (rules: {', '.join(RULE_NAMES)})", key, where)
-    return tuple(names)
+_SEVERITY = {"severity": Text(SEVERITIES)}
+_RULE_NAMES = Strings("a list of rule names", RULE_NAMES, "rule")
+_LEAK_VALUES: dict[str, Value] = {**_SEVERITY, "sub_buckets": Number(integer=True, at_least=6)}
+_RULE_KEYS: dict[str, dict[str, Key]] = {
+    # Memory leak rules take MB in the file; the handle rule counts handles.
+    "gpu_memory_leak": keys_of(LeakRule, _LEAK_VALUES, renamed={
+        "min_rate_per_h": ("min_rate_mb_per_h", Number(scale=MB)),
+        "min_growth": ("min_growth_mb", Number(scale=MB)),
+        "windows": ("windows", _windows(MB, "MB/h"))}),
+    "handle_leak": keys_of(LeakRule, {**_LEAK_VALUES, "windows": _windows(1.0, "per h")}),
+    "gpu_stall": keys_of(GpuStallRule, _SEVERITY),
+    "training_stall": keys_of(TrainingStallRule, _SEVERITY),
+    "idle_gpu": keys_of(IdleGpuRule, _SEVERITY),
+    "agent_down": keys_of(AgentDownRule, _SEVERITY),
+    "code_mismatch": keys_of(CodeMismatchRule, _SEVERITY),
+}
+_RULE_KEYS["host_memory_leak"] = _RULE_KEYS["gpu_memory_leak"]
+_MATCH = {k: Key(k, Converted(_pattern)) for k in _MATCH_KEYS}
 
 
-def _actions(ctx: _Ctx, data: Any) -> ActionsConfig:
-    if not isinstance(data, dict):
-        raise ctx.error("[actions] must be a table")
-    known = {"allow_signals", "steps"}
-    for key in data:
-        if key not in known:
-            raise ctx.error(f"[actions] unknown key {key!r} (known: {', '.join(sorted(known))})", key)
-    allow = data.get("allow_signals", False)
-    if not isinstance(allow, bool):
-        raise ctx.error("[actions] allow_signals must be true or false", "allow_signals")
-    steps = []
-    step_fields = {f.name for f in dataclasses.fields(ActionStep)}
-    for i, raw in enumerate(data.get("steps", [{"action": "log"}])):
-        where = f"actions.steps #{i + 1}"
-        if not isinstance(raw, dict):
-            raise ctx.error(f"[{where}] must be a table")
-        for key in raw:
-            if key not in step_fields:
-                raise ctx.error(f"[{where}] unknown key {key!r} (known: {', '.join(sorted(step_fields))})", key)
-        kind = raw.get("action")
-        if kind not in _ACTION_KINDS:
-            raise ctx.error(f"[{where}] action must be one of {', '.join(_ACTION_KINDS)}, not {kind!r}", "action")
-        kw: dict[str, Any] = {"action": kind}
-        for key in ("after_s", "timeout_s"):
-            if key in raw:
-                kw[key] = _convert(ctx, where, key, raw[key], 1.0, 0.0)
-        if "rules" in raw:
-            kw["rules"] = _check_rule_names(ctx, where, "rules", raw["rules"])
-        for key in ("min_severity", "url", "signal"):
-            if key in raw:
-                kw[key] = _convert(ctx, where, key, raw[key], None, "")
-        if "min_severity" in kw and kw["min_severity"] not in SEVERITIES:
-            raise ctx.error(f"[{where}] min_severity must be one of {', '.join(SEVERITIES)}", "min_severity")
-        if "on_resolved" in raw:
-            kw["on_resolved"] = _convert(ctx, where, "on_resolved", raw["on_resolved"], None, True)
-        if "command" in raw:
-            cmd = raw["command"]
-            if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
-                raise ctx.error(f"[{where}] command must be a non-empty list of strings (argv)", "command")
-            kw["command"] = tuple(cmd)
-        if kind == "webhook" and not str(kw.get("url", "")).startswith(("http://", "https://")):
-            raise ctx.error(f"[{where}] a webhook needs url = \"http://...\" or \"https://...\"", "url")
-        if kind == "command" and not kw.get("command"):
-            raise ctx.error(f"[{where}] a command action needs command = [\"prog\", \"arg\", ...]", "action")
-        if kind == "signal":
-            import signal as _signal
+def _needs_match(values: dict[str, Any]) -> None:
+    if not any(k in values for k in _MATCH_KEYS):
+        raise Invalid(f"needs at least one of {', '.join(_MATCH_KEYS)}")
 
-            if not isinstance(getattr(_signal, kw.get("signal", "SIGUSR1"), None), int):
-                raise ctx.error(f"[{where}] unknown signal {kw.get('signal')!r}", "signal")
-        steps.append(ActionStep(**kw))
-    return ActionsConfig(steps=tuple(steps), allow_signals=allow)
 
+def _match_of(values: dict[str, Any]) -> Match:
+    return Match(**{k: v for k, v in values.items() if k in _MATCH_KEYS})
+
+
+def _rule_table(name: str) -> Table:
+    """A rule's table at the top level: the shipped rule with the file's changes."""
+    return Table(_RULE_KEYS[name], build=lambda changes: dataclasses.replace(getattr(_DEFAULTS, name), **changes))
+
+
+_OVERRIDE = Table(
+    {**_MATCH, **{name: Key(name, Table(keys)) for name, keys in _RULE_KEYS.items()}},
+    # changes in file order: a later override wins on the same field
+    build=lambda v: Override(_match_of(v), tuple((k, tuple(ch.items())) for k, ch in v.items()
+                                                 if k not in _MATCH_KEYS)),
+    checks=(_needs_match,))
+_ALLOW = Table(
+    {**_MATCH, "rules": Key("rules", _RULE_NAMES, needs='["rule_name", ...]'), "reason": Key("reason", Text())},
+    build=lambda v: AllowEntry(_match_of(v), v["rules"], v.get("reason", "")),
+    checks=(_needs_match,))
+
+
+def _step_checks(step: dict[str, Any]) -> None:
+    kind = step["action"]
+    if kind == "webhook" and not step.get("url", "").startswith(("http://", "https://")):
+        raise Invalid('a webhook needs url = "http://..." or "https://..."', key="url")
+    if kind == "command" and not step.get("command"):
+        raise Invalid('a command action needs command = ["prog", "arg", ...]', key="action")
+    if kind == "signal" and step.get("signal", "SIGUSR1") not in signal.Signals.__members__:
+        raise Invalid(f"unknown signal {step['signal']!r} (a name such as SIGUSR1, SIGUSR2, SIGTERM)",
+                      key="signal")
+
+
+_STEP = Table(
+    {**keys_of(ActionStep, {"rules": _RULE_NAMES, "min_severity": Text(SEVERITIES),
+                            "command": Strings("a non-empty list of strings (argv)", non_empty=True)}),
+     "action": Key("action", Text(_ACTION_KINDS), needs='"log", "webhook", "command" or "signal"')},
+    build=lambda v: ActionStep(**v), checks=(_step_checks,))
+_ACTIONS = Table({"allow_signals": Key("allow_signals", Bool()), "steps": Key("steps", ArrayOf(_STEP))},
+                 build=lambda v: dataclasses.replace(_DEFAULTS.actions, **v))
+RULES_FILE = Table(
+    {**{name: Key(name, _rule_table(name)) for name in _RULE_KEYS},
+     "overrides": Key("overrides", ArrayOf(_OVERRIDE)), "allow": Key("allow", ArrayOf(_ALLOW)),
+     "actions": Key("actions", _ACTIONS)},
+    build=lambda v: dataclasses.replace(_DEFAULTS, **v), noun="table")
+
+
+# ---- loading ---------------------------------------------------------------------------------
 
 def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
     """Build a RuleSet from the text of a rules file.
@@ -543,7 +464,6 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
         ConfigError: The text is not TOML, or a key, type or pattern is wrong; the
             message names the file and, where it can, the line.
     """
-    ctx = _Ctx(source, text)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -552,54 +472,13 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
         where = f"{source}: line {m.group(1)}" if m else source
         what = re.sub(r" \(at line.*", "", msg)
         raise ConfigError(f"{where}: not valid TOML: {what}") from exc
-    rules = RuleSet()
-    kw: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _RULE_KEYS:
-            if not isinstance(value, dict):
-                raise ctx.error(f"{key} must be a table ([{key}])", key)
-            base = getattr(rules, key)
-            kw[key] = dataclasses.replace(base, **_rule_changes(ctx, key, value, base, key))
-        elif key == "overrides":
-            if not isinstance(value, list):
-                raise ctx.error("overrides must be an array of tables ([[overrides]])", key)
-            ovs = []
-            for i, entry in enumerate(value):
-                where = f"overrides #{i + 1}"
-                changes = []
-                for k, v in entry.items():
-                    if k in _MATCH_KEYS:
-                        continue
-                    if k not in _RULE_KEYS:
-                        raise ctx.error(f"[{where}] unknown key {k!r}: expected {', '.join(_MATCH_KEYS)} "
-                                        f"or a rule table such as [overrides.gpu_memory_leak]", k)
-                    if not isinstance(v, dict):
-                        raise ctx.error(f"[{where}] {k} must be a table", k)
-                    base = kw.get(k, getattr(rules, k))
-                    changes.append((k, tuple(_rule_changes(ctx, k, v, base, f"overrides.{k}").items())))
-                ovs.append(Override(_match(ctx, where, entry), tuple(changes)))
-            kw["overrides"] = tuple(ovs)
-        elif key == "allow":
-            if not isinstance(value, list):
-                raise ctx.error("allow must be an array of tables ([[allow]])", key)
-            entries = []
-            for i, entry in enumerate(value):
-                where = f"allow #{i + 1}"
-                for k in entry:
-                    if k not in (*_MATCH_KEYS, "rules", "reason"):
-                        raise ctx.error(f"[{where}] unknown key {k!r}", k)
-                if "rules" not in entry:
-                    raise ctx.error(f"[{where}] needs rules = [\"rule_name\", ...]")
-                entries.append(AllowEntry(_match(ctx, where, entry),
-                                          _check_rule_names(ctx, where, "rules", entry["rules"]),
-                                          str(entry.get("reason", ""))))
-            kw["allow"] = tuple(entries)
-        elif key == "actions":
-            kw["actions"] = _actions(ctx, value)
-        else:
-            known = [*_RULE_KEYS, "overrides", "allow", "actions"]
-            raise ctx.error(f"unknown table {key!r} (known: {', '.join(known)})", key)
-    return dataclasses.replace(rules, **kw)
+    try:
+        return RULES_FILE.read(data)
+    except Invalid as exc:
+        line = exc.locate(text)
+        where = f"{source}: line {line}" if line else source
+        table = f"[{exc.where}] " if exc.path else ""
+        raise ConfigError(f"{where}: {table}{exc.what}") from None
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:
