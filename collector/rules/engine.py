@@ -1,6 +1,6 @@
 """The rule engine: observations in, alert events out, in time order, no look-ahead.
 
-Pure in the sense of DESIGN.md: no clock, no I/O, no `eval`. It keeps incremental
+Pure: no clock, no I/O, no `eval`. It keeps incremental
 state per process, GPU and node (that is what makes it fast), and takes time only
 from its inputs. The collector feeds it live; `clusterwatch replay` feeds it a trace.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .config import MB, RuleSet
@@ -78,6 +79,25 @@ class _Proc:
         return f"{where} (job {self.job_id or '?'})"
 
 
+@dataclass(slots=True)
+class _GpuState:
+    """What `idle_gpu` remembers about one GPU."""
+
+    job_id: str
+    idle_since: float | None = None
+    state: str | None = None  # PENDING | FIRING, None while nothing is raised
+
+
+@dataclass(slots=True)
+class _NodeState:
+    """What `agent_down` remembers about one node."""
+
+    last_t: float
+    has_jobs: bool
+    silent_after_s: float  # three of the agent's intervals: the least silence that counts
+    state: str | None = None  # FIRING, None while nothing is raised
+
+
 class Engine:
     """Runs every rule over observations as they arrive.
 
@@ -91,8 +111,8 @@ class Engine:
         self.rules = rules
         self._procs: dict[tuple[str, int, float], _Proc] = {}
         self._label_cache: dict[tuple[str, str, str, str], tuple[RuleSet, frozenset[str]]] = {}
-        self._gpus: dict[tuple[str, str], list[Any]] = {}  # (node, gpu) → [job_id, idle_since, state]
-        self._nodes: dict[str, list[Any]] = {}  # node → [last_t, has_jobs, state, least silence that counts]
+        self._gpus: dict[tuple[str, str], _GpuState] = {}  # (node, gpu) → its state
+        self._nodes: dict[str, _NodeState] = {}
 
     # ---- processes ---------------------------------------------------------------------------
 
@@ -146,56 +166,8 @@ class Engine:
             gpu = g("gpu", "")
             p = self._labels(key, p, t, job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
-        # `_ingest`, inlined: replay pushes every sample of a trace through here, and a call
-        # with ten arguments costs more than the fast paths themselves. The same fast paths,
-        # the same slow-path methods (test_rules_engine checks both entries agree).
-        out: list[AlertEvent] | None = None
-        v = g("gpu_mem_bytes")
-        s = p.gpu_leak
-        if v is not None and s is not None:
-            if t < s.b_end:
-                if v < s.cur_min:
-                    s.cur_min = v
-            else:
-                f = s.roll(t, v, g("gpu_mem_total_bytes"))
-                if f is not None:
-                    out = [self._leak_event(p, "gpu_memory_leak", f, "GPU memory", "GPU")]
-        v = g("rss_bytes")
-        s = p.host_leak
-        if v is not None and s is not None:
-            if t < s.b_end:
-                if v < s.cur_min:
-                    s.cur_min = v
-            else:
-                f = s.roll(t, v, g("node_mem_total_bytes"))
-                if f is not None:
-                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", "node memory")
-                    out = [ev] if out is None else [*out, ev]
-        if p.thr_leak is not None:
-            v = g("threads")
-            if v is not None:
-                f = p.thr_leak.add(t, v)
-                if f is not None:
-                    out = self._handle_event(p, "threads", f, out)
-            v = g("open_fds")
-            if v is not None and p.fd_leak is not None:
-                f = p.fd_leak.add(t, v)
-                if f is not None:
-                    out = self._handle_event(p, "open_fds", f, out)
-        util = g("gpu_util")
-        if util is not None and util < p.util_quiet:
-            out = self._gpu_stall(p, t, util, out)
-        step = g("step")
-        if step is not None:
-            if step != p.step:
-                if p.step_quiet:
-                    p.step = step
-                    p.step_t = t
-                else:
-                    out = self._training_stall(p, t, step, util, out)
-            elif t - p.step_t >= p.step_wait:
-                out = self._training_stall(p, t, step, util, out)
-        return _NO_EVENTS if out is None else out
+        return self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), g("rss_bytes"),
+                            g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"))
 
     def _labels(self, key: tuple[str, int, float], p: _Proc | None, t: float, job_id: str, gpu: str,
                 rank: int | None, user: str, command: str, job_name: str, partition: str) -> _Proc:
@@ -436,7 +408,7 @@ class Engine:
         for key in [k for k, p in self._procs.items() if p.job_id == job_id]:
             out += self.forget_process(*key, t)
         for gkey, st in list(self._gpus.items()):
-            if st[0] == job_id:
+            if st.job_id == job_id:
                 out += self._gpu_resolve(gkey, st, t, f"job {job_id} ended")
                 del self._gpus[gkey]
         return out
@@ -456,27 +428,27 @@ class Engine:
         gkey = (obs.node, obs.gpu)
         st = self._gpus.get(gkey)
         if st is None:
-            st = self._gpus[gkey] = [obs.job_id, None, None]
+            st = self._gpus[gkey] = _GpuState(obs.job_id)
         if not r.enabled:
             return []
         out: list[AlertEvent] = []
-        if st[0] != obs.job_id:
+        if st.job_id != obs.job_id:
             out += self._gpu_resolve(gkey, st, obs.t, "allocation changed")
-            st[0], st[1] = obs.job_id, None
+            st.job_id, st.idle_since = obs.job_id, None
         if not obs.job_id:
             return out
         no_procs = obs.processes == 0
         idle = no_procs or (obs.utilization is not None and obs.utilization < r.util_below_percent)
         if not idle:
             out += self._gpu_resolve(gkey, st, obs.t, "in use again")
-            st[1] = None
+            st.idle_since = None
             return out
-        if st[1] is None:
-            st[1] = obs.t
-        dur = obs.t - st[1]
+        if st.idle_since is None:
+            st.idle_since = obs.t
+        dur = obs.t - st.idle_since
         new = FIRING if dur >= r.for_s else PENDING if dur >= r.for_s / 2 else None
-        if new is not None and new != st[2]:
-            st[2] = new
+        if new is not None and new != st.state:
+            st.state = new
             why = "has no process" if no_procs else f"is idle ({obs.utilization:.0f} %)"
             label = obs.gpu if obs.index is None else f"{obs.index} ({obs.gpu})"
             out.append(AlertEvent(
@@ -487,12 +459,12 @@ class Engine:
                          "util_percent": obs.utilization}))
         return out
 
-    def _gpu_resolve(self, gkey: tuple[str, str], st: list[Any], t: float, why: str) -> list[AlertEvent]:
-        if st[2] is None:
+    def _gpu_resolve(self, gkey: tuple[str, str], st: _GpuState, t: float, why: str) -> list[AlertEvent]:
+        if st.state is None:
             return []
-        st[2] = None
+        st.state = None
         return [AlertEvent(t=t, rule="idle_gpu", state=RESOLVED, severity=self.rules.idle_gpu.severity,
-                           node=gkey[0], job_id=st[0], gpu=gkey[1],
+                           node=gkey[0], job_id=st.job_id, gpu=gkey[1],
                            description=f"GPU {gkey[1]} on {gkey[0]}: {why}")]
 
     def heartbeat(self, hb: NodeHeartbeat) -> list[AlertEvent]:
@@ -506,16 +478,16 @@ class Engine:
         """
         st = self._nodes.get(hb.node)
         if st is None:
-            self._nodes[hb.node] = [hb.t, hb.has_jobs, None, 3.0 * hb.every_s]
+            self._nodes[hb.node] = _NodeState(hb.t, hb.has_jobs, 3.0 * hb.every_s)
             return []
         out: list[AlertEvent] = []
-        if st[2] is not None:
+        if st.state is not None:
             out.append(AlertEvent(t=hb.t, rule="agent_down", state=RESOLVED,
                                   severity=self.rules.agent_down.severity, node=hb.node,
-                                  description=f"Agent on {hb.node} reports again after {_hours(hb.t - st[0])}",
-                                  figures={"silent_for_s": round(hb.t - st[0], 1)}))
-            st[2] = None
-        st[0], st[1], st[3] = hb.t, hb.has_jobs, 3.0 * hb.every_s
+                                  description=f"Agent on {hb.node} reports again after {_hours(hb.t - st.last_t)}",
+                                  figures={"silent_for_s": round(hb.t - st.last_t, 1)}))
+            st.state = None
+        st.last_t, st.has_jobs, st.silent_after_s = hb.t, hb.has_jobs, 3.0 * hb.every_s
         return out
 
     def tick(self, now: float) -> list[AlertEvent]:
@@ -532,13 +504,13 @@ class Engine:
             return []
         out = []
         for node, st in self._nodes.items():
-            silent = now - st[0]
-            if st[1] and st[2] is None and silent >= max(r.after_s, st[3]):
-                st[2] = FIRING
+            silent = now - st.last_t
+            if st.has_jobs and st.state is None and silent >= max(r.after_s, st.silent_after_s):
+                st.state = FIRING
                 out.append(AlertEvent(t=now, rule="agent_down", state=FIRING, severity=r.severity, node=node,
                                       description=f"Agent on {node} silent for {_hours(silent)} while jobs run "
                                                   f"there", figures={"silent_for_s": round(silent, 1),
-                                                                     "last_seen_t": st[0]}))
+                                                                     "last_seen_t": st.last_t}))
         return out
 
     def forget_node(self, node: str, t: float) -> list[AlertEvent]:
@@ -552,7 +524,7 @@ class Engine:
             Resolved events.
         """
         st = self._nodes.pop(node, None)
-        if st is None or st[2] is None:
+        if st is None or st.state is None:
             return []
         return [AlertEvent(t=t, rule="agent_down", state=RESOLVED, severity=self.rules.agent_down.severity,
                            node=node, description=f"{node} is no longer watched")]
