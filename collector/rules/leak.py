@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import LeakRule
 from .robust import THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall_z, median, theil_sen
@@ -79,14 +80,38 @@ class LeakFinding:
     window_s: float
 
 
-# rule → what every series of it shares; keyed by identity (hashing a rule costs more than the
-# lookup saves), the rule held in the value so that its id is not reused while the entry lives
-_PLANS: dict[int, tuple[LeakRule, float, tuple]] = {}
+class _WindowShape(NamedTuple):
+    """What a window's analysis needs that depends on the rule only (computed once, not per process)."""
+
+    wb: int            # buckets a point
+    n: int             # points in the window
+    width: float       # seconds a point
+    length: float      # seconds the window (n * width)
+    floor: float       # the window's rate floor, per hour
+    third: tuple[int, ...]  # the third (0, 1, 2) of each point slot
+    a3: int            # first slot of the second third
+    b3: int            # first slot of the last third
+    gate: float        # the least rise of each third's minimum that firing implies
+    gate_total: float  # the same with a known total (the floor may drop to the rule's rate)
+    sxx: float         # sum of squared x deviations of a full window
 
 
-def _plan(rule: LeakRule, bs: float) -> tuple:
-    """(window shapes, index of the one-bucket window or None, its analysis cadence in buckets,
-    buckets kept) for a rule: computed once per rule, not once per process."""
+class _Plan(NamedTuple):
+    """What every series of one rule shares."""
+
+    shapes: list[_WindowShape]
+    direct: int | None  # index of the window of one-bucket points, if any
+    every: int          # the direct window's analysis cadence, in buckets
+    span_b: int         # buckets kept
+
+
+# rule → its plan; keyed by identity (hashing a rule costs more than the lookup saves), the rule
+# held in the value so that its id is not reused while the entry lives
+_PLANS: dict[int, tuple[LeakRule, float, _Plan]] = {}
+
+
+def _plan(rule: LeakRule, bs: float) -> _Plan:
+    """A rule's plan: computed once per rule, not once per process."""
     got = _PLANS.get(id(rule))
     if got is not None and got[0] is rule and got[1] == bs:
         return got[2]
@@ -102,19 +127,19 @@ def _plan(rule: LeakRule, bs: float) -> tuple:
            for i, wb in enumerate(wbs)]
     shapes = [_window_shape(w.window_s, max(w.min_rate_per_h, rule.min_rate_per_h), bs, wb, rule)
               for w, wb in zip(rule.windows, wbs, strict=True)]
-    direct = next((i for i, shape in enumerate(shapes) if shape[0] == 1), None)
+    direct = next((i for i, shape in enumerate(shapes) if shape.wb == 1), None)
     # Buckets kept: the longest window's, and the direct window's noise history.
-    span_b = max(max(shape[0] * shape[1] for shape in shapes),
-                 NOISE_HISTORY_WINDOWS * shapes[direct][1] + 1 if direct is not None else 0)
-    plan = (shapes, direct, every, span_b)
+    span_b = max(max(shape.wb * shape.n for shape in shapes),
+                 NOISE_HISTORY_WINDOWS * shapes[direct].n + 1 if direct is not None else 0)
+    plan = _Plan(shapes, direct, every, span_b)
     if len(_PLANS) > 256:  # rules files reloaded many times: start afresh
         _PLANS.clear()
     _PLANS[id(rule)] = (rule, bs, plan)
     return plan
 
 
-def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> tuple:
-    """What a window's analysis needs that depends on the rule only (computed once, not per process)."""
+def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: LeakRule) -> _WindowShape:
+    """A window's shape for points of `wb` buckets, about `length` seconds long."""
     # A point spans a whole number of buckets: points that summarise different numbers
     # of buckets would have different noise, and the noise test assumes one.
     n = max(6, round(length / (wb * bucket_s)))
@@ -129,16 +154,18 @@ def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: L
     xs = [(k + 0.5) * width for k in range(n)]
     mx = sum(xs) / n
     sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
-    return wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx
+    return _WindowShape(wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx)
 
 
 class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
                  "gate", "gate_total", "a3", "b3")
 
-    def __init__(self, shape: tuple) -> None:
-        (self.wb, self.n, self.width, self.length, self.floor, self.third, self.a3, self.b3, self.gate,
-         self.gate_total, self.sxx) = shape
+    def __init__(self, shape: _WindowShape) -> None:
+        # copied into slots: the analyses read them on every bucket close, an attribute each
+        self.wb, self.n, self.width, self.length, self.floor = shape.wb, shape.n, shape.width, shape.length, shape.floor
+        self.third, self.a3, self.b3, self.sxx = shape.third, shape.a3, shape.b3, shape.sxx
+        self.gate, self.gate_total = shape.gate, shape.gate_total
         self.pt_end = 0  # first bucket index after the open point
         # Points (index on this window's grid, value = median of the point's bucket minima),
         # oldest first. A window of one-bucket points reads the series' bucket lists instead.
@@ -173,10 +200,11 @@ class LeakSeries:
         # them), and any a window's open point still needs: indexes, in order, and minima.
         self.bb: list[int] = []
         self.bv: list[float] = []
-        shapes, direct, every, self.span_b = _plan(rule, self.bucket_s)
-        self.windows = [_Window(shape) for shape in shapes]
-        self.direct = self.windows[direct] if direct is not None else None
-        self.every = every if self.direct else 1 << 62
+        plan = _plan(rule, self.bucket_s)
+        self.span_b = plan.span_b
+        self.windows = [_Window(shape) for shape in plan.shapes]
+        self.direct = self.windows[plan.direct] if plan.direct is not None else None
+        self.every = plan.every if self.direct else 1 << 62
         self.grouped = [w for w in self.windows if w is not self.direct]
         # Work is due when a bucket at or past these closes: the direct window's analysis, a
         # grouped window's point, either.
