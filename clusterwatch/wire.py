@@ -5,6 +5,8 @@ that could not be taken never turns into a zero.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessSample, TrainingReport
 from clusterwatch.v1 import agent_pb2
 
@@ -20,11 +22,25 @@ def _opt(msg, name: str):
 
 _NAN = float("nan")
 
-# The fields of a ProcessSample that a ProcessLabels holds, in ProcessSample's order.
-LABEL_FIELDS = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
+class ProcessLabels(NamedTuple):
+    """One `label_sets` entry of a ProcessTable: the fields of a ProcessSample it holds, in ProcessSample's
+    order. A named tuple: the collector compares a process's labels whole, in C, every batch."""
+
+    ppid: int
+    uid: int
+    user: str
+    command: str
+    job_id: str
+    rank: int | None
+    local_rank: int | None
+    step_id: str
+    mapped_by: str
 
 
-# Each distinct label set, encoded as one `label_sets` entry of a ProcessTable, by its labels (LABEL_FIELDS order): a
+LABEL_FIELDS = ProcessLabels._fields
+
+
+# Each distinct label set, encoded as one `label_sets` entry of a ProcessTable, by its labels (ProcessLabels' order): a
 # node's label sets rarely change from poll to poll, and merging their bytes costs a fraction of
 # building the messages again. Bounded: cleared when full.
 _LABEL_ENTRIES: dict[tuple, bytes] = {}
@@ -32,7 +48,7 @@ _LABEL_ENTRIES_MAX = 4096
 
 
 def _label_entry(key: tuple) -> bytes:
-    """The ProcessTable bytes of one label_sets entry holding `key` (LABEL_FIELDS order), cached."""
+    """The ProcessTable bytes of one label_sets entry holding `key` (ProcessLabels' order), cached."""
     ppid, uid, user, command, job_id, rank, local_rank, step_id, mapped_by = key
     t = agent_pb2.ProcessTable()
     m = t.label_sets.add(ppid=ppid, uid=uid, user=user, command=command, job_id=job_id, step_id=step_id,
@@ -111,10 +127,9 @@ class ProcessColumns:
             if len(getattr(self, name)) != uses:
                 raise ValueError(f"process table: column {name} has {len(getattr(self, name))} entries, "
                                  f"gpu_count adds up to {uses}")
-        # label sets as tuples in LABEL_FIELDS order, compared whole by the collector
-        self.label_sets = [(m.ppid, m.uid, m.user, m.command, m.job_id,
-                            m.rank if m.HasField("rank") else None,
-                            m.local_rank if m.HasField("local_rank") else None, m.step_id, m.mapped_by)
+        self.label_sets = [ProcessLabels(m.ppid, m.uid, m.user, m.command, m.job_id,
+                                         m.rank if m.HasField("rank") else None,
+                                         m.local_rank if m.HasField("local_rank") else None, m.step_id, m.mapped_by)
                            for m in t.label_sets]
         self.gpu_uuids = list(t.gpu_uuids)
         if n and max(self.labels) >= len(self.label_sets):
@@ -160,9 +175,13 @@ class ProcessColumns:
     def sample(self, i: int, node: str, gpu_first: int) -> ProcessSample:
         """Row i as a ProcessSample; gpu_first is where its GPU-use entries start."""
         c, r, th, fd = self.cpu_percent[i], self.rss_bytes[i], self.threads[i], self.open_fds[i]
-        return ProcessSample(self.time[i], node, self.pid[i], self.start_time[i], *self.label_sets[self.labels[i]],
-                             c if c == c else None, r if r >= 0 else None, th if th >= 0 else None,
-                             fd if fd >= 0 else None, self.gpu_uses(gpu_first, self.gpu_count[i]))
+        lab = self.label_sets[self.labels[i]]
+        return ProcessSample(
+            time=self.time[i], node=node, pid=self.pid[i], start_time=self.start_time[i], ppid=lab.ppid,
+            uid=lab.uid, user=lab.user, command=lab.command, job_id=lab.job_id, rank=lab.rank,
+            local_rank=lab.local_rank, step_id=lab.step_id, mapped_by=lab.mapped_by,
+            cpu_percent=c if c == c else None, rss_bytes=r if r >= 0 else None, threads=th if th >= 0 else None,
+            open_fds=fd if fd >= 0 else None, gpus=self.gpu_uses(gpu_first, self.gpu_count[i]))
 
 
 def processes_from_table(t: agent_pb2.ProcessTable, node: str) -> list[ProcessSample]:

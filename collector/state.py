@@ -68,7 +68,7 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
-    labels: tuple = ()  # the labels as last sent (wire.LABEL_FIELDS order), to tell a change cheaply
+    labels: tuple = ()  # the labels as last sent (a wire.ProcessLabels), to tell a change cheaply
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
     # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
     seen: float = 0.0
