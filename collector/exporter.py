@@ -449,113 +449,141 @@ class ClusterCollector(Collector):
         """
         with self._cache_lock:
             old = self._cache
-        new: dict[str, dict] = {}
-        fmt = format_value
-        parts: list[str] = []
-
-        def emit(fam: Family, lines: list[str]) -> None:
-            if names is not None and (fam.sample_name not in names or not lines):
-                return
-            parts.append(_headers(fam, openmetrics))
-            parts.extend(lines)
-
-        def generic(fam: Family, rows, kind: str) -> None:
-            cache, used = old.get(kind, {}), new.setdefault(kind, {})
-            sname = fam.sample_name
-            lines = []
-            for label_names, values, value in rows:
-                key = (label_names, values)
-                lbl = cache.get(key)
-                if lbl is None:
-                    lbl = _label_string(label_names, values)
-                used[key] = lbl
-                lines.append(f"{sname}{lbl}{fmt(value)}\n")
-            emit(fam, lines)
-
+        out = _TextWriter(old, openmetrics, names)
         groups = self.series(Snapshot(snap.jobs, [], None, [], snap.nodes, snap.alerts, snap.counters))
         by_name = {fam.name: rows for fam, rows in groups}
         for fam in (JOB_INFO, JOB_CODE, *JOB_FAMILIES):
-            generic(fam, by_name[fam.name], "job")
-
-        # ranks: one label string per rank for its ten families (written out: this loop is most of a scrape)
-        cache, used = old.get("rank", {}), new.setdefault("rank", {})
-        get = cache.get
-        lines_by_family: list[list[str]] = [[] for _ in RANK_FAMILIES]
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = (lines.append for lines in lines_by_family)
-        p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = (fam.sample_name for fam in RANK_FAMILIES)
-        for key, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 in snap.ranks:
-            lbl = get(key)
-            if lbl is None:
-                lbl = _label_string(RANK_LABELS, key)
-            used[key] = lbl
-            if v0 is not None:
-                a0(f"{p0}{lbl}{fmt(v0)}\n")
-            if v1 is not None:
-                a1(f"{p1}{lbl}{fmt(v1)}\n")
-            if v2 is not None:
-                a2(f"{p2}{lbl}{fmt(v2)}\n")
-            if v3 is not None:
-                a3(f"{p3}{lbl}{fmt(v3)}\n")
-            if v4 is not None:
-                a4(f"{p4}{lbl}{fmt(v4)}\n")
-            if v5 is not None:
-                a5(f"{p5}{lbl}{fmt(v5)}\n")
-            if v6 is not None:
-                a6(f"{p6}{lbl}{fmt(v6)}\n")
-            if v7 is not None:
-                a7(f"{p7}{lbl}{fmt(v7)}\n")
-            if v8 is not None:
-                a8(f"{p8}{lbl}{fmt(v8)}\n")
-            if v9 is not None:
-                a9(f"{p9}{lbl}{fmt(v9)}\n")
-        for fam, lines in zip(RANK_FAMILIES, lines_by_family, strict=True):
-            emit(fam, lines)
-
+            out.generic(fam, by_name[fam.name], "job")
+        _write_ranks(out, snap.ranks)
         if snap.processes is not None:
-            cache, used = old.get("process", {}), new.setdefault("process", {})
-            lines_by_family = [[] for _ in PROCESS_FAMILIES]
-            prefixes = [fam.sample_name for fam in PROCESS_FAMILIES]
-            for key, *values in snap.processes:
-                lbl = cache.get(key)
-                if lbl is None:
-                    lbl = _label_string(PROCESS_LABELS, key)
-                used[key] = lbl
-                for lines, prefix, value in zip(lines_by_family, prefixes, values, strict=True):
-                    if value is not None:
-                        lines.append(f"{prefix}{lbl}{fmt(value)}\n")
-            for fam, lines in zip(PROCESS_FAMILIES, lines_by_family, strict=True):
-                emit(fam, lines)
-
-        # GPUs: the four-label string (with job_id) and the three-label one, cached together
-        cache, used = old.get("gpu", {}), new.setdefault("gpu", {})
-        util_l, used_l, total_l, power_l = [], [], [], []
-        p_util, p_used, p_total, p_power = (fam.sample_name for fam in GPU_FAMILIES)
-        short_labels = GPU_FAMILIES[2].labels
-        for node, uuid, idx, job_id, util, mem_used, total, power in snap.gpus:
-            key = (node, uuid, idx, job_id)
-            pair = cache.get(key)
-            if pair is None:
-                pair = (_label_string(GPU_LABELS, key), _label_string(short_labels, key[:3]))
-            used[key] = pair
-            if util is not None:
-                util_l.append(f"{p_util}{pair[0]}{fmt(util)}\n")
-            if mem_used is not None:
-                used_l.append(f"{p_used}{pair[0]}{fmt(mem_used)}\n")
-            if total:
-                total_l.append(f"{p_total}{pair[1]}{fmt(total)}\n")
-            if power is not None:
-                power_l.append(f"{p_power}{pair[1]}{fmt(power)}\n")
-        for fam, lines in zip(GPU_FAMILIES, (util_l, used_l, total_l, power_l), strict=True):
-            emit(fam, lines)
-
+            _write_processes(out, snap.processes)
+        _write_gpus(out, snap.gpus)
         for fam, rows in groups:  # nodes, alerts, counters
             if fam.name not in _WRITTEN_APART:
-                generic(fam, rows, "other")
+                out.generic(fam, rows, "other")
         if openmetrics:
-            parts.append("# EOF\n")
+            out.parts.append("# EOF\n")
         with self._cache_lock:
-            self._cache = new
-        return "".join(parts).encode("utf-8")
+            self._cache = out.new
+        return "".join(out.parts).encode("utf-8")
+
+
+class _TextWriter:
+    """The text of one render, and its label strings: the last scrape's read (`old`), this one's kept (`new`).
+
+    Label strings are cached by kind (job, rank, process, gpu, other) and key; a key this scrape does not
+    write is not carried over, so an ended job's strings go with its series.
+    """
+
+    __slots__ = ("old", "new", "parts", "openmetrics", "names")
+
+    def __init__(self, old: dict[str, dict], openmetrics: bool, names: set[str] | None) -> None:
+        self.old, self.new = old, {}
+        self.parts: list[str] = []
+        self.openmetrics, self.names = openmetrics, names
+
+    def caches(self, kind: str) -> tuple[dict, dict]:
+        """(the last scrape's label strings of `kind`, this scrape's to fill)."""
+        return self.old.get(kind, {}), self.new.setdefault(kind, {})
+
+    def emit(self, fam: Family, lines: list[str]) -> None:
+        if self.names is not None and (fam.sample_name not in self.names or not lines):
+            return
+        self.parts.append(_headers(fam, self.openmetrics))
+        self.parts.extend(lines)
+
+    def generic(self, fam: Family, rows, kind: str) -> None:
+        """A family from `series()` rows: (label names, label values, value)."""
+        cache, used = self.caches(kind)
+        sname, fmt = fam.sample_name, format_value
+        lines = []
+        for label_names, values, value in rows:
+            key = (label_names, values)
+            lbl = cache.get(key)
+            if lbl is None:
+                lbl = _label_string(label_names, values)
+            used[key] = lbl
+            lines.append(f"{sname}{lbl}{fmt(value)}\n")
+        self.emit(fam, lines)
+
+
+def _write_ranks(out: _TextWriter, ranks: list) -> None:
+    """The ten rank families: one label string per rank, the loop written out (most of a scrape's time)."""
+    cache, used = out.caches("rank")
+    get, fmt = cache.get, format_value
+    lines_by_family: list[list[str]] = [[] for _ in RANK_FAMILIES]
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = (lines.append for lines in lines_by_family)
+    p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = (fam.sample_name for fam in RANK_FAMILIES)
+    for key, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 in ranks:
+        lbl = get(key)
+        if lbl is None:
+            lbl = _label_string(RANK_LABELS, key)
+        used[key] = lbl
+        if v0 is not None:
+            a0(f"{p0}{lbl}{fmt(v0)}\n")
+        if v1 is not None:
+            a1(f"{p1}{lbl}{fmt(v1)}\n")
+        if v2 is not None:
+            a2(f"{p2}{lbl}{fmt(v2)}\n")
+        if v3 is not None:
+            a3(f"{p3}{lbl}{fmt(v3)}\n")
+        if v4 is not None:
+            a4(f"{p4}{lbl}{fmt(v4)}\n")
+        if v5 is not None:
+            a5(f"{p5}{lbl}{fmt(v5)}\n")
+        if v6 is not None:
+            a6(f"{p6}{lbl}{fmt(v6)}\n")
+        if v7 is not None:
+            a7(f"{p7}{lbl}{fmt(v7)}\n")
+        if v8 is not None:
+            a8(f"{p8}{lbl}{fmt(v8)}\n")
+        if v9 is not None:
+            a9(f"{p9}{lbl}{fmt(v9)}\n")
+    for fam, lines in zip(RANK_FAMILIES, lines_by_family, strict=True):
+        out.emit(fam, lines)
+
+
+def _write_processes(out: _TextWriter, processes: list) -> None:
+    """The per-process families (label `pid`), when asked for."""
+    cache, used = out.caches("process")
+    fmt = format_value
+    lines_by_family: list[list[str]] = [[] for _ in PROCESS_FAMILIES]
+    prefixes = [fam.sample_name for fam in PROCESS_FAMILIES]
+    for key, *values in processes:
+        lbl = cache.get(key)
+        if lbl is None:
+            lbl = _label_string(PROCESS_LABELS, key)
+        used[key] = lbl
+        for lines, prefix, value in zip(lines_by_family, prefixes, values, strict=True):
+            if value is not None:
+                lines.append(f"{prefix}{lbl}{fmt(value)}\n")
+    for fam, lines in zip(PROCESS_FAMILIES, lines_by_family, strict=True):
+        out.emit(fam, lines)
+
+
+def _write_gpus(out: _TextWriter, gpus: list) -> None:
+    """The GPU families: the four-label string (with job_id) and the three-label one, cached together."""
+    cache, used = out.caches("gpu")
+    fmt = format_value
+    util_l, used_l, total_l, power_l = [], [], [], []
+    p_util, p_used, p_total, p_power = (fam.sample_name for fam in GPU_FAMILIES)
+    short_labels = GPU_FAMILIES[2].labels
+    for node, uuid, idx, job_id, util, mem_used, total, power in gpus:
+        key = (node, uuid, idx, job_id)
+        pair = cache.get(key)
+        if pair is None:
+            pair = (_label_string(GPU_LABELS, key), _label_string(short_labels, key[:3]))
+        used[key] = pair
+        if util is not None:
+            util_l.append(f"{p_util}{pair[0]}{fmt(util)}\n")
+        if mem_used is not None:
+            used_l.append(f"{p_used}{pair[0]}{fmt(mem_used)}\n")
+        if total:
+            total_l.append(f"{p_total}{pair[1]}{fmt(total)}\n")
+        if power is not None:
+            power_l.append(f"{p_power}{pair[1]}{fmt(power)}\n")
+    for fam, lines in zip(GPU_FAMILIES, (util_l, used_l, total_l, power_l), strict=True):
+        out.emit(fam, lines)
 
 
 class Exposition:
