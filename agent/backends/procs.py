@@ -3,7 +3,7 @@
 A process is identified by (pid, start time): CPU deltas and caches never join a reused
 pid to the process that had it before.
 
-What a poll costs, and why (reference/PERF-BASELINES.md; a /proc open costs ~25 µs on a
+What a poll costs, and why (bench/bench_agent.py measures it; a /proc open costs ~25 µs on a
 noisy VM, a read of an open file a quarter of that):
 
 - Each watched process is read through file descriptors the source keeps open while it
