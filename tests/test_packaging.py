@@ -45,7 +45,7 @@ def test_layering(folder, forbidden):
         str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*.py")
         if any(n == forbidden or n.startswith(forbidden + ".") for n in _imports(p))
     ]
-    assert not offenders, f"{folder} must not import {forbidden} (DESIGN.md): {offenders}"
+    assert not offenders, f"{folder} must not import {forbidden} (README.md, Layout): {offenders}"
 
 
 def test_train_module_needs_only_the_standard_library():
