@@ -359,21 +359,11 @@ class LeakSeries:
         rule = self.rule
         if self.firing and w is not self.fired_window:
             return None  # while firing only the window that fired is watched; longer ones at resolution
-        n = w.n
-        first_k = last_k - n + 1
-        if len(ks) == n:
-            a, b = w.a3, w.b3
-            l0, l1, l2 = min(ys[:a]), min(ys[a:b]), min(ys[b:])
-        else:
-            third = w.third
-            lows = [math.inf, math.inf, math.inf]
-            for k, y in zip(ks, ys, strict=True):
-                i = third[k - first_k]
-                if y < lows[i]:
-                    lows[i] = y
-            l0, l1, l2 = lows
-            if l2 == math.inf or l1 == math.inf or l0 == math.inf:
-                return None
+        first_k = last_k - w.n + 1
+        lows = _third_minima(w, first_k, ks, ys)
+        if lows is None:
+            return None
+        l0, l1, l2 = lows
         if self.firing:
             # Still clearly growing (each third's minimum above the last by what the resolve rate
             # would give over a third): no fit needed. A leak that stops flattens the thirds first.
@@ -382,78 +372,92 @@ class LeakSeries:
                 return None
         elif l1 - l0 < w.gate_total or l2 - l1 < w.gate_total:
             return None
-        if w is self.direct:
-            # The direct window's points are the buckets: its differences come from the bucket lists.
-            bb, bv = self.bb, self.bv
-            i = bisect_left(bb, last_k - NOISE_HISTORY_WINDOWS * n)
-            diffs = [bv[j] - bv[j - 1] for j in range(i + 1, len(bb)) if bb[j] == bb[j - 1] + 1]
-        else:
-            diffs = w.diffs
-        if len(diffs) < n - 1:
+        diffs = self._point_diffs(w, last_k)
+        if len(diffs) < w.n - 1:
             return None
-        width = w.width
-        xs = [(k + 0.5) * width for k in ks]
+        xs = [(k + 0.5) * w.width for k in ks]
         slope, icpt = theil_sen(xs, ys)
-        end = (last_k + 1) * width
+        end = (last_k + 1) * w.width
         level = icpt + slope * end
-        rate_h = slope * 3600.0
-        ttf = None
-        if total is not None and total > 0 and slope > 0:
-            ttf = max(0.0, (total - level) / slope)
+        ttf = _time_to_full(total, level, slope)
         if self.firing:
-            limit = rule.resolve_fraction * rule.min_rate_per_h
-            if rate_h < limit and all(self._rate_h(x) < limit for x in self.grouped if x.length > w.length):
-                self.firing = False
-                self.fired_window = None
-                return LeakFinding(False, now, rate_h, now - self.since, level, ttf, w.length)
-            return None
+            return self._resolution(w, now, slope * 3600.0, level, ttf)
         floor = w.floor
         if ttf is not None and ttf <= rule.urgent_time_to_full_s:
             floor = rule.min_rate_per_h
-        if rate_h < floor or slope * w.length < rule.min_growth:
+        if slope * 3600.0 < floor or slope * w.length < rule.min_growth:
             return None
-        expected = slope * w.length / 3.0
-        need = max(rule.rise_fraction * expected, RISE_AT_FLOOR * floor * w.length / 3600.0 / 3.0)
+        need = max(rule.rise_fraction * slope * w.length / 3.0, RISE_AT_FLOOR * floor * w.length / 3600.0 / 3.0)
         if l1 - l0 < need or l2 - l1 < need:
             return None
-        # Noise of one point: the larger of the long-run scale of point-to-point differences
-        # (a difference of two points has sqrt(2) times a point's noise) and the scale of this
-        # window's residuals. Either alone comes out small by chance too often.
-        sigma_d = mad_sigma(diffs) / math.sqrt(2.0)
-        sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
-        # A third, steadier floor while the process is young (few point differences yet): the
-        # scale of consecutive bucket minima over every bucket kept, scaled to a median of `wb` of
-        # them (var ~ pi / (2 wb + 1) for normal noise, a little above the exact value).
-        bb, bv = self.bb, self.bv
-        bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
-        sigma_b = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= n else 0.0
-        if w.wb > 1:
-            sigma_b *= math.sqrt(math.pi / (2 * w.wb + 1))
-        sigma = max(sigma_d, sigma_r, sigma_b)
+        sigma, sigma_d = self._point_noise(w, diffs, xs, ys, slope, icpt)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
         if se > 0 and slope < rule.min_t_stat * se:
             return None
-        # One step spreads over at most two consecutive increments (a point that straddles it
-        # sits between the levels); a leak spreads over all of them.
-        total_rise = median(ys[-3:]) - median(ys[:3])
-        jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
-        # The slack is the differences' noise scale: the residuals' would grow with the step itself.
-        if jump > rule.max_jump_fraction * total_rise + 2.0 * sigma_d:
+        if _one_step(ys, rule.max_jump_fraction, sigma_d):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
         # so it needs no noise scale and holds where the scales above came out small by chance;
         # on bucket minima (not points) it keeps the power that the reduction to points loses.
-        ranked = self.bv[bisect_left(self.bb, (first_k) * w.wb):]
+        ranked = self.bv[bisect_left(self.bb, first_k * w.wb):]
         if mann_kendall_z(mann_kendall_s(ranked), len(ranked)) < rule.min_mk_z:
             return None
+        return self._fire(w, now, xs, ys, slope, level, end, total, ttf)
+
+    def _point_diffs(self, w: _Window, last_k: int) -> list[float]:
+        """Differences of consecutive points over the last NOISE_HISTORY_WINDOWS windows."""
+        if w is not self.direct:
+            return w.diffs
+        # The direct window's points are the buckets: its differences come from the bucket lists.
+        bb, bv = self.bb, self.bv
+        i = bisect_left(bb, last_k - NOISE_HISTORY_WINDOWS * w.n)
+        return [bv[j] - bv[j - 1] for j in range(i + 1, len(bb)) if bb[j] == bb[j - 1] + 1]
+
+    def _point_noise(self, w: _Window, diffs: list[float], xs: list[float], ys: list[float], slope: float,
+                     icpt: float) -> tuple[float, float]:
+        """(noise of one point, the part of it from point-to-point differences).
+
+        The larger of the long-run scale of point-to-point differences (a difference of two points
+        has sqrt(2) times a point's noise) and the scale of this window's residuals: either alone
+        comes out small by chance too often. A third, steadier floor while the process is young (few
+        point differences yet): the scale of consecutive bucket minima over every bucket kept, scaled
+        to a median of `wb` of them (var ~ pi / (2 wb + 1) for normal noise, a little above the exact
+        value).
+        """
+        sigma_d = mad_sigma(diffs) / math.sqrt(2.0)
+        sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
+        bb, bv = self.bb, self.bv
+        bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
+        sigma_b = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= w.n else 0.0
+        if w.wb > 1:
+            sigma_b *= math.sqrt(math.pi / (2 * w.wb + 1))
+        return max(sigma_d, sigma_r, sigma_b), sigma_d
+
+    def _resolution(self, w: _Window, now: float, rate_h: float, level: float, ttf: float | None
+                    ) -> LeakFinding | None:
+        """While firing: resolved once this window's slope, and every longer one's, is below the resolve rate."""
+        rule = self.rule
+        limit = rule.resolve_fraction * rule.min_rate_per_h
+        if rate_h < limit and all(self._rate_h(x) < limit for x in self.grouped if x.length > w.length):
+            self.firing = False
+            self.fired_window = None
+            return LeakFinding(False, now, rate_h, now - self.since, level, ttf, w.length)
+        return None
+
+    def _fire(self, w: _Window, now: float, xs: list[float], ys: list[float], slope: float, level: float,
+              end: float, total: float | None, ttf: float | None) -> LeakFinding:
+        """The window passed every test: the leak fires.
+
+        A short window often fires while it still holds some flat time before the leak began, so
+        its slope understates the rate. The alert reports the later half's slope when that is
+        steeper (and projects the time to full from it): an underestimated rate would promise
+        hours that are not there.
+        """
         begin = end - w.length
         self.firing = True
         self.fired_window = w
         self.since = begin
-        # A short window often fires while it still holds some flat time before the leak began,
-        # so its slope understates the rate. The alert reports the later half's slope when that
-        # is steeper (and projects the time to full from it): an underestimated rate would
-        # promise hours that are not there.
+        rate_h = slope * 3600.0
         half = len(xs) // 2
         recent, icpt2 = theil_sen(xs[half:], ys[half:])
         if recent > slope:
@@ -462,3 +466,38 @@ class LeakSeries:
             if total is not None and total > 0:
                 ttf = max(0.0, (total - level) / recent)
         return LeakFinding(True, now, rate_h, now - begin, level, ttf, w.length)
+
+
+def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> tuple[float, float, float] | None:
+    """The minimum of each third of a window's points; None when a third has no point."""
+    if len(ks) == w.n:
+        a, b = w.a3, w.b3
+        return min(ys[:a]), min(ys[a:b]), min(ys[b:])
+    third = w.third
+    lows = [math.inf, math.inf, math.inf]
+    for k, y in zip(ks, ys, strict=True):
+        i = third[k - first_k]
+        if y < lows[i]:
+            lows[i] = y
+    if math.inf in lows:
+        return None
+    return lows[0], lows[1], lows[2]
+
+
+def _time_to_full(total: float | None, level: float, slope: float) -> float | None:
+    """Seconds until `level` growing at `slope` a second reaches `total`; None without a total or growth."""
+    if total is not None and total > 0 and slope > 0:
+        return max(0.0, (total - level) / slope)
+    return None
+
+
+def _one_step(ys: list[float], max_jump_fraction: float, sigma_d: float) -> bool:
+    """Whether two consecutive increments carry more than `max_jump_fraction` of the window's growth.
+
+    One step spreads over at most two consecutive increments (a point that straddles it sits
+    between the levels); a leak spreads over all of them. The slack is the differences' noise
+    scale: the residuals' would grow with the step itself.
+    """
+    total_rise = median(ys[-3:]) - median(ys[:3])
+    jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
+    return jump > max_jump_fraction * total_rise + 2.0 * sigma_d
