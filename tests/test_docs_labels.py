@@ -63,3 +63,27 @@ def test_readme_says_what_becomes_of_run_tags():
     assert f"the key cut to {MAX_TAG_NAME} characters, in lower case" in text
     assert "ASCII letters, digits and `_` turned into `_`" in text
     assert f"values cut to {MAX_TAG_VALUE} characters" in text
+
+
+def paragraph(doc, start):
+    text = (ROOT / doc).read_text()
+    at = text.index(start)
+    return " ".join(text[at:text.find("\n\n", at)].split())
+
+
+def test_operators_guide_says_what_query_auth_auto_does():
+    from clusterwatch.collector.query_auth import MUNGE_RETRY_S
+
+    who = paragraph("docs/operators.md", "**Who sees which job.**")
+    # installed but not working: refused, retried, never open; open only without munge at all
+    assert "installed on the collector host but does not work" in who
+    assert "every query is refused" in who and f"tried again at most every {MUNGE_RETRY_S:.0f} s" in who
+    assert "never falls back to showing every job to everyone" in who
+    assert "Only a host without munge at all" in who and "with a warning" in who
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "while munged does not answer, queries are refused" in readme
+
+
+def test_operators_guide_links_the_gpu_page():
+    assert "[docs/gpus.md](gpus.md)" in (ROOT / "docs" / "operators.md").read_text()
+    assert (ROOT / "docs" / "gpus.md").is_file()
