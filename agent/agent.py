@@ -104,6 +104,11 @@ class Agent:
             gpu_info_to_proto(g, h.gpus.add())
         return h
 
+    @property
+    def read_errors(self) -> int:
+        """Failed reads since the agent started: of processes (/proc) and of GPUs."""
+        return self.procs.read_errors + self.gpu_errors
+
     def watched_roots(self, gpu_pids: set[int]) -> set[int]:
         """The processes whose trees are sampled this poll."""
         roots = set(self.config.pids)
@@ -221,13 +226,8 @@ def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | N
 
 
 def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples: int) -> None:
-    """Stamp the agent's counters on a batch and hand it to the sender."""
-    c = sender.counters
-    batch.counters.samples_sent = c.samples_sent + samples
-    batch.counters.samples_dropped = c.samples_dropped
-    batch.counters.read_errors = agent.procs.read_errors + agent.gpu_errors
-    batch.counters.buffered_batches = len(sender.buffer)
-    sender.submit(batch, samples)
+    """Hand a batch to the sender, which stamps its counters on it, with the agent's failed reads."""
+    sender.submit(batch, samples, read_errors=agent.read_errors)
 
 
 def batch_as_json(batch: agent_pb2.Batch, hello: agent_pb2.Hello) -> str:

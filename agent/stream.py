@@ -131,11 +131,21 @@ class Sender:
         self._thread.start()
         self._started.wait()
 
-    def submit(self, batch: agent_pb2.Batch, samples: int) -> int:
-        """Number a batch, buffer it until acknowledged, and wake the stream; return its number."""
+    def submit(self, batch: agent_pb2.Batch, samples: int, read_errors: int = 0) -> int:
+        """Number a batch, stamp the sender's counters on it, buffer it until acknowledged, and wake the
+        stream; return its number.
+
+        The counters stamped are those before this batch is buffered, except samples_sent, which counts
+        this batch's `samples`; `read_errors` is the agent's count of failed reads, sent as it is.
+        """
         with self._cond:
             self._seq += 1
             batch.seq = self._seq
+            stamped = batch.counters
+            stamped.samples_sent = self.counters.samples_sent + samples
+            stamped.samples_dropped = self.counters.samples_dropped
+            stamped.read_errors = read_errors
+            stamped.buffered_batches = len(self.buffer)
             self.counters.samples_sent += samples
             self.counters.samples_dropped += self.buffer.add(self._seq, batch, samples)
             self._cond.notify_all()

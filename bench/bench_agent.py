@@ -7,7 +7,7 @@ Starts 64 child processes that keep their /proc/<pid>/stat moving, as a training
 and data-loader workers do (BUSY_CHILD), each with CLUSTERWATCH_SIM_GPU spread over 8 simulated
 GPUs and Slurm variables in its environment, then alternates, in this one process:
 
-- the real Agent (cli.agent_cmd.build_agent, `--gpu-source sim`): Agent.poll() (GPU source,
+- the real Agent (agent.runtime.build_agent, `--gpu-source sim`): Agent.poll() (GPU source,
   /proc tree walk, samples, labels, protobuf Batch) plus Batch.SerializeToString();
 - a seed-style monitor (the ms-swift way): psutil.Process per pid (cached), cpu_percent(),
   memory_info(), num_threads() for each of the 64, plus one `nvidia-smi`-like subprocess per
@@ -124,7 +124,7 @@ class SeedMonitor:
 
 def build_agent(node: str, spool: str):
     from clusterwatch.agent.config import AgentConfig
-    from clusterwatch.cli.agent_cmd import build_agent as build
+    from clusterwatch.agent.runtime import build_agent as build
 
     config = AgentConfig(collector=None, node=node, interval_s=1.0, gpu_source="sim", spool_dir=spool)
     return build(config)
@@ -251,7 +251,7 @@ def nvml_child(spec_path: str) -> None:
 
     spec = json.loads(open(spec_path).read())
     from clusterwatch.agent.config import AgentConfig
-    from clusterwatch.cli.agent_cmd import build_agent as build
+    from clusterwatch.agent.runtime import build_agent as build
 
     agent = build(AgentConfig(collector=None, node=spec["node"], interval_s=1.0, gpu_source="nvml",
                               spool_dir=spec["spool"], provenance=False), live=False)

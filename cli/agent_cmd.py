@@ -1,12 +1,8 @@
 """`clusterwatch agent`: sample this node and stream to the collector."""
 from __future__ import annotations
 
-import logging
-import signal
 import socket
 import sys
-import threading
-import time
 
 import click
 
@@ -67,13 +63,16 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
     setup_logging(verbose)
 
     from clusterwatch.agent.config import AgentConfig
+    from clusterwatch.agent.runtime import AgentRuntime, SpoolTaken, stop_on_signals
+    from clusterwatch.agent.spool import spool_dir_for
+
+    from clusterwatch.errors import ClusterwatchError, ConfigError
+    from clusterwatch.tls import check_client_pair
 
     if not once and not collector:
         fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
              "(or use --once --json to print one poll)")
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    from clusterwatch.agent.spool import spool_dir_for
-
     spool_dir = spool_dir_for(spool_dir, node)
     if ensure:
         sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token))
@@ -84,101 +83,39 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
     )
-    from clusterwatch.errors import ConfigError
-    from clusterwatch.tls import check_client_pair
-
     try:
         check_client_pair(tls_cert, tls_key, tls_ca)
+        runtime = AgentRuntime.from_config(config, live=not once)
+    except SpoolTaken as exc:
+        fail(str(exc), code=1)
     except ConfigError as exc:
         fail(str(exc))
-    if not once:
-        claim_spool_or_exit(spool_dir)  # before anything is opened: a second agent must touch nothing
-    agent_obj = build_agent(config, live=not once)
+    except ClusterwatchError as exc:
+        fail(str(exc), code=1)
     if once:
-        from clusterwatch.agent.agent import batch_as_json
-
-        agent_obj.poll()  # a first pass, so CPU percentages have a previous reading
-        time.sleep(min(0.5, interval))
-        batch, samples = agent_obj.poll()
-        if as_json:
-            click.echo(batch_as_json(batch, agent_obj.hello()))
-        else:
-            # a header always: with no job process on the node the rows alone were nothing at all, exit 0
-            hello = agent_obj.hello()
-            click.echo(f"one poll of {hello.node} (GPU source {hello.gpu_source}): {len(samples)} process(es) of "
-                       f"jobs, {len(hello.gpus)} GPU(s); --json prints the whole batch")
-            for s in samples:
-                click.echo(f"{s.pid:>8} {s.command:<16} job={s.job_id or '-':<10} cpu={s.cpu_percent}% "
-                           f"rss={s.rss_bytes} gpu_mem={s.gpu_memory_bytes}")
-        agent_obj.gpus.close()
+        print_one_poll(runtime, as_json)
+        runtime.close()
         return
-    sys.exit(run_agent(agent_obj))
+    counters = runtime.run(stop_on_signals())
+    click.echo(f"samples_sent={counters.samples_sent} samples_acked={counters.samples_acked} "
+               f"samples_dropped={counters.samples_dropped}")
 
 
-def claim_spool_or_exit(spool_dir: str) -> None:
-    """Take the spool folder's run lock for this agent's life, or exit with one line when another agent has it.
+def print_one_poll(runtime, as_json: bool) -> None:
+    """`--once`: one poll, as JSON or as a header and a line a process."""
+    from clusterwatch.agent.agent import batch_as_json
 
-    Two agents of one node would sample it twice (and fight over its training socket).
-    """
-    import os
-
-    from clusterwatch.agent.ensure import PID_FILE, claim_spool, read_pid
-
-    try:
-        claimed = claim_spool(spool_dir) is not None  # the descriptor stays open, unclosed, for the agent's life
-    except OSError as exc:  # an unwritable folder: the pid file cannot be written either; run unguarded
-        logging.getLogger("clusterwatch.agent").warning(
-            "cannot lock %s (%s): not guarded against a second agent", spool_dir, exc.strerror or exc)
+    batch, samples = runtime.one_poll()
+    hello = runtime.agent.hello()
+    if as_json:
+        click.echo(batch_as_json(batch, hello))
         return
-    if not claimed:
-        other = read_pid(os.path.join(spool_dir, PID_FILE))
-        fail(f"another agent runs for {spool_dir} (pid {other or 'unknown'}); this one exits, so the node is "
-             "not sampled twice", code=1)
-
-
-def build_agent(config, live: bool = True):
-    """The agent with its sources, from a config (GPU source falls back to none with one clear line).
-
-    `live` also opens the training-report socket and the provenance worker (not for --once).
-    """
-    from clusterwatch.agent.agent import Agent
-    from clusterwatch.agent.backends.procs import ProcSource
-    from clusterwatch.agent.labels import JobLabeler
-    from clusterwatch.agent.slurm_lookup import ProcLookup
-    from clusterwatch.agent.spool import JobSpool
-
-    gpus = open_gpus(config)
-    local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
-    lookup = ProcLookup(node=config.node)
-    cache: dict = {}
-    labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
-    spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
-    train_drain = provenance = None
-    if live:
-        train_drain = open_train_endpoint(config.train_socket)
-        if config.provenance:
-            from clusterwatch.agent.provenance_worker import ProvenanceWorker
-
-            provenance = ProvenanceWorker()
-    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool,
-                 train_drain=train_drain, provenance=provenance)
-
-
-def open_train_endpoint(path: str | None):
-    """Start listening for clusterwatch.train reports; None (with one line) when the socket cannot be made."""
-    if not path:
-        return None
-    from clusterwatch.agent.train_endpoint import TrainEndpoint
-
-    endpoint = TrainEndpoint(path)
-    try:
-        endpoint.start()
-    except OSError as exc:
-        logging.getLogger("clusterwatch.agent").warning(
-            "cannot listen for training reports on %s (%s); running without them. "
-            "Pass --train-socket with a writable path.", path, exc.strerror or exc)
-        return None
-    return endpoint.drain
+    # a header always: with no job process on the node the rows alone would be nothing at all
+    click.echo(f"one poll of {hello.node} (GPU source {hello.gpu_source}): {len(samples)} process(es) of "
+               f"jobs, {len(hello.gpus)} GPU(s); --json prints the whole batch")
+    for s in samples:
+        click.echo(f"{s.pid:>8} {s.command:<16} job={s.job_id or '-':<10} cpu={s.cpu_percent}% "
+                   f"rss={s.rss_bytes} gpu_mem={s.gpu_memory_bytes}")
 
 
 def ensure_running(collector, node, spool_dir, gpu_source, interval, token) -> int:
@@ -197,74 +134,4 @@ def ensure_running(collector, node, spool_dir, gpu_source, interval, token) -> i
     else:
         pid = result.pid if result.pid is not None else "not written yet"
         click.echo(f"agent of {node} {result.action}, pid {pid}")
-    return 0
-
-
-def open_gpus(config):
-    from clusterwatch.errors import ConfigError
-
-    log = logging.getLogger("clusterwatch.agent")
-    try:
-        from clusterwatch.agent.backends.select import open_gpu_source
-    except ImportError:  # the GPU backends are not installed in this build
-        from clusterwatch.agent.backends.gpu import NoGpuSource
-
-        log.warning("no GPU backend available; running without GPU data")
-        return NoGpuSource()
-    try:
-        return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node,
-                               interval_s=config.interval_s, sim_run=config.sim_run)
-    except ConfigError as exc:
-        fail(str(exc))
-
-
-def channel_credentials(config):
-    """TLS (and mutual TLS) credentials for the stream, None for plaintext; a bad file exits with one line."""
-    from clusterwatch.errors import ConfigError
-    from clusterwatch.tls import channel_credentials as build
-
-    try:
-        return build(config.tls_ca, config.tls_cert, config.tls_key)
-    except ConfigError as exc:
-        fail(str(exc))
-
-
-def run_agent(agent_obj) -> int:
-    """Run until SIGTERM/SIGINT; then flush, print the counters line and return 0."""
-    from clusterwatch.agent.agent import PollJoiner, run_loop, submit, write_pid_file
-    from clusterwatch.agent.signals import SignalHandler
-    from clusterwatch.agent.stream import Sender
-
-    config = agent_obj.config
-    on_signal = SignalHandler(agent_obj.procs.start_time, agent_obj.procs.is_known)
-    sender = Sender(config.collector, agent_obj.hello, config.buffer_max_samples, token=config.token,
-                    channel_credentials=channel_credentials(config), on_signal=on_signal)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    write_pid_file(config.spool_dir)
-    sender.start()
-    logging.getLogger("clusterwatch.agent").info(
-        "agent on %s: polling every %.1fs, GPU source %s, collector %s",
-        config.node, config.interval_s, agent_obj.gpus.name, config.collector)
-    joiner = PollJoiner(config.interval_s, config.send_interval_s)
-    run_loop(agent_obj, sender, stop, joiner)
-    # a last poll so the final state (e.g. a job's end event) goes out with the polls held, then flush
-    try:
-        due = joiner.add(*agent_obj.poll_parts(), time.monotonic())
-        if due is not None:
-            submit(agent_obj, sender, *due)
-    except Exception:
-        logging.getLogger("clusterwatch.agent").exception("the last poll failed; what was held is sent")
-    held = joiner.take()
-    if held is not None:
-        submit(agent_obj, sender, *held)
-    sender.flush(timeout=5.0)
-    sender.stop()
-    if agent_obj.provenance is not None:
-        agent_obj.provenance.stop()  # no git of ours outlives the agent
-    agent_obj.gpus.close()
-    c = sender.counters
-    click.echo(f"samples_sent={c.samples_sent} samples_acked={c.samples_acked} "
-               f"samples_dropped={c.samples_dropped}")
     return 0

@@ -1,0 +1,214 @@
+"""The agent's life on a node: its sources built from the config, the stream, the poll loop, the shutdown order.
+
+`clusterwatch agent` turns flags into an AgentConfig and calls AgentRuntime.from_config(config).run(stop);
+benchmarks and tests build it the same way, so they run what the agent runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from clusterwatch.errors import ClusterwatchError
+from clusterwatch.tls import channel_credentials
+
+from .agent import Agent, PollJoiner, run_loop, submit, write_pid_file
+from .config import AgentConfig
+from .stream import Sender, SenderCounters
+
+log = logging.getLogger("clusterwatch.agent")
+
+# How long the shutdown waits for the collector to acknowledge what is buffered: a systemd stop
+# allows 90 s in all, and a collector that is away must not hold the node's shutdown.
+FLUSH_TIMEOUT_S = 5.0
+
+
+class SpoolTaken(ClusterwatchError):
+    """Another agent holds this node's spool folder: a second one would sample the node twice."""
+
+
+class AgentRuntime:
+    """One node's agent: the Agent (its sources) and, once run, its stream to the collector.
+
+    Args:
+        agent: the Agent with its sources.
+        live: whether run() may be called (from_config opened the spool lock, the training socket
+            and the provenance worker); a runtime for one poll (`--once`) or a benchmark is not live.
+    """
+
+    def __init__(self, agent: Agent, live: bool = True, credentials=None, spool_lock: int | None = None) -> None:
+        self.agent = agent
+        self._spool_lock = spool_lock
+        self.config = agent.config
+        self.live = live
+        self._credentials = credentials
+        self.sender: Sender | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, live: bool = True) -> AgentRuntime:
+        """Build the agent's sources from `config`.
+
+        `live` first reads the TLS files (ConfigError when one cannot be read), takes the spool folder's
+        run lock (SpoolTaken when another agent has it), then opens the training-report socket and the
+        provenance worker. A GPU source that cannot be opened as configured is a ConfigError; `auto`
+        falls back to none with one line.
+        """
+        credentials = lock = None
+        if live:
+            credentials = channel_credentials(config.tls_ca, config.tls_cert, config.tls_key)
+            lock = claim_spool(config.spool_dir)  # before anything is opened: a second agent must touch nothing
+        try:
+            return cls(build_agent(config, live=live), live=live, credentials=credentials, spool_lock=lock)
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            raise
+
+    def one_poll(self, settle_s: float = 0.5):
+        """Two polls `settle_s` apart (CPU percentages need a previous reading); the second as (batch, samples)."""
+        self.agent.poll()
+        time.sleep(min(settle_s, self.config.interval_s))
+        return self.agent.poll()
+
+    def run(self, stop: threading.Event) -> SenderCounters:
+        """Poll and stream until `stop` is set; then a last poll, the flush and close(). The sender's counters."""
+        if not self.live:
+            raise RuntimeError("AgentRuntime.run needs a runtime built with live=True")
+        config, agent = self.config, self.agent
+        self.sender = sender = Sender(
+            config.collector, agent.hello, config.buffer_max_samples, token=config.token,
+            channel_credentials=self._credentials,
+            on_signal=signal_handler(agent))
+        write_pid_file(config.spool_dir)
+        sender.start()
+        log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
+                 config.node, config.interval_s, agent.gpus.name, config.collector)
+        joiner = PollJoiner(config.interval_s, config.send_interval_s)
+        try:
+            run_loop(agent, sender, stop, joiner)
+            self._send_last_poll(joiner)
+            sender.flush(timeout=FLUSH_TIMEOUT_S)
+        finally:
+            sender.stop()
+            self.close()
+        return sender.counters
+
+    def _send_last_poll(self, joiner: PollJoiner) -> None:
+        """A last poll, so the final state (a job's end event) goes out with the polls held."""
+        try:
+            due = joiner.add(*self.agent.poll_parts(), time.monotonic())
+            if due is not None:
+                submit(self.agent, self.sender, *due)
+        except Exception:
+            log.exception("the last poll failed; what was held is sent")
+        held = joiner.take()
+        if held is not None:
+            submit(self.agent, self.sender, *held)
+
+    def close(self) -> None:
+        """Stop the provenance worker (no git of ours outlives the agent), close the GPU source, then let
+        go of the spool lock; once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.agent.provenance is not None:
+            self.agent.provenance.stop()
+        self.agent.gpus.close()
+        if self._spool_lock is not None:
+            os.close(self._spool_lock)
+            self._spool_lock = None
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (call from the main thread)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def signal_handler(agent: Agent):
+    """Delivers the signals the collector asks for, to processes this agent watches only."""
+    from .signals import SignalHandler
+
+    return SignalHandler(agent.procs.start_time, agent.procs.is_known)
+
+
+def claim_spool(spool_dir: str) -> int | None:
+    """Take the spool folder's run lock: its descriptor, held until closed (the kernel lets go however the
+    process ends); SpoolTaken when another agent has it.
+
+    An unwritable folder cannot hold the pid file either: the agent runs unguarded, with one line (None).
+    """
+    from .ensure import PID_FILE, read_pid
+    from .ensure import claim_spool as take_lock
+
+    try:
+        lock = take_lock(spool_dir)
+    except OSError as exc:
+        log.warning("cannot lock %s (%s): not guarded against a second agent", spool_dir, exc.strerror or exc)
+        return None
+    if lock is None:
+        other = read_pid(os.path.join(spool_dir, PID_FILE))
+        raise SpoolTaken(f"another agent runs for {spool_dir} (pid {other or 'unknown'}); this one exits, so the "
+                         "node is not sampled twice")
+    return lock
+
+
+def build_agent(config: AgentConfig, live: bool = True) -> Agent:
+    """The Agent with its sources; `live` also opens the training-report socket and the provenance worker."""
+    from .backends.procs import ProcSource
+    from .labels import JobLabeler
+    from .slurm_lookup import ProcLookup
+    from .spool import JobSpool
+
+    gpus = open_gpus(config)
+    local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
+    lookup = ProcLookup(node=config.node)
+    cache: dict = {}
+    labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
+    spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
+    train_drain = provenance = None
+    if live:
+        train_drain = open_train_endpoint(config.train_socket)
+        if config.provenance:
+            from .provenance_worker import ProvenanceWorker
+
+            provenance = ProvenanceWorker()
+    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool,
+                 train_drain=train_drain, provenance=provenance)
+
+
+def open_gpus(config: AgentConfig):
+    """The configured GPU source; ConfigError when it cannot be opened as asked."""
+    try:
+        from .backends.select import open_gpu_source
+    except ImportError:  # the GPU backends are not installed in this build
+        from .backends.gpu import NoGpuSource
+
+        log.warning("no GPU backend available; running without GPU data")
+        return NoGpuSource()
+    return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node,
+                           interval_s=config.interval_s, sim_run=config.sim_run)
+
+
+def open_train_endpoint(path: str | None):
+    """Start listening for clusterwatch.train reports; None (with one line) when the socket cannot be made."""
+    if not path:
+        return None
+    from .train_endpoint import TrainEndpoint
+
+    endpoint = TrainEndpoint(path)
+    try:
+        endpoint.start()
+    except OSError as exc:
+        log.warning("cannot listen for training reports on %s (%s); running without them. "
+                    "Pass --train-socket with a writable path.", path, exc.strerror or exc)
+        return None
+    return endpoint.drain
+
+
+__all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "stop_on_signals"]
