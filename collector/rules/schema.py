@@ -60,13 +60,13 @@ class Value:
     """What one file value must be. `check` returns the converted value or raises ValueError
     with the phrase that follows the key ("must be a number, not 'x'")."""
 
-    def check(self, value: Any, path: Path) -> Any:
+    def check(self, value: Any) -> Any:
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
 class Bool(Value):
-    def check(self, value: Any, path: Path) -> bool:
+    def check(self, value: Any) -> bool:
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, not {value!r}")
         return value
@@ -78,7 +78,7 @@ class Text(Value):
 
     choices: tuple[str, ...] = ()
 
-    def check(self, value: Any, path: Path) -> str:
+    def check(self, value: Any) -> str:
         if not isinstance(value, str):
             raise ValueError(f"must be a string, not {value!r}")
         if self.choices and value not in self.choices:
@@ -97,7 +97,7 @@ class Number(Value):
     integer: bool = False
     at_least: int = 0
 
-    def check(self, value: Any, path: Path) -> float | int:
+    def check(self, value: Any) -> float | int:
         if not is_number(value) or math.isnan(value):
             raise ValueError(f"must be a number, not {value!r}")
         if value < 0:
@@ -116,7 +116,7 @@ class Strings(Value):
     choices_name: str = ""
     non_empty: bool = False
 
-    def check(self, value: Any, path: Path) -> tuple[str, ...]:
+    def check(self, value: Any) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (
                 self.non_empty and not value):
             raise ValueError(f"must be {self.expects}")
@@ -133,7 +133,7 @@ class Converted(Value):
 
     convert: Callable[[Any], Any]
 
-    def check(self, value: Any, path: Path) -> Any:
+    def check(self, value: Any) -> Any:
         return self.convert(value)
 
 
@@ -148,12 +148,12 @@ class Key:
     """
 
     field: str
-    value: Value
+    value: Value | Table | ArrayOf
     needs: str = ""
 
 
 @dataclass(frozen=True)
-class Table(Value):
+class Table:
     """A table: its keys, checks across keys, and what is built from the converted fields.
 
     Attributes:
@@ -180,7 +180,7 @@ class Table(Value):
                 out[key.field] = key.value.check_at(value, (*path, name))
                 continue
             try:
-                out[key.field] = key.value.check(value, path)
+                out[key.field] = key.value.check(value)
             except ValueError as exc:
                 raise Invalid(f"{name} {exc}", path, name) from None
         for name, key in self.keys.items():
@@ -201,7 +201,7 @@ class Table(Value):
 
 
 @dataclass(frozen=True)
-class ArrayOf(Value):
+class ArrayOf:
     """An array of tables ([[name]]), each read by `table`; the result is a tuple."""
 
     table: Table
