@@ -285,3 +285,13 @@ def test_docs_show_two_examples_and_defaults_match_the_dataclasses():
     shipped = load_rules()
     # the default file restates the dataclass defaults; a drift between them would be a silent change
     assert shipped.gpu_memory_leak == DEFAULTS.gpu_memory_leak and shipped.gpu_stall == DEFAULTS.gpu_stall
+
+
+@pytest.mark.parametrize("text", [
+    "[gpu_stall]\nfor = 360\n",
+    '[[actions.steps]]\naction = "log"\n[[actions.steps]]\naction = "webhook"\nurl = "hooks.example"\n',
+])
+def test_the_errors_docs_rules_shows_are_the_ones_users_get(text):
+    with pytest.raises(ConfigError) as exc:
+        parse_rules(text, "rules.toml")
+    assert str(exc.value) in (ROOT / "docs" / "rules.md").read_text().splitlines()
