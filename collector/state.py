@@ -257,21 +257,9 @@ class ClusterState:
         updated in one step rather than one per row. Returns the rows left for the row path
         (a new or changed process, or one whose batch is older than what is held).
         """
-        times, pids, starts, labels, label_sets = cols.time, cols.pid, cols.start_time, cols.labels, cols.label_sets
-        gcounts, uuids = cols.gpu_count, cols.gpu_uuids
-        rows = len(times)
-        polls = rows // width
-        last = rows - width  # the last poll's first row
-        poll_times = times[::width]
-        first_time, t_last = poll_times[0], poll_times[-1]
-        # the last poll's readings (list slices: one conversion a column, not one a value)
-        cpu_l, rss_l = cols.cpu_percent[last:], cols.rss_bytes[last:]
-        thr_l, fd_l = cols.threads[last:], cols.open_fds[last:]
-        rss_peaks = _peaks(cols.rss_bytes, width)  # -1 (unknown) never beats a peak
-        uses = gstart[width]  # GPU-use entries a poll; a process's are at the same places in every poll
-        if uses:
-            gmem_l, gsm_l, gidx_l = cols.gpu_memory_bytes[-uses:], cols.gpu_sm_utilization[-uses:], cols.gpu[-uses:]
-            gmem_peaks = _peaks(cols.gpu_memory_bytes, uses)
+        polls = _Polls(cols, width, gstart)
+        pids, starts, labels, label_sets = cols.pid, cols.start_time, cols.labels, cols.label_sets
+        first_time, t_last, n_polls, rows = polls.times[0], polls.times[-1], len(polls.times), cols.rows
         step = self.history_step_s
         left: list[int] = []
         for j in range(width):
@@ -279,64 +267,19 @@ class ClusterState:
             if series is None or series.key.start_time != starts[j] or first_time < series.latest.time:
                 left.extend(range(j, rows, width))
                 continue
-            s = series.latest
             lab = label_sets[labels[j]]
-            gcount = gcounts[j]
-            gmem = gutil = None  # of the last row, once known without the sample's properties
-            known = not gcount
-            if lab != series.labels:  # relabelled: converted whole from its last row
-                r = last + j
+            relabelled = lab != series.labels
+            if relabelled:  # converted whole from its last row
+                r = polls.last + j
                 s = series.latest = self._convert(node, cols.sample(r, node, gstart[r]), unlabel)
                 series.labels = lab
                 self._join_job(series.key, s)
-            else:
-                s.time = t_last
-                v = cpu_l[j]
-                s.cpu_percent = v if v == v else None  # NaN: unknown
-                v = rss_l[j]
-                s.rss_bytes = v if v >= 0 else None  # -1: unknown
-                v = thr_l[j]
-                s.threads = v if v >= 0 else None
-                v = fd_l[j]
-                s.open_fds = v if v >= 0 else None
-                if gcount == 1:  # the usual case, written out
-                    g = gstart[j]
-                    m, u = gmem_l[g], gsm_l[g]
-                    gmem, gutil, known = m if m >= 0 else None, u if u == u else None, True
-                    s.gpus = (GpuUse(uuids[gidx_l[g]], gmem, gutil),)
-                elif gcount:
-                    s.gpus = cols.gpu_uses(gstart[last + j], gcount)
-                elif s.gpus:
-                    s.gpus = ()
-            series.samples += polls
+            gpu = polls.take(series, j, relabelled)
+            series.samples += n_polls
             series.alive = True
-            v = rss_peaks[j]
-            if v > series.rss_peak:
-                series.rss_peak = v
-            if gcount == 1:
-                v = gmem_peaks[gstart[j]]
-                if v > series.gpu_memory_peak:
-                    series.gpu_memory_peak = v
-            elif gcount:  # GPU memory summed over the process's GPUs, poll by poll
-                for row in range(j, rows, width):
-                    g = _point(cols, row, gstart[row]).gpu_memory_bytes
-                    if g is not None and g > series.gpu_memory_peak:
-                        series.gpu_memory_peak = g
-            # history: the first poll a step after the last point, the first a step after that, …
-            # (usually one a batch, at its last poll; found by bisection, the polls being in time order)
             hist = series.history
-            if not hist or hist[-1].t + step <= t_last:
-                k = bisect_left(poll_times, hist[-1].t + step) if hist else 0
-                while k < polls:
-                    t = poll_times[k]
-                    if k == polls - 1:
-                        if not known:
-                            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
-                        hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
-                    else:
-                        row = j + k * width
-                        hist.append(_point(cols, row, gstart[row]))
-                    k = bisect_left(poll_times, t + step, k + 1)
+            if not hist or hist[-1].t + step <= t_last:  # usually a point a batch, at its last poll
+                polls.extend_history(series, j, step, gpu)
             live.add(series.key)
             touched.append(series)
         return sorted(left)
@@ -543,6 +486,95 @@ class ClusterState:
         pids = self.pids.get(key.node)
         if pids is not None and (series := pids.get(key.pid)) is not None and series.key == key:
             del pids[key.pid]
+
+
+class _Polls:
+    """A batch whose polls list the same processes in the same order, cut for updating each process at once.
+
+    Process j's rows are j, j + width, …; its GPU-use entries are at the same places in every poll. The
+    last poll's readings and the peaks over the polls are taken a column at a time (list slices: one
+    conversion a column, not one a value).
+    """
+
+    __slots__ = ("cols", "width", "gstart", "gcounts", "uuids", "times", "t_last", "last", "cpu", "rss", "thr",
+                 "fd", "rss_peaks", "uses", "gmem", "gsm", "gidx", "gmem_peaks")
+
+    def __init__(self, cols: ProcessColumns, width: int, gstart: list[int]) -> None:
+        self.cols, self.width, self.gstart = cols, width, gstart
+        self.gcounts, self.uuids = cols.gpu_count, cols.gpu_uuids
+        self.times = cols.time[::width]  # each poll's time, in order
+        self.t_last = self.times[-1]
+        self.last = last = cols.rows - width  # the last poll's first row
+        self.cpu, self.rss = cols.cpu_percent[last:], cols.rss_bytes[last:]
+        self.thr, self.fd = cols.threads[last:], cols.open_fds[last:]
+        self.rss_peaks = _peaks(cols.rss_bytes, width)  # -1 (unknown) never beats a peak
+        self.uses = uses = gstart[width]  # GPU-use entries a poll
+        if uses:
+            self.gmem, self.gsm, self.gidx = (cols.gpu_memory_bytes[-uses:], cols.gpu_sm_utilization[-uses:],
+                                              cols.gpu[-uses:])
+            self.gmem_peaks = _peaks(cols.gpu_memory_bytes, uses)
+
+    def take(self, series: ProcessSeries, j: int, relabelled: bool) -> tuple[int | None, float | None] | None:
+        """Process j of the batch into its series: the last poll's readings into its latest sample (in place,
+        unless `relabelled`: then the sample is new already), its host and GPU memory peaks over the polls.
+
+        Returns the last poll's GPU memory and utilisation of a process on one GPU (the usual case, read
+        without the sample's properties), (None, None) for one on none, None otherwise.
+        """
+        gcount = self.gcounts[j]
+        gpu: tuple[int | None, float | None] | None = None if gcount else (None, None)
+        if not relabelled:
+            s = series.latest
+            s.time = self.t_last
+            v = self.cpu[j]
+            s.cpu_percent = v if v == v else None  # NaN: unknown
+            v = self.rss[j]
+            s.rss_bytes = v if v >= 0 else None  # -1: unknown
+            v = self.thr[j]
+            s.threads = v if v >= 0 else None
+            v = self.fd[j]
+            s.open_fds = v if v >= 0 else None
+            if gcount == 1:
+                g = self.gstart[j]
+                m, u = self.gmem[g], self.gsm[g]
+                gpu = (m if m >= 0 else None, u if u == u else None)
+                s.gpus = (GpuUse(self.uuids[self.gidx[g]], *gpu),)
+            elif gcount:
+                s.gpus = self.cols.gpu_uses(self.gstart[self.last + j], gcount)
+            elif s.gpus:
+                s.gpus = ()
+        v = self.rss_peaks[j]
+        if v > series.rss_peak:
+            series.rss_peak = v
+        if gcount == 1:
+            v = self.gmem_peaks[self.gstart[j]]
+            if v > series.gpu_memory_peak:
+                series.gpu_memory_peak = v
+        elif gcount:  # GPU memory summed over the process's GPUs, poll by poll
+            for row in range(j, self.cols.rows, self.width):
+                g = _point(self.cols, row, self.gstart[row]).gpu_memory_bytes
+                if g is not None and g > series.gpu_memory_peak:
+                    series.gpu_memory_peak = g
+        return gpu
+
+    def extend_history(self, series: ProcessSeries, j: int, step: float,
+                       gpu: tuple[int | None, float | None] | None) -> None:
+        """History points of process j: the first poll a step after the last point, the first a step after
+        that, … (usually one a batch, at its last poll; found by bisection, the polls being in time order).
+        gpu: the last poll's GPU memory and utilisation, when known (see refresh)."""
+        times, hist = self.times, series.history
+        polls = len(times)
+        k = bisect_left(times, hist[-1].t + step) if hist else 0
+        while k < polls:
+            t = times[k]
+            if k == polls - 1:
+                s = series.latest
+                gmem, gutil = gpu if gpu is not None else (s.gpu_memory_bytes, s.gpu_utilization)
+                hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+            else:
+                row = j + k * self.width
+                hist.append(_point(self.cols, row, self.gstart[row]))
+            k = bisect_left(times, t + step, k + 1)
 
 
 def _peaks(col: list, width: int) -> list:
