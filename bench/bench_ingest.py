@@ -205,7 +205,7 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 1
         f"real collector: {sent:,} samples sent, {acked:,} acknowledged, /metrics "
         f"clusterwatch_ingest_samples_total = {metrics_samples:,.0f}",
         f"target ≥ {TARGET:,} samples/s per core with the rules on: {r_rate:,.0f} → {verdict(r_rate >= TARGET)}"
-        + ("" if note.startswith("rules ON") else " (and the rules were not on the path yet)"),
+        + ("" if note.startswith("rules ON") else " (the rules are not on this path)"),
     ]
     out = table("Collector ingest: samples per second per core (server CPU, not wall)",
                 ["path", "samples/s/core", "runs", "CPU µs/batch", "vs floor"], rows, notes)

@@ -9,7 +9,7 @@ workers, 8 GPUs a node, two polls), then times the collector's scrape path as
 CollectorServer._start_metrics wires it: Exposition.scrape() (ClusterCollector.snapshot() under
 the core's lock, then ClusterCollector.render() writing the text outside it), in the text
 format and in OpenMetrics (what Prometheus asks for by default), and a real HTTP GET of
-/metrics over loopback with gzip (as Prometheus scrapes). For reference, the path before:
+/metrics over loopback with gzip (as Prometheus scrapes). For reference, the library's own path:
 prometheus_client.generate_latest of the same ClusterCollector's families. Baseline, same run:
 the same series (same names, labels and values) held in prometheus_client Gauges with labels,
 exposed by generate_latest. Also series count, bytes, bytes gzipped, and whether the text is
@@ -53,7 +53,7 @@ def cluster_exposition(server):
 
     core, config = server.core, server.config
     return Exposition(ClusterCollector(
-        core.state, core.clock, config.per_process_metrics, counters=core.counter_values,
+        core.state, core.clock, config.per_process_metrics, counters=server.counter_values,
         alerts=server.active_alerts, after_intervals=config.agent_down_after_intervals,
     ), core.lock)
 
@@ -182,7 +182,7 @@ def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = Tr
          spread([x * 1000 for x in snap_t]), "-", "-", "-", "-"],
         row("  same, OpenMetrics (Prometheus's default Accept)", "om", count(out["om"]), len(out["om"])),
         row("  HTTP GET /metrics on loopback, OpenMetrics + gzip", "http", "-", len(out["http"])),
-        row("before: generate_latest of the same families", "old", count(out["old"]), len(out["old"])),
+        row("prometheus_client generate_latest, same families", "old", count(out["old"]), len(out["old"])),
         row("baseline: prometheus_client labelled Gauges", "base", count(out["base"]), len(out["base"])),
     ]
     notes = [

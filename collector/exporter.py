@@ -648,7 +648,7 @@ class _Server(ThreadingWSGIServer):
     goes too, the next time one comes.
     """
 
-    request_queue_size = 128  # the listen backlog (socketserver's 5 dropped SYNs of a burst: 1 s retries)
+    request_queue_size = 128  # the listen backlog: socketserver's 5 drops the SYNs of a burst (1 s retries)
     max_connections = MAX_CONNECTIONS
     request_timeout_s = REQUEST_TIMEOUT_S
 

@@ -410,9 +410,9 @@ class ClusterState:
         return series
 
     def _merge_tags(self, job: JobState, tags: dict[str, str]) -> None:
-        """A report's tags into its job's, within bounds: every key ever sent was kept before, and one process
-        sending new keys in a loop grew the collector by hundreds of MB and made `status` of the job fail
-        (the reply passed the CLI's limit). A known key takes its new value; what is over is dropped, counted."""
+        """A report's tags into its job's, within bounds: one process sending new keys in a loop must not grow
+        the collector without end, nor the job's `status` reply past the CLI's limit. A known key takes its new
+        value; what is over is dropped, counted."""
         held = job.tags
         for key, value in tags.items():
             if (_over(key, MAX_TAG_KEY_BYTES) or _over(value, MAX_TAG_VALUE_BYTES)

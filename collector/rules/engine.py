@@ -137,7 +137,7 @@ class Engine:
                        ) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """observe() with the observation's fields as arguments, in ProcessObservation's order
         (cpu_percent aside, which no rule reads): the collector calls it for every process of
-        every batch, and building the object cost as much as the rules' common path."""
+        every batch, and building an object each time would cost as much as the rules' common path."""
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
