@@ -1,0 +1,1 @@
+"""GPU health on the node: XID lines of the kernel log, NVML events, the slower health counters."""

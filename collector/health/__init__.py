@@ -1,0 +1,1 @@
+"""GPU health in the collector: the XID catalog (data) and the pure decisions of the health rules."""
