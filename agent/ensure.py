@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from clusterwatch.procfs import stat_state
+
 PID_FILE = "agent.pid"
 LOCK_FILE = "agent.lock"
 RUN_LOCK_FILE = "agent.run.lock"
@@ -72,7 +74,7 @@ def agent_alive(pid: int, spool_dir: str | None = None) -> bool:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    if stat[stat.rindex(b")") + 2:][:1] == b"Z":
+    if stat_state(stat) in (None, "Z"):
         return False
     if b"agent" not in argv or not any(b"clusterwatch" in a for a in argv):
         return False

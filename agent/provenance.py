@@ -46,9 +46,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clusterwatch.agent.backends.procs import parse_stat, read_boot_time
+from clusterwatch.agent.backends.procs import read_boot_time
 from clusterwatch.agent.gitrun import GitError, GitRunner, RunAs, driver_overrides
-from clusterwatch.agent.redact import parse_environ, redact_argv, select_env, strip_url_credentials
+from clusterwatch.agent.redact import redact_argv, select_env, strip_url_credentials
+
+from clusterwatch.procfs import parse_environ, parse_stat
 
 log = logging.getLogger(__name__)
 

@@ -93,23 +93,6 @@ def select_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[st
     return out
 
 
-def parse_environ(data: bytes) -> dict[str, str]:
-    """Parse /proc/<pid>/environ (NUL-separated NAME=value) into a dict.
-
-    Args:
-        data: the file's bytes.
-
-    Returns:
-        Name → value; entries without "=" are skipped, undecodable bytes replaced.
-    """
-    env: dict[str, str] = {}
-    for item in data.split(b"\0"):
-        name, eq, value = item.partition(b"=")
-        if eq and name:
-            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
 def redact_argv(argv: Iterable[str]) -> tuple[str, ...]:
     """A command line with the values of secret-looking options replaced.
 

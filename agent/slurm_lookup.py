@@ -11,9 +11,10 @@ job's variables too (SLURM_SCRIPT_CONTEXT tells them apart) and are never counte
 from __future__ import annotations
 
 from clusterwatch.errors import ParseError
+from clusterwatch.procfs import probe
 from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
 
-from .backends.procs import NewPids, probe
+from .backends.procs import NewPids
 from .labels import JobLabels
 
 _NOT_TASK_STEPS = ("batch", "extern", "interactive")

@@ -32,6 +32,21 @@ import os
 from dataclasses import dataclass
 
 from clusterwatch.model import GpuUse, ProcessSample
+from clusterwatch.procfs import (
+    NUM_THREADS,
+    PPID,
+    RSS,
+    STARTTIME,
+    STATE,
+    STIME,
+    UTIME,
+    parse_btime,
+    parse_stat,
+    probe,
+    split_stat,
+    stat_comm,
+)
+from clusterwatch.procfs import stat_parent as _parent
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -55,40 +70,10 @@ DEFAULT_FD_COUNT_EVERY_S = 5.0
 def read_boot_time(proc: str = "/proc") -> float:
     """Boot time in Unix seconds, from the `btime` line of /proc/stat."""
     with open(f"{proc}/stat", "rb") as f:
-        for line in f:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    raise OSError(f"{proc}/stat has no btime line")
-
-
-@dataclass(frozen=True, slots=True)
-class StatFields:
-    """The fields of /proc/<pid>/stat the agent uses."""
-
-    comm: str
-    state: str
-    ppid: int
-    cpu_ticks: int  # utime + stime, in clock ticks
-    threads: int
-    start_ticks: int  # start time after boot, in clock ticks
-    rss_pages: int
-
-
-def parse_stat(text: bytes) -> StatFields:
-    """Parse /proc/<pid>/stat. The command name may hold spaces and parentheses: split at the last ')'."""
-    close = text.rindex(b")")
-    comm = text[text.index(b"(") + 1 : close].decode("utf-8", "replace")
-    rest = text[close + 2 :].split(None, 22)
-    # rest[0] is field 3 (state); field n is rest[n - 3]
-    return StatFields(
-        comm=comm,
-        state=rest[0].decode("ascii", "replace"),
-        ppid=int(rest[1]),
-        cpu_ticks=int(rest[11]) + int(rest[12]),
-        threads=int(rest[17]),
-        start_ticks=int(rest[19]),
-        rss_pages=int(rest[21]),
-    )
+        boot = parse_btime(f.read())
+    if boot is None:
+        raise OSError(f"{proc}/stat has no btime line")
+    return boot
 
 
 class NewPids:
@@ -205,25 +190,6 @@ class NewPids:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def probe(data: bytes) -> tuple[int, int] | None:
-    """(parent pid, start ticks) of a process's stat text; None for a thread (exit_signal -1) or bad text."""
-    try:
-        rest = data[data.rindex(b")") + 2 :].split(None, 36)
-        if rest[35] == b"-1":
-            return None  # a thread: /proc/<tid> is there too, but a thread is not a process
-        return int(rest[1]), int(rest[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def _parent(data: bytes) -> int | None:
-    """The parent pid in a stat text, None for bad text."""
-    try:
-        return int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
-    except (ValueError, IndexError):
-        return None
 
 
 @dataclass(slots=True)
@@ -536,7 +502,7 @@ class ProcSource:
         try:
             with open(f"{self.proc}/{pid}/stat", "rb") as f:
                 st = parse_stat(f.read())
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):
             return None
         return self.boot_time + st.start_ticks / _CLK_TCK
 
@@ -612,15 +578,14 @@ class ProcSource:
         a process that has exited (a zombie) or bad text.
         """
         try:
-            close = data.rindex(b")")
-            rest = data[close + 2 :].split(None, 22)
-            if rest[0] in _GONE_STATES:
+            close, rest = split_stat(data)
+            if rest[STATE - 3] in _GONE_STATES:
                 return None, None
-            ppid = int(rest[1])
-            cpu_ticks = int(rest[11]) + int(rest[12])
-            threads = int(rest[17])
-            rss_pages = int(rest[21])
-            start = rest[19]
+            ppid = int(rest[PPID - 3])
+            cpu_ticks = int(rest[UTIME - 3]) + int(rest[STIME - 3])
+            threads = int(rest[NUM_THREADS - 3])
+            rss_pages = int(rest[RSS - 3])
+            start = rest[STARTTIME - 3]
         except (ValueError, IndexError):
             self.read_errors += 1
             return None, None
@@ -636,7 +601,7 @@ class ProcSource:
             k.sampled_at = now
             if close != k.close or not data.startswith(k.head):  # renamed (prctl PR_SET_NAME, exec)
                 k.close, k.head = close, data[:close]
-                k.comm = data[data.index(b"(") + 1 : close].decode("utf-8", "replace")
+                k.comm = stat_comm(data, close)
         k.text, k.ppid, k.threads, k.rss_bytes = data, ppid, threads, rss_pages * _PAGE_SIZE
         return k, cpu_percent
 
@@ -653,7 +618,7 @@ class ProcSource:
             return None
         return _Known(start, round(self.boot_time + start_ticks / _CLK_TCK, 2), cpu_ticks, now, uid,
                       self._user_name(uid), close, data[:close],
-                      data[data.index(b"(") + 1 : close].decode("utf-8", "replace"))
+                      stat_comm(data, close))
 
     def _count_fds(self, pid: int) -> int | None:
         try:

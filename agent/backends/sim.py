@@ -36,11 +36,12 @@ from importlib import resources
 from pathlib import Path
 
 from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.procs import NewPids, probe
+from clusterwatch.agent.backends.procs import NewPids
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
+from clusterwatch.procfs import parse_btime, probe
 
 __all__ = ["SimGpuSource", "open_sim_source", "SimSpec", "parse_sim_environ", "DEFAULT_SCENARIO"]
 
@@ -365,12 +366,9 @@ def _boot_time(proc_root: str) -> float:
     # The same origin psutil uses for create_time(), so start times agree with the process source.
     try:
         with open(f"{proc_root}/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
+            return parse_btime(f.read()) or 0.0
     except OSError:
-        pass
-    return 0.0
+        return 0.0
 
 
 def _read_mem_file(path: str) -> int | None:

@@ -1,7 +1,7 @@
 """Which Slurm job, step and task a process belongs to, from ``/proc/<pid>/cgroup`` and ``environ``.
 
-Pure functions over the files' contents; reading them is the caller's business (and races with the
-process exiting, which the caller counts).
+Pure functions over the files' contents (environ is split by clusterwatch.procfs); reading them is the
+caller's business (and races with the process exiting, which the caller counts).
 
 cgroup v2 (one line ``0::<path>``), with proctrack/cgroup::
 
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from clusterwatch.errors import ParseError
+from clusterwatch.procfs import parse_environ as parse_environ  # re-exported: the one parser of environ
 
 
 @dataclass(frozen=True)
@@ -103,31 +104,6 @@ def _from_match(match: re.Match[str], v2: bool) -> CgroupJob:
         uid=int(groups["uid"]) if not v2 and groups.get("uid") else None,
         node=groups.get("node"),
     )
-
-
-def parse_environ(data: bytes) -> dict[str, str]:
-    """Split the bytes of ``/proc/<pid>/environ`` into a dict.
-
-    Entries without ``=`` (a process may scribble over its environment) are skipped; bytes that are not
-    UTF-8 are replaced rather than failing, since a label is better than no label.
-
-    Args:
-        data: the file's content, NUL-separated ``NAME=value`` entries.
-
-    Returns:
-        Variable name → value (the last one wins when a name repeats).
-
-    Raises:
-        ParseError: ``data`` is not bytes.
-    """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ParseError(f"environ must be bytes, not {type(data).__name__}")
-    env: dict[str, str] = {}
-    for entry in bytes(data).split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep and name:
-            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
 
 
 @dataclass(frozen=True)

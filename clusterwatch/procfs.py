@@ -1,0 +1,123 @@
+"""Parsers of Linux /proc texts (a process's stat line, its environ, /proc/stat's btime): pure functions over bytes.
+
+The one place their layout is known; reading the files (and racing with a process that exits) is the
+caller's business. Field numbers are those of proc(5).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clusterwatch.errors import ParseError
+
+# Fields of /proc/<pid>/stat, numbered as proc(5) numbers them (1: pid, 2: comm).
+STATE, PPID, UTIME, STIME, NUM_THREADS, STARTTIME, RSS, EXIT_SIGNAL = 3, 4, 14, 15, 20, 22, 24, 38
+# Where field n lies in the list split_stat returns.
+FIRST_AFTER_COMM = 3
+
+
+def split_stat(text: bytes, upto: int = RSS) -> tuple[int, list[bytes]]:
+    """(where the command name ends, the fields after it, split up to field `upto`): field n is rest[n - 3].
+
+    The command name may hold spaces and parentheses: the split is at the last ')'. ValueError when there
+    is none; a list too short for a field raises IndexError where it is read.
+    """
+    close = text.rindex(b")")
+    return close, text[close + 2:].split(None, upto - FIRST_AFTER_COMM + 1)
+
+
+def stat_comm(text: bytes, close: int) -> str:
+    """The command name of a stat text whose name ends at `close` (from split_stat)."""
+    return text[text.index(b"(") + 1: close].decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class StatFields:
+    """The fields of /proc/<pid>/stat the agent uses."""
+
+    comm: str
+    state: str
+    ppid: int
+    cpu_ticks: int  # utime + stime, in clock ticks
+    threads: int
+    start_ticks: int  # start time after boot, in clock ticks
+    rss_pages: int
+
+
+def parse_stat(text: bytes) -> StatFields:
+    """Parse a /proc/<pid>/stat text; ParseError (a ValueError) when it is not one."""
+    try:
+        close, rest = split_stat(text)
+        return StatFields(
+            comm=stat_comm(text, close),
+            state=rest[STATE - 3].decode("ascii", "replace"),
+            ppid=int(rest[PPID - 3]),
+            cpu_ticks=int(rest[UTIME - 3]) + int(rest[STIME - 3]),
+            threads=int(rest[NUM_THREADS - 3]),
+            start_ticks=int(rest[STARTTIME - 3]),
+            rss_pages=int(rest[RSS - 3]),
+        )
+    except (ValueError, IndexError) as exc:
+        raise ParseError(f"not a /proc/<pid>/stat line: {bytes(text[:60])!r}") from exc
+
+
+def stat_state(text: bytes) -> str | None:
+    """The state letter of a stat text (R, S, Z, ...), None for bad text."""
+    try:
+        return split_stat(text, STATE)[1][0].decode("ascii", "replace")
+    except (ValueError, IndexError):
+        return None
+
+
+def stat_parent(text: bytes) -> int | None:
+    """The parent pid in a stat text, None for bad text."""
+    try:
+        return int(split_stat(text, PPID)[1][PPID - 3])
+    except (ValueError, IndexError):
+        return None
+
+
+def probe(text: bytes) -> tuple[int, int] | None:
+    """(parent pid, start ticks) of a process's stat text; None for a thread (exit_signal -1) or bad text."""
+    try:
+        rest = split_stat(text, EXIT_SIGNAL)[1]
+        if rest[EXIT_SIGNAL - 3] == b"-1":
+            return None  # a thread: /proc/<tid> is there too, but a thread is not a process
+        return int(rest[PPID - 3]), int(rest[STARTTIME - 3])
+    except (ValueError, IndexError):
+        return None
+
+
+def parse_btime(text: bytes) -> float | None:
+    """Boot time in Unix seconds from the text of /proc/stat (its `btime` line); None without one."""
+    for line in text.splitlines():
+        if line.startswith(b"btime "):
+            try:
+                return float(line.split()[1])
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """Split the bytes of ``/proc/<pid>/environ`` into a dict.
+
+    Entries without ``=`` (a process may scribble over its environment) are skipped; bytes that are not
+    UTF-8 are replaced rather than failing, since a label is better than no label.
+
+    Args:
+        data: the file's content, NUL-separated ``NAME=value`` entries.
+
+    Returns:
+        Variable name → value (the last one wins when a name repeats).
+
+    Raises:
+        ParseError: ``data`` is not bytes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ParseError(f"environ must be bytes, not {type(data).__name__}")
+    env: dict[str, str] = {}
+    for entry in bytes(data).split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
