@@ -14,6 +14,8 @@ import os
 import signal
 import time
 
+from clusterwatch.procfs import stat_parent, stat_state
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT_S = 5.0
@@ -46,8 +48,8 @@ def _stat(pid: int) -> tuple[str, int] | None:
             text = f.read()
     except OSError:
         return None
-    fields = text[text.rindex(b")") + 2:].split()
-    return fields[0].decode(), int(fields[1])
+    state, ppid = stat_state(text), stat_parent(text)
+    return None if state is None or ppid is None else (state, ppid)
 
 
 def alive(pid: int) -> bool:
