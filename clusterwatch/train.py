@@ -23,9 +23,22 @@ whole). Pass Python numbers: `float()` of a GPU tensor waits for the GPU.
 The agent learns the sender's pid and uid from the kernel (SCM_CREDENTIALS), not
 from the datagram, so a report is always attributed to the process that sent it.
 
+The allocator's view of GPU memory: when PyTorch is already imported and has initialised
+CUDA in this process, a report carries, at most every 5 s, the caching allocator's figures
+for each device the process uses (`torch.cuda.memory_stats`: allocated, reserved, allocation
+retries, inactive split bytes). NVML sees only reserved memory plus the CUDA context, which
+grows in steps and never shrinks; allocated memory is what tells a leak from the cache.
+torch is never imported here and the GPU never synchronised (the allocator's counters are
+host-side). Other frameworks pass `gpu_allocated_bytes=` and `gpu_reserved_bytes=`.
+
 Datagram format (version 1), a JSON object with optional keys:
     {"v": 1, "step": int, "loss": float, "lr": float, "epoch": float,
-     "m": {name: number, ...}, "tags": {name: string, ...}}
+     "m": {name: number, ...}, "tags": {name: string, ...},
+     "gpu": [{"index": int, "uuid": str, "allocated": int, "reserved": int,
+              "alloc_retries": int, "inactive_split": int}, ...]}
+`gpu` entries: every key optional; no `index` means the process's current device (figures
+a framework passed itself); `uuid` is torch's device UUID (without NVML's "GPU-" prefix in
+some releases); an agent that predates `gpu` ignores it.
 
 Fork-safe: a child (a DataLoader worker) gets its own socket and zeroed counters.
 Thread-safe: a datagram is sent whole or not at all; counters are locked.
@@ -36,6 +49,7 @@ import json
 import math
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -49,6 +63,8 @@ MAX_NAME = 64
 MAX_TAG_VALUE = 256
 _ABSENT_BACKOFF_S = 1.0
 _TAGS_RESEND_S = 30.0        # an agent restarted since tags() learns them again
+ALLOCATOR_EVERY_S = 5.0      # torch's allocator figures ride along at most this often
+MAX_GPUS = 16                # allocator entries in one report
 _MAX_INT = 2**63 - 1
 
 
@@ -67,6 +83,8 @@ class _State:
         self.tags: dict[str, str] = {}
         self.tags_text = ""  # ',"tags":{...}', encoded once per tags() call
         self.tags_due = math.inf  # monotonic time when tags ride along again; inf: no tags
+        self.allocator_due = 0.0  # monotonic time when torch's allocator is read again
+        self.uuids: dict[int, str] = {}  # torch device index -> its UUID (read once)
 
 
 _state = _State()
@@ -175,12 +193,19 @@ def _count(st: _State, attr: str, n: int = 1) -> None:
         setattr(st, attr, getattr(st, attr) + n)
 
 
-def _send(st: _State, body: str, now: float, with_tags: bool) -> bool:
-    """Send `{"v":1<body>}`, with the tags when they are due; count the outcome."""
+def _send(st: _State, body: str, now: float, with_tags: bool, extra: str = "") -> bool:
+    """Send `{"v":1<body><extra>}`, with the tags when they are due; count the outcome.
+
+    `extra` (the allocator's figures) is left out rather than the report dropped when the
+    whole would not fit in one datagram.
+    """
     if with_tags or (st.tags_text and now >= st.tags_due):
         body += st.tags_text
         with_tags = True
-    data = ('{"v":1' + body + "}").encode()
+    data = ('{"v":1' + body + extra + "}").encode()
+    if len(data) > MAX_DATAGRAM and extra:
+        data = ('{"v":1' + body + "}").encode()
+        st.allocator_due = 0.0  # the next report that has room carries them
     if len(data) > MAX_DATAGRAM:
         _count(st, "dropped")
         return False
@@ -208,7 +233,8 @@ def _send(st: _State, body: str, now: float, with_tags: bool) -> bool:
 
 
 def report(step: int | None = None, loss: float | None = None, lr: float | None = None,
-           epoch: float | None = None, **metrics: float) -> bool:
+           epoch: float | None = None, gpu_allocated_bytes: int | None = None,
+           gpu_reserved_bytes: int | None = None, **metrics: float) -> bool:
     """Send one progress report to the agent; never blocks, never raises.
 
     Args:
@@ -216,6 +242,9 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
         loss: the training loss.
         lr: the learning rate.
         epoch: the epoch, fractional allowed.
+        gpu_allocated_bytes: memory your framework's allocator holds in live buffers on
+            this process's current GPU (not needed with PyTorch: read by itself).
+        gpu_reserved_bytes: memory that allocator holds from the driver (cached too).
         **metrics: more numbers (grad_norm=..., tokens_per_s=...), at most 32,
             names of at most 64 characters.
 
@@ -255,9 +284,80 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
                 items.append(name_text + ":" + text)
         if items:
             body += ',"m":{' + ",".join(items) + "}"
+    extra = ""
+    if gpu_allocated_bytes is not None or gpu_reserved_bytes is not None:
+        entry = []
+        for key, value in (("allocated", gpu_allocated_bytes), ("reserved", gpu_reserved_bytes)):
+            if value is not None:
+                text = _step(value)  # the same rule: an int from 0 to 2**63-1
+                if text is None:
+                    bad += 1
+                else:
+                    entry.append(f'"{key}":' + text)
+        if entry:
+            extra = ',"gpu":[{' + ",".join(entry) + "}]"
+    elif now >= st.allocator_due:
+        st.allocator_due = now + ALLOCATOR_EVERY_S
+        extra = _torch_allocator(st)
     if bad:
         _count(st, "invalid", bad)
-    return _send(st, body, now, False)
+    return _send(st, body, now, False, extra)
+
+
+_STAT_KEYS = (("allocated", "allocated_bytes.all.current"), ("reserved", "reserved_bytes.all.current"),
+              ("alloc_retries", "num_alloc_retries"), ("inactive_split", "inactive_split_bytes.all.current"))
+
+
+def _torch_allocator(st: _State) -> str:
+    """',"gpu":[...]' with torch's caching-allocator figures, "" when torch has no CUDA in use here.
+
+    Only a torch that is already imported and has initialised CUDA is asked: importing torch
+    takes seconds and initialising CUDA creates a context on a GPU. memory_stats reads the
+    allocator's host-side counters, so nothing here waits for the GPU. A device this process
+    never allocated on (reserved 0) is left out unless it is the current one.
+    """
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is None:
+        return ""
+    try:
+        if not cuda.is_initialized():
+            return ""
+        current = cuda.current_device()
+        entries = []
+        for index in range(min(cuda.device_count(), MAX_GPUS)):
+            stats = cuda.memory_stats(index)
+            figures = {key: stats.get(name) for key, name in _STAT_KEYS}
+            if figures["reserved"] is None:  # a build whose stats lack the key (the figure still exists)
+                figures["reserved"] = cuda.memory_reserved(index)
+            if figures["allocated"] is None:
+                figures["allocated"] = cuda.memory_allocated(index)
+            if not figures["reserved"] and index != current:
+                continue
+            uuid = st.uuids.get(index)
+            if uuid is None:
+                uuid = st.uuids[index] = _device_uuid(cuda, index)
+            parts = [f'"index":{index}']
+            if uuid:
+                parts.append('"uuid":' + json.dumps(uuid))
+            for key, value in figures.items():
+                text = _step(value)
+                if text is not None:
+                    parts.append(f'"{key}":' + text)
+            entries.append("{" + ",".join(parts) + "}")
+    except Exception:  # a torch build that lacks a function or a CUDA error: no figures this time
+        return ""
+    return ',"gpu":[' + ",".join(entries) + "]" if entries else ""
+
+
+def _device_uuid(cuda: object, index: int) -> str:
+    """torch's UUID of a device ("" when this torch has none): the GPU's identity, unlike its index."""
+    try:
+        uuid = getattr(cuda.get_device_properties(index), "uuid", None)  # type: ignore[attr-defined]
+    except Exception:
+        return ""
+    text = "" if uuid is None else str(uuid)
+    return text if _valid_text(text, MAX_NAME) else ""
 
 
 def tags(**labels: str) -> bool:
