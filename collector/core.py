@@ -1,6 +1,6 @@
 """The collector's core: batches in, state updated, jobs opened and closed, summaries stored.
 
-The gRPC servicers (collector/service.py) are thin: they turn messages into calls
+The gRPC servicers (collector/ingest_service.py, collector/query_service.py) are thin: they turn messages into calls
 here. Everything runs on the collector's event loop; the only other thread is the
 Prometheus HTTP server, which reads the state under `lock`.
 """

@@ -1,11 +1,11 @@
 """Bounds on what a connection to the collector's gRPC ports may hold, whoever opens it.
 
 A connection costs a file descriptor before anyone is authenticated, so without bounds a few
-hundred TCP connections that never speak (no TLS hello, no HTTP/2 preface) held every
+hundred TCP connections that never speak (no TLS hello, no HTTP/2 preface) would hold every
 descriptor: agents could not connect, /metrics and the store could not open a file. Here each
 connection has a deadline to finish its handshake, one that no call uses is closed, the
 connections together stay below the open-file limit (with room kept for the rest of the
-collector), and a stream must say its Hello soon after it opens (service.HELLO_TIMEOUT_S).
+collector), and a stream must say its Hello soon after it opens (ingest_service.HELLO_TIMEOUT_S).
 """
 from __future__ import annotations
 

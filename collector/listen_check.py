@@ -13,6 +13,7 @@ import os
 import socket
 import stat
 
+from clusterwatch.errors import ConfigError
 from clusterwatch.unix_address import unix_path
 
 
@@ -87,3 +88,17 @@ def _unix_taken_error(listen: str, path: str, flag: str) -> str | None:
         return f"cannot listen on {listen} ({flag}): the stale socket {path} cannot be removed: {exc.strerror}"
     return None
 
+
+# SO_REUSEPORT (gRPC's default) would let a second collector bind a running one's port: one collector a port.
+NO_REUSEPORT = ("grpc.so_reuseport", 0)
+
+
+def bind(server, listen: str, flag: str, creds=None) -> int:
+    """Add the port `listen` to a grpc server; the port bound (1 for a Unix socket), or ConfigError in one line."""
+    try:
+        port = server.add_insecure_port(listen) if creds is None else server.add_secure_port(listen, creds)
+    except RuntimeError:  # taken in between, or an address gRPC cannot use
+        port = 0
+    if not port:
+        raise ConfigError(f"cannot listen on {listen} ({flag}); is another collector using the port?")
+    return port

@@ -9,7 +9,7 @@ admins always see everything.
 The payload is the sender's to choose, so it never reaches the parser of unmunge's metadata:
 unmunge writes it to a file of its own (`--output`), and a credential is taken only when its
 payload is the CLI's fixed one (a credential made for anything else, Slurm's included, is not a
-query's). Reading unmunge's whole output let a payload of "x\nUID: root (0)" make anyone root.
+query's). Were unmunge's whole output read, a payload of "x\nUID: root (0)" would make anyone root.
 
 Where munge is installed but does not work yet (munged not started, or started after the
 collector), `--query-auth auto` refuses queries and tries munge again (AwaitingMunge): it never
@@ -25,6 +25,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from clusterwatch.errors import ConfigError
 
 from .bounded_exec import DEVNULL, run_bounded
 
@@ -221,3 +223,29 @@ async def munge_works(socket: str | None = None) -> bool:
     except (OSError, asyncio.TimeoutError):
         return False
 
+
+
+async def auth_from_config(mode: str, admins: frozenset[str], show_all_jobs: bool, munge_socket: str | None,
+                           listen: str):
+    """The query service's authentication for --query-auth `mode` (auto: munge where it is installed).
+
+    ConfigError when munge is required and does not work. `listen` names the address in the warnings.
+    """
+    if mode == "none":
+        return NoAuth()
+    munge = MungeAuth(admins, show_all_jobs, munge_socket)
+    if await munge_works(munge_socket):
+        return munge
+    if mode == "munge":
+        raise ConfigError("--query-auth munge, but munge does not work on this host (munge/unmunge "
+                          "missing or munged not running); start munged or pass --query-auth none")
+    if munge_installed():
+        # installed but not answering: munged is down or not up yet. Never open every job to everyone
+        # meanwhile; a query tries again, and munged coming up is picked up.
+        log.warning("munge is installed but does not work on this host (munged not running?): queries are "
+                    "refused until it does, tried again every %.0f s; start munged, or pass --query-auth "
+                    "none to show every job to anyone who reaches %s", MUNGE_RETRY_S, listen)
+        return AwaitingMunge(munge, lambda: munge_works(munge_socket))
+    log.warning("queries are not authenticated (munge is not installed on this host): anyone who reaches "
+                "%s sees every job; install and run munged, or keep the collector on loopback", listen)
+    return NoAuth()

@@ -8,8 +8,8 @@ from clusterwatch.agent.spool import parse_event
 from clusterwatch.agent.stream import BatchBuffer
 from clusterwatch.cli.render import exit_text, human_bytes, human_duration, sparkline
 from clusterwatch.collector.core import SeqTracker
+from clusterwatch.collector.ingest_service import TokenBucket
 from clusterwatch.collector.query_auth import QUERY_PAYLOAD, AuthError, check_payload, parse_unmunge
-from clusterwatch.collector.service import TokenBucket
 from clusterwatch.collector.views import resample
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given

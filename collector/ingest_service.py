@@ -1,0 +1,167 @@
+"""The agents' side of the collector: one stream per agent, a Hello then numbered batches, each acked once durable.
+
+A flooding agent is slowed down by a token bucket (its acks come later), never allowed to starve
+the others; its token, when the collector has one, was checked by agent_auth.TokenInterceptor.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
+
+from .agent_auth import certificate_node_names, node_identity_error
+from .core import CollectorCore
+from .grpc_guard import peer_host, say_once
+
+# One agent's batch holds its node's processes: thousands at most. More is a bug or an attack.
+MAX_SAMPLES_PER_BATCH = 50_000
+# A node polled every second with a thousand processes sends 1,000 samples/s; fifty times that
+# from one stream is a flood, slowed down so it cannot starve the other agents.
+MAX_SAMPLES_PER_S_PER_AGENT = 50_000.0
+# An agent sends its Hello as soon as its stream opens; a stream silent this long is closed.
+HELLO_TIMEOUT_S = 20.0
+# Acks wait for the store: a batch is acknowledged only once durable (at most this late).
+FLUSH_S = 0.2
+
+
+class TokenBucket:
+    """Allows `rate` samples a second on average, bursts of `burst_s` seconds' worth.
+
+    `take` returns how long the caller should wait before going on (0 when within budget).
+    """
+
+    def __init__(self, rate: float, burst_s: float) -> None:
+        self.rate = rate
+        self.capacity = rate * burst_s
+        self.tokens = self.capacity
+        self.last = time.monotonic()
+
+    def take(self, n: int, now: float) -> float:
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= n
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+async def _hello_in_time(request_iterator, context, counters):
+    """The stream's messages; the first must come within HELLO_TIMEOUT_S (an agent sends its Hello at once).
+
+    A stream that opens and says nothing would otherwise hold its connection for ever.
+    """
+    messages = request_iterator.__aiter__()
+    try:
+        first = await asyncio.wait_for(messages.__anext__(), HELLO_TIMEOUT_S)
+    except StopAsyncIteration:
+        return
+    except asyncio.TimeoutError:
+        counters.rejected += 1
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"no hello within {HELLO_TIMEOUT_S:.0f} s of opening the stream")
+    yield first
+    async for msg in messages:
+        yield msg
+
+
+class IngestServicer(agent_pb2_grpc.IngestServicer):
+    """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
+
+    def __init__(self, core: CollectorCore, max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
+        self.core = core
+        self.max_samples_per_s = max_samples_per_s
+        # node → queue of messages (acks, signal requests) to push to that node's agent
+        self.outboxes: dict[str, asyncio.Queue] = {}
+        # acks held until the next durable flush
+        self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []
+        # hellos refused because the agent's certificate does not name the node it speaks for
+        self.identity_refused = 0
+
+    def counter_values(self) -> dict[str, tuple[float, str]]:
+        return {"clusterwatch_ingest_identity_refused": (
+            self.identity_refused, "Agent streams refused: the client certificate does not name the hello's node.")}
+
+    async def Stream(self, request_iterator, context):
+        # the token, when there is one, was checked by TokenInterceptor before this
+        outbox: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read(request_iterator, context, outbox))
+        reader.add_done_callback(lambda _: outbox.put_nowait(None))
+        try:
+            while True:
+                msg = await outbox.get()
+                if msg is None:
+                    break
+                yield msg
+            exc = reader.exception() if reader.done() and not reader.cancelled() else None
+            if exc is not None:
+                raise exc
+            # The agent half-closed its side: its last batches are stored but their acks wait for
+            # the next durable flush. Deliver them before ending the stream, or they would be resent.
+            while any(box is outbox for box, _ in self.after_flush):
+                await asyncio.sleep(FLUSH_S / 4)
+            while not outbox.empty():
+                msg = outbox.get_nowait()
+                if msg is not None:
+                    yield msg
+        finally:
+            reader.cancel()
+
+    async def _read(self, request_iterator, context, outbox: asyncio.Queue) -> None:
+        """Store each batch; its ack is queued once the flusher has made it durable."""
+        node = boot_id = None
+        bucket = TokenBucket(self.max_samples_per_s, burst_s=10.0)
+        try:
+            async for msg in _hello_in_time(request_iterator, context, self.core.counters):
+                kind = msg.WhichOneof("body")
+                if kind == "hello":
+                    if not msg.hello.node:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello without a node name")
+                    refusal = node_identity_error(msg.hello.node, certificate_node_names(context.auth_context()))
+                    if refusal is not None:
+                        self.identity_refused += 1
+                        self.core.counters.unauthenticated += 1
+                        peer = peer_host(context.peer())
+                        say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                    node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
+                    self.outboxes[node] = outbox
+                elif kind == "batch":
+                    if node is None:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
+                    n = len(msg.batch.processes.pid)
+                    if n > MAX_SAMPLES_PER_BATCH:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"a batch of {n} process samples; at most {MAX_SAMPLES_PER_BATCH}")
+                    # a flooding agent is slowed down (its acks come later), never allowed to starve the rest
+                    delay = bucket.take(n, time.monotonic())
+                    if delay > 0:
+                        self.core.counters.throttled += 1
+                        await asyncio.sleep(delay)
+                    self.core.batch(node, boot_id, msg.batch)  # a refused batch is acked too, or resent forever
+                    ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
+                    self.after_flush.append((outbox, ack))
+                else:
+                    self.core.counters.rejected += 1
+        finally:
+            if node is not None:
+                if self.outboxes.get(node) is outbox:
+                    del self.outboxes[node]
+                self.core.disconnected(node)
+
+    def flushed(self) -> None:
+        """The flusher made everything durable: release the acks that waited for it."""
+        waiting, self.after_flush = self.after_flush, []
+        for outbox, ack in waiting:
+            outbox.put_nowait(ack)
+
+    def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
+        """Queue a signal request for a node's agent; False when that agent is not connected."""
+        outbox = self.outboxes.get(node)
+        if outbox is None:
+            return False
+        req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
+        outbox.put_nowait(agent_pb2.CollectorMessage(signal=req))
+        return True
