@@ -32,14 +32,14 @@ def render_alerts(entries, now: float) -> str:
 @click.option("--all", "include_resolved", is_flag=True, help="Also the latest resolved alerts.")
 @click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
-def alerts(collector: str, job_id: str, include_resolved: bool, limit: int, as_json: bool) -> None:
+def alerts(collector: str, tls_ca: str | None, job_id: str, include_resolved: bool, limit: int, as_json: bool) -> None:
     """List alerts: pending and firing, and with --all the latest resolved ones."""
     import grpc
     from clusterwatch.v1 import query_pb2
 
     from .status_cmd import _explain, _stub, view_as_dict
 
-    channel, stub = _stub(collector)
+    channel, stub = _stub(collector, tls_ca)
     try:
         resp = stub.ListAlerts(query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved,
                                                            limit=limit), timeout=5.0,
@@ -49,20 +49,20 @@ def alerts(collector: str, job_id: str, include_resolved: bool, limit: int, as_j
     finally:
         channel.close()
     if job_id and not resp.alerts:
-        _check_job_known(collector, job_id)
+        _check_job_known(collector, tls_ca, job_id)
     if as_json:
         click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
         return
     click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)
 
 
-def _check_job_known(collector: str, job_id: str) -> None:
+def _check_job_known(collector: str, tls_ca: str | None, job_id: str) -> None:
     """No alerts for --job: one line and exit 1 when the collector does not know the job at all (a typo)."""
     import grpc
 
     from .status_cmd import _explain, fetch_job
 
     try:
-        fetch_job(collector, job_id, trend_points=0)
+        fetch_job(collector, job_id, trend_points=0, tls_ca=tls_ca)
     except grpc.RpcError as exc:
         fail(_explain(exc, collector, f"status {job_id}"), code=1)

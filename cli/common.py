@@ -46,16 +46,12 @@ def exit_quickly_when_done() -> None:
     quick_exit = True
 
 
-def _remember_tls_ca(ctx: click.Context, param, value: str | None) -> None:
-    # the query channel is opened in helpers that take only an address; they read it from here
-    if value:
-        os.environ["CLUSTERWATCH_TLS_CA"] = value
-
-
 def collector_option(f):
-    """--collector HOST:PORT and --tls-ca for the commands that query the collector."""
-    f = click.option("--tls-ca", envvar="CLUSTERWATCH_TLS_CA", type=click.Path(exists=True, dir_okay=False),
-                     expose_value=False, callback=_remember_tls_ca, is_eager=True,
+    """--collector HOST:PORT (or unix:PATH) and --tls-ca for the commands that query the collector.
+
+    The command takes both, `collector` and `tls_ca`, and hands them to query_channel.
+    """
+    f = click.option("--tls-ca", "tls_ca", envvar="CLUSTERWATCH_TLS_CA", type=click.Path(exists=True, dir_okay=False),
                      help="Talk TLS to the collector, trusting this CA (its --query-listen port, or its main "
                           "port when that does not require client certificates).")(f)
     return click.option(
@@ -64,15 +60,14 @@ def collector_option(f):
     )(f)
 
 
-def query_channel(address: str):
-    """A channel to the collector's query service: TLS when a CA is given (--tls-ca, CLUSTERWATCH_TLS_CA)."""
+def query_channel(address: str, tls_ca: str | None = None):
+    """A channel to the collector's query service: TLS trusting `tls_ca` when given (--tls-ca)."""
     import grpc
 
-    ca = os.environ.get("CLUSTERWATCH_TLS_CA")
-    if not ca:
-        return grpc.insecure_channel(address)
-    with open(ca, "rb") as f:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=f.read()))
+    from clusterwatch.tls import channel_credentials
+
+    creds = channel_credentials(tls_ca)
+    return grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
 
 
 class MungeCredential:

@@ -14,7 +14,7 @@ from .common import collector_option, fail, query_metadata
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), required=True,
               help="Trace file to write (JSON lines, docs/traces.md); - for stdout.")
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
-def record(job_id: str, collector: str, output: str, force: bool) -> None:
+def record(job_id: str, collector: str, tls_ca: str | None, output: str, force: bool) -> None:
     """Save the samples the collector holds of JOB_ID, to replay them with `clusterwatch replay`."""
     import grpc
     from clusterwatch.v1 import query_pb2
@@ -22,11 +22,11 @@ def record(job_id: str, collector: str, output: str, force: bool) -> None:
     from .status_cmd import _explain, _stub
 
     if output == "-":
-        _record_to_stdout(job_id, collector)
+        _record_to_stdout(job_id, collector, tls_ca)
         return
     if os.path.exists(output) and not force:
         fail(f"{output} exists; pass --force to replace it, or -o another file")
-    channel, stub = _stub(collector)
+    channel, stub = _stub(collector, tls_ca)
     tmp = f"{output}.part"
     lines = 0
     try:
@@ -49,14 +49,14 @@ def record(job_id: str, collector: str, output: str, force: bool) -> None:
                err=True)
 
 
-def _record_to_stdout(job_id: str, collector: str) -> None:
+def _record_to_stdout(job_id: str, collector: str, tls_ca: str | None) -> None:
     """`record -o -`: the trace on stdout (for a pipe), the count on stderr."""
     import grpc
     from clusterwatch.v1 import query_pb2
 
     from .status_cmd import _explain, _stub
 
-    channel, stub = _stub(collector)
+    channel, stub = _stub(collector, tls_ca)
     lines = 0
     try:
         for chunk in stub.GetTrace(query_pb2.GetTraceRequest(job_id=job_id), timeout=60.0,

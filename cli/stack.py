@@ -29,6 +29,14 @@ from clusterwatch.unix_address import UNIX_PATH_MAX
 from .proctree import parent_death_signal
 
 START_TIMEOUT_S = 20.0
+# The caller's settings for the cluster's collector and agents (its TLS files, token, extra ports, Slurm):
+# the stack's own pieces are configured by their flags, and any of these would break them or open them
+# to other users (CLUSTERWATCH_QUERY_LISTEN would add a TCP port; a TLS CA, a TLS handshake to plaintext).
+CLUSTER_SETTINGS = (
+    "CLUSTERWATCH_TLS_CA", "CLUSTERWATCH_TLS_CERT", "CLUSTERWATCH_TLS_KEY", "CLUSTERWATCH_TLS_CLIENT_CA",
+    "CLUSTERWATCH_TOKEN", "CLUSTERWATCH_QUERY_LISTEN", "CLUSTERWATCH_SLURM", "CLUSTERWATCH_SUMMARY_DIR",
+    "CLUSTERWATCH_MUNGE_SOCKET", "CLUSTERWATCH_COLLECTOR",
+)
 
 
 def make_workdir(keep: str | None, prefix: str) -> str:
@@ -89,6 +97,7 @@ class Stack:
         return self._private_dir
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        env = {k: v for k, v in (os.environ if env is None else env).items() if k not in CLUSTER_SETTINGS}
         log = open(self.workdir / f"{name}.log", "ab")
         # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order;
         # SIGTERM when we die without stopping them (SIGKILL, OOM), so they never outlive us

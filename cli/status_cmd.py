@@ -31,11 +31,11 @@ def check_collector_address(address: str) -> None:
         fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
 
 
-def _stub(address: str):
+def _stub(address: str, tls_ca: str | None = None):
     from clusterwatch.v1 import query_pb2_grpc
 
     check_collector_address(address)
-    channel = query_channel(address)
+    channel = query_channel(address, tls_ca)
     return channel, query_pb2_grpc.QueryStub(channel)
 
 
@@ -62,14 +62,15 @@ def _explain(exc, address: str, what: str) -> str:
     return f"the collector at {address} failed {what}: {code.name}: {exc.details()}"
 
 
-def fetch_job(address: str, job_id: str, trend_points: int = 40, credential: MungeCredential | None = None):
+def fetch_job(address: str, job_id: str, trend_points: int = 40, credential: MungeCredential | None = None,
+              tls_ca: str | None = None):
     """The job's view from the collector; raises grpc.RpcError.
 
     `credential`: a munge credential started earlier (used once); else a fresh one is made here.
     """
     from clusterwatch.v1 import query_pb2
 
-    channel, stub = _stub(address)
+    channel, stub = _stub(address, tls_ca)
     try:
         return stub.GetJob(query_pb2.GetJobRequest(job_id=job_id, trend_points=trend_points),
                            timeout=QUERY_TIMEOUT_S, metadata=(credential or MungeCredential()).metadata())
@@ -90,7 +91,7 @@ def complete_job_ids(ctx: click.Context, param, incomplete: str):
 
     address = ctx.params.get("collector") or os.environ.get("CLUSTERWATCH_COLLECTOR", DEFAULT_COLLECTOR)
     try:
-        channel, stub = _stub(address)
+        channel, stub = _stub(address, ctx.params.get("tls_ca"))
         try:
             resp = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=1.0, metadata=query_metadata())
         finally:
@@ -116,7 +117,7 @@ def _job_id(ctx: click.Context, param, value: str) -> str:
               help="Refresh until Ctrl-C: in place on a terminal; else one report (one JSON line) each time.")
 @click.option("-n", "--interval", "interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between refreshes with --watch.")
-def status(job_id: str, collector: str, as_json: bool, watch: bool, interval: float) -> None:
+def status(job_id: str, collector: str, tls_ca: str | None, as_json: bool, watch: bool, interval: float) -> None:
     """Show a job: its nodes, ranks and GPUs, memory and utilisation trends, alerts and advice."""
     # `munge -n` runs (on another core) while grpc and protobuf import; the first request takes its credential
     credential: MungeCredential | None = MungeCredential()
@@ -125,7 +126,7 @@ def status(job_id: str, collector: str, as_json: bool, watch: bool, interval: fl
     def once() -> str:
         nonlocal credential
         try:
-            view = fetch_job(collector, job_id, credential=credential)
+            view = fetch_job(collector, job_id, credential=credential, tls_ca=tls_ca)
         except grpc.RpcError as exc:
             fail(_explain(exc, collector, f"status {job_id}"), code=1)
         finally:
@@ -166,14 +167,14 @@ def status(job_id: str, collector: str, as_json: bool, watch: bool, interval: fl
 @collector_option
 @click.option("--all", "include_ended", is_flag=True, help="Also list jobs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
-def jobs(collector: str, include_ended: bool, as_json: bool) -> None:
+def jobs(collector: str, tls_ca: str | None, include_ended: bool, as_json: bool) -> None:
     """List the jobs the collector knows, with their firing alerts."""
     credential = MungeCredential()  # made while grpc and protobuf import, as in status
     import grpc
     from clusterwatch.v1 import query_pb2
 
     exit_quickly_when_done()
-    channel, stub = _stub(collector)
+    channel, stub = _stub(collector, tls_ca)
     try:
         resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S,
                              metadata=credential.metadata())
