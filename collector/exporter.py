@@ -177,24 +177,60 @@ _WRITTEN_APART = frozenset(f.name for f in (JOB_INFO, JOB_CODE, *JOB_FAMILIES, *
                                             *GPU_FAMILIES))
 
 
-class Snapshot(NamedTuple):
-    """What one scrape exports, copied out of the state as plain tuples (no state objects).
+class JobRow(NamedTuple):
+    """A running job in a snapshot."""
 
-    jobs: (job_id, user, name, partition, state, tag label items, code label values or None, live processes,
-    GPU memory, RSS); ranks: ((job_id, node, rank), then one value or None per RANK_FAMILIES entry);
-    processes: ((job_id, node, pid, command), GPU memory, RSS, CPU ratio); gpus: (node, uuid, index, job_id,
-    utilisation ratio, memory used, memory total, power); nodes: (node, up, memory, last seen, dropped);
-    alerts: label values in ALERT_FAMILY order, or None when alerts are not exported; counters:
-    (name, help, value).
+    job_id: str
+    user: str
+    name: str
+    partition: str
+    state: str
+    tags: tuple[tuple[str, str], ...]  # tag label (name, value) pairs
+    code: list[str] | None  # JOB_CODE's label values after job_id, None without provenance
+    processes: int  # live
+    gpu_memory_bytes: int
+    rss_bytes: int
+
+
+class GpuRow(NamedTuple):
+    """A GPU in a snapshot (None: not reported)."""
+
+    node: str
+    uuid: str
+    index: str
+    job_id: str  # the job it is allocated to or used by, "" for none
+    utilization_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_watts: float | None
+
+
+class NodeRow(NamedTuple):
+    """A node in a snapshot."""
+
+    node: str
+    up: float  # 1.0 or 0.0
+    memory_total_bytes: int
+    last_seen: float
+    samples_dropped: int
+
+
+class Snapshot(NamedTuple):
+    """What one scrape exports, copied out of the state (no state objects).
+
+    ranks: ((job_id, node, rank), then one value or None per RANK_FAMILIES entry); processes: ((job_id,
+    node, pid, command), then one value or None per PROCESS_FAMILIES entry): rows of family columns, as
+    the writer reads them. alerts: label values in ALERT_FAMILY order, or None when alerts are not
+    exported; counters: (name, help, value).
     """
 
-    jobs: list
-    ranks: list
-    processes: list | None
-    gpus: list
-    nodes: list
-    alerts: list | None
-    counters: list | None
+    jobs: list[JobRow]
+    ranks: list[tuple]
+    processes: list[tuple] | None
+    gpus: list[GpuRow]
+    nodes: list[NodeRow]
+    alerts: list[tuple[str, ...]] | None
+    counters: list[tuple[str, str, float]] | None
 
 
 def format_value(v) -> str:
@@ -338,21 +374,22 @@ class ClusterCollector(Collector):
                 ))
             code = code_labels(job.provenance.values()) if job.provenance else None
             tags = tuple(tag_labels(job.tags, JOB_INFO.labels).items())
-            jobs.append((job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
+            jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
         use_owner.update(alloc_owner)  # a GPU allocated to a job is that job's; else the first job using it
         gpus = []
         for uuid, gs in st.gpus.items():
             r = gs.latest
             job_id = use_owner.get(uuid, "")
             if r is None:
-                gpus.append((gs.node, uuid, str(gs.info.index), job_id, None, None, gs.info.memory_total_bytes, None))
+                gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, None, None, gs.info.memory_total_bytes,
+                                   None))
                 continue
             util = r.utilization
-            gpus.append((gs.node, uuid, str(gs.info.index), job_id, util / 100.0 if util is not None else None,
-                         r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts))
+            gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, util / 100.0 if util is not None else None,
+                               r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts))
         node_up, after = st.node_up, self.after_intervals
-        nodes = [(ns.node, 1.0 if node_up(ns, now, after) else 0.0, ns.memory_total_bytes, ns.last_seen,
-                  ns.samples_dropped) for ns in st.nodes.values()]
+        nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after) else 0.0, ns.memory_total_bytes, ns.last_seen,
+                         ns.samples_dropped) for ns in st.nodes.values()]
         alerts = None
         if self.alerts is not None:
             alerts = [(a["rule"], a["severity"], a["state"], a.get("job_id", ""), a.get("node", ""), a.get("rank", ""))
