@@ -29,7 +29,6 @@ from clusterwatch.wire import (
 )
 
 from .backends.gpu import GpuSource
-from .backends.procs import ProcSource
 from .config import AgentConfig
 from .labels import JobLabeler
 from .spool import JobSpool, with_gpu_uuids
@@ -38,7 +37,7 @@ log = logging.getLogger("clusterwatch.agent")
 
 
 def node_memory_total() -> int:
-    """Host RAM in bytes (MemTotal of /proc/meminfo), 0 if unreadable."""
+    """Host RAM in bytes: MemTotal of /proc/meminfo, psutil's figure where there is none (macOS); 0 if unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -46,7 +45,12 @@ def node_memory_total() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except (ImportError, OSError, RuntimeError):
+        return 0
 
 
 class Agent:
@@ -55,7 +59,7 @@ class Agent:
     Args:
         config: the agent's configuration.
         gpus: the GPU source (NVML, simulated, or none).
-        procs: the process source.
+        procs: the process source (backends.procs.ProcSource, or backends.psutil_procs.PsutilProcSource).
         labeler: labels processes with job and rank.
         clock: time source (Unix seconds); tests pass their own.
     """
@@ -64,7 +68,7 @@ class Agent:
         self,
         config: AgentConfig,
         gpus: GpuSource,
-        procs: ProcSource,
+        procs,
         labeler: JobLabeler,
         spool: JobSpool | None = None,
         clock: Callable[[], float] = time.time,
@@ -84,9 +88,11 @@ class Agent:
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
         # One look for new processes a poll, for both sources that look for them (the simulated GPUs, /proc).
+        # (The psutil process source has none to share.)
         use_new_pids = getattr(gpus, "use_new_pids", None)
-        self._shared_new_pids = (procs.new_pids if use_new_pids is not None and use_new_pids(procs.new_pids)
-                                 else None)
+        new_pids = getattr(procs, "new_pids", None)
+        self._shared_new_pids = (new_pids if use_new_pids is not None and new_pids is not None
+                                 and use_new_pids(new_pids) else None)
 
     def hello(self) -> agent_pb2.Hello:
         """The Hello that opens every stream."""

@@ -32,6 +32,8 @@ class AgentConfig:
         count_fds: count each process's open file descriptors.
         watch_all_gpu_processes: watch every process NVML reports, not only Slurm jobs'.
         provenance: record each rank process's git provenance once.
+        process_source: "auto" (the /proc reader where there is a Linux /proc, else psutil), "proc" or
+            "psutil".
     """
 
     collector: str | None
@@ -53,3 +55,4 @@ class AgentConfig:
     count_fds: bool = True
     watch_all_gpu_processes: bool = True
     provenance: bool = True
+    process_source: str = "auto"

@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
-from clusterwatch.errors import ClusterwatchError
+from clusterwatch.errors import ClusterwatchError, ConfigError
 from clusterwatch.tls import channel_credentials
 
 from .agent import Agent, PollJoiner, run_loop, submit, write_pid_file
@@ -160,7 +161,6 @@ def claim_spool(spool_dir: str) -> int | None:
 
 def build_agent(config: AgentConfig, live: bool = True) -> Agent:
     """The Agent with its sources; `live` also opens the training-report socket and the provenance worker."""
-    from .backends.procs import ProcSource
     from .labels import JobLabeler
     from .slurm_lookup import ProcLookup
     from .spool import JobSpool
@@ -178,8 +178,32 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
             from .provenance_worker import ProvenanceWorker
 
             provenance = ProvenanceWorker()
-    return Agent(config, gpus, ProcSource(config.node, count_fds=config.count_fds), labeler, spool=spool,
-                 train_drain=train_drain, provenance=provenance)
+    return Agent(config, gpus, open_procs(config), labeler, spool=spool, train_drain=train_drain,
+                 provenance=provenance)
+
+
+PROCESS_SOURCES = ("auto", "proc", "psutil")
+
+
+def open_procs(config: AgentConfig, proc_root: str = "/proc"):
+    """The process source: the /proc reader where `proc_root` is a Linux /proc, psutil elsewhere (macOS);
+    ConfigError for a source that cannot be used here."""
+    kind = config.process_source
+    if kind not in PROCESS_SOURCES:
+        raise ConfigError(f"unknown process source {kind!r}; choose one of {', '.join(PROCESS_SOURCES)}")
+    has_proc = os.path.exists(f"{proc_root}/self/stat")
+    if kind == "auto":
+        kind = "proc" if has_proc else "psutil"
+    if kind == "psutil":
+        from .backends.psutil_procs import PsutilProcSource
+
+        return PsutilProcSource(config.node, count_fds=config.count_fds)
+    if not has_proc:
+        raise ConfigError(f"--process-source proc needs a Linux /proc ({proc_root} has none); "
+                          "pass --process-source psutil or auto")
+    from .backends.procs import ProcSource
+
+    return ProcSource(config.node, proc=proc_root, count_fds=config.count_fds)
 
 
 def open_gpus(config: AgentConfig):
@@ -198,6 +222,9 @@ def open_gpus(config: AgentConfig):
 def open_train_endpoint(path: str | None):
     """Start listening for clusterwatch.train reports; None (with one line) when the socket cannot be made."""
     if not path:
+        return None
+    if not hasattr(socket, "SO_PASSCRED"):  # the endpoint learns each sender's pid from Linux peer credentials
+        log.warning("training reports need Linux peer credentials (SO_PASSCRED); running without them")
         return None
     from .train_endpoint import TrainEndpoint
 

@@ -27,6 +27,9 @@ from .common import fail, setup_logging
 @click.option("--sim-run", envvar="CLUSTERWATCH_SIM_RUN", default=None, metavar="TOKEN",
               help="With --gpu-source sim: play only processes whose CLUSTERWATCH_SIM_RUN is TOKEN "
                    "(default: only those without one) (CLUSTERWATCH_SIM_RUN).")
+@click.option("--process-source", type=click.Choice(["auto", "proc", "psutil"]), default="auto", show_default=True,
+              help="Where process figures come from: Linux /proc, or psutil (CPU and memory where there is no "
+                   "/proc, e.g. macOS); auto picks /proc when there is one.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Also watch this process and its children.")
 @click.option("--job-id", "local_job_id", default="", help="Job id given to the --pid trees.")
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
@@ -50,7 +53,8 @@ from .common import fail, setup_logging
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
-def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, sim_run, pids, local_job_id, once,
+def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, sim_run, process_source, pids,
+          local_job_id, once,
           as_json, token, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
@@ -81,7 +85,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         sim_scenario=sim_scenario, sim_run=sim_run,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
-        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
     )
     try:
         check_client_pair(tls_cert, tls_key, tls_ca)

@@ -43,10 +43,14 @@ def test_sender_submit_stamps_its_counters_on_the_batch():
     assert sender.counters.samples_dropped == 8 and (first.seq, second.seq) == (1, 2)
 
 
-def test_run_streams_until_stopped_then_flushes_and_closes(tmp_path, sleeper):
+@pytest.mark.parametrize("process_source", ["proc", "psutil"])
+def test_run_streams_until_stopped_then_flushes_and_closes(tmp_path, sleeper, process_source):
     collector = Collector(tmp_path)
     try:
-        runtime = AgentRuntime.from_config(_config(tmp_path, collector.address, sleeper.pid))
+        runtime = AgentRuntime.from_config(_config(tmp_path, collector.address, sleeper.pid,
+                                                   process_source=process_source))
+        assert runtime.agent.procs.__class__.__name__ == {"proc": "ProcSource", "psutil": "PsutilProcSource"}[
+            process_source]
         stop = threading.Event()
         result = {}
         thread = threading.Thread(target=lambda: result.setdefault("counters", runtime.run(stop)))
