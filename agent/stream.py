@@ -82,9 +82,9 @@ class BatchBuffer:
 class Sender:
     """Keeps the stream to the collector and delivers batches at least once.
 
-    The stream lives on an asyncio loop (grpc.aio) in one background thread. The synchronous gRPC
-    stream cost 2.7 ms of CPU a second while idle (three threads, each waking ten times a second inside
-    grpc's waits), half of the whole agent; on grpc.aio 0.8 (bench/bench_sender.py).
+    The stream lives on an asyncio loop (grpc.aio) in one background thread: the synchronous gRPC
+    stream keeps three threads that each wake ten times a second inside grpc's waits, which an idle
+    agent cannot afford (bench/bench_sender.py measures both).
 
     Args:
         target: collector address, HOST:PORT.

@@ -61,7 +61,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
     import os
 
     # gRPC's fork handlers run in every child the agent forks (git for provenance runs as the
-    # process's owner, which needs fork, not vfork) and crashed git while the stream was busy.
+    # process's owner, which needs fork, not vfork) and can crash git while the stream is busy.
     # The agent never uses gRPC in a child, so they are switched off before gRPC loads.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     setup_logging(verbose)

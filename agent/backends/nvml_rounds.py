@@ -1,9 +1,9 @@
 """One round of NVML reads a poll, every GPU within a deadline, a wedged GPU kept apart.
 
-The healthy GPUs are read in turn on one shared thread: one thread switch a poll, where a thread
-per GPU cost about four times the reads' own CPU (each ctypes call lets go of the GIL, and eight
-threads took it from each other at every call: 2.3 against 0.6 ms a poll for 8 GPUs, measured
-through the real pynvml and the C stand-in). When the round overruns its deadline, the GPU the
+The healthy GPUs are read in turn on one shared thread: one thread switch a poll. A thread per GPU
+costs several times the reads' own CPU: each ctypes call lets go of the GIL, and the threads take it
+from each other at every call (bench/bench_agent.py's NVML rows, through the real pynvml and the C
+stand-in). When the round overruns its deadline, the GPU the
 shared thread is inside is set apart: that thread is left to finish its call and end, the GPU
 gets a thread (a `Lane`) of its own, and a new shared thread reads the others from the next
 round on. A GPU set apart goes back to the shared thread after it has answered in time for a

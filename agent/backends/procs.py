@@ -3,8 +3,8 @@
 A process is identified by (pid, start time): CPU deltas and caches never join a reused
 pid to the process that had it before.
 
-What a poll costs, and why (bench/bench_agent.py measures it; a /proc open costs ~25 µs on a
-noisy VM, a read of an open file a quarter of that):
+What a poll costs, and why (bench/bench_agent.py measures it; opening a /proc file costs several
+times what reading an open one does):
 
 - Each watched process is read through file descriptors the source keeps open while it
   watches it: `/proc/<pid>/stat` (one `pread` a poll gives state, parent, CPU, threads,
@@ -372,12 +372,31 @@ class ProcSource:
             return set()
         new = self._news.poll() or ()  # None: the first listing; the new roots below are walked exactly
         members = self._members
+        known_roots = roots <= members  # the usual poll: every root is in the tree already
+        parents = self._reread(members if known_roots else members | roots, fresh)
+        new_roots = [] if known_roots else [r for r in roots if r in parents and r not in members]
+        if new_roots:
+            new = set(new) | self._walk(new_roots, members)
+        probed = self._probe_new(new, parents)
+        if not probed and not new_roots and roots == self._roots and parents == self._parents:
+            return set(members)  # nothing started, ended or moved: the same tree
+        self._roots, self._parents = set(roots), parents
+        tree = reachable(roots, parents)
+        for pid in parents:
+            if pid not in tree and pid not in probed:
+                self._release(pid)
+                del fresh[pid]
+        self._hold_probed(probed, tree, parents, fresh)
+        self._members = tree
+        return set(tree)
+
+    def _reread(self, pids: set[int], fresh: dict[int, bytes]) -> dict[int, int]:
+        """Read the stat of each of `pids` into `fresh`; their parents (the gone and unreadable left out)."""
         parents: dict[int, int] = {}
         held_of = self._held.get
         last_of = self._known.get  # what the last poll sampled: its text, and the parent read from it
         pread = os.pread
-        known_roots = roots <= members  # the usual poll: every root is in the tree already
-        for pid in members if known_roots else members | roots:
+        for pid in pids:
             held = held_of(pid)
             if held is not None:
                 try:
@@ -404,10 +423,11 @@ class ProcSource:
                 continue
             fresh[pid] = data
             parents[pid] = ppid
-        probed: dict[int, int] = {}  # pid → start ticks of what was read without keeping a descriptor
-        new_roots = [] if known_roots else [r for r in roots if r in parents and r not in members]
-        if new_roots:
-            new = set(new) | self._walk(new_roots, members)
+        return parents
+
+    def _probe_new(self, new, parents: dict[int, int]) -> dict[int, int]:
+        """Read the parent of each new pid into `parents` without keeping a descriptor; pid → its start ticks."""
+        probed: dict[int, int] = {}
         for pid in new:
             if pid not in parents:
                 data = self._read(pid, False)
@@ -415,25 +435,11 @@ class ProcSource:
                 if got is not None:
                     parents[pid] = got[0]
                     probed[pid] = got[1]
-        if not probed and not new_roots and roots == self._roots and parents == self._parents:
-            return set(members)  # nothing started, ended or moved: the same tree
-        self._roots, self._parents = set(roots), parents
-        # the tree: every process a live root reaches through parent links
-        children: dict[int, list[int]] = {}
-        for pid, ppid in parents.items():
-            children.setdefault(ppid, []).append(pid)
-        tree: set[int] = set()
-        todo = [r for r in roots if r in parents]
-        while todo:
-            pid = todo.pop()
-            if pid not in tree:
-                tree.add(pid)
-                todo.extend(children.get(pid, ()))
-        for pid in parents:
-            if pid not in tree and pid not in probed:
-                self._release(pid)
-                del fresh[pid]
-        # found by a read without a descriptor: keep one now, if the pid is still the same process
+        return probed
+
+    def _hold_probed(self, probed: dict[int, int], tree: set[int], parents: dict[int, int],
+                     fresh: dict[int, bytes]) -> None:
+        """Keep a descriptor for each probed pid that joined the tree, if the pid is still the same process."""
         for pid, start in probed.items():
             if pid not in tree:
                 continue
@@ -445,8 +451,6 @@ class ProcSource:
                 parents.pop(pid, None)
             else:
                 fresh[pid] = data
-        self._members = tree
-        return set(tree)
 
     def _walk(self, roots: list[int], stop: set[int]) -> set[int]:
         """The trees below `roots`, exactly (children of every thread); not below a pid in `stop`."""
@@ -645,6 +649,21 @@ class ProcSource:
                 name = str(uid)
             self._users[uid] = name
         return name
+
+
+def reachable(roots: set[int], parents: dict[int, int]) -> set[int]:
+    """Every process a root in `parents` reaches through parent links (roots not in `parents` are gone)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree: set[int] = set()
+    todo = [r for r in roots if r in parents]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
 
 
 def _fd_dir_counts(proc: str) -> bool:
