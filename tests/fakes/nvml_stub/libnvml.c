@@ -17,8 +17,15 @@
  *   ecc UUID corrected_volatile=N uncorrected_volatile=N corrected_aggregate=N uncorrected_aggregate=N
  *   remapped UUID corrected=N uncorrected=N pending=0|1 failure=0|1
  *
- * A gpu line may also carry temp=C (temperature), throttle=MASK (clock event reasons) and
- * events=MASK (supported event types; default single/double-bit ECC, P-state, Xid, clock).
+ * A gpu line may also carry temp=C (temperature), throttle=MASK (clock event reasons),
+ * events=MASK (supported event types; default single/double-bit ECC, P-state, Xid, clock) and
+ * pci=DOMAIN:BUS:DEV (hex; default 0000:(16+index):00).
+ *
+ *   health UUID [viol_power_ns=N viol_thermal_ns=N viol_sync_ns=N viol_board_ns=N viol_low_util_ns=N
+ *          viol_reliability_ns=N] [replay=N] [retired_sbe=N retired_dbe=N retired_pending=0|1]
+ *          [nvlinks=N nvlink_replay=N nvlink_recovery=N nvlink_crc_flit=N nvlink_crc_data=N]
+ *     (violation time per perf policy, PCIe replays, retired pages, NVLink error counters: each
+ *      counter is per link, on links 0..nvlinks-1; a link past them answers NOT_SUPPORTED)
  *
  * Layouts follow nvml.h: nvmlProcessInfo_v1_t {pid, usedGpuMemory} for the unversioned list
  * functions, nvmlProcessInfo_v2_t {pid, usedGpuMemory, gpuInstanceId, computeInstanceId} for _v2
@@ -62,6 +69,10 @@ typedef struct nvmlDevice_st {
     unsigned long long ecc[2][2];   /* [uncorrected?][aggregate?] */
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     int lost, mig_mode;
+    unsigned int pci_domain, pci_bus, pci_dev;
+    unsigned long long viol_ns[6];   /* by nvmlPerfPolicyType_t 0..5 */
+    unsigned int replay, retired[2], retired_pending, nvlinks;
+    unsigned long long nvlink_err[4];   /* replay, recovery, crc flit, crc data: per link */
 } *nvmlDevice_t;
 
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
@@ -167,6 +178,8 @@ static void load_state(void) {
                 d->temp = (unsigned)kv_num(rest, "temp", 40);
                 d->throttle = kv(rest, "throttle") ? strtoull(kv(rest, "throttle"), NULL, 0) : 0;
                 d->event_types = kv(rest, "events") ? strtoull(kv(rest, "events"), NULL, 0) : 0x1F;
+                d->pci_bus = 16u + (unsigned)(ndev - 1);
+                if (kv(rest, "pci")) sscanf(kv(rest, "pci"), "%x:%x:%x", &d->pci_domain, &d->pci_bus, &d->pci_dev);
                 kv_name(rest, d->name, sizeof d->name);
             } else if (pass == 0 && strcmp(word, "mig") == 0) {
                 char parent[96] = ""; int slot = -1;
@@ -222,6 +235,22 @@ static void load_state(void) {
                 devs[slot].remap_unc = (unsigned)kv_num(rest, "uncorrected", 0);
                 devs[slot].remap_pending = (unsigned)kv_num(rest, "pending", 0);
                 devs[slot].remap_failure = (unsigned)kv_num(rest, "failure", 0);
+            } else if (pass == 1 && strcmp(word, "health") == 0) {
+                static const char *viol[6] = {"viol_power_ns", "viol_thermal_ns", "viol_sync_ns",
+                                              "viol_board_ns", "viol_low_util_ns", "viol_reliability_ns"};
+                static const char *link[4] = {"nvlink_replay", "nvlink_recovery", "nvlink_crc_flit",
+                                              "nvlink_crc_data"};
+                sscanf(rest, "%95s", uuid);
+                int slot = find_uuid(uuid);
+                if (slot < 0) continue;
+                nvmlDevice_t d = &devs[slot];
+                for (int i = 0; i < 6; i++) d->viol_ns[i] = kv_num(rest, viol[i], 0);
+                for (int i = 0; i < 4; i++) d->nvlink_err[i] = kv_num(rest, link[i], 0);
+                d->replay = (unsigned)kv_num(rest, "replay", 0);
+                d->retired[0] = (unsigned)kv_num(rest, "retired_sbe", 0);
+                d->retired[1] = (unsigned)kv_num(rest, "retired_dbe", 0);
+                d->retired_pending = (unsigned)kv_num(rest, "retired_pending", 0);
+                d->nvlinks = (unsigned)kv_num(rest, "nvlinks", 0);
             } else if (pass == 1 && strcmp(word, "init_error") == 0) {
                 init_error = atoi(rest);
             } else if (pass == 1 && strcmp(word, "driver") == 0) {
@@ -658,5 +687,69 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     if (!set) return NVML_ERROR_INVALID_ARGUMENT;
     set->used = 0;
     free(set);
+    return NVML_SUCCESS;
+}
+
+/* --- health: PCI identity, violation time, PCIe replays, retired pages, NVLink errors ---------- */
+
+typedef struct {
+    char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32];
+} nvmlPciInfo_t;
+typedef struct { unsigned long long referenceTime, violationTime; } nvmlViolationTime_t;
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetPciInfo_v3", d);
+    if (ret) return ret;
+    nvmlDevice_t g = d->mig_parent >= 0 ? &devs[d->mig_parent] : d;
+    memset(pci, 0, sizeof *pci);
+    pci->domain = g->pci_domain; pci->bus = g->pci_bus; pci->device = g->pci_dev;
+    pci->pciDeviceId = 0x233010DEu;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", g->pci_domain, g->pci_bus, g->pci_dev);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", g->pci_domain, g->pci_bus, g->pci_dev);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(d, pci); }
+nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t d, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(d, pci); }
+
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t d, int policy, nvmlViolationTime_t *t) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetViolationStatus", d);
+    if (ret) return ret;
+    if (policy < 0 || policy > 5) return NVML_ERROR_NOT_SUPPORTED;
+    t->referenceTime = now_us(); t->violationTime = d->viol_ns[policy];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *value) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetPcieReplayCounter", d);
+    if (ret == NVML_SUCCESS) *value = d->replay;
+    return ret;
+}
+
+/* cause 0: multiple single-bit errors, 1: a double-bit error; the addresses are made up */
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *count,
+                                       unsigned long long *addresses) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetRetiredPages", d);
+    if (ret) return ret;
+    if (cause < 0 || cause > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = d->retired[cause];
+    if (!addresses || *count < n) { *count = n; return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS; }
+    for (unsigned int i = 0; i < n; i++) addresses[i] = 0x1000ULL * (i + 1);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *pending) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetRetiredPagesPendingStatus", d);
+    if (ret == NVML_SUCCESS) *pending = (int)d->retired_pending;
+    return ret;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, int counter,
+                                             unsigned long long *value) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetNvLinkErrorCounter", d);
+    if (ret) return ret;
+    if (link >= d->nvlinks) return NVML_ERROR_NOT_SUPPORTED;
+    if (counter < 0 || counter > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    *value = d->nvlink_err[counter];
     return NVML_SUCCESS;
 }
