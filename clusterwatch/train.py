@@ -40,6 +40,11 @@ Datagram format (version 1), a JSON object with optional keys:
 a framework passed itself); `uuid` is torch's device UUID (without NVML's "GPU-" prefix in
 some releases); an agent that predates `gpu` ignores it.
 
+Requests back: the socket is bound to an autobound abstract address, so the agent can ask this
+process to act (`on_request("checkpoint", handler)`; handlers run inside the next `report()`) or
+to show its threads' stacks (answered by a listener thread even when the main thread is stuck).
+clusterwatch/train_requests.py describes the channel and who may use it.
+
 Fork-safe: a child (a DataLoader worker) gets its own socket and zeroed counters.
 Thread-safe: a datagram is sent whole or not at all; counters are locked.
 """
@@ -53,7 +58,10 @@ import sys
 import threading
 import time
 
-__all__ = ["report", "tags", "sent", "dropped", "invalid", "DEFAULT_SOCKET", "SOCKET_ENV"]
+from clusterwatch.train_requests import DUMP_STACKS, Handler, Refused, Request, RequestChannel
+
+__all__ = ["report", "tags", "sent", "dropped", "invalid", "on_request", "Refused", "Request",
+           "DEFAULT_SOCKET", "SOCKET_ENV"]
 
 SOCKET_ENV = "CLUSTERWATCH_TRAIN_SOCKET"
 DEFAULT_SOCKET = "/run/clusterwatch/train.sock"
@@ -85,9 +93,11 @@ class _State:
         self.tags_due = math.inf  # monotonic time when tags ride along again; inf: no tags
         self.allocator_due = 0.0  # monotonic time when torch's allocator is read again
         self.uuids: dict[int, str] = {}  # torch device index -> its UUID (read once)
+        self.channel: RequestChannel | None = None  # requests from the agent, once the socket is bound
 
 
 _state = _State()
+_handlers: dict[str, Handler] = {}  # request name -> handler; a forked child keeps them
 
 
 def _after_fork_in_child() -> None:
@@ -177,6 +187,15 @@ def _socket(st: _State) -> socket.socket | None:
                 return None
             st.path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
             st.sock = sock
+            try:
+                # an abstract autobound name the agent can answer to; the kernel's credentials
+                # on what arrives say who sent it (train_requests checks them)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                sock.bind("")
+            except OSError:
+                return sock  # reports still go; requests cannot come back
+            st.channel = RequestChannel(sock, st.path, _handlers)
+            st.channel.start()
         return st.sock
 
 
@@ -301,7 +320,11 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
         extra = _torch_allocator(st)
     if bad:
         _count(st, "invalid", bad)
-    return _send(st, body, now, False, extra)
+    ok = _send(st, body, now, False, extra)
+    channel = st.channel
+    if channel is not None and channel.pending:
+        channel.run_pending()
+    return ok
 
 
 _STAT_KEYS = (("allocated", "allocated_bytes.all.current"), ("reserved", "reserved_bytes.all.current"),
@@ -395,6 +418,33 @@ def tags(**labels: str) -> bool:
     if not merged:
         return False
     return _send(st, "", time.monotonic(), True)
+
+
+def on_request(name: str, handler: Handler | None) -> None:
+    """Run `handler` when the agent asks this process for `name` ("checkpoint", "stop", ...).
+
+    The handler runs in the training loop, inside the next `report()` after the request came,
+    with the `Request` (name, id, args). It returns None or a message for the asker; it raises
+    `Refused("why")` to decline, and any other exception is answered as a failure with its
+    message (and does not reach the training loop). A `stop` handler may call `sys.exit()`: the
+    answer goes out first. `dump_stacks` needs no handler: clusterwatch answers it itself.
+
+    Args:
+        name: the request's name, 1-64 printable characters.
+        handler: the function, or None to remove the handler (later requests get "no_handler").
+
+    Raises:
+        ValueError: a name that no request can carry, or `dump_stacks`.
+    """
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or not name.isprintable():
+        raise ValueError(f"a request name is 1-{MAX_NAME} printable characters, not {name!r}")
+    if name == DUMP_STACKS:
+        raise ValueError("dump_stacks is answered by clusterwatch.train itself (from a thread of its own, "
+                         "so that it works while the training loop is stuck); it takes no handler")
+    if handler is None:
+        _handlers.pop(name, None)
+    else:
+        _handlers[name] = handler
 
 
 def sent() -> int:
