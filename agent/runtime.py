@@ -21,8 +21,9 @@ from .stream import Sender, SenderCounters
 
 log = logging.getLogger("clusterwatch.agent")
 
-# How long the shutdown waits for the collector to acknowledge what is buffered: a systemd stop
-# allows 90 s in all, and a collector that is away must not hold the node's shutdown.
+# How long the shutdown waits for the collector to acknowledge what is buffered: the unit's stop
+# allows 20 s in all (deploy/systemd/clusterwatch-agent.service), and a collector that is away must
+# not hold the node's shutdown.
 FLUSH_TIMEOUT_S = 5.0
 
 
