@@ -197,8 +197,98 @@ class AgentCounters(_message.Message):
     buffered_batches: int
     def __init__(self, samples_sent: _Optional[int] = ..., samples_dropped: _Optional[int] = ..., read_errors: _Optional[int] = ..., buffered_batches: _Optional[int] = ...) -> None: ...
 
+class HealthEvent(_message.Message):
+    __slots__ = ("time", "uuid", "kind", "xid", "data", "pid", "process", "pci", "source", "text", "kernel_boot_id", "kmsg_seq")
+    class Source(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SOURCE_UNSPECIFIED: _ClassVar[HealthEvent.Source]
+        NVML: _ClassVar[HealthEvent.Source]
+        KMSG: _ClassVar[HealthEvent.Source]
+    SOURCE_UNSPECIFIED: HealthEvent.Source
+    NVML: HealthEvent.Source
+    KMSG: HealthEvent.Source
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    PCI_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    KMSG_SEQ_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    uuid: str
+    kind: str
+    xid: int
+    data: int
+    pid: int
+    process: str
+    pci: str
+    source: HealthEvent.Source
+    text: str
+    kernel_boot_id: str
+    kmsg_seq: int
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., kind: _Optional[str] = ..., xid: _Optional[int] = ..., data: _Optional[int] = ..., pid: _Optional[int] = ..., process: _Optional[str] = ..., pci: _Optional[str] = ..., source: _Optional[_Union[HealthEvent.Source, str]] = ..., text: _Optional[str] = ..., kernel_boot_id: _Optional[str] = ..., kmsg_seq: _Optional[int] = ...) -> None: ...
+
+class GpuHealth(_message.Message):
+    __slots__ = ("time", "uuid", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "clock_event_reasons", "violation_seconds", "temperature_c", "pcie_replays", "nvlink_errors")
+    class ViolationSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class NvlinkErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_CORRECTED_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_UNCORRECTED_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_SBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_DBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    VIOLATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    uuid: str
+    ecc_corrected_volatile: int
+    ecc_uncorrected_volatile: int
+    ecc_corrected_aggregate: int
+    ecc_uncorrected_aggregate: int
+    remapped_rows_corrected: int
+    remapped_rows_uncorrected: int
+    remapped_rows_pending: bool
+    remapped_rows_failure: bool
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    clock_event_reasons: int
+    violation_seconds: _containers.ScalarMap[str, float]
+    temperature_c: int
+    pcie_replays: int
+    nvlink_errors: _containers.ScalarMap[str, int]
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., remapped_rows_corrected: _Optional[int] = ..., remapped_rows_uncorrected: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., clock_event_reasons: _Optional[int] = ..., violation_seconds: _Optional[_Mapping[str, float]] = ..., temperature_c: _Optional[int] = ..., pcie_replays: _Optional[int] = ..., nvlink_errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class Batch(_message.Message):
-    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters")
+    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters", "health_events", "gpu_health")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +297,8 @@ class Batch(_message.Message):
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     JOB_EVENTS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     processes: ProcessTable
@@ -215,7 +307,9 @@ class Batch(_message.Message):
     provenance: _containers.RepeatedCompositeFieldContainer[Provenance]
     job_events: _containers.RepeatedCompositeFieldContainer[JobEvent]
     counters: AgentCounters
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ...) -> None: ...
+    health_events: _containers.RepeatedCompositeFieldContainer[HealthEvent]
+    gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealth]
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "batch")
