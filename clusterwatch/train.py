@@ -60,7 +60,7 @@ import time
 
 from clusterwatch.train_requests import DUMP_STACKS, Handler, Refused, Request, RequestChannel
 
-__all__ = ["report", "tags", "sent", "dropped", "invalid", "on_request", "Refused", "Request",
+__all__ = ["report", "tags", "sent", "dropped", "invalid", "on_request", "Refused", "Request", "provenance",
            "DEFAULT_SOCKET", "SOCKET_ENV"]
 
 SOCKET_ENV = "CLUSTERWATCH_TRAIN_SOCKET"
@@ -98,6 +98,8 @@ class _State:
 
 _state = _State()
 _handlers: dict[str, Handler] = {}  # request name -> handler; a forked child keeps them
+_own_record: dict | None = None  # provenance as computed in this process, once
+_own_record_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
@@ -445,6 +447,32 @@ def on_request(name: str, handler: Handler | None) -> None:
         _handlers.pop(name, None)
     else:
         _handlers[name] = handler
+
+
+def provenance() -> dict:
+    """The record of the code this process runs: for checkpoints, log headers, a tracker's config.
+
+    The agent's record when it has sent one (git state, submodules, a code_id that ranks
+    compare, the redacted command line), else one computed here on the first call, with the
+    same rule as the agent's: git runs as this user with nothing of the repository's that runs
+    a program (hooks, fsmonitor, pager, filter drivers) and a 5 s budget
+    (clusterwatch/train_provenance.py). Never raises: what git could not say is "unknown",
+    with the reason in ["git"]["error"].
+
+    Returns:
+        A new dict each call: {"from": "agent" | "process", ..., "git": {"root", "commit",
+        "branch", "dirty", "error", ...}}.
+    """
+    global _own_record
+    channel = _state.channel
+    if channel is not None and channel.provenance is not None:
+        return json.loads(json.dumps({**channel.provenance, "from": "agent"}))
+    with _own_record_lock:
+        if _own_record is None:
+            from clusterwatch.train_provenance import process_record  # git only when asked for
+
+            _own_record = process_record()
+        return json.loads(json.dumps(_own_record))
 
 
 def sent() -> int:

@@ -15,6 +15,10 @@ datagram that arrives is checked before anything is done with it:
 
 Anything else is dropped and counted, never answered.
 
+The agent may also push this process's provenance record, unasked, once it has taken it:
+    {"v": 1, "provenance": {...}}
+which `clusterwatch.train.provenance()` then returns instead of asking git itself.
+
 Request (agent to process), one JSON object:
     {"v": 1, "request": name, "id": string, "pid": int, "args": {...}}
 Answer (process to the agent's socket), one JSON object:
@@ -50,6 +54,7 @@ from typing import Any
 ACCEPTED, DONE, REFUSED, NO_HANDLER, FAILED = "accepted", "done", "refused", "no_handler", "failed"
 DUMP_STACKS = "dump_stacks"
 MAX_REQUEST = 4096
+MAX_PUSH = 65536           # the agent's provenance record, pushed unasked
 MAX_REPLY = 60000          # well under the default socket send buffer (212992)
 MAX_NAME = 64
 MAX_MESSAGE = 1024
@@ -198,6 +203,7 @@ class RequestChannel:
         self.agent_path = agent_path
         self.handlers = handlers
         self.pending: collections.deque[Request] = collections.deque()
+        self.provenance: dict[str, Any] | None = None  # the agent's record, when it sent one
         self.rejected = 0
         self.lost = 0
         self._run_lock = threading.Lock()
@@ -220,7 +226,7 @@ class RequestChannel:
                 return  # the socket was closed
             for _ in range(64):
                 try:
-                    data, ancdata, flags, addr = self.sock.recvmsg(MAX_REQUEST + 1, _CMSG_SPACE)
+                    data, ancdata, flags, addr = self.sock.recvmsg(MAX_PUSH + 1, _CMSG_SPACE)
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError:
@@ -252,6 +258,16 @@ class RequestChannel:
     def _take(self, data: bytes, ancdata: list, flags: int, addr: object) -> None:
         if not self._from_agent(ancdata, flags, addr):
             self.rejected += 1
+            return
+        if data.startswith(b'{"v":1,"provenance":') and len(data) <= MAX_PUSH:
+            try:
+                record = json.loads(data)["provenance"]
+            except (ValueError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                self.provenance = record
+            else:
+                self.rejected += 1
             return
         try:
             request = parse_request(data, os.getpid())
