@@ -1,0 +1,206 @@
+"""The agent's GPU health: the kernel-log reader, the NVML event watcher and the counters, as one part.
+
+Each runs on a thread of its own and leaves its records here; the poll loop takes them into the
+next batch (`drain_into`), so health costs the poll one lock and a copy. Any part that cannot
+start says so in one line and the others run: no kernel log (not root, `--kmsg none`), no NVML
+(no driver, a simulated GPU source), an NVML without events.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from clusterwatch.agent.health.counters import CounterReader, GpuCounters
+from clusterwatch.agent.health.devices import physical_gpus
+from clusterwatch.agent.health.events import EventWatcher, GpuEvent
+from clusterwatch.agent.health.kmsg import KmsgReader, XidEvent
+from clusterwatch.v1 import agent_pb2
+
+__all__ = ["HealthMonitor", "open_health", "kernel_boot_id", "xid_event_to_proto", "gpu_event_to_proto",
+           "counters_to_proto"]
+
+# records held between batches: a flood of XIDs (one a channel) must not grow the agent without bound
+MAX_HELD = 10_000
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def kernel_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This kernel boot's id (kmsg record numbers count within it); "" where there is none."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def xid_event_to_proto(e: XidEvent, boot_id: str, out: agent_pb2.HealthEvent) -> None:
+    out.time, out.uuid, out.kind, out.xid, out.data = e.time, e.uuid or "", "xid", e.xid, e.xid
+    out.pci, out.source, out.text, out.kernel_boot_id, out.kmsg_seq = (
+        e.pci, agent_pb2.HealthEvent.KMSG, e.text[:512], boot_id, e.seq)
+    if e.pid is not None:
+        out.pid = e.pid
+    if e.process:
+        out.process = e.process
+
+
+def gpu_event_to_proto(e: GpuEvent, out: agent_pb2.HealthEvent) -> None:
+    out.time, out.uuid, out.kind, out.data, out.source = e.time, e.uuid, e.kind, e.data, agent_pb2.HealthEvent.NVML
+    if e.kind == "xid":
+        out.xid = e.data
+
+
+def counters_to_proto(c: GpuCounters, out: agent_pb2.GpuHealth) -> None:
+    out.time, out.uuid = c.time, c.uuid
+    for name in ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                 "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected",
+                 "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe",
+                 "retired_pages_pending", "clock_event_reasons", "temperature_c", "pcie_replays"):
+        value = getattr(c, name)
+        if value is not None:
+            setattr(out, name, value)
+    out.violation_seconds.update(c.violation_seconds)
+    out.nvlink_errors.update(c.nvlink_errors)
+
+
+class HealthMonitor:
+    """Starts what the node allows of the three health sources and holds their records for the batch.
+
+    Args:
+        nvml: the pynvml module, or None (no NVML events or counters).
+        kmsg_path: the kernel log to read (/dev/kmsg), or None.
+        counters_every_s: the counters' cadence.
+        clock: wall clock.
+        kmsg_boot_time: the kernel log's boot time in Unix seconds (tests; default from the clocks).
+    """
+
+    def __init__(self, nvml: Any = None, kmsg_path: str | None = None, *, counters_every_s: float = 30.0,
+                 clock: Callable[[], float] = time.time, log: logging.Logger | None = None,
+                 kmsg_boot_time: float | None = None, boot_id: str | None = None) -> None:
+        self._log = log or logging.getLogger("clusterwatch.agent")
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._events: list[Callable[[agent_pb2.HealthEvent], None]] = []
+        self._counters: list[GpuCounters] = []
+        self._stop = threading.Event()
+        self.dropped = 0
+        self.boot_id = kernel_boot_id() if boot_id is None else boot_id
+        self.counters_every_s = counters_every_s
+        self._watcher: EventWatcher | None = None
+        self._reader: CounterReader | None = None
+        self._kmsg: KmsgReader | None = None
+        self._counter_thread: threading.Thread | None = None
+        self._pci: dict[str, str] = {}
+        if nvml is not None:
+            self._open_nvml(nvml)
+        if kmsg_path:
+            try:
+                self._kmsg = KmsgReader(kmsg_path, self._on_xid, resolve_pci=self._pci.get,
+                                        boot_time=kmsg_boot_time, log=self._log)
+            except OSError as exc:
+                self._log.warning("%s", exc.strerror or exc)
+
+    def _open_nvml(self, nvml: Any) -> None:
+        try:
+            nvml.nvmlInit()
+            try:
+                self._pci = {g.pci: g.uuid for g in physical_gpus(nvml) if g.pci}
+            finally:
+                nvml.nvmlShutdown()
+            self._reader = CounterReader(nvml, clock=self._clock)
+        except Exception as exc:   # NVMLError and its kin: the GPU source says what is wrong with NVML
+            self._log.warning("GPU health counters unavailable (%s); XIDs still come from the kernel log", exc)
+            return
+        try:
+            self._watcher = EventWatcher(nvml, self._on_gpu_event, clock=self._clock, log=self._log)
+        except Exception as exc:
+            self._log.warning("NVML events unavailable (%s); XIDs come from the kernel log only", exc)
+
+    @property
+    def parts(self) -> list[str]:
+        """What runs: "kmsg", "events", "counters"."""
+        return [name for name, part in (("kmsg", self._kmsg), ("events", self._watcher),
+                                        ("counters", self._reader)) if part is not None]
+
+    def start(self) -> HealthMonitor:
+        if self._kmsg is not None:
+            self._kmsg.start()
+        if self._watcher is not None:
+            self._watcher.start()
+        if self._reader is not None:
+            self._counter_thread = threading.Thread(target=self._read_counters, name="clusterwatch-gpu-health",
+                                                    daemon=True)
+            self._counter_thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops every part within one of its waits; never waits on a driver call for long."""
+        self._stop.set()
+        if self._kmsg is not None:
+            self._kmsg.stop()
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._counter_thread is not None:
+            self._counter_thread.join(5.0)
+        if self._reader is not None and (self._counter_thread is None or not self._counter_thread.is_alive()):
+            self._reader.close()
+
+    def _hold(self, fill: Callable[[agent_pb2.HealthEvent], None]) -> None:
+        with self._lock:
+            if len(self._events) >= MAX_HELD:
+                self.dropped += 1
+                return
+            self._events.append(fill)
+
+    def _on_xid(self, e: XidEvent) -> None:
+        boot = self.boot_id
+        self._hold(lambda out: xid_event_to_proto(e, boot, out))
+
+    def _on_gpu_event(self, e: GpuEvent) -> None:
+        self._hold(lambda out: gpu_event_to_proto(e, out))
+
+    def _read_counters(self) -> None:
+        while not self._stop.is_set():
+            try:
+                got = self._reader.read()
+            except Exception:   # one bad read must not end the thread
+                self._log.exception("GPU health counters: read failed")
+                got = []
+            with self._lock:
+                self._counters = (self._counters + got)[-MAX_HELD:]
+            self._stop.wait(self.counters_every_s)
+
+    @property
+    def errors(self) -> int:
+        """Failed reads of the health sources, for the agent's read_errors."""
+        return sum(getattr(part, attr) for part, attr in ((self._kmsg, "bad_records"), (self._watcher, "errors"),
+                                                           (self._reader, "errors")) if part is not None)
+
+    def drain_into(self, batch: agent_pb2.Batch) -> None:
+        """Move the records held since the last call into `batch`."""
+        with self._lock:
+            events, self._events = self._events, []
+            counters, self._counters = self._counters, []
+        for fill in events:
+            fill(batch.health_events.add())
+        for c in counters:
+            counters_to_proto(c, batch.gpu_health.add())
+
+
+def open_health(gpu_source_name: str, kmsg_path: str | None, *, counters_every_s: float = 30.0,
+                log: logging.Logger | None = None) -> HealthMonitor | None:
+    """The monitor for an agent whose GPU source is `gpu_source_name`; None when there is nothing to watch.
+
+    NVML's events and counters are read only where the GPU source is NVML (a simulated source has
+    no driver); the kernel log is read wherever it was asked for.
+    """
+    nvml = None
+    if gpu_source_name == "nvml":
+        import pynvml  # the NVML source has loaded it already; this is the same module
+
+        nvml = pynvml
+    if nvml is None and not kmsg_path:
+        return None
+    monitor = HealthMonitor(nvml, kmsg_path, counters_every_s=counters_every_s, log=log)
+    return monitor if monitor.parts else None
