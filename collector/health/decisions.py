@@ -31,6 +31,7 @@ class GpuUser:
     rank: int | None = None
     pid: int | None = None
     process: str | None = None
+    start_time: float = 0.0       # with node and pid, the process's identity
 
 
 @dataclass(frozen=True, slots=True)

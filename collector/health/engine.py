@@ -1,0 +1,180 @@
+"""The health rules over the stream's health records: HealthEvent / GpuHealth in, AlertEvents out.
+
+Pure like the rules engine (time comes from the records, who uses a GPU from the caller): it
+drops what it has seen (a kernel-log record a restarted agent reads again, the same XID from NVML
+and the kernel log), decides with `decisions`, and keeps, per GPU, what `status` shows: the
+findings worst first and the latest counters.
+
+XID 79 raises gpu_lost (not also gpu_xid: one fault, one alert). An XID or a lost GPU is an
+event, not a condition: its alert fires and stays until the job it names ends (the collector
+resolves a job's alerts then).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterwatch.collector.health.decisions import (
+    LOST_XIDS,
+    GpuUser,
+    HealthFinding,
+    MemoryCounters,
+    MemoryErrorThresholds,
+    ThrottleRule,
+    gpu_lost,
+    gpu_memory_errors,
+    gpu_throttle,
+    gpu_xid,
+    worst_first,
+)
+from clusterwatch.collector.health.xid_catalog import XidCatalog
+from clusterwatch.collector.rules.model import FIRING, AlertEvent
+
+__all__ = ["HealthEngine", "GpuHealthView", "HEALTH_RULES"]
+
+HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
+_KEEP_FINDINGS = 20        # per GPU, for status
+_EVENT_KINDS_LOST = frozenset({"gpu_unavailable"})
+_MEMORY = MemoryErrorThresholds()
+_THROTTLE = ThrottleRule()
+
+
+@dataclass(slots=True)
+class GpuHealthView:
+    """What the collector holds about one GPU's health."""
+
+    findings: list[tuple[float, HealthFinding]] = field(default_factory=list)   # (time, finding), newest last
+    counters: Any = None                  # the latest GpuHealth message
+    reasons: list[tuple[float, int]] = field(default_factory=list)   # (time, clock event reasons) in the window
+    memory_signature: str = ""            # what gpu_memory_errors last said (so it says it once)
+    throttling: bool = False
+
+
+class HealthEngine:
+    """Health records of every node in, alert events out.
+
+    Args:
+        catalog: the XID catalog.
+        memory: gpu_memory_errors thresholds.
+        throttle: the gpu_throttle rule.
+        same_xid_s: the same XID on the same GPU within this many seconds, from NVML and the
+            kernel log, is one event (the kernel log's, which names the process, is kept).
+    """
+
+    def __init__(self, catalog: XidCatalog, *, memory: MemoryErrorThresholds = _MEMORY,
+                 throttle: ThrottleRule = _THROTTLE, same_xid_s: float = 30.0) -> None:
+        self.catalog = catalog
+        self.memory = memory
+        self.throttle = throttle
+        self.same_xid_s = same_xid_s
+        self.gpus: dict[tuple[str, str], GpuHealthView] = {}
+        self._kmsg_seq: dict[tuple[str, str], int] = {}        # (node, kernel boot id) → last record number
+        self._last_xid: dict[tuple[str, str, int], tuple[float, bool]] = {}   # → (time, named a pid)
+        self.duplicates = 0
+
+    def view(self, node: str, uuid: str) -> GpuHealthView:
+        key = (node, uuid)
+        v = self.gpus.get(key)
+        if v is None:
+            v = self.gpus[key] = GpuHealthView()
+        return v
+
+    def findings(self, gpus: Sequence[tuple[str, str]], since: float = 0.0) -> list[tuple[float, HealthFinding]]:
+        """The findings on these (node, UUID) GPUs since `since`, worst first."""
+        got = [(t, f) for key in gpus for t, f in self.gpus.get(key, GpuHealthView()).findings if t >= since]
+        order = {id(f): i for i, f in enumerate(worst_first([f for _, f in got]))}
+        return sorted(got, key=lambda tf: order[id(tf[1])])
+
+    # -- events ------------------------------------------------------------------------------------
+
+    def _seen(self, node: str, msg: Any) -> bool:
+        if msg.source == 2 and msg.kernel_boot_id:      # KMSG: record numbers rise within a boot
+            key = (node, msg.kernel_boot_id)
+            if msg.kmsg_seq <= self._kmsg_seq.get(key, -1):
+                return True
+            self._kmsg_seq[key] = msg.kmsg_seq
+        if msg.kind == "xid" and msg.HasField("xid"):
+            key3 = (node, msg.uuid, msg.xid)
+            named = msg.HasField("pid")
+            last = self._last_xid.get(key3)
+            self._last_xid[key3] = (msg.time, named or bool(last and last[1]))
+            if last is not None and abs(msg.time - last[0]) < self.same_xid_s and (last[1] or not named):
+                return True
+        return False
+
+    def observe_event(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:
+        """One HealthEvent of `node`; `users` are the processes on its GPU (any job, any rank)."""
+        if self._seen(node, msg):
+            self.duplicates += 1
+            return []
+        uuid = msg.uuid or (f"PCI:{msg.pci}" if msg.pci else "unknown GPU")
+        pid = msg.pid if msg.HasField("pid") else None
+        finding: HealthFinding | None = None
+        if msg.kind == "xid" and msg.HasField("xid"):
+            if msg.xid in LOST_XIDS:
+                finding = gpu_lost(node=node, uuid=uuid, xid=msg.xid, users=users)
+            else:
+                finding = gpu_xid(self.catalog, node=node, uuid=uuid, xid=msg.xid, pid=pid,
+                                  process=msg.process or None, users=users)
+        elif msg.kind in _EVENT_KINDS_LOST:
+            finding = gpu_lost(node=node, uuid=uuid, nvml_lost=True, users=users)
+        elif msg.kind == "ecc_double_bit":
+            # the event says one happened; the counters, read later, say how many
+            one = MemoryCounters(ecc_uncorrected_volatile=max(1, self.memory.uncorrected_volatile))
+            finding = gpu_memory_errors(one, node=node, uuid=uuid, thresholds=self.memory, users=users)
+        if finding is None:
+            return []
+        return [self._fire(node, uuid, msg.time, finding, users, pid)]
+
+    def lost(self, node: str, uuid: str, t: float, users: Sequence[GpuUser]) -> list[AlertEvent]:
+        """The GPU source found the GPU lost (NVML GPU_IS_LOST)."""
+        finding = gpu_lost(node=node, uuid=uuid, nvml_lost=True, users=users)
+        return [self._fire(node, uuid, t, finding, users, None)] if finding else []
+
+    # -- counters ----------------------------------------------------------------------------------
+
+    def observe_counters(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:
+        """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses."""
+        v = self.view(node, msg.uuid)
+        v.counters = msg
+        out = []
+
+        def opt(name: str) -> Any:
+            return getattr(msg, name) if msg.HasField(name) else None
+
+        counters = MemoryCounters(
+            ecc_uncorrected_volatile=opt("ecc_uncorrected_volatile"),
+            ecc_uncorrected_aggregate=opt("ecc_uncorrected_aggregate"),
+            remapped_rows_pending=opt("remapped_rows_pending"), remapped_rows_failure=opt("remapped_rows_failure"),
+            retired_pages_sbe=opt("retired_pages_sbe"), retired_pages_dbe=opt("retired_pages_dbe"))
+        memory = gpu_memory_errors(counters, node=node, uuid=msg.uuid, thresholds=self.memory, users=users)
+        signature = memory.description.split(" (in use by")[0] if memory else ""
+        if memory is not None and signature != v.memory_signature:
+            out.append(self._fire(node, msg.uuid, msg.time, memory, users, None))
+        v.memory_signature = signature
+        reasons = opt("clock_event_reasons")
+        if reasons is not None:
+            v.reasons.append((msg.time, int(reasons)))
+            cut = msg.time - 2 * self.throttle.window_s
+            v.reasons = [(t, m) for t, m in v.reasons if t >= cut]
+            throttled = gpu_throttle(self.throttle, v.reasons, msg.time, node=node, uuid=msg.uuid, users=users)
+            if throttled is not None and not v.throttling:
+                out.append(self._fire(node, msg.uuid, msg.time, throttled, users, None))
+            v.throttling = throttled is not None
+        return out
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def _fire(self, node: str, uuid: str, t: float, f: HealthFinding, users: Sequence[GpuUser],
+              pid: int | None) -> AlertEvent:
+        v = self.view(node, uuid)
+        v.findings = (v.findings + [(t, f)])[-_KEEP_FINDINGS:]
+        own = next((u for u in users if pid is not None and u.pid == pid), None)
+        hit = own or (users[0] if users and f.labels.get("job_id") else None)
+        figures: dict[str, Any] = {"advice": f.advice, "action": f.action}
+        figures.update({k: v for k, v in f.labels.items() if k not in ("job_id", "rank")})
+        return AlertEvent(t=t, rule=f.rule, state=FIRING, severity=f.severity, node=node,
+                          job_id=hit.job_id if hit else "", pid=own.pid if own else -1,
+                          start_time=own.start_time if own else 0.0, gpu=uuid,
+                          rank=hit.rank if hit else None, description=f.description, figures=figures)
