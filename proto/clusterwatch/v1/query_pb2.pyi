@@ -178,8 +178,32 @@ class NodeView(_message.Message):
     memory_total_bytes: int
     def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
+class HealthView(_message.Message):
+    __slots__ = ("time", "rule", "severity", "node", "gpu", "rank", "pid", "description", "advice", "action")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    rule: str
+    severity: str
+    node: str
+    gpu: str
+    rank: int
+    pid: int
+    description: str
+    advice: str
+    action: str
+    def __init__(self, time: _Optional[float] = ..., rule: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., description: _Optional[str] = ..., advice: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+
 class JobView(_message.Message):
-    __slots__ = ("job", "nodes", "processes", "gpus", "alerts", "provenance_json", "tags", "now")
+    __slots__ = ("job", "nodes", "processes", "gpus", "alerts", "provenance_json", "tags", "now", "health")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +219,7 @@ class JobView(_message.Message):
     PROVENANCE_JSON_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     job: JobInfo
     nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
     processes: _containers.RepeatedCompositeFieldContainer[ProcessView]
@@ -203,7 +228,8 @@ class JobView(_message.Message):
     provenance_json: str
     tags: _containers.ScalarMap[str, str]
     now: float
-    def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessView, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuView, _Mapping]]] = ..., alerts: _Optional[_Iterable[_Union[AlertView, _Mapping]]] = ..., provenance_json: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., now: _Optional[float] = ...) -> None: ...
+    health: _containers.RepeatedCompositeFieldContainer[HealthView]
+    def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessView, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuView, _Mapping]]] = ..., alerts: _Optional[_Iterable[_Union[AlertView, _Mapping]]] = ..., provenance_json: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., now: _Optional[float] = ..., health: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "firing_alerts")
