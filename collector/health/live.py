@@ -1,0 +1,98 @@
+"""The health rules in the running collector: a core listener that feeds the HealthEngine.
+
+The core tells it of every batch that carries health records (`on_health`); it finds who uses
+each GPU from the collector's state (the node's live processes on that GPU, and the process the
+driver named, wherever it runs on the node), runs the engine, and hands the alert events to the
+same table and actions as the other rules (`handle`). `job_health` gives status the findings on
+a job's GPUs during the job.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from clusterwatch.collector.health.decisions import GpuUser
+from clusterwatch.collector.health.engine import HealthEngine
+from clusterwatch.collector.rules.model import AlertEvent
+
+__all__ = ["HealthListener", "gpu_users"]
+
+log = logging.getLogger("clusterwatch.collector")
+
+
+def gpu_users(state: Any, node: str, uuid: str, pid: int | None = None) -> list[GpuUser]:
+    """The live processes of `node` on GPU `uuid` (and the process `pid`, wherever it is), as GpuUsers.
+
+    Only processes that belong to a job count: a GPU's user is a rank of a job.
+    """
+    out = []
+    for series in (state.pids.get(node) or {}).values():
+        s = series.latest
+        if not series.alive or not s.job_id:
+            continue
+        if s.pid == pid or any(g.gpu_uuid == uuid for g in s.gpus):
+            out.append(GpuUser(job_id=s.job_id, rank=s.rank, pid=s.pid, process=s.command or None,
+                               start_time=s.start_time))
+    out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))
+    return out
+
+
+class HealthListener:
+    """A CoreListener for the health records (the core calls `on_health`; the other events are ignored).
+
+    Args:
+        engine: the health engine.
+        state: the collector's ClusterState.
+        handle: takes the alert events (Alerting's handler: the alert table and the actions).
+    """
+
+    def __init__(self, engine: HealthEngine, state: Any, handle: Callable[[list[AlertEvent], float], None]) -> None:
+        self.engine = engine
+        self.state = state
+        self.handle = handle
+
+    def on_health(self, node: str, batch: Any, now: float) -> None:
+        events: list[AlertEvent] = []
+        st = self.state
+        for e in batch.health_events:
+            pid = e.pid if e.HasField("pid") else None
+            events += self.engine.observe_event(node, e, gpu_users(st, node, e.uuid, pid))
+        for c in batch.gpu_health:
+            events += self.engine.observe_counters(node, c, gpu_users(st, node, c.uuid))
+        if events:
+            self.handle(events, now)
+
+    def on_samples(self, node: str, touched: list, now: float) -> None:
+        pass
+
+    def on_provenance(self, job: Any, now: float) -> None:
+        pass
+
+    def on_job_closed(self, job: Any, now: float) -> None:
+        pass
+
+    def on_tick(self, now: float) -> None:
+        pass
+
+    def job_health(self, job: Any) -> list:
+        """The job's health findings as query HealthViews: on its GPUs, since it started, worst first."""
+        from clusterwatch.v1 import query_pb2
+
+        gpus = [(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids]
+        # GPUs its processes used, where the prolog named none (a job outside Slurm's GPU allocation)
+        for key in job.processes:
+            series = self.state.processes.get(key)
+            if series is not None:
+                gpus += [(key.node, g.gpu_uuid) for g in series.latest.gpus]
+        out = []
+        for t, f in self.engine.findings(sorted(set(gpus)), since=job.start_time or 0.0):
+            view = query_pb2.HealthView(time=t, rule=f.rule, severity=f.severity, node=f.node, gpu=f.uuid,
+                                        description=f.description, advice=f.advice, action=f.action)
+            rank = f.labels.get("rank", "")
+            if rank and "," not in rank:
+                view.rank = int(rank)
+            if f.labels.get("pid"):
+                view.pid = int(f.labels["pid"])
+            out.append(view)
+        return out

@@ -1,0 +1,50 @@
+"""The collector's health listener: who uses a GPU, events handed on, a job's Health views."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from clusterwatch.collector.health.engine import HealthEngine
+from clusterwatch.collector.health.live import HealthListener, gpu_users
+from clusterwatch.collector.health.xid_catalog import load_catalog
+from clusterwatch.v1 import agent_pb2
+
+from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
+
+
+def series(pid: int, rank: int, gpu: str, job: str = "55", alive: bool = True) -> SimpleNamespace:
+    s = ProcessSample(time=10.0, node="n1", pid=pid, start_time=float(pid), command="python", job_id=job,
+                      rank=rank, gpus=(GpuUse(gpu, 1 << 30, 50.0),))
+    return SimpleNamespace(latest=s, alive=alive)
+
+
+def state() -> SimpleNamespace:
+    procs = {100: series(100, 0, "GPU-a"), 101: series(101, 1, "GPU-b"), 102: series(102, 2, "GPU-a", alive=False),
+             103: series(103, 0, "GPU-a", job="")}
+    return SimpleNamespace(pids={"n1": procs},
+                           processes={ProcessKey("n1", p, float(p)): s for p, s in procs.items()})
+
+
+def test_the_users_of_a_gpu_are_the_live_ranks_on_it_and_the_named_process() -> None:
+    st = state()
+    assert [(u.job_id, u.rank, u.pid) for u in gpu_users(st, "n1", "GPU-a")] == [("55", 0, 100)]
+    assert [u.pid for u in gpu_users(st, "n1", "GPU-a", pid=101)] == [100, 101]
+    assert gpu_users(st, "n2", "GPU-a") == []
+
+
+def test_health_records_become_alerts_and_the_jobs_health_views() -> None:
+    st = state()
+    handled = []
+    listener = HealthListener(HealthEngine(load_catalog()), st, lambda events, now: handled.extend(events))
+    batch = agent_pb2.Batch()
+    batch.health_events.add(time=20.0, uuid="GPU-a", kind="xid", xid=79, data=79,
+                            source=agent_pb2.HealthEvent.KMSG, kernel_boot_id="b", kmsg_seq=1)
+    listener.on_health("n1", batch, 21.0)
+    [ev] = handled
+    assert (ev.rule, ev.job_id, ev.rank, ev.node, ev.gpu) == ("gpu_lost", "55", 0, "n1", "GPU-a")
+    job = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(st.processes), start_time=5.0)
+    [view] = listener.job_health(job)
+    assert (view.rule, view.severity, view.rank, view.gpu, view.action) == ("gpu_lost", "critical", 0, "GPU-a",
+                                                                            "drain")
+    assert "fell off the bus" in view.description and view.advice
+    later = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(), start_time=30.0)
+    assert listener.job_health(later) == []      # before the job started: not its health
