@@ -32,7 +32,8 @@ buffer that large, reports with MAX_DATAGRAM.
 
 Handlers run in the training loop, inside the next `report()`, never in a signal handler or on
 the listener thread: a checkpoint written there is consistent with the step just reported.
-`dump_stacks` is the exception: it is answered by the listener thread at once, because a hung
+`memory_snapshot` has a built-in handler (clusterwatch/train_snapshot.py) that a user's handler
+replaces. `dump_stacks` is the exception: it is answered by the listener thread at once, because a hung
 collective never calls `report()` again. (It needs the GIL; a thread stuck in C code that holds
 the GIL blocks it, and then only a dump from outside, `py-spy dump`, can see the stacks.)
 """
@@ -83,6 +84,21 @@ class Request:
 
 
 Handler = Callable[[Request], Any]
+
+
+def _memory_snapshot(request: Request) -> str:
+    """The built-in `memory_snapshot` handler (clusterwatch/train_snapshot.py)."""
+    from clusterwatch.train_snapshot import VIEWER, NoSnapshot, take_snapshot
+
+    try:
+        path = take_snapshot()
+    except NoSnapshot as exc:
+        raise Refused(str(exc)) from None
+    return f"wrote {path} (mode 0600); open it in PyTorch's memory viewer, {VIEWER}"
+
+
+# Requests clusterwatch answers itself, in the loop, when the user registered no handler for them.
+BUILTIN: dict[str, Handler] = {"memory_snapshot": _memory_snapshot}
 
 
 def _short_text(value: object, what: str) -> str:
@@ -280,7 +296,7 @@ class RequestChannel:
         if request.name == DUMP_STACKS:
             self.answer(request.id, request.name, DONE,
                         data=format_stacks(exclude=threading.get_ident()), wait_s=0.5)
-        elif request.name not in self.handlers:
+        elif request.name not in self.handlers and request.name not in BUILTIN:
             self.answer(request.id, request.name, NO_HANDLER,
                         f"this process has no handler for {request.name!r} (clusterwatch.train.on_request)",
                         wait_s=0.5)
@@ -307,7 +323,7 @@ class RequestChannel:
         try:
             while self.pending:
                 request = self.pending.popleft()
-                handler = self.handlers.get(request.name)
+                handler = self.handlers.get(request.name) or BUILTIN.get(request.name)
                 if handler is None:
                     self.answer(request.id, request.name, NO_HANDLER, "the handler was removed")
                     continue
