@@ -339,15 +339,10 @@ def collector_server_core(tmp: str):
 
 def rules_note(server) -> str:
     """Whether the rules engine runs on the ingest path (as wired at the time of the run)."""
-    core = server.core
-    hooks = [getattr(cb, "__qualname__", type(cb).__name__) for cb in core.on_samples]
-    engine = [name for name in ("rules", "engine", "alerts") if getattr(core, name, None) is not None
-              or getattr(server, name, None) is not None]
+    hooks = [type(listener).__name__ for listener in server.core.listeners]
     if hooks:
-        return f"rules ON: CollectorCore.on_samples = {', '.join(hooks)}"
-    if engine:
-        return f"rules attached as {', '.join(engine)} but no on_samples hook"
-    return "rules OFF: CollectorCore.batch has no rules hook wired yet (on_samples is empty)"
+        return f"rules ON: CollectorCore listeners = {', '.join(hooks)}"
+    return "rules OFF: CollectorCore has no listener (the rules are not on the ingest path)"
 
 
 def fix_env_pythonpath() -> None:

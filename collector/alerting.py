@@ -15,6 +15,7 @@ from clusterwatch.model import ProcessKey
 
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
+from .core import CoreListener
 from .rules import Engine, RuleSet
 from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
 from .state import ClusterState, JobState, ProcessSeries
@@ -22,7 +23,7 @@ from .state import ClusterState, JobState, ProcessSeries
 log = logging.getLogger("clusterwatch.collector")
 
 
-class Alerting:
+class Alerting(CoreListener):
     """Runs the rule engine on the collector's state.
 
     Args:
@@ -165,7 +166,7 @@ class Alerting:
             figures={"versions": len(groups), "code_ids": sorted(groups)})
         self._handle([event], now)
 
-    def tick(self, now: float) -> None:
+    def on_tick(self, now: float) -> None:
         self._gpu_owner = {u: j.job_id for j in self.state.jobs.values() if not j.ended
                            for uuids in j.gpus_by_node.values() for u in uuids}
         self._handle(self.engine.tick(now), now)

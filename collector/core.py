@@ -1,8 +1,10 @@
 """The collector's core: batches in, state updated, jobs opened and closed, summaries stored.
 
-The gRPC servicers (collector/ingest_service.py, collector/query_service.py) are thin: they turn messages into calls
-here. Everything runs on the collector's event loop; the only other thread is the
-Prometheus HTTP server, which reads the state under `lock`.
+The gRPC servicers (collector/ingest_service.py, collector/query_service.py) are thin: they turn
+messages into calls here. Everything runs on the collector's event loop; the only other thread is
+the Prometheus HTTP server, which reads the state under `lock`. What else reacts to ingest (the
+alert rules, the job registry) is a CoreListener, handed in at construction; what they and the
+query service ask of the state are methods here, which take the lock themselves.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from clusterwatch.v1 import agent_pb2, query_pb2
 
@@ -27,12 +30,14 @@ from clusterwatch.wire import (
 
 from .config import CollectorConfig
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
-from .state import ClusterState, JobState
+from .state import ClusterState, JobState, ProcessSeries
 from .store import STALE_AFTER_S, Store, job_row
 from .summary import write_summary
-from .views import job_view
+from .trace import job_trace_lines
+from .views import job_info, job_view
 
 log = logging.getLogger("clusterwatch.collector")
+T = TypeVar("T")
 
 # An agent-only job (no prolog, no Slurm, no `run`) has ended once all its processes
 # have been gone this long.
@@ -50,6 +55,41 @@ def _provenance_record(text: str) -> dict | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+class CoreListener:
+    """What reacts to the core's events (the alert rules, the job registry); each method a no-op here.
+
+    Called on the event loop after the state changed, outside the core's lock; one that raises is
+    counted (clusterwatch_ingest_callback_errors_total) and said once, never let into ingest.
+    """
+
+    def on_samples(self, node: str, touched: list[ProcessSeries], now: float) -> None:
+        """A batch of `node` was applied; `touched` are the process series it updated."""
+
+    def on_provenance(self, job: JobState, now: float) -> None:
+        """A batch brought provenance records (which code a process runs) for `job`."""
+
+    def on_job_closed(self, job: JobState, now: float) -> None:
+        """`job` ended; its summary is about to be stored."""
+
+    def on_tick(self, now: float) -> None:
+        """Once a second, after the core's housekeeping."""
+
+
+class AlertSource(Protocol):
+    """The alerts of jobs, as query views: for a closed job's summary and the query service."""
+
+    def alert_views(self, job_id: str) -> list: ...
+
+    def alert_list(self, job_id: str | None, include_resolved: bool, limit: int) -> list[tuple[str, object]]: ...
+
+
+def new_cluster_state(config: CollectorConfig) -> ClusterState:
+    """The empty state a collector with `config` starts from (before the store's jobs are restored)."""
+    state = ClusterState(config.history_points, config.history_step_s)
+    state.owners_from_slurm = config.slurm
+    return state
 
 
 class StoreBehind(ClusterwatchError):
@@ -104,14 +144,18 @@ class CollectorCore:
         config: the collector's configuration.
         store: the SQLite store.
         clock: Unix time; tests pass their own.
+        listeners: told of samples, provenance, closed jobs and ticks, in this order.
+        alerts: a job's alerts, put into its summary when it closes; None: summaries carry none.
+        state: the state to work on (the alert rules read the same one); None: a new one.
     """
 
-    def __init__(self, config: CollectorConfig, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: CollectorConfig, store: Store, clock: Callable[[], float] = time.time,
+                 listeners: Sequence[CoreListener] = (), alerts: AlertSource | None = None,
+                 state: ClusterState | None = None) -> None:
         self.config = config
         self.store = store
         self.clock = clock
-        self.state = ClusterState(config.history_points, config.history_step_s)
-        self.state.owners_from_slurm = config.slurm
+        self.state = state if state is not None else new_cluster_state(config)
         self.counters = IngestCounters()
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
@@ -132,15 +176,17 @@ class CollectorCore:
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
         self._swept = float("-inf")  # when tick() last swept every process
         self._started = clock()
-        self.on_samples: list[Callable] = []  # called with (node, touched series, now) after each batch
-        self.on_job_closed: list[Callable[[JobState, float], None]] = []
-        self.on_provenance: list[Callable[[JobState, float], None]] = []
-        self.on_tick: list[Callable[[float], None]] = []
-        # job id → its alerts as query AlertViews (set when alerting runs)
-        self.alert_views: Callable[[str], list] | None = None
-        # (job id or None, include resolved, limit) → [(job id, AlertView)]
-        self.alert_list: Callable[[str | None, bool, int], list] | None = None
+        self._listeners: list[CoreListener] = list(listeners)
+        self._alerts = alerts
         self._restore()
+
+    def add_listener(self, listener: CoreListener) -> None:
+        """One more listener, for a part built on the core it listens to (the job registry)."""
+        self._listeners.append(listener)
+
+    @property
+    def listeners(self) -> tuple[CoreListener, ...]:
+        return tuple(self._listeners)
 
     def _restore(self) -> None:
         """Bring back what was stored before a restart: running jobs, batch numbers, sample counts.
@@ -254,8 +300,8 @@ class CollectorCore:
         for job_id in {r[0] for r in records}:
             job = self.state.jobs.get(job_id)
             if job is not None:
-                self._notify(self.on_provenance, job, now)
-        self._notify(self.on_samples, node, touched, now)
+                self._notify("on_provenance", job, now)
+        self._notify("on_samples", node, touched, now)
         for job_id in changed:
             job = self.state.jobs.get(job_id)
             if job is not None and job.ended:
@@ -282,10 +328,11 @@ class CollectorCore:
                         "its clock and version); counted in clusterwatch_ingest_refused_%s_total, said once",
                         node[:128], seq, refusal.detail, refusal.reason)
 
-    def _notify(self, callbacks: list[Callable], *args) -> None:
-        """Run callbacks (rules, alerts, registry); one that raises is counted and said once, never let
-        into ingest: the batch is applied and its number recorded already."""
-        for cb in callbacks:
+    def _notify(self, event: str, *args) -> None:
+        """Tell every listener (rules, alerts, registry) of `event`; one that raises is counted and said once,
+        never let into ingest: the batch is applied and its number recorded already."""
+        for listener in self._listeners:
+            cb = getattr(listener, event)
             try:
                 cb(*args)
             except Exception:
@@ -375,10 +422,10 @@ class CollectorCore:
             view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
             for pv in view.processes:
                 pv.alive = False
-        self._notify(self.on_job_closed, job, now)
-        if self.alert_views is not None:
+        self._notify("on_job_closed", job, now)
+        if self._alerts is not None:
             try:
-                view.alerts.extend(self.alert_views(job.job_id))
+                view.alerts.extend(self._alerts.alert_views(job.job_id))
             except sqlite3.Error:
                 self.counters.store_errors += 1  # the summary goes without its alerts rather than not at all
         self._closing[job.job_id] = (job, view)
@@ -452,8 +499,7 @@ class CollectorCore:
         if now - self._swept >= HOUSEKEEPING_S:
             self._swept = now
             self._sweep(now)
-        for cb in self.on_tick:
-            cb(now)
+        self._notify("on_tick", now)
 
     def _sweep(self, now: float) -> None:
         """End agent-only jobs whose processes have all been gone a while; forget old processes."""
@@ -492,23 +538,121 @@ class CollectorCore:
 
     # -- queries ----------------------------------------------------------------------------
 
-    def counter_values(self) -> dict[str, tuple[float, str]]:
+    def job_ids(self) -> list[str]:
+        """The ids of the jobs held (ended ones too, until they are closed)."""
+        with self.lock:
+            return list(self.state.jobs)
+
+    def holds(self, job: JobState) -> bool:
+        """Whether `job` itself (not another of its id, made since) is held."""
+        with self.lock:
+            return self.state.jobs.get(job.job_id) is job
+
+    def edit_jobs(self, edit: Callable[[JobState], None]) -> None:
+        """Run `edit` on every job held, under the lock (a scrape never sees a job half changed)."""
+        with self.lock:
+            for job in self.state.jobs.values():
+                edit(job)
+
+    def edit_job(self, job_id: str, edit: Callable[[JobState], T],
+                 create: bool = False) -> tuple[JobState | None, T | None]:
+        """(the job, what `edit` returned) after running it on the job under the lock; (None, None) when the
+        job is not held and `create` is false (with it, an empty job of that id is made first)."""
+        with self.lock:
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                if not create:
+                    return None, None
+                job = self.state.jobs[job_id] = JobState(job_id)
+            return job, edit(job)
+
+    def jobs_ended_since(self, since: float) -> list[tuple[str, float]]:
+        """(job id, end time) of the stored jobs that ended since `since`."""
+        return self.store.ended_since(since)
+
+    def agent_up(self, node: str, now: float) -> bool:
+        """Whether the node's agent is connected and has sent within its down-after allowance."""
+        with self.lock:
+            return self._agent_up(node, now)
+
+    def agents_up(self, now: float) -> set[str]:
+        """The nodes whose agent is up (see agent_up)."""
+        with self.lock:
+            return {node for node in self.state.nodes if self._agent_up(node, now)}
+
+    def _agent_up(self, node: str, now: float) -> bool:
+        ns = self.state.nodes.get(node)
+        return ns is not None and ns.connected and self.state.node_up(ns, now, self.config.agent_down_after_intervals)
+
+    def gpu_uuids_by_index(self, node: str) -> dict[int, str] | None:
+        """GPU index → UUID in the node's agent inventory; None for a node no agent has reported."""
+        with self.lock:
+            ns = self.state.nodes.get(node)
+            if ns is None:
+                return None
+            out = {}
+            for uuid in ns.gpus:
+                series = self.state.gpus.get(uuid)
+                if series is not None:
+                    out[series.info.index] = uuid
+            return out
+
+    def running_nodes(self) -> set[str]:
+        """The nodes of the jobs held that have not ended."""
+        with self.lock:
+            return {n for j in self.state.jobs.values() if not j.ended for n in j.nodes}
+
+    def live_job_view(self, job_id: str, trend_points: int) -> query_pb2.JobView | None:
+        """The view of a job this collector holds (its processes, GPUs, trends), or None."""
+        with self.lock:
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                return None
+            return job_view(self.state, job, self.clock(), trend_points, self.config.agent_down_after_intervals)
+
+    def stored_job_view(self, job_id: str) -> query_pb2.JobView | None:
+        """The summary stored when a job closed, as of now, or None."""
+        stored = self.store.load_summary(job_id)
+        if stored is None:
+            return None
+        view = query_pb2.JobView()
+        view.ParseFromString(stored)
+        view.now = self.clock()
+        return view
+
+    def job_infos(self, include_ended: bool, may_see: Callable[[str], bool]) -> list[query_pb2.JobInfo]:
+        """The jobs whose owner `may_see` accepts: those held, and with `include_ended` the stored ones too."""
+        with self.lock:
+            live = {j.job_id: j for j in self.state.jobs.values()}
+            infos = [job_info(j) for j in live.values() if (include_ended or not j.ended) and may_see(j.user)]
+        if include_ended:
+            infos += [job_info(j) for j in self.store.load_jobs(include_ended=True)
+                      if j.job_id not in live and may_see(j.user)]
+        return infos
+
+    def job_owners(self) -> dict[str, str]:
+        """job id → user, of the jobs held and stored."""
+        with self.lock:
+            owners = {j.job_id: j.user for j in self.state.jobs.values()}
+        for job in self.store.load_jobs(include_ended=True):
+            owners.setdefault(job.job_id, job.user)
+        return owners
+
+    def job_trace(self, job_id: str) -> tuple[list[str], str] | None:
+        """(the trace lines of a job held, its owner), or None when it is not held."""
+        with self.lock:
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                return None
+            return job_trace_lines(self.state, job), job.user
+
+    def counts(self) -> dict[str, int]:
+        """What this core counted since it started, by name (collector/counter_metrics.py names them for /metrics)."""
         c = self.counters
         return {
-            "clusterwatch_ingest_batches": (c.batches, "Batches stored."),
-            "clusterwatch_ingest_samples": (c.samples, "Process samples stored."),
-            "clusterwatch_ingest_duplicates": (c.duplicates, "Resent batches dropped as duplicates."),
-            "clusterwatch_ingest_rejected": (c.rejected, "Messages rejected as malformed or oversized."),
-            "clusterwatch_ingest_unauthenticated": (c.unauthenticated, "Streams refused for bad credentials."),
-            "clusterwatch_ingest_throttled": (c.throttled, "Batches slowed down because one agent sent too much."),
-            **{f"clusterwatch_ingest_refused_{reason}": (c.refused.get(reason, 0), text)
-               for reason, text in REFUSAL_REASONS.items()},
-            "clusterwatch_ingest_training_unmatched": (
-                self.state.training_unmatched,
-                "Training reports dropped: no known process has their node, pid and start time."),
-            "clusterwatch_ingest_tags_dropped": (
-                self.state.tags_dropped, "Run tags dropped: past 32 keys a job, or a key or value too long."),
-            "clusterwatch_store_errors": (c.store_errors, "Flushes and job closes the store refused (retried)."),
-            "clusterwatch_ingest_callback_errors": (c.callback_errors,
-                                                    "Rules, alerts or registry callbacks that failed on a batch."),
+            "batches": c.batches, "samples": c.samples, "duplicates": c.duplicates, "rejected": c.rejected,
+            "unauthenticated": c.unauthenticated, "throttled": c.throttled,
+            **{f"refused_{reason}": c.refused.get(reason, 0) for reason in REFUSAL_REASONS},
+            "training_unmatched": self.state.training_unmatched, "tags_dropped": self.state.tags_dropped,
+            "store_errors": c.store_errors, "callback_errors": c.callback_errors,
         }

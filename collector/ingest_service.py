@@ -64,22 +64,41 @@ async def _hello_in_time(request_iterator, context, counters):
         yield msg
 
 
+class AgentOutboxes:
+    """node → the queue of messages (acks, signal requests) its agent's stream sends, while it is connected.
+
+    Made before the servicer, so that the alert actions (built before the core) can send signals.
+    """
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, asyncio.Queue] = {}
+
+    def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
+        """Queue a signal request for a node's agent; False when that agent is not connected."""
+        outbox = self.by_node.get(node)
+        if outbox is None:
+            return False
+        req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
+        outbox.put_nowait(agent_pb2.CollectorMessage(signal=req))
+        return True
+
+
 class IngestServicer(agent_pb2_grpc.IngestServicer):
     """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
 
-    def __init__(self, core: CollectorCore, max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
+    def __init__(self, core: CollectorCore, outboxes: AgentOutboxes | None = None,
+                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
         self.core = core
+        self.outboxes = outboxes if outboxes is not None else AgentOutboxes()
         self.max_samples_per_s = max_samples_per_s
-        # node → queue of messages (acks, signal requests) to push to that node's agent
-        self.outboxes: dict[str, asyncio.Queue] = {}
         # acks held until the next durable flush
         self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []
         # hellos refused because the agent's certificate does not name the node it speaks for
         self.identity_refused = 0
 
-    def counter_values(self) -> dict[str, tuple[float, str]]:
-        return {"clusterwatch_ingest_identity_refused": (
-            self.identity_refused, "Agent streams refused: the client certificate does not name the hello's node.")}
+    def counts(self) -> dict[str, int]:
+        """The servicer's own counts, by name (collector/counter_metrics.py)."""
+        return {"identity_refused": self.identity_refused}
 
     async def Stream(self, request_iterator, context):
         # the token, when there is one, was checked by TokenInterceptor before this
@@ -125,7 +144,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                         say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                     node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
-                    self.outboxes[node] = outbox
+                    self.outboxes.by_node[node] = outbox
                 elif kind == "batch":
                     if node is None:
                         self.core.counters.rejected += 1
@@ -147,8 +166,8 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     self.core.counters.rejected += 1
         finally:
             if node is not None:
-                if self.outboxes.get(node) is outbox:
-                    del self.outboxes[node]
+                if self.outboxes.by_node.get(node) is outbox:
+                    del self.outboxes.by_node[node]
                 self.core.disconnected(node)
 
     def flushed(self) -> None:
@@ -156,12 +175,3 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         waiting, self.after_flush = self.after_flush, []
         for outbox, ack in waiting:
             outbox.put_nowait(ack)
-
-    def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
-        """Queue a signal request for a node's agent; False when that agent is not connected."""
-        outbox = self.outboxes.get(node)
-        if outbox is None:
-            return False
-        req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
-        outbox.put_nowait(agent_pb2.CollectorMessage(signal=req))
-        return True

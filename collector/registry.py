@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from clusterwatch.slurm.scontrol import JobRecord
 
-from .core import CollectorCore
+from .core import CollectorCore, CoreListener
 from .jobmap.base import JobMapper, SlurmUnavailable
 from .state import ENDED_STATES, JobState
 
@@ -46,7 +46,7 @@ def unreachable_note(since: float) -> str:
     return f"{_UNREACHABLE} {time.strftime('%H:%M', time.localtime(since))}: showing what the agents reported"
 
 
-class JobRegistry:
+class JobRegistry(CoreListener):
     """Keeps the collector's jobs in step with Slurm.
 
     Args:
@@ -94,14 +94,15 @@ class JobRegistry:
         self._saved: dict[str, tuple] = {}
         self._task: asyncio.Task | None = None
         self._listpids_warned: set[str] = set()
-        core.on_job_closed.append(self._remember_closed)
+        core.add_listener(self)  # it acts on the core, so it is built after it
         # Slurm jobs that ended shortly before a restart still wait for Slurm's final word.
-        for job_id, ended in core.store.ended_since(self.clock() - SETTLE_WINDOW_S):
-            if job_id.isdigit() and job_id not in core.state.jobs:
+        held = set(core.job_ids())
+        for job_id, ended in core.jobs_ended_since(self.clock() - SETTLE_WINDOW_S):
+            if job_id.isdigit() and job_id not in held:
                 self._settling[job_id] = ended
                 self._closed[job_id] = None
 
-    def _remember_closed(self, job: JobState, *_: object) -> None:
+    def on_job_closed(self, job: JobState, now: float) -> None:
         if job.job_id.isdigit():  # a Slurm job: its final state may still be to come (see _settle)
             self._settling[job.job_id] = self.clock()
         self._closed[job.job_id] = None
@@ -160,9 +161,8 @@ class JobRegistry:
     # -- one pass -----------------------------------------------------------------------------
 
     def _known(self) -> list[str]:
-        with self.core.lock:
-            # Ended jobs too: one Slurm has marked ended waits out the grace period before it is closed.
-            return [jid for jid in self.core.state.jobs if jid.isdigit()]
+        # Ended jobs too: one Slurm has marked ended waits out the grace period before it is closed.
+        return [jid for jid in self.core.job_ids() if jid.isdigit()]
 
     async def refresh(self) -> bool:
         """One pass: ask Slurm, update the jobs, close the ended ones, fill in pids.
@@ -197,7 +197,7 @@ class JobRegistry:
                     to_close.append(job)
         for job in to_close:
             # Checked again right before closing: an epilog's end event may have closed it meanwhile.
-            if self.core.state.jobs.get(job.job_id) is job:
+            if self.core.holds(job):
                 self.core.close_job(job)
                 self._settling.pop(job.job_id, None)  # closed with Slurm's own final state
         if self.fill_in:
@@ -222,29 +222,31 @@ class JobRegistry:
             self.down_since = now
             log.warning("slurm: %s; jobs show what the agents report, retrying with backoff", why)
         note = unreachable_note(self.down_since)
-        with self.core.lock:
-            for job in self.core.state.jobs.values():
-                if not job.ended and not job.job_id.startswith("local-"):
-                    job.note = note
+
+        def mark(job: JobState) -> None:
+            if not job.ended and not job.job_id.startswith("local-"):
+                job.note = note
+
+        self.core.edit_jobs(mark)
 
     def _reachable(self) -> None:
         if self.down_since is not None:
             log.info("slurm answers again")
         self.failures = 0
         self.down_since = None
-        with self.core.lock:
-            for job in self.core.state.jobs.values():
-                if job.note.startswith(_UNREACHABLE):
-                    job.note = ""
+
+        def unmark(job: JobState) -> None:
+            if job.note.startswith(_UNREACHABLE):
+                job.note = ""
+
+        self.core.edit_jobs(unmark)
 
     def _apply(self, record: JobRecord) -> JobState:
         """Fill (or create) the JobState from Slurm's record; stored when it changed."""
         jid = str(record.job_id)
-        state = self.core.state
-        with self.core.lock:
-            job = state.jobs.get(jid)
-            if job is None:
-                job = state.jobs[jid] = JobState(jid)
+        inventories = {node: self.core.gpu_uuids_by_index(node) for node in record.gpus_by_node}
+
+        def fill(job: JobState) -> tuple:
             job.source = "slurm"
             job.name = record.name or job.name
             job.user = record.user or job.user
@@ -265,55 +267,35 @@ class JobRegistry:
                 # A running job's EndTime is only its expected end; render reads end_time as "ended".
                 job.end_time = float(record.end_time or self.clock())
                 job.exit_code = _exit_code(record)
-            self._gpus_by_node(job, record)
-            signature = (job.name, job.user, job.state, job.start_time, tuple(job.nodes), job.gpus,
-                         job.ranks_expected, tuple(sorted((n, tuple(u)) for n, u in job.gpus_by_node.items())))
+            _gpus_by_node(job, record, inventories)
+            return (job.name, job.user, job.state, job.start_time, tuple(job.nodes), job.gpus,
+                    job.ranks_expected, tuple(sorted((n, tuple(u)) for n, u in job.gpus_by_node.items())))
+
+        job, signature = self.core.edit_job(jid, fill, create=True)
         if self._saved.get(jid) != signature:
             self.core.save_job(job)  # with the next flush: a full or locked store never raises here
             self._saved[jid] = signature
         return job
 
-    def _gpus_by_node(self, job: JobState, record: JobRecord) -> None:
-        """Allocated GPUs by UUID: Slurm's per-node indexes looked up in that node's agent inventory.
-
-        A node whose prolog already named the UUIDs keeps them; a node without an agent (no inventory)
-        stays out, since a GPU is only ever named by its UUID.
-        """
-        state = self.core.state
-        for node, indexes in record.gpus_by_node.items():
-            if node in job.gpus_by_node or node not in state.nodes:
-                continue
-            by_index = {}
-            for uuid in state.nodes[node].gpus:
-                series = state.gpus.get(uuid)
-                if series is not None:
-                    by_index[series.info.index] = uuid
-            uuids = [by_index[i] for i in indexes if i in by_index]
-            if uuids and len(uuids) == len(indexes):
-                job.gpus_by_node[node] = uuids
-
-    def _agent_up(self, node: str, now: float) -> bool:
-        ns = self.core.state.nodes.get(node)
-        return ns is not None and ns.connected and self.core.state.node_up(
-            ns, now, self.core.config.agent_down_after_intervals)
-
     def _any_agent_up(self, job: JobState, now: float) -> bool:
-        with self.core.lock:
-            return any(self._agent_up(node, now) for node in job.nodes)
+        return any(self.core.agent_up(node, now) for node in job.nodes)
 
     # -- pids of nodes without an agent -----------------------------------------------------------
 
     async def _fill_in(self, now: float) -> None:
         wanted: list[tuple[JobState, str]] = []
-        with self.core.lock:
-            for job in self.core.state.jobs.values():
-                if job.source != "slurm" or job.state != "RUNNING":
-                    continue
-                for node in job.nodes:
-                    if self._agent_up(node, now):
-                        job.listed_pids.pop(node, None)  # its agent reports the processes, with figures
-                    else:
-                        wanted.append((job, node))
+        up = self.core.agents_up(now)
+
+        def sort_nodes(job: JobState) -> None:
+            if job.source != "slurm" or job.state != "RUNNING":
+                return
+            for node in job.nodes:
+                if node in up:
+                    job.listed_pids.pop(node, None)  # its agent reports the processes, with figures
+                else:
+                    wanted.append((job, node))
+
+        self.core.edit_jobs(sort_nodes)
         if wanted:
             await asyncio.gather(*(self._listpids(job, node) for job, node in wanted))
 
@@ -329,9 +311,13 @@ class JobRegistry:
                     log.warning("listpids for job %s on %s: %s", job.job_id, node, exc)
                 return
         self._listpids_warned.discard(node)
-        with self.core.lock:
-            if self.core.state.jobs.get(job.job_id) is job:
-                job.listed_pids[node] = {e.pid: e.global_id for e in entries if e.pid > 0}
+        pids = {e.pid: e.global_id for e in entries if e.pid > 0}
+
+        def record_pids(held: JobState) -> None:
+            if held is job:  # not a job of the same id made since
+                held.listed_pids[node] = pids
+
+        self.core.edit_job(job.job_id, record_pids)
 
 
 def build_registry(core: CollectorCore, config) -> JobRegistry:
@@ -371,6 +357,22 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
         mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
                                                 username=config.ssh_user, address=address))
     return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in, records_from=jobs)
+
+
+def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[int, str] | None]) -> None:
+    """Allocated GPUs by UUID: Slurm's per-node indexes looked up in that node's agent inventory
+    (`inventories`: node → GPU index → UUID, None for a node without an agent).
+
+    A node whose prolog already named the UUIDs keeps them; a node without an agent (no inventory)
+    stays out, since a GPU is only ever named by its UUID.
+    """
+    for node, indexes in record.gpus_by_node.items():
+        by_index = inventories.get(node)
+        if node in job.gpus_by_node or by_index is None:
+            continue
+        uuids = [by_index[i] for i in indexes if i in by_index]
+        if uuids and len(uuids) == len(indexes):
+            job.gpus_by_node[node] = uuids
 
 
 def _exit_code(record: JobRecord) -> int | None:

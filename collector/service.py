@@ -20,12 +20,13 @@ from .agent_auth import TokenInterceptor, open_ingest_warning
 from .alerting import Alerting
 from .alerts import AlertStore
 from .config import CollectorConfig
-from .core import CollectorCore
+from .core import CollectorCore, new_cluster_state
+from .counter_metrics import counter_families
 from .exporter import ClusterCollector, Exposition, serve_metrics
 from .gc_tuning import tune_gc
 from .grpc_guard import MalformedMessageInterceptor
 from .grpc_limits import connection_caps, raise_open_file_limit, server_options
-from .ingest_service import FLUSH_S, IngestServicer
+from .ingest_service import FLUSH_S, AgentOutboxes, IngestServicer
 from .listen_check import NO_REUSEPORT, bind, taken_error
 from .query_auth import auth_from_config
 from .query_service import QueryServicer
@@ -45,21 +46,17 @@ class CollectorServer:
         self.config = config
         rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
         conn = open_db(config.db_path)
-        self.core = CollectorCore(config, Store(conn))
-        self.ingest = IngestServicer(self.core, config.agent_rate_limit)
+        store = Store(conn)
+        state = new_cluster_state(config)
+        outboxes = AgentOutboxes()
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
-        self.alerting = Alerting(rules, self.core.state, AlertStore(conn), send_signal=self.ingest.send_signal,
+        self.alerting = Alerting(rules, state, AlertStore(conn), send_signal=outboxes.send_signal,
                                  min_interval_s=min(config.rules_interval_s, min(buckets) / 3))
-        core = self.core
-        core.on_samples.append(self.alerting.on_samples)
-        core.on_job_closed.append(self.alerting.on_job_closed)
-        core.on_provenance.append(self.alerting.on_provenance)
-        core.on_tick.append(self.alerting.tick)
-        core.alert_views = self.alerting.alert_views
-        core.alert_list = self.alerting.alert_list
-        running = {n for j in core.state.jobs.values() if not j.ended for n in j.nodes}
-        self.alerting.restore_nodes([(n, seen, n in running) for n, seen in core.store.load_node_times()])
+        self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
+        self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
+        running = self.core.running_nodes()
+        self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
         self.grpc_port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -97,7 +94,8 @@ class CollectorServer:
         agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
         cfg = self.config
         query = QueryServicer(self.core, await auth_from_config(
-            cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen))
+            cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
+            alerts=self.alerting)
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         creds = server_credentials(self.config.tls_cert, self.config.tls_key, self.config.tls_client_ca)
         self.grpc_port = bind(server, self.config.listen, "--listen", creds)
@@ -125,13 +123,11 @@ class CollectorServer:
         self.core.counters.rejected += 1
 
     def counter_values(self) -> dict[str, tuple[float, str]]:
-        """The core's ingest counters, the service's own and the job registry's, for /metrics."""
-        values = {**self.core.counter_values(), **self.ingest.counter_values()}
+        """The core's ingest counters, the servicer's own and the job registry's, as /metrics names them."""
+        counts = {**self.core.counts(), **self.ingest.counts()}
         if self._registry is not None:
-            values["clusterwatch_slurm_records_skipped"] = (
-                self._registry.records_skipped,
-                "Slurm job records left out because their values could forge another record's lines.")
-        return values
+            counts["slurm_records_skipped"] = self._registry.records_skipped
+        return counter_families(counts)
 
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""

@@ -55,7 +55,7 @@ def test_a_report_whose_start_time_names_no_process_is_dropped_and_counted() -> 
     assert core.batch("n1", "b", b) is True
     series = next(iter(core.state.processes.values()))
     assert series.step is None and core.state.jobs["2"].tags == {}
-    assert core.counter_values()["clusterwatch_ingest_training_unmatched"][0] == 1
+    assert core.counts()["training_unmatched"] == 1
 
 
 REPORTER = """

@@ -1,0 +1,34 @@
+"""The collector's counters as /metrics names them: each count's Prometheus name and help, in one table."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .ingest_checks import REFUSAL_REASONS
+
+# count name (CollectorCore.counts, IngestServicer.counts, JobRegistry) → (metric name without _total, help)
+COUNTERS: dict[str, tuple[str, str]] = {
+    "batches": ("clusterwatch_ingest_batches", "Batches stored."),
+    "samples": ("clusterwatch_ingest_samples", "Process samples stored."),
+    "duplicates": ("clusterwatch_ingest_duplicates", "Resent batches dropped as duplicates."),
+    "rejected": ("clusterwatch_ingest_rejected", "Messages rejected as malformed or oversized."),
+    "unauthenticated": ("clusterwatch_ingest_unauthenticated", "Streams refused for bad credentials."),
+    "throttled": ("clusterwatch_ingest_throttled", "Batches slowed down because one agent sent too much."),
+    **{f"refused_{reason}": (f"clusterwatch_ingest_refused_{reason}", text)
+       for reason, text in REFUSAL_REASONS.items()},
+    "training_unmatched": ("clusterwatch_ingest_training_unmatched",
+                           "Training reports dropped: no known process has their node, pid and start time."),
+    "tags_dropped": ("clusterwatch_ingest_tags_dropped",
+                     "Run tags dropped: past 32 keys a job, or a key or value too long."),
+    "store_errors": ("clusterwatch_store_errors", "Flushes and job closes the store refused (retried)."),
+    "callback_errors": ("clusterwatch_ingest_callback_errors",
+                        "Rules, alerts or registry callbacks that failed on a batch."),
+    "identity_refused": ("clusterwatch_ingest_identity_refused",
+                         "Agent streams refused: the client certificate does not name the hello's node."),
+    "slurm_records_skipped": ("clusterwatch_slurm_records_skipped",
+                              "Slurm job records left out because their values could forge another record's lines."),
+}
+
+
+def counter_families(counts: Mapping[str, float]) -> dict[str, tuple[float, str]]:
+    """{metric name: (value, help)} for the exporter, from counts by name (each must be in COUNTERS)."""
+    return {COUNTERS[name][0]: (value, COUNTERS[name][1]) for name, value in counts.items()}
