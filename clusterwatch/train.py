@@ -103,7 +103,8 @@ _own_record_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _state
+    global _state, _own_record, _own_record_lock
+    _own_record, _own_record_lock = None, threading.Lock()  # the record names the parent's pid
     old = _state
     _state = _State()
     _state.tags = dict(old.tags)

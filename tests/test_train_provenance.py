@@ -197,3 +197,14 @@ def test_the_agent_s_record_is_returned_when_the_agent_pushed_one(tmp_path):
         agent.close()
         spoof.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_forked_child_s_record_names_the_child(tmp_path):
+    repo, commit = checkout(tmp_path)
+    code = ("import json, os\nfrom clusterwatch import train\nparent = train.provenance()\npid = os.fork()\n"
+            "if pid == 0:\n    print(json.dumps(train.provenance()), flush=True)\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\nprint(json.dumps(parent), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60,
+                         check=True).stdout.splitlines()
+    child, parent = json.loads(out[0]), json.loads(out[1])
+    assert child["pid"] != parent["pid"] and child["git"]["commit"] == parent["git"]["commit"] == commit
