@@ -85,3 +85,14 @@ def test_a_kernel_log_xid_of_an_unknown_bus_address_names_the_address() -> None:
     e = xid(48, 5.0, seq=1, uuid="")
     [ev] = eng.observe_event("n1", e, [])
     assert ev.gpu == "PCI:0000:3b:00" and ev.job_id == ""
+
+
+def test_one_loss_is_one_gpu_lost_until_the_gpu_answers_again() -> None:
+    eng = HealthEngine(load_catalog())
+    nvml_lost = agent_pb2.HealthEvent(time=101.0, uuid="GPU-a", kind="gpu_lost", source=NVML)
+    assert [e.rule for e in eng.observe_event("n1", xid(79, 100.0, seq=1), RANKS)] == ["gpu_lost"]
+    assert eng.observe_event("n1", nvml_lost, RANKS) == []           # the same loss, seen by NVML
+    eng.observe_counters("n1", agent_pb2.GpuHealth(time=500.0, uuid="GPU-a"), RANKS)   # back after a reset
+    nvml_lost.time = 900.0
+    [ev] = eng.observe_event("n1", nvml_lost, RANKS)
+    assert "NVML: GPU is lost" in ev.description and ev.figures["cause"] == "nvml"

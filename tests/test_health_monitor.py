@@ -60,3 +60,33 @@ def test_no_kernel_log_and_no_nvml_is_no_monitor(tmp_path: Path) -> None:
     assert open_health("sim", None) is None
     m = HealthMonitor(None, str(tmp_path / "missing"))
     assert m.parts == []        # one line said why; the agent runs on
+
+
+LOSS = r"""
+import json, os, sys, time, pynvml
+from clusterwatch.v1 import agent_pb2
+from clusterwatch.agent.health.monitor import HealthMonitor
+m = HealthMonitor(pynvml, None, counters_every_s=0.05, boot_id="boot-1").start()
+batch = agent_pb2.Batch()
+deadline = time.monotonic() + 20
+while not batch.gpu_health and time.monotonic() < deadline:
+    time.sleep(0.02)
+    m.drain_into(batch)
+os.replace(sys.argv[1], os.environ["NVML_STUB_STATE"])        # the GPU falls off the bus
+time.sleep(1.0)                                               # many reads of the lost GPU
+m.drain_into(batch)
+m.stop()
+print(json.dumps([[e.uuid, e.kind] for e in batch.health_events]))
+"""
+
+
+def test_a_gpu_that_answers_lost_is_said_once(stub_lib: Path, tmp_path: Path) -> None:
+    state = tmp_path / "nvml-state.txt"
+    good = "gpu GPU-aaaa util=90 name=NVIDIA H100 80GB HBM3\ngpu GPU-bbbb util=9 name=NVIDIA H100 80GB HBM3\n"
+    write_state(state, good)
+    lost = tmp_path / "lost.txt"
+    lost.write_text(good.replace("util=90", "util=90 lost=1"))
+    proc = subprocess.run([sys.executable, "-c", LOSS, str(lost)], env=child_env(stub_lib, state),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout) == [["GPU-aaaa", "gpu_lost"]]

@@ -161,12 +161,18 @@ class HealthMonitor:
         self._hold(lambda out: gpu_event_to_proto(e, out))
 
     def _read_counters(self) -> None:
+        said_lost: set[str] = set()
         while not self._stop.is_set():
             try:
                 got = self._reader.read()
             except Exception:   # one bad read must not end the thread
                 self._log.exception("GPU health counters: read failed")
                 got = []
+            # a GPU that answered GPU_IS_LOST: said once, until it answers again
+            now = self._clock()
+            for uuid in sorted(self._reader.lost - said_lost):
+                self._on_gpu_event(GpuEvent(uuid=uuid, kind="gpu_lost", data=0, time=now))
+            said_lost = (said_lost | self._reader.lost) - {c.uuid for c in got}
             with self._lock:
                 self._counters = (self._counters + got)[-MAX_HELD:]
             self._stop.wait(self.counters_every_s)

@@ -35,7 +35,7 @@ __all__ = ["HealthEngine", "GpuHealthView", "HEALTH_RULES"]
 
 HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
 _KEEP_FINDINGS = 20        # per GPU, for status
-_EVENT_KINDS_LOST = frozenset({"gpu_unavailable"})
+_EVENT_KINDS_LOST = frozenset({"gpu_unavailable", "gpu_lost"})   # NVML's event; the agent's counters reader
 _MEMORY = MemoryErrorThresholds()
 _THROTTLE = ThrottleRule()
 
@@ -49,6 +49,7 @@ class GpuHealthView:
     reasons: list[tuple[float, int]] = field(default_factory=list)   # (time, clock event reasons) in the window
     memory_signature: str = ""            # what gpu_memory_errors last said (so it says it once)
     throttling: bool = False
+    lost: bool = False                    # gpu_lost said; again only once the GPU has answered since
 
 
 class HealthEngine:
@@ -125,10 +126,20 @@ class HealthEngine:
             finding = gpu_memory_errors(one, node=node, uuid=uuid, thresholds=self.memory, users=users)
         if finding is None:
             return []
+        if finding.rule == "gpu_lost":
+            v = self.view(node, uuid)
+            if v.lost:        # the driver's XID 79, NVML's event and the failed reads: one loss
+                self.duplicates += 1
+                return []
+            v.lost = True
         return [self._fire(node, uuid, msg.time, finding, users, pid)]
 
     def lost(self, node: str, uuid: str, t: float, users: Sequence[GpuUser]) -> list[AlertEvent]:
         """The GPU source found the GPU lost (NVML GPU_IS_LOST)."""
+        v = self.view(node, uuid)
+        if v.lost:
+            return []
+        v.lost = True
         finding = gpu_lost(node=node, uuid=uuid, nvml_lost=True, users=users)
         return [self._fire(node, uuid, t, finding, users, None)] if finding else []
 
@@ -138,6 +149,7 @@ class HealthEngine:
         """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses."""
         v = self.view(node, msg.uuid)
         v.counters = msg
+        v.lost = False        # it answers again (a reset, a reboot)
         out = []
 
         def opt(name: str) -> Any:
