@@ -154,3 +154,16 @@ def test_an_unreadable_log_is_one_line_at_start(tmp_path: Path) -> None:
     with pytest.raises(OSError) as err:
         KmsgReader(str(tmp_path / "missing"), lambda e: None)
     assert "cannot read the kernel log" in str(err.value) and "--kmsg none" in str(err.value)
+
+
+def test_the_reader_thread_carries_its_name_for_top(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    reader, _ = _collect(log)
+    reader.start()
+    try:
+        def names() -> set[str]:
+            return {Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")}
+        _wait_for(lambda: "cw-kmsg" in names())
+    finally:
+        reader.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusterwatch.agent.health.devices import GONE, UNSUPPORTED, nvml_code, physical_gpus
+from clusterwatch.agent.thread_names import name_os_thread
 
 __all__ = ["GpuEvent", "EventWatcher", "EVENT_KINDS", "WANTED_EVENTS"]
 
@@ -122,6 +123,7 @@ class EventWatcher:
 
     def _run(self) -> None:
         nvml = self._nvml
+        name_os_thread("cw-nvml-events")   # as top -H and ps -L show it
         while not self._stop.is_set():
             try:
                 data = nvml.nvmlEventSetWait_v2(self._set, self._wait_ms)

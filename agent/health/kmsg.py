@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from clusterwatch.agent.thread_names import name_os_thread
+
 __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "parse_gpu_at", "parse_record",
            "pci_key", "unescape"]
 
@@ -241,6 +243,7 @@ class KmsgReader:
 
     def _run(self) -> None:
         pending = b""
+        name_os_thread("cw-kmsg")   # as top -H and ps -L show it
         while not self._stop.is_set():
             try:
                 chunk = os.read(self._fd, 65536)

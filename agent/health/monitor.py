@@ -16,6 +16,7 @@ from clusterwatch.agent.health.counters import CounterReader, GpuCounters
 from clusterwatch.agent.health.devices import physical_gpus
 from clusterwatch.agent.health.events import EventWatcher, GpuEvent
 from clusterwatch.agent.health.kmsg import KmsgReader, XidEvent
+from clusterwatch.agent.thread_names import name_os_thread
 from clusterwatch.v1 import agent_pb2
 
 __all__ = ["HealthMonitor", "open_health", "kernel_boot_id", "xid_event_to_proto", "gpu_event_to_proto",
@@ -161,6 +162,7 @@ class HealthMonitor:
         self._hold(lambda out: gpu_event_to_proto(e, out))
 
     def _read_counters(self) -> None:
+        name_os_thread("cw-gpu-health")   # as top -H and ps -L show it
         said_lost: set[str] = set()
         while not self._stop.is_set():
             try:
