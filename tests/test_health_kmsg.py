@@ -43,6 +43,9 @@ XID_LINES = [
              "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")),
     ("NVRM: Xid (PCI:0000:9b:00): 94, pid=1234, name=python3, Contained ECC error",
      XidLine("0000:9b:00", 94, 1234, "python3", "Contained ECC error")),
+    # plexus.company/guides/gpu-xid-errors/119 (a GSP timeout): the pid as 'N/A', no name
+    ("NVRM: Xid (PCI:0000:65:00): 119, pid='N/A', Timeout waiting for RPC from GSP",
+     XidLine("0000:65:00", 119, None, None, "Timeout waiting for RPC from GSP")),
     # the issue's own example: the current form of an XID 79 that knows the process
     ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.",
      XidLine("0000:3b:00", 79, 1234, "python", "GPU has fallen off the bus.")),

@@ -39,7 +39,8 @@ __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "pars
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 _XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:, (?P<rest>.*))?$")
-_PID = re.compile(r"pid=(?:'<unknown>'|<unknown>|'?(?P<pid>\d+)'?)(?:, |$)")
+# the pid as a number, or a placeholder the driver prints when it has none ('<unknown>', 'N/A')
+_PID = re.compile(r"pid=(?:'?(?P<pid>\d+)'?|'[^',]*'|<[^>,]*>|N/A)(?:, |$)")
 _NAME = re.compile(r"name=(?P<name><unknown>|[^,]*)(?:, |$)")
 _GPU_AT = re.compile(r"NVRM: GPU at " + _PCI + r": (?P<uuid>GPU-[0-9A-Fa-f-]+)")
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
