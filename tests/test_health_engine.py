@@ -96,3 +96,11 @@ def test_one_loss_is_one_gpu_lost_until_the_gpu_answers_again() -> None:
     nvml_lost.time = 900.0
     [ev] = eng.observe_event("n1", nvml_lost, RANKS)
     assert "NVML: GPU is lost" in ev.description and ev.figures["cause"] == "nvml"
+
+
+def test_an_application_xid_of_no_jobs_process_is_kept_not_raised() -> None:
+    eng = HealthEngine(load_catalog())
+    assert eng.observe_event("n1", xid(13, 100.0, seq=1, pid=999), []) == []     # read at start, long gone
+    [(t, f)] = eng.findings([("n1", "GPU-a")])
+    assert f.rule == "gpu_xid" and "pid 999" in f.description
+    assert [e.rule for e in eng.observe_event("n1", xid(48, 101.0, seq=2), [])] == ["gpu_xid"]   # hardware: raised

@@ -31,14 +31,20 @@ def test_the_users_of_a_gpu_are_the_live_ranks_on_it_and_the_named_process() -> 
     assert gpu_users(st, "n2", "GPU-a") == []
 
 
+def test_an_event_from_before_a_process_started_did_not_hit_it() -> None:
+    st = state()   # the processes started at their pid's number of seconds
+    assert [u.pid for u in gpu_users(st, "n1", "GPU-a", hit_at=50.0)] == []
+    assert [u.pid for u in gpu_users(st, "n1", "GPU-a", hit_at=100.0)] == [100]
+
+
 def test_health_records_become_alerts_and_the_jobs_health_views() -> None:
     st = state()
     handled = []
     listener = HealthListener(HealthEngine(load_catalog()), st, lambda events, now: handled.extend(events))
     batch = agent_pb2.Batch()
-    batch.health_events.add(time=20.0, uuid="GPU-a", kind="xid", xid=79, data=79,
+    batch.health_events.add(time=200.0, uuid="GPU-a", kind="xid", xid=79, data=79,
                             source=agent_pb2.HealthEvent.KMSG, kernel_boot_id="b", kmsg_seq=1)
-    listener.on_health("n1", batch, 21.0)
+    listener.on_health("n1", batch, 201.0)
     [ev] = handled
     assert (ev.rule, ev.job_id, ev.rank, ev.node, ev.gpu) == ("gpu_lost", "55", 0, "n1", "GPU-a")
     job = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(st.processes), start_time=5.0)
@@ -46,5 +52,5 @@ def test_health_records_become_alerts_and_the_jobs_health_views() -> None:
     assert (view.rule, view.severity, view.rank, view.gpu, view.action) == ("gpu_lost", "critical", 0, "GPU-a",
                                                                             "drain")
     assert "fell off the bus" in view.description and view.advice
-    later = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(), start_time=30.0)
+    later = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(), start_time=300.0)
     assert listener.job_health(later) == []      # before the job started: not its health

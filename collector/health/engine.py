@@ -126,6 +126,11 @@ class HealthEngine:
             finding = gpu_memory_errors(one, node=node, uuid=uuid, thresholds=self.memory, users=users)
         if finding is None:
             return []
+        if finding.rule == "gpu_xid" and self.catalog.lookup(msg.xid).application and "job_id" not in finding.labels:
+            # an application's own fault, of no job's process here (one that has ended, or from
+            # before the agent started): kept for the GPU's record, not raised
+            self._keep(node, uuid, msg.time, finding)
+            return []
         if finding.rule == "gpu_lost":
             v = self.view(node, uuid)
             if v.lost:        # the driver's XID 79, NVML's event and the failed reads: one loss
@@ -178,10 +183,13 @@ class HealthEngine:
 
     # -- output ------------------------------------------------------------------------------------
 
-    def _fire(self, node: str, uuid: str, t: float, f: HealthFinding, users: Sequence[GpuUser],
-              pid: int | None) -> AlertEvent:
+    def _keep(self, node: str, uuid: str, t: float, f: HealthFinding) -> None:
         v = self.view(node, uuid)
         v.findings = (v.findings + [(t, f)])[-_KEEP_FINDINGS:]
+
+    def _fire(self, node: str, uuid: str, t: float, f: HealthFinding, users: Sequence[GpuUser],
+              pid: int | None) -> AlertEvent:
+        self._keep(node, uuid, t, f)
         own = next((u for u in users if pid is not None and u.pid == pid), None)
         hit = own or (users[0] if users and f.labels.get("job_id") else None)
         figures: dict[str, Any] = {"advice": f.advice, "action": f.action}

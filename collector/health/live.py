@@ -21,15 +21,18 @@ __all__ = ["HealthListener", "gpu_users"]
 log = logging.getLogger("clusterwatch.collector")
 
 
-def gpu_users(state: Any, node: str, uuid: str, pid: int | None = None) -> list[GpuUser]:
+def gpu_users(state: Any, node: str, uuid: str, pid: int | None = None,
+              hit_at: float | None = None) -> list[GpuUser]:
     """The live processes of `node` on GPU `uuid` (and the process `pid`, wherever it is), as GpuUsers.
 
-    Only processes that belong to a job count: a GPU's user is a rank of a job.
+    Only processes that belong to a job count: a GPU's user is a rank of a job. With `hit_at` (an
+    event's time), only those that had started by then: the kernel log read at start holds this
+    boot's XIDs, and one from yesterday did not hit today's job.
     """
     out = []
     for series in (state.pids.get(node) or {}).values():
         s = series.latest
-        if not series.alive or not s.job_id:
+        if not series.alive or not s.job_id or (hit_at is not None and s.start_time > hit_at + 1.0):
             continue
         if s.pid == pid or any(g.gpu_uuid == uuid for g in s.gpus):
             out.append(GpuUser(job_id=s.job_id, rank=s.rank, pid=s.pid, process=s.command or None,
@@ -57,7 +60,7 @@ class HealthListener:
         st = self.state
         for e in batch.health_events:
             pid = e.pid if e.HasField("pid") else None
-            events += self.engine.observe_event(node, e, gpu_users(st, node, e.uuid, pid))
+            events += self.engine.observe_event(node, e, gpu_users(st, node, e.uuid, pid, hit_at=e.time))
         for c in batch.gpu_health:
             events += self.engine.observe_counters(node, c, gpu_users(st, node, c.uuid))
         if events:
