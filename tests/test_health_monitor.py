@@ -42,7 +42,7 @@ def test_the_monitor_puts_kernel_log_xids_nvml_events_and_counters_into_the_batc
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
-    assert out["parts"] == ["kmsg", "events", "counters"]
+    assert out["parts"] == ["kmsg", "nvml"]
     events = {e["source"]: e for e in out["batch"]["health_events"]}
     assert events["KMSG"] == {"time": 1_000_002.5, "uuid": "GPU-aaaa", "kind": "xid", "xid": 79, "data": "79",
                               "pid": 1234, "process": "python", "pci": "0000:3b:00", "source": "KMSG",
@@ -90,3 +90,27 @@ def test_a_gpu_that_answers_lost_is_said_once(stub_lib: Path, tmp_path: Path) ->
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout) == [["GPU-aaaa", "gpu_lost"]]
+
+
+WEDGED = r"""
+import json, time, pynvml
+from clusterwatch.agent.health.monitor import HealthMonitor
+t0 = time.monotonic()
+m = HealthMonitor(pynvml, None, counters_every_s=0.1, boot_id="b").start()
+started = time.monotonic() - t0
+time.sleep(0.5)
+t0 = time.monotonic()
+m.stop()
+print(json.dumps({"start": started, "stop": time.monotonic() - t0}))
+"""
+
+
+def test_a_wedged_gpu_holds_up_neither_the_start_nor_the_stop(stub_lib: Path, tmp_path: Path) -> None:
+    state = tmp_path / "nvml-state.txt"
+    write_state(state, "gpu GPU-good util=9 name=NVIDIA H100\ngpu GPU-slow util=9 name=NVIDIA H100\n"
+                       "delay * 3000 GPU-slow\n")     # every call on that GPU takes 3 s
+    proc = subprocess.run([sys.executable, "-c", WEDGED], env=child_env(stub_lib, state),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    assert out["start"] < 1.0 and out["stop"] < 2.5     # generous: a call on the wedged GPU is 3 s

@@ -91,10 +91,9 @@ class HealthMonitor:
         self._watcher: EventWatcher | None = None
         self._reader: CounterReader | None = None
         self._kmsg: KmsgReader | None = None
-        self._counter_thread: threading.Thread | None = None
-        self._pci: dict[str, str] = {}
-        if nvml is not None:
-            self._open_nvml(nvml)
+        self._nvml = nvml
+        self._nvml_thread: threading.Thread | None = None
+        self._pci: dict[str, str] = {}   # bus address → UUID, filled in place (the kmsg reader holds .get)
         if kmsg_path:
             try:
                 self._kmsg = KmsgReader(kmsg_path, self._on_xid, resolve_pci=self._pci.get,
@@ -102,11 +101,34 @@ class HealthMonitor:
             except OSError as exc:
                 self._log.warning("%s", exc.strerror or exc)
 
+    @property
+    def parts(self) -> list[str]:
+        """What was asked and can run: "kmsg" (the log could be opened), "nvml" (events and counters)."""
+        return [name for name, part in (("kmsg", self._kmsg), ("nvml", self._nvml)) if part is not None]
+
+    def start(self) -> HealthMonitor:
+        """Start the parts; NVML's are opened on their own thread, so a wedged GPU never holds up the agent."""
+        if self._nvml is not None:
+            self._nvml_thread = threading.Thread(target=self._run_nvml, name="clusterwatch-gpu-health", daemon=True)
+            self._nvml_thread.start()
+        elif self._kmsg is not None:
+            self._kmsg.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every part within about a second; never waits on a driver call (the NVML thread ends its
+        parts itself when it gets back from one)."""
+        self._stop.set()
+        if self._kmsg is not None:
+            self._kmsg.stop()
+        if self._nvml_thread is not None:
+            self._nvml_thread.join(1.5)
+
     def _open_nvml(self, nvml: Any) -> None:
         try:
             nvml.nvmlInit()
             try:
-                self._pci = {g.pci: g.uuid for g in physical_gpus(nvml) if g.pci}
+                self._pci.update({g.pci: g.uuid for g in physical_gpus(nvml) if g.pci})
             finally:
                 nvml.nvmlShutdown()
             self._reader = CounterReader(nvml, clock=self._clock)
@@ -114,37 +136,21 @@ class HealthMonitor:
             self._log.warning("GPU health counters unavailable (%s); XIDs still come from the kernel log", exc)
             return
         try:
-            self._watcher = EventWatcher(nvml, self._on_gpu_event, clock=self._clock, log=self._log)
+            self._watcher = EventWatcher(nvml, self._on_gpu_event, clock=self._clock, log=self._log).start()
         except Exception as exc:
             self._log.warning("NVML events unavailable (%s); XIDs come from the kernel log only", exc)
 
-    @property
-    def parts(self) -> list[str]:
-        """What runs: "kmsg", "events", "counters"."""
-        return [name for name, part in (("kmsg", self._kmsg), ("events", self._watcher),
-                                        ("counters", self._reader)) if part is not None]
-
-    def start(self) -> HealthMonitor:
-        if self._kmsg is not None:
+    def _run_nvml(self) -> None:
+        name_os_thread("cw-gpu-health")   # as top -H and ps -L show it
+        self._open_nvml(self._nvml)
+        # the kernel log after the bus addresses are known, so its XIDs carry their GPU's UUID
+        if self._kmsg is not None and not self._stop.is_set():
             self._kmsg.start()
-        if self._watcher is not None:
-            self._watcher.start()
         if self._reader is not None:
-            self._counter_thread = threading.Thread(target=self._read_counters, name="clusterwatch-gpu-health",
-                                                    daemon=True)
-            self._counter_thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stops every part within one of its waits; never waits on a driver call for long."""
-        self._stop.set()
-        if self._kmsg is not None:
-            self._kmsg.stop()
+            self._read_counters()
         if self._watcher is not None:
             self._watcher.stop()
-        if self._counter_thread is not None:
-            self._counter_thread.join(5.0)
-        if self._reader is not None and (self._counter_thread is None or not self._counter_thread.is_alive()):
+        if self._reader is not None:
             self._reader.close()
 
     def _hold(self, fill: Callable[[agent_pb2.HealthEvent], None]) -> None:
@@ -162,7 +168,6 @@ class HealthMonitor:
         self._hold(lambda out: gpu_event_to_proto(e, out))
 
     def _read_counters(self) -> None:
-        name_os_thread("cw-gpu-health")   # as top -H and ps -L show it
         said_lost: set[str] = set()
         while not self._stop.is_set():
             try:
