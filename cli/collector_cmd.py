@@ -80,22 +80,11 @@ def collector(listen, query_listen, metrics_listen, db_path, history_points, his
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
-    from clusterwatch.collector.service import CollectorServer
 
     from clusterwatch.errors import ClusterwatchError
 
-    if bool(tls_cert) != bool(tls_key):
-        fail("--tls-cert and --tls-key go together")
-    if tls_client_ca and not tls_cert:
-        fail("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS runs over TLS)")
-    if bool(ssh_known_hosts) != bool(ssh_key):
-        fail("--ssh-known-hosts and --ssh-key go together (host keys are always checked)")
-    pairs = []
-    for item in ssh_address:
-        node, sep, target = item.partition("=")
-        if not sep or not node or not target:
-            fail(f"--ssh-address {item!r}: expected NODE=HOST[:PORT]")
-        pairs.append((node, target))
+    _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key)
+    pairs = _ssh_addresses(ssh_address)
     config = CollectorConfig(
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
@@ -108,17 +97,41 @@ def collector(listen, query_listen, metrics_listen, db_path, history_points, his
         rules_interval_s=rules_interval,
     )
 
-    async def main() -> None:
-        server = CollectorServer(config)
-        await server.start()
-        grpc_at = config.listen if config.listen.startswith("unix:") else f"port {server.grpc_port}"
-        logging.getLogger("clusterwatch.collector").info(
-            "collector: gRPC on %s, /metrics on port %s, store %s", grpc_at, server.metrics_port or "-", config.db_path)
-        await server.run_until_stopped()
-
     try:
-        asyncio.run(main())
+        asyncio.run(_serve(config))
     except ClusterwatchError as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start the collector: {exc}; is another collector using the port?")
+
+
+async def _serve(config) -> None:
+    from clusterwatch.collector.service import CollectorServer
+
+    server = CollectorServer(config)
+    await server.start()
+    grpc_at = config.listen if config.listen.startswith("unix:") else f"port {server.grpc_port}"
+    logging.getLogger("clusterwatch.collector").info(
+        "collector: gRPC on %s, /metrics on port %s, store %s", grpc_at, server.metrics_port or "-", config.db_path)
+    await server.run_until_stopped()
+
+
+def _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key) -> None:
+    """Options that go together: one line and exit 2 when one comes without the other."""
+    if bool(tls_cert) != bool(tls_key):
+        fail("--tls-cert and --tls-key go together")
+    if tls_client_ca and not tls_cert:
+        fail("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS runs over TLS)")
+    if bool(ssh_known_hosts) != bool(ssh_key):
+        fail("--ssh-known-hosts and --ssh-key go together (host keys are always checked)")
+
+
+def _ssh_addresses(items) -> list[tuple[str, str]]:
+    """--ssh-address NODE=HOST[:PORT] values as (node, target) pairs; one line and exit 2 for a bad one."""
+    pairs = []
+    for item in items:
+        node, sep, target = item.partition("=")
+        if not sep or not node or not target:
+            fail(f"--ssh-address {item!r}: expected NODE=HOST[:PORT]")
+        pairs.append((node, target))
+    return pairs

@@ -21,7 +21,8 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def setup_logging(verbose: int) -> None:
-    # imported here: the quick commands (status, jobs) never log, and logging costs ~8 ms to import
+    # imported here: the quick commands (status, jobs) never log, and importing logging is a measurable
+    # share of their start (bench/bench_cli.py)
     import logging
 
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose == 1 else logging.WARNING
@@ -39,8 +40,9 @@ quick_exit = False
 def exit_quickly_when_done() -> None:
     """Let the console script skip the interpreter's teardown after this command.
 
-    Once grpc is loaded that teardown (module and gRPC core shutdown) costs ~45 ms, a sixth
-    of `clusterwatch status`; only main() acts on it, so in-process callers (CliRunner) are unaffected.
+    Once grpc is loaded that teardown (module and gRPC core shutdown) is a large share of a query
+    command's time (bench/bench_cli.py); only main() acts on it, so in-process callers (CliRunner) are
+    unaffected.
     """
     global quick_exit
     quick_exit = True
@@ -80,7 +82,7 @@ class MungeCredential:
     """
 
     def __init__(self) -> None:
-        # subprocess, not shutil.which: grpc imports subprocess anyway, shutil costs ~4 ms more
+        # subprocess, not shutil.which: grpc imports subprocess anyway, shutil would be one more import
         import subprocess
 
         args = ["munge", "-s", MUNGE_PAYLOAD]

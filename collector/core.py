@@ -248,9 +248,24 @@ class CollectorCore:
             tracker.add(batch.seq)
             self._dirty_seqs.add(boot_id)
             return False
-        st = self.state
-        jobs = st.jobs
-        # What the batch needs from the store is read before anything is applied (a read can fail too).
+        late, closed, events, trainings, provenance = self._read_ahead(batch, cols)
+        with self.lock:
+            touched, changed, records = self._apply(node, batch, cols, now, closed, events, trainings, provenance)
+            # jobs first named by these samples are written to the store once
+            changed |= {j for j in late if j in self.state.jobs and j not in self._saved}
+            # Applied whole: only now is its number recorded (a resend before this is applied afresh).
+            tracker.add(batch.seq)
+            self._queue_writes(node, boot_id, records, changed)
+        self.counters.batches += 1
+        self.counters.samples += cols.rows
+        self._after_batch(node, now, touched, changed, records)
+        return True
+
+    def _read_ahead(self, batch: agent_pb2.Batch, cols: ProcessColumns):
+        """What a batch needs before anything of it is applied, since a read can fail too and a batch is
+        applied whole or not at all: (job ids it names that are not held, those of them closed already,
+        its job events, training reports, and (message, record) of its valid provenance)."""
+        jobs = self.state.jobs
         # A job closed already stays closed: late samples lose its label, late events are dropped.
         late = {lab[4] for lab in cols.label_sets if lab[4] and lab[4] not in jobs}  # lab[4]: job id
         late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
@@ -264,39 +279,44 @@ class CollectorCore:
                 self.counters.rejected += 1
             else:
                 provenance.append((prov, record))
-        with self.lock:
-            # job events first: a prolog's start names the job before its samples arrive
-            starts = [e for e in events if e.kind == "start"]
-            changed = {st.job_event(node, e).job_id for e in starts}
-            touched = st.add_processes(node, cols, now, closed)
-            st.add_gpus(node, batch.gpus)
-            for t in trainings:
-                st.add_training(node, t)
-            ns = st.nodes.get(node)
-            if ns is not None and batch.HasField("counters"):
-                ns.samples_sent = batch.counters.samples_sent
-                ns.samples_dropped = batch.counters.samples_dropped
-                ns.read_errors = batch.counters.read_errors
-            changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
-            records = []
-            for prov, record in provenance:
-                job = st.add_provenance(node, prov.pid, prov.start_time, record)
-                if job is not None:
-                    records.append((job.job_id, node, prov.pid, prov.start_time, prov.json))
-            # jobs first named by these samples are written to the store once
-            changed |= {j for j in late if j in jobs and j not in self._saved}
-            # Applied whole: only now is its number recorded (a resend before this is applied afresh).
-            tracker.add(batch.seq)
-            self._dirty_seqs.add(boot_id)
-            self._dirty_nodes.add(node)
-            self._pending_provenance.extend(records)
-            for job_id in changed:
-                job = jobs.get(job_id)
-                if job is not None:
-                    self._pending_jobs[job_id] = job
-                    self._saved.add(job_id)
-        self.counters.batches += 1
-        self.counters.samples += cols.rows
+        return late, closed, events, trainings, provenance
+
+    def _apply(self, node, batch, cols, now, closed, events, trainings, provenance):
+        """Apply a batch to the state, under the lock: (series touched, ids of jobs changed, provenance rows
+        to store)."""
+        st = self.state
+        # job events first: a prolog's start names the job before its samples arrive
+        changed = {st.job_event(node, e).job_id for e in events if e.kind == "start"}
+        touched = st.add_processes(node, cols, now, closed)
+        st.add_gpus(node, batch.gpus)
+        for t in trainings:
+            st.add_training(node, t)
+        ns = st.nodes.get(node)
+        if ns is not None and batch.HasField("counters"):
+            ns.samples_sent = batch.counters.samples_sent
+            ns.samples_dropped = batch.counters.samples_dropped
+            ns.read_errors = batch.counters.read_errors
+        changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
+        records = []
+        for prov, record in provenance:
+            job = st.add_provenance(node, prov.pid, prov.start_time, record)
+            if job is not None:
+                records.append((job.job_id, node, prov.pid, prov.start_time, prov.json))
+        return touched, changed, records
+
+    def _queue_writes(self, node: str, boot_id: str, records: list, changed: set[str]) -> None:
+        """Under the lock: what an applied batch leaves for the next flush to write."""
+        self._dirty_seqs.add(boot_id)
+        self._dirty_nodes.add(node)
+        self._pending_provenance.extend(records)
+        for job_id in changed:
+            job = self.state.jobs.get(job_id)
+            if job is not None:
+                self._pending_jobs[job_id] = job
+                self._saved.add(job_id)
+
+    def _after_batch(self, node: str, now: float, touched: list, changed: set[str], records: list) -> None:
+        """Outside the lock: tell the listeners, and close the jobs the batch ended."""
         for job_id in {r[0] for r in records}:
             job = self.state.jobs.get(job_id)
             if job is not None:
@@ -306,7 +326,6 @@ class CollectorCore:
             job = self.state.jobs.get(job_id)
             if job is not None and job.ended:
                 self.close_job(job)
-        return True
 
     def save_job(self, job: JobState) -> None:
         """Write a job's row with the next flush, in its transaction (kept pending while the store refuses

@@ -1,7 +1,7 @@
 """Messages that do not parse: refused, counted, said once per peer, never a traceback each.
 
-gRPC decodes a request before any servicer code runs, and a DecodeError there was logged by
-gRPC itself, with a traceback, once per message, and counted nowhere. Here every method's
+gRPC decodes a request before any servicer code runs; a DecodeError there, left to gRPC, is logged
+with a traceback once per message and counted nowhere. Here every method's
 decoder keeps what does not parse as a Malformed marker instead, and the method's wrapper
 refuses it (INVALID_ARGUMENT) the moment it is read.
 """

@@ -68,53 +68,61 @@ class CollectorServer:
         self._registry = None
 
     async def start(self) -> None:
+        cfg = self.config
         # a taken port stops the start before anything else is said or opened
-        for listen, flag in ((self.config.listen, "--listen"), (self.config.query_listen, "--query-listen")):
+        for listen, flag in ((cfg.listen, "--listen"), (cfg.query_listen, "--query-listen")):
             problem = taken_error(listen, flag) if listen else None
             if problem is not None:
                 raise ConfigError(problem)
         tune_gc()
-        warning = open_ingest_warning(self.config.listen, self.config.token, self.config.tls_client_ca)
+        warning = open_ingest_warning(cfg.listen, cfg.token, cfg.tls_client_ca)
         if warning:
             log.warning("%s", warning)
+        main_cap, self._query_cap = connection_caps(raise_open_file_limit(), bool(cfg.query_listen))
+        server = self._main_server(main_cap)
+        query = QueryServicer(self.core, await auth_from_config(
+            cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
+            alerts=self.alerting)
+        query_pb2_grpc.add_QueryServicer_to_server(query, server)
+        creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        self.grpc_port = bind(server, cfg.listen, "--listen", creds)
+        await server.start()
+        self._server = server
+        if cfg.query_listen:
+            await self._start_query_server(query)
+        if cfg.slurm:
+            from .registry import build_registry
+
+            self._registry = build_registry(self.core, cfg)
+            self._registry.start()
+        self._flusher = asyncio.ensure_future(self._flush_loop())
+        if cfg.metrics_listen:
+            self._start_metrics()
+        if cfg.ports_file:
+            self._write_ports(cfg.ports_file)
+
+    def _main_server(self, max_connections: int) -> grpc.aio.Server:
+        """The server of --listen, with the ingest service on it (the query service is added by start)."""
         interceptors = []
         if self.config.token:
             interceptors.append(TokenInterceptor(self.config.token, self._count_unauthenticated))
         interceptors.append(MalformedMessageInterceptor(self._count_rejected))
-        fd_limit = raise_open_file_limit()
-        main_cap, self._query_cap = connection_caps(fd_limit, bool(self.config.query_listen))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             NO_REUSEPORT,
-            *server_options(main_cap),
+            *server_options(max_connections),
         ])
         agent_pb2_grpc.add_IngestServicer_to_server(self.ingest, server)
-        cfg = self.config
-        query = QueryServicer(self.core, await auth_from_config(
-            cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
-            alerts=self.alerting)
-        query_pb2_grpc.add_QueryServicer_to_server(query, server)
-        creds = server_credentials(self.config.tls_cert, self.config.tls_key, self.config.tls_client_ca)
-        self.grpc_port = bind(server, self.config.listen, "--listen", creds)
-        await server.start()
-        self._server = server
-        if self.config.query_listen:
-            await self._start_query_server(query)
-        if self.config.slurm:
-            from .registry import build_registry
+        return server
 
-            self._registry = build_registry(self.core, self.config)
-            self._registry.start()
-        self._flusher = asyncio.ensure_future(self._flush_loop())
-        if self.config.metrics_listen:
-            self._start_metrics()
-        if self.config.ports_file:
-            with open(self.config.ports_file + ".tmp", "w") as f:
-                json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port, "query": self.query_port}, f)
-            os.replace(self.config.ports_file + ".tmp", self.config.ports_file)
+    def _write_ports(self, path: str) -> None:
+        """The ports bound, as JSON, written whole (a reader never sees half a file)."""
+        with open(path + ".tmp", "w") as f:
+            json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port, "query": self.query_port}, f)
+        os.replace(path + ".tmp", path)
 
     def _count_unauthenticated(self) -> None:
         self.core.counters.unauthenticated += 1
