@@ -137,3 +137,23 @@ def test_a_watcher_with_nothing_to_watch_stops_at_once(stub_lib: Path, tmp_path:
     out, calls = _child(stub_lib, tmp_path, "gpu GPU-aaaa events=0x0 name=X\n", EVENTS, "0")
     assert out["events"] == [] and out["registered"] == {}
     assert out["stop_seconds"] < 5.0
+
+
+OLD_BINDINGS = r"""
+import json, time, types, pynvml
+from clusterwatch.agent.health.events import EventWatcher
+# bindings from before nvmlEventSetWait_v2: everything else as the installed pynvml has it
+old = types.SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if k != "nvmlEventSetWait_v2"})
+got = []
+watcher = EventWatcher(old, lambda e: got.append([e.uuid, e.kind, e.data]), wait_ms=100).start()
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    time.sleep(0.02)
+watcher.stop()
+print(json.dumps({"events": got, "errors": watcher.errors}))
+"""
+
+
+def test_bindings_without_the_v2_wait_use_the_first(stub_lib: Path, tmp_path: Path) -> None:
+    out, calls = _child(stub_lib, tmp_path, "gpu GPU-aaaa util=9 name=X\nevent GPU-aaaa 0x8 48\n", OLD_BINDINGS)
+    assert out == {"events": [["GPU-aaaa", "xid", 48]], "errors": 0}

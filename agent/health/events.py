@@ -124,9 +124,11 @@ class EventWatcher:
     def _run(self) -> None:
         nvml = self._nvml
         name_os_thread("cw-nvml-events")   # as top -H and ps -L show it
+        # bindings before the _v2 wait (whose data carries the MIG instance ids) have the first one only
+        wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
         while not self._stop.is_set():
             try:
-                data = nvml.nvmlEventSetWait_v2(self._set, self._wait_ms)
+                data = wait(self._set, self._wait_ms)
             except nvml.NVMLError as exc:
                 code = nvml_code(exc)
                 if code == _TIMEOUT:
