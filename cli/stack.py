@@ -8,8 +8,9 @@ uses a temporary store and stops every process it started, by its pid.
 
 The collector takes agents and queries on a Unix socket in a folder of mode 0700, so on a shared
 login node no other user can read the job or feed it samples (its queries are not authenticated:
-`--query-auth none`, since munge may be installed and down). /metrics stays on a free loopback TCP
-port (read back from a ports file): it is read-only and shows what Prometheus would scrape.
+`--query-auth none`, since munge may be installed and down). /metrics is off unless asked for (the
+demo shows it): then on a free loopback TCP port, read back from a ports file; it is read-only and
+shows what Prometheus would scrape, so another user reaching it learns nothing a scrape would not.
 """
 from __future__ import annotations
 
@@ -110,12 +111,14 @@ class Stack:
         self.children.append((name, proc))
         return proc
 
-    def start_collector(self, extra: list[str] = ()) -> None:
+    def start_collector(self, extra: list[str] = (), metrics: bool = False) -> None:
+        """Start the collector and wait for it to listen; `metrics`: also serve /metrics (metrics_port)."""
         ports = self.workdir / "ports.json"
         # `run` and `demo` watch one command on one machine, their collector on a private socket: no munge
         # (under `auto` a host with munge installed but munged down would refuse their own queries)
         proc = self._spawn("collector", [
-            "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0", "--query-auth", "none",
+            "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0" if metrics else "none",
+            "--query-auth", "none",
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S

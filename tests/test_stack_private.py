@@ -6,6 +6,7 @@ through runuser (the suite runs as root) with the system's Python, which `nobody
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -83,3 +84,14 @@ def test_another_user_cannot_reach_a_runs_collector(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def test_a_run_opens_no_tcp_port(tmp_path):
+    # run shows no /metrics (demo does): nothing of a run listens where another user could connect
+    keep = tmp_path / "run"
+    r = subprocess.run([*CLI, "run", "--keep", str(keep), "--interval", "0.5", "--gpu-source", "none", "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=90, env=clean_environ())
+    assert r.returncode == 0, r.stderr
+    ports = json.loads((keep / "ports.json").read_text())
+    assert ports["metrics"] == 0 and ports["query"] == 0, ports
+    assert "/metrics on port -" in (keep / "collector.log").read_text()
