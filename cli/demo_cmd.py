@@ -91,7 +91,7 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
         try:
             rules = _demo_rules()
             try:
-                stack.start_collector(["--rules", rules] if rules else [])
+                stack.start_collector(["--rules", rules] if rules else [], metrics=True)
             except ClusterwatchError as exc:
                 fail(str(exc))
             now = time.time()
