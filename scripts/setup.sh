@@ -2,12 +2,14 @@
 # Install what clusterwatch and its tests need on a fresh Debian 12 machine, idempotently:
 # Debian's Slurm, munge, Prometheus (promtool), OpenSSH server, git, gcc (the tests build a C stand-in
 # for the NVIDIA driver library with it) and systemd (systemd-analyze, for
-# the shipped units; nothing is started with it) as root, then a
+# the shipped units; nothing is started with it) and chromium with its driver (the job page's browser
+# tests) as root, then a
 # virtual environment in .venv with clusterwatch installed editable with its dev extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(slurmctld slurmd slurm-client munge prometheus openssh-server git gcc libc6-dev systemd)
+DEBS=(slurmctld slurmd slurm-client munge prometheus openssh-server git gcc libc6-dev systemd
+      chromium chromium-driver)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
