@@ -30,6 +30,9 @@ class CollectorConfig:
         query_listen: a second address serving only the query service, with TLS but no client
             certificate when TLS is on (login nodes have no agent certificates); None: none.
         metrics_listen: HTTP address of the Prometheus endpoint, HOST:PORT; None: no endpoint.
+        web_listen: HTTP address of the jobs' web pages (collector/web/), HOST:PORT; None: no pages.
+        web_listen_required: a taken web_listen stops the start; False (the CLI's default address): a
+            warning, and no pages (a second collector on a workstation, or tests, must still start).
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
@@ -63,6 +66,8 @@ class CollectorConfig:
     listen: str = "127.0.0.1:50051"
     query_listen: str | None = None
     metrics_listen: str | None = "127.0.0.1:9750"
+    web_listen: str | None = None
+    web_listen_required: bool = True
     db_path: str = ":memory:"
     history_points: int = 720
     history_step_s: float = 5.0
