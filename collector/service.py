@@ -64,13 +64,17 @@ class CollectorServer:
         self._flusher: asyncio.Future | None = None
         self._query_server: grpc.aio.Server | None = None
         self.query_port = 0
+        self.web_port = 0
+        self._web = None
         self._query_cap = 0
         self._registry = None
 
     async def start(self) -> None:
         cfg = self.config
         # a taken port stops the start before anything else is said or opened
-        for listen, flag in ((cfg.listen, "--listen"), (cfg.query_listen, "--query-listen")):
+        required_web = cfg.web_listen if cfg.web_listen_required else None
+        for listen, flag in ((cfg.listen, "--listen"), (cfg.query_listen, "--query-listen"),
+                             (required_web, "--web-listen")):
             problem = taken_error(listen, flag) if listen else None
             if problem is not None:
                 raise ConfigError(problem)
@@ -98,6 +102,8 @@ class CollectorServer:
         self._flusher = asyncio.ensure_future(self._flush_loop())
         if cfg.metrics_listen:
             self._start_metrics()
+        if cfg.web_listen:
+            self._start_web(query.auth)
         if cfg.ports_file:
             self._write_ports(cfg.ports_file)
 
@@ -121,7 +127,8 @@ class CollectorServer:
     def _write_ports(self, path: str) -> None:
         """The ports bound, as JSON, written whole (a reader never sees half a file)."""
         with open(path + ".tmp", "w") as f:
-            json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port, "query": self.query_port}, f)
+            json.dump({"grpc": self.grpc_port, "metrics": self.metrics_port, "query": self.query_port,
+                       "web": self.web_port}, f)
         os.replace(path + ".tmp", path)
 
     def _count_unauthenticated(self) -> None:
@@ -159,6 +166,22 @@ class CollectorServer:
         host, _, port = self.config.metrics_listen.rpartition(":")
         self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
         self.metrics_port = self._httpd.server_port
+
+    def _start_web(self, auth) -> None:
+        """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""
+        from .web.access import browser_caller
+        from .web.app import WebApp
+        from .web.server import serve_web
+
+        cfg = self.config
+        problem = taken_error(cfg.web_listen, "--web-listen")  # a required one was checked first thing
+        if problem is not None:
+            log.warning("%s: serving no web pages (pass --web-listen HOST:PORT or none)", problem)
+            return
+        host, _, port = cfg.web_listen.rpartition(":")
+        self._web = serve_web(WebApp(self.core, self.alerting, browser_caller(auth)),
+                              host.strip("[]") or "127.0.0.1", int(port))
+        self.web_port = self._web.server_port
 
     def active_alerts(self):
         return self.alerting.exported()
@@ -212,6 +235,7 @@ class CollectorServer:
         except Exception as exc:  # kept for the agents to resend: what was not acked is not lost
             log.error("stopping with writes the store refused (%s); agents resend what was not acknowledged", exc)
         self.alerting.close()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        for httpd in (self._httpd, self._web):
+            if httpd is not None:
+                httpd.shutdown()
+                httpd.server_close()
