@@ -9,6 +9,15 @@ import click
 from .addresses import listen_option_callback, tcp_listen_option_callback
 from .common import fail, setup_logging
 
+DEFAULT_WEB_LISTEN = "127.0.0.1:9752"
+
+
+def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--web-listen: HOST:PORT or 'none' (browsers reach pages over TCP)."""
+    if value is not None and value.startswith("unix:"):
+        raise click.BadParameter(f"{value!r}: the web pages are served on TCP only; give HOST:PORT or 'none'")
+    return listen_option_callback(ctx, param, value)
+
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
@@ -21,6 +30,9 @@ from .common import fail, setup_logging
 @click.option("--metrics-listen", default="127.0.0.1:9750", envvar="CLUSTERWATCH_METRICS_LISTEN",
               callback=tcp_listen_option_callback,
               show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
+@click.option("--web-listen", default=None, envvar="CLUSTERWATCH_WEB_LISTEN", callback=_web_listen_callback,
+              help=f"Address of the jobs' web pages (HOST:PORT; default {DEFAULT_WEB_LISTEN}, where a port already "
+                   "taken only warns); 'none' to switch them off. See docs/operators.md before leaving loopback.")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
                    "else ~/.local/state/clusterwatch/clusterwatch.db).")
@@ -72,8 +84,8 @@ from .common import fail, setup_logging
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
                    "not evaluated; the rules work in minutes). Capped at a third of the shortest leak bucket.")
 @click.option("-v", "--verbose", count=True)
-def collector(listen, query_listen, metrics_listen, db_path, history_points, history_step, per_process_metrics,
-              rules_path, token,
+def collector(listen, query_listen, metrics_listen, web_listen, db_path, history_points, history_step,
+              per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, verbose) -> None:
@@ -94,7 +106,8 @@ def collector(listen, query_listen, metrics_listen, db_path, history_points, his
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
         query_auth=query_auth, munge_socket=munge_socket, query_admins=tuple(query_admins),
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
-        rules_interval_s=rules_interval,
+        rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
+        web_listen_required=web_listen is not None,
     )
 
     try:
@@ -112,7 +125,8 @@ async def _serve(config) -> None:
     await server.start()
     grpc_at = config.listen if config.listen.startswith("unix:") else f"port {server.grpc_port}"
     logging.getLogger("clusterwatch.collector").info(
-        "collector: gRPC on %s, /metrics on port %s, store %s", grpc_at, server.metrics_port or "-", config.db_path)
+        "collector: gRPC on %s, /metrics on port %s, web pages on port %s, store %s", grpc_at,
+        server.metrics_port or "-", server.web_port or "-", config.db_path)
     await server.run_until_stopped()
 
 
