@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .common import collector_option, fail, query_metadata
+from .common import collector_option, deployment, fail, query_metadata
 
 
 def render_alerts(entries, now: float) -> str:
@@ -32,28 +32,55 @@ def render_alerts(entries, now: float) -> str:
 @click.option("--all", "include_resolved", is_flag=True, help="Also the latest resolved alerts.")
 @click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
-def alerts(collector: str, tls_ca: str | None, job_id: str, include_resolved: bool, limit: int, as_json: bool) -> None:
+def alerts(collector: str, collectors_before: str, tls_ca: str | None, job_id: str, include_resolved: bool,
+           limit: int, as_json: bool) -> None:
     """List alerts: pending and firing, and with --all the latest resolved ones."""
     import grpc
     from clusterwatch.v1 import query_pb2
 
-    from .status_cmd import _explain, _stub, view_as_dict
+    from .status_cmd import _explain, _stub, ask_all, view_as_dict
 
-    channel, stub = _stub(collector, tls_ca)
-    try:
-        resp = stub.ListAlerts(query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved,
-                                                           limit=limit), timeout=5.0,
-                                 metadata=query_metadata())
-    except grpc.RpcError as exc:
-        fail(_explain(exc, collector, "the alert list"), code=1)
-    finally:
-        channel.close()
+    found = deployment(collector, collectors_before)
+    request = query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved, limit=limit)
+    if not job_id:  # every collector's, merged
+        answers, partial = ask_all(found.all, tls_ca, "the alert list",
+                          lambda stub, metadata: stub.ListAlerts(request, timeout=5.0, metadata=metadata))
+        resp = query_pb2.ListAlertsResponse(alerts=merge_alerts([e for a in answers for e in a.alerts], limit))
+    else:  # the job's collector holds all of its alerts
+        partial = False
+        collector = found.for_job(job_id)
+        channel, stub = _stub(collector, tls_ca)
+        try:
+            resp = stub.ListAlerts(request, timeout=5.0, metadata=query_metadata())
+        except grpc.RpcError as exc:
+            fail(_explain(exc, collector, "the alert list"), code=1)
+        finally:
+            channel.close()
     if job_id and not resp.alerts:
         _check_job_known(collector, tls_ca, job_id)
     if as_json:
         click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
-        return
-    click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)
+    else:
+        click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)
+    if partial:
+        raise SystemExit(1)
+
+
+def merge_alerts(entries, limit: int) -> list:
+    """Several collectors' alerts as one collector lists them: active before resolved, newest first, at most `limit`.
+
+    A node-wide alert (agent_down, no job) of a node whose agent streams to several collectors is the same
+    alert on each: it is listed once.
+    """
+    seen: set[tuple] = set()
+    out = []
+    for e in sorted(entries, key=lambda e: (e.alert.state == "resolved", -e.alert.since)):
+        key = (e.job_id, e.alert.rule, e.alert.node, e.alert.rank if e.alert.HasField("rank") else None,
+               e.alert.since, e.alert.state)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out[:limit]
 
 
 def _check_job_known(collector: str, tls_ca: str | None, job_id: str) -> None:

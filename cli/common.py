@@ -49,17 +49,42 @@ def exit_quickly_when_done() -> None:
 
 
 def collector_option(f):
-    """--collector HOST:PORT (or unix:PATH) and --tls-ca for the commands that query the collector.
+    """--collector HOST:PORT[,HOST:PORT...], --collectors-before and --tls-ca for the query commands.
 
-    The command takes both, `collector` and `tls_ca`, and hands them to query_channel.
+    The command takes `collector`, `collectors_before` and `tls_ca`; deployment() makes the first two the
+    collectors list (clusterwatch/shards.py), query_channel takes an address and `tls_ca`.
     """
+    f = click.option("--collectors-before", "collectors_before", envvar="CLUSTERWATCH_COLLECTORS_BEFORE",
+                     default="", metavar="JOB=HOST:PORT,...",
+                     help="After a change of the collectors list: the first job number of the current list, "
+                          "and the list the older jobs still run on ([cli] or top-level collectors_before).")(f)
     f = click.option("--tls-ca", "tls_ca", envvar="CLUSTERWATCH_TLS_CA", type=click.Path(exists=True, dir_okay=False),
                      help="Talk TLS to the collector, trusting this CA (its --query-listen port, or its main "
                           "port when that does not require client certificates).")(f)
     return click.option(
         "--collector", envvar="CLUSTERWATCH_COLLECTOR", default=DEFAULT_COLLECTOR, show_default=True,
-        metavar="HOST:PORT", help="Collector address (CLUSTERWATCH_COLLECTOR, or [cli] collector in the config file).",
+        metavar="HOST:PORT[,...]",
+        help="Collector address; several, comma-separated, in the deployment's one order, when jobs are "
+             "sharded over collectors (CLUSTERWATCH_COLLECTOR, or collectors = [...] in the config file).",
     )(f)
+
+
+def deployment(collector: str, collectors_before: str = ""):
+    """The collectors list of --collector / --collectors-before (shards.Collectors); one line and exit 2 if bad."""
+    from clusterwatch.shards import Collectors, ShardError
+
+    from .addresses import AddressError, check_collector_address
+
+    try:
+        found = Collectors.parse(collector, collectors_before or None)
+    except ShardError as exc:
+        fail(str(exc))
+    for address in found.all:
+        try:
+            check_collector_address(address)
+        except AddressError as exc:
+            fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
+    return found
 
 
 def query_channel(address: str, tls_ca: str | None = None):

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from .common import collector_option, fail, query_metadata
+from .common import collector_option, deployment, fail, query_metadata
 
 
 @click.command()
@@ -14,12 +14,14 @@ from .common import collector_option, fail, query_metadata
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), required=True,
               help="Trace file to write (JSON lines, docs/traces.md); - for stdout.")
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
-def record(job_id: str, collector: str, tls_ca: str | None, output: str, force: bool) -> None:
+def record(job_id: str, collector: str, collectors_before: str, tls_ca: str | None, output: str, force: bool) -> None:
     """Save the samples the collector holds of JOB_ID, to replay them with `clusterwatch replay`."""
     import grpc
     from clusterwatch.v1 import query_pb2
 
     from .status_cmd import _explain, _stub
+
+    collector = deployment(collector, collectors_before).for_job(job_id)  # the job's one collector
 
     if output == "-":
         _record_to_stdout(job_id, collector, tls_ca)

@@ -11,6 +11,7 @@ from .common import (
     DEFAULT_COLLECTOR,
     MungeCredential,
     collector_option,
+    deployment,
     exit_quickly_when_done,
     fail,
     query_channel,
@@ -90,15 +91,17 @@ def complete_job_ids(ctx: click.Context, param, incomplete: str):
     from clusterwatch.v1 import query_pb2
 
     address = ctx.params.get("collector") or os.environ.get("CLUSTERWATCH_COLLECTOR", DEFAULT_COLLECTOR)
-    try:
-        channel, stub = _stub(address, ctx.params.get("tls_ca"))
+    found = []
+    for one in address.split(","):
         try:
-            resp = stub.ListJobs(query_pb2.ListJobsRequest(), timeout=1.0, metadata=query_metadata())
-        finally:
-            channel.close()
-    except (Exception, SystemExit):  # away, or a bad --collector: quietly nothing to complete
-        return []
-    return [CompletionItem(j.job_id, help=f"{j.user} {j.name}".strip()) for j in resp.jobs
+            channel, stub = _stub(one.strip(), ctx.params.get("tls_ca"))
+            try:
+                found += stub.ListJobs(query_pb2.ListJobsRequest(), timeout=1.0, metadata=query_metadata()).jobs
+            finally:
+                channel.close()
+        except (Exception, SystemExit):  # away, or a bad --collector: quietly nothing from it
+            continue
+    return [CompletionItem(j.job_id, help=f"{j.user} {j.name}".strip()) for j in merge_jobs(found)
             if j.job_id.startswith(incomplete)]
 
 
@@ -117,11 +120,14 @@ def _job_id(ctx: click.Context, param, value: str) -> str:
               help="Refresh until Ctrl-C: in place on a terminal; else one report (one JSON line) each time.")
 @click.option("-n", "--interval", "interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between refreshes with --watch.")
-def status(job_id: str, collector: str, tls_ca: str | None, as_json: bool, watch: bool, interval: float) -> None:
+def status(job_id: str, collector: str, collectors_before: str, tls_ca: str | None, as_json: bool, watch: bool,
+           interval: float) -> None:
     """Show a job: its nodes, ranks and GPUs, memory and utilisation trends, alerts and advice."""
     # `munge -n` runs (on another core) while grpc and protobuf import; the first request takes its credential
     credential: MungeCredential | None = MungeCredential()
     import grpc
+
+    collector = deployment(collector, collectors_before).for_job(job_id)  # the one collector that holds it
 
     def once() -> str:
         nonlocal credential
@@ -167,26 +173,74 @@ def status(job_id: str, collector: str, tls_ca: str | None, as_json: bool, watch
 @collector_option
 @click.option("--all", "include_ended", is_flag=True, help="Also list jobs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
-def jobs(collector: str, tls_ca: str | None, include_ended: bool, as_json: bool) -> None:
-    """List the jobs the collector knows, with their firing alerts."""
+def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_ended: bool, as_json: bool) -> None:
+    """List the jobs the collectors know, with their firing alerts."""
     credential = MungeCredential()  # made while grpc and protobuf import, as in status
-    import grpc
     from clusterwatch.v1 import query_pb2
 
     exit_quickly_when_done()
-    channel, stub = _stub(collector, tls_ca)
-    try:
-        resp = stub.ListJobs(query_pb2.ListJobsRequest(include_ended=include_ended), timeout=QUERY_TIMEOUT_S,
-                             metadata=credential.metadata())
-    except grpc.RpcError as exc:
-        fail(_explain(exc, collector, "the job list"), code=1)
-    finally:
-        channel.close()
+    request = query_pb2.ListJobsRequest(include_ended=include_ended)
+    answers, partial = ask_all(deployment(collector, collectors_before).all, tls_ca, "the job list",
+                      lambda stub, metadata: stub.ListJobs(request, timeout=QUERY_TIMEOUT_S, metadata=metadata),
+                      credential)
+    resp = query_pb2.ListJobsResponse(jobs=merge_jobs([j for a in answers for j in a.jobs]))
+    for a in answers:
+        for job_id, firing in a.firing_alerts.items():
+            resp.firing_alerts[job_id] = resp.firing_alerts[job_id] + firing
     if as_json:
         import json
 
         click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
-        return
-    from .render import render_jobs
+    else:
+        from .render import render_jobs
 
-    click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
+        click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
+    if partial:
+        sys.exit(1)
+
+
+def ask_all(addresses: tuple[str, ...], tls_ca: str | None, what: str, call, credential: MungeCredential | None = None):
+    """`call(stub, metadata)` on every collector at once: the answers of those that answered, and whether
+    one did not.
+
+    One that does not answer gets one line on stderr and the command still shows the others, then exits 1
+    (a script must not take a part for the whole); none answering is one line and exit 1. A munge
+    credential is good for one request, so each collector gets its own.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    def one(address: str, cred: MungeCredential):
+        channel, stub = _stub(address, tls_ca)
+        try:
+            return call(stub, cred.metadata())
+        except grpc.RpcError as exc:
+            return exc
+        finally:
+            channel.close()
+
+    creds = [credential or MungeCredential()] + [MungeCredential() for _ in addresses[1:]]
+    if len(addresses) == 1:
+        results = [one(addresses[0], creds[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
+            results = list(pool.map(one, addresses, creds))
+    answers = [r for r in results if not isinstance(r, grpc.RpcError)]
+    for address, r in zip(addresses, results, strict=True):
+        if isinstance(r, grpc.RpcError):
+            message = _explain(r, address, what)
+            if not answers:
+                fail(message, code=1)
+            click.echo(f"clusterwatch: {message}; showing what the other collectors hold", err=True)
+    return answers, len(answers) < len(results)
+
+
+def merge_jobs(found) -> list:
+    """One entry per job id, the running or latest one when two collectors name it; in the collectors' order."""
+    best: dict[str, object] = {}
+    for j in found:
+        held = best.get(j.job_id)
+        if held is None or (not j.end_time, j.start_time) > (not held.end_time, held.start_time):
+            best[j.job_id] = j
+    return list(best.values())
