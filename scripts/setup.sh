@@ -3,13 +3,13 @@
 # Debian's Slurm, munge, Prometheus (promtool), OpenSSH server, git, gcc (the tests build a C stand-in
 # for the NVIDIA driver library with it) and systemd (systemd-analyze, for
 # the shipped units; nothing is started with it) and chromium with its driver (the job page's browser
-# tests) as root, then a
+# tests), VictoriaMetrics (victoria-metrics: the engine behind Prometheus remote_write, with vmalert) as root, then a
 # virtual environment in .venv with clusterwatch installed editable with its dev extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(slurmctld slurmd slurm-client munge prometheus openssh-server git gcc libc6-dev systemd
-      chromium chromium-driver)
+      chromium chromium-driver victoria-metrics)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
