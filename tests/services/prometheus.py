@@ -135,12 +135,15 @@ def _config(targets: Sequence[str], rule_files: Sequence[Path], scrape_interval:
 
 @contextlib.contextmanager
 def running_prometheus(root: Path, targets: Sequence[str], rule_files: Sequence[Path] = (),
-                       scrape_interval: str = "1s") -> Iterator[Prometheus]:
-    """Start Prometheus in `root` scraping `targets`; stop it by its PID when the block ends."""
+                       scrape_interval: str = "1s", config_text: str | None = None) -> Iterator[Prometheus]:
+    """Start Prometheus in `root` scraping `targets`; stop it by its PID when the block ends.
+
+    `config_text`: a whole prometheus.yml instead (a shipped one, its paths made the test's).
+    """
     binary = require_binary("prometheus", "prometheus")
     root.mkdir(parents=True, exist_ok=True)
     conf = root / "prometheus.yml"
-    conf.write_text(_config(targets, rule_files, scrape_interval))
+    conf.write_text(config_text if config_text is not None else _config(targets, rule_files, scrape_interval))
     port = free_port()
     with open(root / "prometheus.log", "ab") as log:
         popen = subprocess.Popen(
