@@ -22,7 +22,7 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _figure(v: float) -> str:
-    return f"{v:.6g}"
+    return f"{v:.12g}"
 
 
 def line_chart(title: str, lines: list[tuple[str, list[tuple[float, float]]]],
