@@ -71,7 +71,8 @@ def test_two_instances_run_side_by_side_from_their_env_files(tmp_path: Path) -> 
             inst["CLUSTERWATCH_METRICS_LISTEN"] = inst["CLUSTERWATCH_METRICS_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_DB"] = str(tmp_path / inst["CLUSTERWATCH_DB"].lstrip("/"))
             Path(inst["CLUSTERWATCH_DB"]).parent.mkdir(parents=True)  # systemd's StateDirectory
-            env.update(inst, CLUSTERWATCH_SLURM="0")
+            # no Slurm, and queries open (munged is not a part of this test: tests/helpers.py Collector does so)
+            env.update(inst, CLUSTERWATCH_SLURM="0", CLUSTERWATCH_QUERY_AUTH="none")
             ports.append((grpc, metrics, Path(inst["CLUSTERWATCH_DB"])))
             log = open(tmp_path / f"c{n}.log", "wb")
             procs.append(subprocess.Popen([*CLI, "collector"], env=env, stdout=log, stderr=subprocess.STDOUT))
