@@ -40,6 +40,9 @@ class WebApp:
             return self._send(start_response, "405 Method Not Allowed",
                               message_page("Not allowed", "These pages are read-only."), [("Allow", "GET, HEAD")])
         path = environ.get("PATH_INFO", "/")
+        if path == "/favicon.ico":  # browsers ask for it whatever the page says; there is none
+            start_response("204 No Content", [("Cache-Control", "max-age=86400")])
+            return [b""]
         try:
             status, body = self.route(path)
         except Exception:  # a page that cannot be built must not take the collector's thread with it
