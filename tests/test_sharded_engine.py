@@ -115,3 +115,72 @@ def test_promtool_checks_the_shipped_sharded_config():
     promtool = require_binary("promtool", "prometheus")
     out = subprocess.run([promtool, "check", "config", str(SHIPPED)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_three_shards_summed_in_prometheus_equal_one_collector_for_the_same_load(tmp_path):
+    """Four nodes, three jobs (one spanning two nodes), once on three collectors (each job on its own, its
+    nodes' agents streaming there) and once on one: Prometheus's counts and sums over the shards equal the
+    single collector's, so series neither overlap nor go missing between shards."""
+    started: list[Proc] = []
+    try:
+        shards = [Collector(tmp_path, name=f"s{i}", db=tmp_path / f"s{i}.db") for i in range(3)]
+        single = Collector(tmp_path, name="single", db=tmp_path / "single.db")
+        started += [*shards, single]
+        grpc = tuple(c.address for c in shards)
+        jobs: dict[str, str] = {}  # collector -> job, one job a collector
+        i = 0
+        while len(jobs) < 3:
+            jobs.setdefault(pick(f"sum-{i}", grpc), f"sum-{i}")
+            i += 1
+        first = jobs[grpc[0]]
+        nodes = [("sumnode0", first), ("sumnode1", first), ("sumnode2", jobs[grpc[1]]), ("sumnode3", jobs[grpc[2]])]
+        for node, job in nodes:
+            work = Proc([sys.executable, "-c", SLEEPER], tmp_path / f"{node}-work.log")
+            started.append(work)
+            for where, address in (("shard", pick(job, grpc)), ("single", single.address)):
+                started.append(Proc([*CLI, "agent", "--collector", address, "--node", node, "--interval", "1",
+                                     "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
+                                     "--spool-dir", str(tmp_path / f"{node}-{where}")],
+                                    tmp_path / f"{node}-{where}.log"))
+        targets = tmp_path / "targets.json"
+        subprocess.run([sys.executable, "-m", "clusterwatch.prometheus_targets", "--collectors", ",".join(grpc),
+                        "--metrics", ",".join(f"127.0.0.1:{c.metrics_port}" for c in shards), "-o", str(targets)],
+                       check=True, capture_output=True)
+        config = json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{
+                "job_name": "clusterwatch", "honor_labels": True,
+                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "5s"}],
+                "static_configs": [{"targets": [f"127.0.0.1:{single.metrics_port}"], "labels": {"shard": "single"}}],
+            }],
+        })
+        with running_prometheus(tmp_path / "prom", [], config_text=config) as prom:
+            def value(expr: str) -> float | None:
+                got = prom.query(expr)
+                return float(got[0]["value"][1]) if got else None
+
+            checks = ["sum(clusterwatch_node_up{S})", "count(clusterwatch_rank_rss_bytes{S})",
+                      "count(count by (job_id) (clusterwatch_job_info{S}))",
+                      'count({__name__=~"clusterwatch_(rank|node|job|gpu)_.*",S})']
+
+            def same() -> bool:
+                for expr in checks:
+                    over_shards = value(expr.replace("S", 'shard!="single"'))
+                    one = value(expr.replace("S", 'shard="single"'))
+                    if over_shards is None or over_shards != one:
+                        return False
+                return value(checks[0].replace("S", 'shard="single"')) == 4.0
+
+            try:
+                wait_for(same, timeout=90, what="the shards' sums to equal the single collector's")
+            except AssertionError as exc:
+                seen = {e: (value(e.replace("S", 'shard!="single"')), value(e.replace("S", 'shard="single"')))
+                        for e in checks}
+                raise AssertionError(f"{exc}: {seen}") from None
+            # and each job's ranks are all on one shard
+            by_shard = prom.query('count by (job_id, shard) (clusterwatch_rank_rss_bytes{shard!="single"})')
+            assert sorted((r["metric"]["job_id"], r["metric"]["shard"]) for r in by_shard) == \
+                sorted((job, address) for address, job in jobs.items())
+    finally:
+        for p in reversed(started):
+            p.stop()
