@@ -70,6 +70,7 @@ class Stack:
         self.workdir = Path(os.path.abspath(workdir))
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.metrics_port = 0
+        self.web_port = 0
         self._socket_dir: Path | None = None
         self._private_dir: Path | None = None
 
@@ -112,13 +113,15 @@ class Stack:
         return proc
 
     def start_collector(self, extra: list[str] = (), metrics: bool = False) -> None:
-        """Start the collector and wait for it to listen; `metrics`: also serve /metrics (metrics_port)."""
+        """Start the collector and wait for it to listen; `metrics`: also serve /metrics (metrics_port) and
+        the jobs' web pages (web_port)."""
         ports = self.workdir / "ports.json"
         # `run` and `demo` watch one command on one machine, their collector on a private socket: no munge
         # (under `auto` a host with munge installed but munged down would refuse their own queries)
         proc = self._spawn("collector", [
             "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0" if metrics else "none",
-            "--query-auth", "none",
+            # the job's web page with /metrics (the demo's); a run opens no TCP port
+            "--web-listen", "127.0.0.1:0" if metrics else "none", "--query-auth", "none",
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -127,7 +130,8 @@ class Stack:
                 raise ClusterwatchError(f"the embedded collector did not start; see {self.workdir}/collector.log:\n"
                                         + self.log_tail("collector"))
             time.sleep(0.05)
-        self.metrics_port = json.loads(ports.read_text())["metrics"]
+        bound = json.loads(ports.read_text())
+        self.metrics_port, self.web_port = bound["metrics"], bound.get("web", 0)
 
     def start_agent(self, node: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
         spool = self.spool(node)
