@@ -119,3 +119,45 @@ def test_merged_alerts_active_first_newest_first_a_shared_one_once_at_most_limit
     got = merge_alerts(a + b, limit=10)
     assert [(e.job_id, e.alert.rule) for e in got] == [("2", "stall"), ("", "agent_down"), ("1", "leak")]
     assert len(merge_alerts(a + b, limit=2)) == 2
+
+
+def test_a_collector_killed_and_restarted_loses_nothing_and_its_job_returns(tmp_path):
+    import re
+    import signal
+    import time
+
+    started: list[Proc] = []
+    try:
+        collectors = [Collector(tmp_path, name=f"r{i}", db=tmp_path / f"r{i}.db") for i in range(2)]
+        started += collectors
+        addresses = tuple(c.address for c in collectors)
+        jobs = jobs_one_each(addresses)
+        agents = {}
+        for n, (address, job) in enumerate(jobs.items()):
+            work = Proc([sys.executable, "-c", SLEEPER], tmp_path / f"rwork{n}.log")
+            started.append(work)
+            agents[address] = Proc([*CLI, "agent", "--collector", address, "--node", f"rnode{n}", "--interval", "0.5",
+                                    "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
+                                    "--spool-dir", str(tmp_path / f"rspool{n}")], tmp_path / f"ragent{n}.log")
+            started.append(agents[address])
+        everyone = ",".join(addresses)
+        victim = collectors[1]
+        job = jobs[victim.address]
+        wait_for(lambda: cli("status", job, "--collector", everyone).returncode == 0, timeout=60, what="the job")
+        victim.stop(signal.SIGKILL)
+        time.sleep(8)  # the agent buffers meanwhile
+        assert cli("status", job, "--collector", everyone).returncode == 1
+        port = victim.grpc_port
+        back = Collector(tmp_path, name="r1-again", db=tmp_path / "r1.db", listen=f"127.0.0.1:{port}")
+        started.append(back)
+        wait_for(lambda: cli("status", job, "--collector", everyone).returncode == 0, timeout=90,
+                 what="the restarted collector's job")
+        listed = cli("jobs", "--collector", everyone, "--json")
+        assert listed.returncode == 0 and {j["job_id"] for j in json.loads(listed.stdout)["jobs"]} == set(jobs.values())
+        agent = agents[victim.address]
+        assert agent.stop() == 0
+        counts = dict(re.findall(r"samples_(sent|acked|dropped)=(\d+)", agent.text()))
+        assert counts["dropped"] == "0" and counts["acked"] == counts["sent"] and int(counts["sent"]) > 0, counts
+    finally:
+        for p in reversed(started):
+            p.stop()
