@@ -113,6 +113,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                 click.echo(f"clusterwatch demo: collector on {stack.address}, /metrics on "
                            f"http://127.0.0.1:{stack.metrics_port}/metrics, job {job_id} on {', '.join(NODES)}; "
                            f"rank {LEAKING_RANK} leaks host and GPU memory.")
+                if stack.web_port:
+                    click.echo(f"The job's page: http://127.0.0.1:{stack.web_port}/jobs/{job_id}")
                 if rules:
                     click.echo("The demo uses demo_rules.toml: leak windows of seconds, not hours, "
                                "so the leak is flagged within the minute.")
