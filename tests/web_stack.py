@@ -17,7 +17,7 @@ from pathlib import Path
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, SIM_RUN, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_RULES = ROOT / "collector" / "rules" / "demo_rules.toml"
@@ -98,7 +98,7 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
     write_event(str(spool), JobEvent("start", JOB_ID, time.time(), os.getuid(), gpu_indexes="0"))
     script = tmp / "workload.py"
     script.write_text(WORKLOAD)
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", CLUSTERWATCH_SIM_GPU="0",
+    env = dict(clean_environ(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", CLUSTERWATCH_SIM_GPU="0",
                CLUSTERWATCH_SIM_NODE=NODE, CLUSTERWATCH_SIM_PROFILE="steady", CLUSTERWATCH_SIM_RUN=SIM_RUN,
                CLUSTERWATCH_SIM_GPU_MEM_FILE=str(tmp / "gpu-mem-rank0"),
                CLUSTERWATCH_TRAIN_SOCKET=str(spool / "train.sock"))
