@@ -77,9 +77,12 @@ class Collector(Proc):
         # Queries open to all unless a test asks for munge: `auto` depends on this host's munged
         # (refused while munge is installed but down), and a test must not.
         auth = [] if "--query-auth" in extra else ["--query-auth", "none"]
+        # no web pages unless a test asks: the default port is one for the whole host
+        web = [] if "--web-listen" in extra else ["--web-listen", "none"]
         super().__init__(
             [*CLI, "collector", "--listen", listen, "--metrics-listen", "127.0.0.1:0",
-             "--db", str(db or tmp / "clusterwatch.db"), "--ports-file", str(self.ports_file), *auth, *extra],
+             "--db", str(db or tmp / "clusterwatch.db"), "--ports-file", str(self.ports_file), *auth, *web,
+             *extra],
             tmp / f"{name}.log",
         )
         wait_for(lambda: self.ports_file.exists() or self.popen.poll() is not None, what="collector ports")
