@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from .helpers import Collector, cli
+from .helpers import CLI, Collector, Proc, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -49,13 +49,14 @@ def test_the_default_address_taken_only_warns(tmp_path):
         held = socket.create_server(("127.0.0.1", 9752))
     except OSError:
         pass
+    ports = tmp_path / "ports.json"
+    c = Proc([*CLI, "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "none", "--query-auth", "none",
+              "--db", str(tmp_path / "db"), "--ports-file", str(ports)], tmp_path / "collector.log")
     try:
-        c = Collector(tmp_path)
-        try:
-            assert json.loads(c.ports_file.read_text())["web"] == 0
-            assert "127.0.0.1:9752" in c.text() and "serving no web pages" in c.text()
-        finally:
-            c.stop()
+        wait_for(lambda: ports.exists() or c.popen.poll() is not None, what="collector ports")
+        assert json.loads(ports.read_text())["web"] == 0, c.text()
+        assert "127.0.0.1:9752" in c.text() and "serving no web pages" in c.text()
     finally:
+        c.stop()
         if held is not None:
             held.close()
