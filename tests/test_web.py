@@ -77,9 +77,11 @@ def test_a_hostile_job_name_user_and_id_are_text():
     view = query_pb2.JobView(now=1000.0)
     view.job.job_id, view.job.name, view.job.user, view.job.state = "1" + evil, "n" + evil, "u" + evil, "RUNNING"
     view.alerts.add(rule="r" + evil, state="firing", severity="warning", description="d" + evil)
+    view.health.add(rule="gpu_xid", severity="critical", node="h" + evil, description="x" + evil, advice="a" + evil)
     page = job_page(view, "status " + evil, [], [], stored=False)
     assert "<script>alert" not in page and "\"'&<" not in page
-    for text in ("1" + evil, "n" + evil, "u" + evil, "d" + evil):
+    assert "<h2>Health events</h2>" in page
+    for text in ("1" + evil, "n" + evil, "u" + evil, "d" + evil, "h" + evil, "x" + evil, "a" + evil):
         assert html.escape(text) in page
 
 

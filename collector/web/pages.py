@@ -115,7 +115,7 @@ def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts],
     if view.tags:
         head += "<p>Tags: " + ", ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(view.tags.items())) + "</p>"
     return page(f"clusterwatch: job {job.job_id}",
-                head + _alerts(view) + _charts(ranks, gpus, stored)
+                head + _alerts(view) + _health(view) + _charts(ranks, gpus, stored)
                 + f"<h2>Report (as <code>clusterwatch status</code> prints it)</h2><pre id=\"status\">"
                 f"{escape(status_text)}</pre>")
 
@@ -132,6 +132,20 @@ def _alerts(view: query_pb2.JobView) -> str:
                      f"<b>{escape(a.state.upper())}</b> {escape(a.rule)} ({escape(a.severity)}; {escape(where)}"
                      f", since {escape(_when(a.since))})<br>{escape(a.description)}</div>")
     return "<h2>Alerts</h2>" + "".join(items)
+
+
+def _health(view: query_pb2.JobView) -> str:
+    """Health findings on the job's GPUs (XIDs, lost GPUs, memory errors, throttling), worst first as held."""
+    if not view.health:
+        return ""
+    items = []
+    for h in view.health:
+        where = ", ".join(x for x in (f"rank {h.rank}" if h.HasField("rank") else "", h.node, h.gpu) if x)
+        advice = f"<br><i>{escape(h.advice)}</i>" if h.advice else ""
+        items.append(f'<div class="alert {escape(h.severity)}" data-health="{escape(h.rule)}">'
+                     f"<b>{escape(h.rule)}</b> ({escape(h.severity)}; {escape(where)}, {escape(_when(h.time))})"
+                     f"<br>{escape(h.description)}{advice}</div>")
+    return "<h2>Health events</h2>" + "".join(items)
 
 
 def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> str:
