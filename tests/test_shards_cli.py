@@ -161,3 +161,35 @@ def test_a_collector_killed_and_restarted_loses_nothing_and_its_job_returns(tmp_
     finally:
         for p in reversed(started):
             p.stop()
+
+
+def test_collectors_before_keeps_an_older_job_on_the_list_it_started_on(tmp_path):
+    from .services.procs import refused_port
+
+    with refused_port() as port:
+        collector = Collector(tmp_path, name="old")
+        added = f"127.0.0.1:{port}"  # the new collector of the list, not running: asking it fails
+        new_list = (collector.address, added)
+        job = next(str(j) for j in range(5000, 6000) if pick(str(j), new_list) == added)
+        work = Proc([sys.executable, "-c", SLEEPER], tmp_path / "owork.log")
+        agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "onode", "--interval", "0.5",
+                      "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
+                      "--spool-dir", str(tmp_path / "ospool")], tmp_path / "oagent.log")
+        try:
+            wait_for(lambda: cli("status", job, "--collector", collector.address).returncode == 0, timeout=60,
+                     what="the job")
+            new_only = cli("status", job, "--collector", ",".join(new_list))
+            assert new_only.returncode == 1 and f"the collector at {added} does not answer" in new_only.stderr
+            kept = cli("status", job, "--collector", ",".join(new_list), "--collectors-before",
+                       f"{int(job) + 1}={collector.address}", "--json")
+            assert kept.returncode == 0, kept.stderr
+            assert json.loads(kept.stdout)["job"]["job_id"] == job
+            # the same from the config file's top-level keys
+            config = tmp_path / "config.toml"
+            config.write_text(f'collectors = ["{collector.address}", "{added}"]\n'
+                              f'collectors_before = {{ job = {int(job) + 1}, collectors = ["{collector.address}"] }}\n')
+            from_file = cli("--config", str(config), "status", job)
+            assert from_file.returncode == 0, from_file.stderr
+        finally:
+            for p in (agent, work, collector):
+                p.stop()
