@@ -25,8 +25,12 @@ def _figure(v: float) -> str:
     return f"{v:.12g}"
 
 
+def _tick(v: float) -> str:
+    return f"{v:.3g}"
+
+
 def line_chart(title: str, lines: list[tuple[str, list[tuple[float, float]]]],
-               value_text: Callable[[float], str] = _figure) -> str:
+               value_text: Callable[[float], str] = _tick) -> str:
     """An SVG chart of `lines` ((label, [(x, y), ...]) each) sharing one x and one y axis from 0.
 
     Args:
@@ -43,21 +47,27 @@ def line_chart(title: str, lines: list[tuple[str, list[tuple[float, float]]]],
     xs = [x for _, pts in lines for x, _ in pts]
     ys = [y for _, pts in lines for _, y in pts]
     x0, x1 = min(xs), max(xs)
-    top = max(ys) or 1.0
+    top, low = max(ys), min(ys)
+    # a figure that moves little on a large base (20 GiB growing by 1 %) would draw flat from 0: the axis
+    # then starts near the lowest value, and says so in its bottom label
+    bottom = 0.0 if low <= 0.5 * top else low - 0.05 * (top - low)
+    if top <= bottom:
+        top = bottom + (abs(bottom) or 1.0)
     pw, ph = WIDTH - PAD_LEFT - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM
 
     def sx(x: float) -> float:
         return PAD_LEFT + (pw * (x - x0) / (x1 - x0) if x1 > x0 else pw)
 
     def sy(y: float) -> float:
-        return PAD_TOP + ph * (1 - y / top)
+        return PAD_TOP + ph * (1 - (y - bottom) / (top - bottom))
 
     parts = [head,
              f'<line class="axis" x1="{PAD_LEFT}" y1="{PAD_TOP + ph}" x2="{WIDTH - PAD_RIGHT}" y2="{PAD_TOP + ph}"/>',
              f'<line class="axis" x1="{PAD_LEFT}" y1="{PAD_TOP}" x2="{PAD_LEFT}" y2="{PAD_TOP + ph}"/>',
              f'<text class="tick" x="{PAD_LEFT - 4}" y="{PAD_TOP + 10}" text-anchor="end">'
              f'{escape(value_text(top))}</text>',
-             f'<text class="tick" x="{PAD_LEFT - 4}" y="{PAD_TOP + ph}" text-anchor="end">0</text>']
+             f'<text class="tick" x="{PAD_LEFT - 4}" y="{PAD_TOP + ph}" text-anchor="end">'
+             f'{escape(value_text(bottom))}</text>']
     legend = []
     for i, (label, pts) in enumerate(lines):
         colour = COLOURS[i % len(COLOURS)]
