@@ -29,14 +29,23 @@ def _tick(v: float) -> str:
     return f"{v:.3g}"
 
 
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def line_chart(title: str, lines: list[tuple[str, list[tuple[float, float]]]],
-               value_text: Callable[[float], str] = _tick) -> str:
+               value_text: Callable[[float], str] = _tick, x_is_time: bool = True) -> str:
     """An SVG chart of `lines` ((label, [(x, y), ...]) each) sharing one x and one y axis from 0.
 
     Args:
         title: what the chart shows (escaped).
         lines: the series; empty ones are left out, and with none the chart says "no data yet".
-        value_text: how the y axis labels its top value (bytes, percent...).
+        value_text: how the y axis labels its top and bottom values (bytes, percent...).
+        x_is_time: x is Unix seconds (the axis says how long ago its start was); else sample numbers.
     """
     lines = [(label, _thin(pts)) for label, pts in lines if pts]
     head = (f'<figure class="chart"><figcaption>{escape(title)}</figcaption>'
@@ -68,6 +77,10 @@ def line_chart(title: str, lines: list[tuple[str, list[tuple[float, float]]]],
              f'{escape(value_text(top))}</text>',
              f'<text class="tick" x="{PAD_LEFT - 4}" y="{PAD_TOP + ph}" text-anchor="end">'
              f'{escape(value_text(bottom))}</text>']
+    span = f"{_ago(x1 - x0)} ago" if x_is_time else f"sample {x0:.0f}"
+    parts.append(f'<text class="tick" x="{PAD_LEFT}" y="{HEIGHT - 4}">{escape(span)}</text>')
+    parts.append(f'<text class="tick" x="{WIDTH - PAD_RIGHT}" y="{HEIGHT - 4}" text-anchor="end">'
+                 f'{"latest" if x_is_time else f"sample {x1:.0f}"}</text>')
     legend = []
     for i, (label, pts) in enumerate(lines):
         colour = COLOURS[i % len(COLOURS)]

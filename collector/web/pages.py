@@ -150,16 +150,17 @@ def _health(view: query_pb2.JobView) -> str:
 
 def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> str:
     axis = " (the summary's trend, evenly resampled)" if stored else ""
+    timed = not stored
     charts = [
-        line_chart("GPU memory per rank" + axis, [(r.label, r.gpu_memory) for r in ranks], human_bytes),
-        line_chart("Host memory (RSS) per rank" + axis, [(r.label, r.rss) for r in ranks], human_bytes),
+        line_chart("GPU memory per rank" + axis, [(r.label, r.gpu_memory) for r in ranks], human_bytes, timed),
+        line_chart("Host memory (RSS) per rank" + axis, [(r.label, r.rss) for r in ranks], human_bytes, timed),
     ]
     if not stored:
         charts.append(line_chart("CPU per rank", [(r.label, r.cpu_percent) for r in ranks], lambda v: f"{v:.0f}%"))
         charts.append(line_chart("Steps per second per rank", [(r.label, r.steps_per_s) for r in ranks]))
         charts.append(line_chart("GPU memory used per GPU", [(g.label, g.memory_used) for g in gpus], human_bytes))
     charts.append(line_chart("GPU utilisation" + axis, [(g.label, g.utilization) for g in gpus],
-                             lambda v: f"{v:.0f}%"))
+                             lambda v: f"{v:.0f}%", timed))
     power = [f"<td>{escape(g.label)}</td><td>{g.power_watts:.0f} W</td>" for g in gpus if g.power_watts is not None]
     power_table = ("<table><tr><th>GPU</th><th>Power (latest)</th></tr>"
                    + "".join(f"<tr>{p}</tr>" for p in power) + "</table>") if power else ""
