@@ -83,12 +83,20 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--rules-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
                    "not evaluated; the rules work in minutes). Capped at a third of the shortest leak bucket.")
+@click.option("--collectors", default="", envvar="CLUSTERWATCH_COLLECTORS", metavar="HOST:PORT,...",
+              help="The deployment's collectors list, when this is one shard of several (top-level "
+                   "collectors = [...] in the config file); with --shard.")
+@click.option("--collectors-before", default="", envvar="CLUSTERWATCH_COLLECTORS_BEFORE", metavar="JOB=HOST:PORT,...",
+              help="The list the jobs numbered below JOB started on (docs/operators.md, Past one collector).")
+@click.option("--shard", default=None, envvar="CLUSTERWATCH_SHARD", metavar="HOST:PORT",
+              help="This collector's own entry in --collectors: its registry takes only the Slurm jobs that "
+                   "are its own.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, web_listen, db_path, history_points, history_step,
               per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
-              summary_dir, agent_rate_limit, rules_interval, verbose) -> None:
+              summary_dir, agent_rate_limit, rules_interval, collectors, collectors_before, shard, verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
@@ -97,6 +105,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
 
     _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key)
     pairs = _ssh_addresses(ssh_address)
+    _check_shard(collectors, collectors_before, shard)
     config = CollectorConfig(
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
@@ -108,6 +117,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
         web_listen_required=web_listen is not None,
+        collectors=collectors, collectors_before=collectors_before, shard=shard,
     )
 
     try:
@@ -128,6 +138,22 @@ async def _serve(config) -> None:
         "collector: gRPC on %s, /metrics on port %s, web pages on port %s, store %s", grpc_at,
         server.metrics_port or "-", server.web_port or "-", config.db_path)
     await server.run_until_stopped()
+
+
+def _check_shard(collectors: str, collectors_before: str, shard: str | None) -> None:
+    """--shard names this collector's entry of --collectors: one line and exit 2 when it does not."""
+    from clusterwatch.shards import Collectors, ShardError
+
+    if not shard:
+        return
+    if not collectors:
+        fail("--shard needs --collectors (the deployment's list, or collectors = [...] in the config file)")
+    try:
+        found = Collectors.parse(collectors, collectors_before or None)
+    except ShardError as exc:
+        fail(str(exc))
+    if shard not in found.all:
+        fail(f"--shard {shard} is not in --collectors {collectors}; give this collector's entry as the list spells it")
 
 
 def _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key) -> None:

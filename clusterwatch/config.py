@@ -96,7 +96,11 @@ def collectors_defaults(doc: dict, found: str) -> dict[str, dict]:
             values["collectors_before"] = f"{before['job']}={','.join(members)}"
     except ShardError as exc:
         raise ConfigError(str(exc)) from None
-    return {cmd: dict(values) for cmd in SECTIONS["cli"]}
+    out = {cmd: dict(values) for cmd in SECTIONS["cli"]}
+    # the collector takes the list to know its own jobs (--shard, its entry in it, is its own setting)
+    out["collector"] = {"collectors": values["collector"], **({"collectors_before": values["collectors_before"]}
+                                                               if "collectors_before" in values else {})}
+    return out
 
 
 def _strings(value, key: str, found: str) -> list[str]:

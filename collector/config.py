@@ -94,3 +94,8 @@ class CollectorConfig:
     summary_dir: str | None = None
     agent_rate_limit: float = 50_000.0
     rules_interval_s: float = 5.0
+    # One shard of several (clusterwatch/shards.py): the deployment's collectors list, the list older jobs
+    # keep (JOB=HOST:PORT,...), and this collector's own entry. No shard: it holds every job Slurm lists.
+    collectors: str = ""
+    collectors_before: str = ""
+    shard: str | None = None

@@ -74,8 +74,12 @@ class JobRegistry(CoreListener):
         close_grace_s: float = CLOSE_GRACE_S,
         clock: Callable[[], float] = time.time,
         records_from: object | None = None,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.core = core
+        # One shard of several: a Slurm job this collector neither holds nor owns is its own collector's,
+        # or every shard would list (and export) every job.
+        self.owns = owns
         self.mapper = mapper
         self._records_from = records_from if records_from is not None else mapper
         self.interval_s = interval_s
@@ -187,8 +191,9 @@ class JobRegistry(CoreListener):
         self._reachable()
         self._settle(records, now)
         to_close = []
+        held = set(known)
         for jid, record in records.items():
-            if jid in self._closed:
+            if jid in self._closed or (self.owns is not None and jid not in held and not self.owns(jid)):
                 continue
             job = self._apply(record)
             if job.ended:
@@ -356,7 +361,18 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
 
         mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
                                                 username=config.ssh_user, address=address))
-    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in, records_from=jobs)
+    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in, records_from=jobs,
+                       owns=_owns(config))
+
+
+def _owns(config) -> Callable[[str], bool] | None:
+    """Whether a job id is this shard's (clusterwatch/shards.py), None when the collector is not a shard."""
+    if not config.shard:
+        return None
+    from clusterwatch.shards import Collectors
+
+    deployment = Collectors.parse(config.collectors, config.collectors_before or None)
+    return lambda job_id: deployment.for_job(job_id) == config.shard
 
 
 def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[int, str] | None]) -> None:

@@ -118,6 +118,8 @@ def test_config_top_level_collectors_is_every_cli_commands_collector(tmp_path, m
     for cmd in ("status", "jobs", "alerts", "record"):
         assert got[cmd] == {"collector": "c1:50051,c2:50051", "collectors_before": "77=c1:50051"}
     assert "collector" not in got["agent"]
+    # the collector takes the list as its --collectors, to know its own jobs (--shard)
+    assert got["collector"] == {"collectors": "c1:50051,c2:50051", "collectors_before": "77=c1:50051"}
 
 
 def test_config_cli_collector_of_its_own_wins(tmp_path):
