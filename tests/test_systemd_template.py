@@ -18,7 +18,7 @@ INSTANCE_ENV = UNITS / "collector-instance.env"
 
 
 def _instance_env(n: int, grpc: int, metrics: int) -> dict[str, str]:
-    text = (INSTANCE_ENV.read_text().replace("@N@", str(n)).replace("@GRPC@", str(grpc))
+    text = (INSTANCE_ENV.read_text().replace("@N@", str(n)).replace("@HOST@", "127.0.0.1").replace("@GRPC@", str(grpc))
             .replace("@METRICS@", str(metrics)))
     pairs = {}
     for line in text.splitlines():
@@ -53,6 +53,7 @@ def test_instance_env_sets_only_collector_variables_ports_by_rank() -> None:
     assert set(env) <= _envvars("collector")
     assert env["CLUSTERWATCH_LISTEN"].endswith(":50052") and env["CLUSTERWATCH_METRICS_LISTEN"].endswith(":9751")
     assert env["CLUSTERWATCH_DB"] == "/var/lib/clusterwatch/collector-2/clusterwatch.db"
+    assert env["CLUSTERWATCH_SHARD"] == "127.0.0.1:50052"  # its own entry in the collectors list
     from clusterwatch.prometheus_targets import metrics_address
 
     assert metrics_address("host:50052") == "host:9751"  # the rule Prometheus's target list follows
@@ -62,17 +63,19 @@ def test_two_instances_run_side_by_side_from_their_env_files(tmp_path: Path) -> 
     procs = []
     try:
         ports = []
+        grpc_ports = [free_port(), free_port()]
+        everyone = ",".join(f"127.0.0.1:{p}" for p in grpc_ports)  # the deployment's list: both instances
         for n in (1, 2):
             env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_")}
             env.update(_env_file())  # the shared file first, the instance's wins (systemd's order)
-            grpc, metrics = free_port(), free_port()
+            grpc, metrics = grpc_ports[n - 1], free_port()
             inst = _instance_env(n, grpc, metrics)
             inst["CLUSTERWATCH_LISTEN"] = inst["CLUSTERWATCH_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_METRICS_LISTEN"] = inst["CLUSTERWATCH_METRICS_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_DB"] = str(tmp_path / inst["CLUSTERWATCH_DB"].lstrip("/"))
             Path(inst["CLUSTERWATCH_DB"]).parent.mkdir(parents=True)  # systemd's StateDirectory
             # no Slurm, and queries open (munged is not a part of this test: tests/helpers.py Collector does so)
-            env.update(inst, CLUSTERWATCH_SLURM="0", CLUSTERWATCH_QUERY_AUTH="none")
+            env.update(inst, CLUSTERWATCH_SLURM="0", CLUSTERWATCH_QUERY_AUTH="none", CLUSTERWATCH_COLLECTORS=everyone)
             ports.append((grpc, metrics, Path(inst["CLUSTERWATCH_DB"])))
             log = open(tmp_path / f"c{n}.log", "wb")
             procs.append(subprocess.Popen([*CLI, "collector"], env=env, stdout=log, stderr=subprocess.STDOUT))
