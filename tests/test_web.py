@@ -150,3 +150,14 @@ def test_a_small_growth_on_a_large_base_fills_the_chart():
     flat = line_chart("m", [("r", [(0, 5.0), (1, 5.0)])])
     assert 'points="' in flat and "nan" not in flat
     assert "no data yet" in line_chart("m", [("r", [])])
+
+
+def test_the_index_lists_running_jobs_first_and_only_the_recent_ended_ones():
+    from clusterwatch.collector.web.pages import MAX_ENDED_LISTED, index_page
+
+    jobs = [query_pb2.JobInfo(job_id=f"e{i}", start_time=i, end_time=i + 1) for i in range(MAX_ENDED_LISTED + 5)]
+    jobs.append(query_pb2.JobInfo(job_id="r", start_time=1))
+    page = index_page(jobs, {"r": 2})
+    ids = re.findall(r'href="/jobs/([^"]+)"', page)
+    assert ids[0] == "r" and ids[1] == f"e{MAX_ENDED_LISTED + 4}" and len(ids) == MAX_ENDED_LISTED + 1
+    assert "e0" not in ids

@@ -40,6 +40,7 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:
 .alert.critical{border-color:#cf222e}.alert.resolved{border-color:#888}
 """.strip()
 
+MAX_ENDED_LISTED = 100
 SEVERITY_ORDER = {"normal": 0, "warning": 1, "critical": 2}
 
 
@@ -78,6 +79,9 @@ def message_page(title: str, text: str) -> str:
 def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_note: str = "") -> str:
     """Running jobs first, then the recent ended ones, newest first, with their firing alerts."""
     jobs = sorted(jobs, key=lambda j: (j.end_time > 0, -(j.start_time or j.submit_time)))
+    running = [j for j in jobs if not j.end_time]
+    ended = [j for j in jobs if j.end_time][:MAX_ENDED_LISTED]  # a store holds months of jobs
+    jobs = running + ended
     rows = []
     for j in jobs:
         n = firing.get(j.job_id, 0)
