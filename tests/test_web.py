@@ -161,3 +161,22 @@ def test_the_index_lists_running_jobs_first_and_only_the_recent_ended_ones():
     ids = re.findall(r'href="/jobs/([^"]+)"', page)
     assert ids[0] == "r" and ids[1] == f"e{MAX_ENDED_LISTED + 4}" and len(ids) == MAX_ENDED_LISTED + 1
     assert "e0" not in ids
+
+
+def test_a_loopback_page_answers_no_other_host_name(stack):
+    """DNS rebinding: a site whose name resolves to 127.0.0.1 gets nothing, its name being the Host."""
+    import http.client
+
+    for host, code in (("evil.example:80", 421), ("127.0.0.1.nip.io", 421), (f"localhost:{stack.web_port}", 200),
+                       (f"127.0.0.1:{stack.web_port}", 200), ("", 421)):
+        conn = http.client.HTTPConnection("127.0.0.1", stack.web_port, timeout=10)
+        conn.putrequest("GET", f"/jobs/{JOB_ID}", skip_host=True)
+        if host:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        conn.close()
+        assert resp.status == code, (host, resp.status)
+        if code == 421:
+            assert JOB_ID not in body

@@ -20,6 +20,23 @@ CSP = (f"default-src 'none'; script-src '{REFRESH_JS_HASH}'; style-src 'unsafe-i
 TREND_POINTS = 200
 
 
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port ("[::1]:9752" → "::1")."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host is a loopback address (the web server's own, not a client's)."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class WebApp:
     """The pages for one collector.
 
@@ -27,18 +44,25 @@ class WebApp:
         core: the collector core (views, job lists, history).
         alerts: the alert source (alerting.Alerting), or None.
         caller: who a browser counts as (access.browser_caller).
+        loopback: served on loopback only: a request must name a loopback host. A web site the user
+            visits could otherwise read the pages through DNS rebinding (its own name resolving to
+            127.0.0.1), the browser sending its name as Host.
     """
 
-    def __init__(self, core, alerts, caller: Caller) -> None:
+    def __init__(self, core, alerts, caller: Caller, loopback: bool = False) -> None:
         self.core = core
         self.alerts = alerts
         self.caller = caller
+        self.loopback = loopback
 
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD"):
             return self._send(start_response, "405 Method Not Allowed",
                               message_page("Not allowed", "These pages are read-only."), [("Allow", "GET, HEAD")])
+        if self.loopback and not is_loopback(_host_name(environ.get("HTTP_HOST", ""))):
+            return self._send(start_response, "421 Misdirected Request", message_page(
+                "Not served", "These pages answer only to a loopback address (http://127.0.0.1:PORT/)."))
         path = environ.get("PATH_INFO", "/")
         if path == "/favicon.ico":  # browsers ask for it whatever the page says; there is none
             start_response("204 No Content", [("Cache-Control", "max-age=86400")])
