@@ -170,7 +170,7 @@ class CollectorServer:
     def _start_web(self, auth) -> None:
         """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""
         from .web.access import browser_caller
-        from .web.app import WebApp
+        from .web.app import WebApp, is_loopback
         from .web.server import serve_web
 
         cfg = self.config
@@ -179,8 +179,9 @@ class CollectorServer:
             log.warning("%s: serving no web pages (pass --web-listen HOST:PORT or none)", problem)
             return
         host, _, port = cfg.web_listen.rpartition(":")
-        self._web = serve_web(WebApp(self.core, self.alerting, browser_caller(auth)),
-                              host.strip("[]") or "127.0.0.1", int(port))
+        host = host.strip("[]") or "127.0.0.1"
+        self._web = serve_web(WebApp(self.core, self.alerting, browser_caller(auth), loopback=is_loopback(host)),
+                              host, int(port))
         self.web_port = self._web.server_port
 
     def active_alerts(self):
