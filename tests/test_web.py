@@ -180,3 +180,20 @@ def test_a_loopback_page_answers_no_other_host_name(stack):
         assert resp.status == code, (host, resp.status)
         if code == 421:
             assert JOB_ID not in body
+
+
+def test_a_page_that_fails_answers_500_and_is_logged_once(caplog):
+    from clusterwatch.collector.query_auth import Caller
+    from clusterwatch.collector.web.app import WebApp
+
+    class BrokenCore:
+        def live_job_view(self, job_id, points):
+            raise RuntimeError("boom")
+
+    app = WebApp(BrokenCore(), None, Caller(None, "", admin=True))
+    statuses = []
+    for _ in range(3):
+        body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/jobs/1"}, lambda s, h: statuses.append(s)))
+        assert b"boom" not in body
+    assert statuses == ["500 Internal Server Error"] * 3 and app.errors == 3
+    assert len([r for r in caplog.records if "web page" in r.getMessage()]) == 1

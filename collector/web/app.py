@@ -54,6 +54,7 @@ class WebApp:
         self.alerts = alerts
         self.caller = caller
         self.loopback = loopback
+        self.errors = 0
 
     def __call__(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
@@ -70,7 +71,9 @@ class WebApp:
         try:
             status, body = self.route(path)
         except Exception:  # a page that cannot be built must not take the collector's thread with it
-            log.exception("web page %r failed", path[:200])
+            self.errors += 1  # said once with its traceback, then counted: a refreshing page asks every 15 s
+            if self.errors == 1:
+                log.exception("web page %r failed (later failures are counted, not logged)", path[:200])
             status, body = "500 Internal Server Error", message_page("Error", "This page could not be built; "
                                                                      "the collector's log says why.")
         return self._send(start_response, status, body if method == "GET" else "")
