@@ -54,6 +54,7 @@ def test_the_job_page_charts_the_figures_status_shows(stack):
     (gpu,) = status["gpus"]
     assert _series(page, f"GPU 0 on {gpu['node']}", "GPU utilisation")
     assert _series(page, "rank 0", "Steps per second per rank")
+    assert max(_series(page, "rank 0", "GPU utilisation per rank")) > 0  # the steady profile keeps it busy
     assert "Power (latest)" in page
     assert 'id="badge" class="badge normal"' in page or 'class="badge warning"' in page
 

@@ -18,6 +18,7 @@ class RankCharts:
 
     label: str
     gpu_memory: Series = field(default_factory=list)
+    gpu_utilization: Series = field(default_factory=list)
     cpu_percent: Series = field(default_factory=list)
     rss: Series = field(default_factory=list)
     steps_per_s: Series = field(default_factory=list)
@@ -58,6 +59,8 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
             for pt in p.history:
                 if pt.gpu_memory_bytes is not None:
                     rc.gpu_memory.append((pt.t, float(pt.gpu_memory_bytes)))
+                if pt.gpu_utilization is not None:
+                    rc.gpu_utilization.append((pt.t, float(pt.gpu_utilization)))
                 if pt.cpu_percent is not None:
                     rc.cpu_percent.append((pt.t, float(pt.cpu_percent)))
                 if pt.rss_bytes is not None:

@@ -160,6 +160,8 @@ def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> str
         line_chart("Host memory (RSS) per rank" + axis, [(r.label, r.rss) for r in ranks], human_bytes, timed),
     ]
     if not stored:
+        charts.append(line_chart("GPU utilisation per rank", [(r.label, r.gpu_utilization) for r in ranks],
+                                 lambda v: f"{v:.0f}%"))
         charts.append(line_chart("CPU per rank", [(r.label, r.cpu_percent) for r in ranks], lambda v: f"{v:.0f}%"))
         charts.append(line_chart("Steps per second per rank", [(r.label, r.steps_per_s) for r in ranks]))
         charts.append(line_chart("GPU memory used per GPU", [(g.label, g.memory_used) for g in gpus], human_bytes))
