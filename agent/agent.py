@@ -74,6 +74,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         train_drain: Callable[[], list] | None = None,
         provenance=None,
+        health=None,
     ) -> None:
         self.config = config
         self.gpus = gpus
@@ -83,6 +84,7 @@ class Agent:
         self.clock = clock
         self.train_drain = train_drain
         self.provenance = provenance
+        self.health = health  # agent/health/monitor.py's HealthMonitor, or None
         self.boot_id = uuid.uuid4().hex
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
@@ -113,7 +115,7 @@ class Agent:
     @property
     def read_errors(self) -> int:
         """Failed reads since the agent started: of processes (/proc) and of GPUs."""
-        return self.procs.read_errors + self.gpu_errors
+        return self.procs.read_errors + self.gpu_errors + (self.health.errors if self.health is not None else 0)
 
     def watched_roots(self, gpu_pids: set[int]) -> set[int]:
         """The processes whose trees are sampled this poll."""
@@ -157,6 +159,8 @@ class Agent:
             self.provenance.offer(first_seen)  # only the processes whose labels may have changed
             for record in self.provenance.drain():
                 batch.provenance.add(pid=record.pid, start_time=record.start_time, json=record.to_json())
+        if self.health is not None:
+            self.health.drain_into(batch)  # XIDs, ECC events, health counters read on their own threads
         return batch, samples
 
 
@@ -189,7 +193,7 @@ class PollJoiner:
             self._batch.MergeFrom(batch)  # GPU readings, events, reports and records append; sent_at is the last
         self._samples.extend(samples)
         # due when the next poll would fall outside the window (with a little slack for timer jitter)
-        if (not self._sent_any or batch.job_events
+        if (not self._sent_any or batch.job_events or batch.health_events
                 or now - self._first_at + self.interval_s >= self.send_interval_s - 0.05 * self.interval_s):
             return self.take()
         return None

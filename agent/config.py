@@ -35,6 +35,9 @@ class AgentConfig:
         provenance: record each rank process's git provenance once.
         process_source: "auto" (the /proc reader where there is a Linux /proc, else psutil), "proc" or
             "psutil".
+        kmsg: the kernel log read for the driver's XID lines (/dev/kmsg; a file or FIFO in tests);
+            None: not read (the CLI's default is /dev/kmsg).
+        health_interval_s: how often the GPUs' health counters are read (ECC, throttling, ...).
     """
 
     collector: str | None
@@ -57,3 +60,5 @@ class AgentConfig:
     watch_all_gpu_processes: bool = True
     provenance: bool = True
     process_source: str = "auto"
+    kmsg: str | None = None
+    health_interval_s: float = 30.0

@@ -86,6 +86,8 @@ class AgentRuntime:
             on_signal=signal_handler(agent))
         write_pid_file(config.spool_dir)
         sender.start()
+        if agent.health is not None:
+            agent.health.start()
         log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
                  config.node, config.interval_s, agent.gpus.name, config.collector)
         joiner = PollJoiner(config.interval_s, config.send_interval_s)
@@ -118,6 +120,8 @@ class AgentRuntime:
         self._closed = True
         if self.agent.provenance is not None:
             self.agent.provenance.stop()
+        if self.agent.health is not None:
+            self.agent.health.stop()  # before the GPU source: its threads call NVML
         self.agent.gpus.close()
         if self._spool_lock is not None:
             os.close(self._spool_lock)
@@ -172,15 +176,18 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
     cache: dict = {}
     labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
     spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
-    train_drain = provenance = None
+    train_drain = provenance = health = None
     if live:
+        from .health.monitor import open_health
+
+        health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log)
         train_drain = open_train_endpoint(config.train_socket)
         if config.provenance:
             from .provenance_worker import ProvenanceWorker
 
             provenance = ProvenanceWorker()
     return Agent(config, gpus, open_procs(config), labeler, spool=spool, train_drain=train_drain,
-                 provenance=provenance)
+                 provenance=provenance, health=health)
 
 
 PROCESS_SOURCES = ("auto", "proc", "psutil")

@@ -48,6 +48,9 @@ from .common import fail, setup_logging
               help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
 @click.option("--train-socket", envvar="CLUSTERWATCH_TRAIN_SOCKET", default="/run/clusterwatch/train.sock",
               show_default=True, help="Unix socket where clusterwatch.train reports arrive.")
+@click.option("--kmsg", envvar="CLUSTERWATCH_KMSG", default="/dev/kmsg", show_default=True, metavar="PATH",
+              help="Kernel log read for the NVIDIA driver's XID lines, from this boot on ('none': not read) "
+                   "(CLUSTERWATCH_KMSG).")
 @click.option("--provenance/--no-provenance", default=True, show_default=True,
               help="Record the git provenance of each rank process (git runs as the process's owner).")
 @click.option("--ensure", is_flag=True,
@@ -56,7 +59,7 @@ from .common import fail, setup_logging
 def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, sim_run, process_source, pids,
           local_job_id, once,
           as_json, token, tls_ca, tls_cert, tls_key,
-          spool_dir, buffer_samples, train_socket, provenance, ensure, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
 
@@ -86,6 +89,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
+        kmsg=None if kmsg in ("", "none") else kmsg,
     )
     try:
         check_client_pair(tls_cert, tls_key, tls_ca)
