@@ -112,7 +112,7 @@ class GpuSample(_message.Message):
     def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ...) -> None: ...
 
 class TrainingSample(_message.Message):
-    __slots__ = ("time", "pid", "start_time", "step", "loss", "lr", "epoch", "metrics", "tags")
+    __slots__ = ("time", "pid", "start_time", "step", "loss", "lr", "epoch", "metrics", "tags", "gpu_memory")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class TrainingSample(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_FIELD_NUMBER: _ClassVar[int]
     time: float
     pid: int
     start_time: float
@@ -145,7 +146,24 @@ class TrainingSample(_message.Message):
     epoch: float
     metrics: _containers.ScalarMap[str, float]
     tags: _containers.ScalarMap[str, str]
-    def __init__(self, time: _Optional[float] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., epoch: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    gpu_memory: _containers.RepeatedCompositeFieldContainer[AllocatorSample]
+    def __init__(self, time: _Optional[float] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., epoch: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tags: _Optional[_Mapping[str, str]] = ..., gpu_memory: _Optional[_Iterable[_Union[AllocatorSample, _Mapping]]] = ...) -> None: ...
+
+class AllocatorSample(_message.Message):
+    __slots__ = ("device_index", "gpu_uuid", "allocated_bytes", "reserved_bytes", "alloc_retries", "inactive_split_bytes")
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    INACTIVE_SPLIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_index: int
+    gpu_uuid: str
+    allocated_bytes: int
+    reserved_bytes: int
+    alloc_retries: int
+    inactive_split_bytes: int
+    def __init__(self, device_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., allocated_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., alloc_retries: _Optional[int] = ..., inactive_split_bytes: _Optional[int] = ...) -> None: ...
 
 class Provenance(_message.Message):
     __slots__ = ("pid", "start_time", "json")
