@@ -298,6 +298,9 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     lines.extend(_ranks(view, now, width))
     lines.extend(_gpus(view, width))
     lines.extend(_alerts(view, width))
+    from .render_health import health_section  # it draws with this module's helpers
+
+    lines.extend(health_section(view, width))
     lines.extend(_provenance(view))
     lines.extend(_notes(view, run_time))
     return _draw_rules("\n".join(lines) + "\n", width)

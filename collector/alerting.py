@@ -48,6 +48,12 @@ class Alerting(CoreListener):
         self.min_interval_s = min_interval_s
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
+        from .health.engine import HealthEngine
+        from .health.live import HealthListener
+        from .health.xid_catalog import load_catalog
+
+        # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle: from the agents' health records
+        self.health = HealthListener(HealthEngine(load_catalog()), state, self._handle)
 
     # -- feeding the engine ---------------------------------------------------------------------
 
@@ -129,6 +135,15 @@ class Alerting(CoreListener):
             if found:
                 out.extend(found)
         return out
+
+    def on_health(self, node: str, batch, now: float) -> None:
+        """A batch brought GPU health records: the health rules' events go the way of the others."""
+        self.health.on_health(node, batch, now)
+
+    def health_views(self, job_id: str) -> list:
+        """The health findings on the job's GPUs during the job, worst first, for `status`."""
+        job = self.state.jobs.get(job_id)
+        return self.health.job_health(job) if job is not None else []
 
     def on_job_closed(self, job: JobState, now: float) -> None:
         """A job ended: its alerts resolve (the engine's and any restored from before a restart)."""

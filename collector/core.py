@@ -76,6 +76,9 @@ class CoreListener:
     def on_tick(self, now: float) -> None:
         """Once a second, after the core's housekeeping."""
 
+    def on_health(self, node: str, batch: agent_pb2.Batch, now: float) -> None:
+        """A batch of `node` carried GPU health records (batch.health_events, batch.gpu_health)."""
+
 
 class AlertSource(Protocol):
     """The alerts of jobs, as query views: for a closed job's summary and the query service."""
@@ -258,6 +261,8 @@ class CollectorCore:
             self._queue_writes(node, boot_id, records, changed)
         self.counters.batches += 1
         self.counters.samples += cols.rows
+        if batch.health_events or batch.gpu_health:  # the samples are in the state: an XID's pid names a process
+            self._notify("on_health", node, batch, now)
         self._after_batch(node, now, touched, changed, records)
         return True
 

@@ -55,6 +55,9 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         await self._check_job(context, caller, request.job_id, view.job.user)
         if self.alerts is not None:
             view.alerts.extend(self.alerts.alert_views(request.job_id))
+            health = getattr(self.alerts, "health_views", None)
+            if health is not None:
+                view.health.extend(health(request.job_id))
         return view
 
     async def ListJobs(self, request, context):

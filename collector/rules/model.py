@@ -20,6 +20,11 @@ RULE_NAMES: tuple[str, ...] = (
     "agent_down",
     "handle_leak",
     "code_mismatch",  # raised by the collector from provenance, not by this engine
+    # raised by the collector from the agents' GPU health records (collector/health), not by this engine
+    "gpu_xid",
+    "gpu_lost",
+    "gpu_memory_errors",
+    "gpu_throttle",
 )
 
 PENDING = "pending"
