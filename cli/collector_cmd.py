@@ -80,6 +80,10 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               help="Write each ended job's JSON summary (provenance, hardware, command, peaks, alerts) here.")
 @click.option("--agent-rate-limit", type=click.FloatRange(min=1), default=50_000.0, show_default=True,
               help="Process samples a second one agent may send (10 s bursts); a flood beyond it is slowed down.")
+@click.option("--xid-catalog", "xid_catalog_path", type=click.Path(dir_okay=False), default=None,
+              envvar="CLUSTERWATCH_XID_CATALOG",
+              help="A site's XID catalog (TOML) over the shipped one: severity, action and advice per XID "
+                   "(CLUSTERWATCH_XID_CATALOG).")
 @click.option("--rules-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between two looks of the rules at one process (polls in between are stored, "
                    "not evaluated; the rules work in minutes). Capped at a third of the shortest leak bucket.")
@@ -96,7 +100,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
               per_process_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
-              summary_dir, agent_rate_limit, rules_interval, collectors, collectors_before, shard, verbose) -> None:
+              summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
+              verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     from clusterwatch.collector.config import CollectorConfig, default_db_path
@@ -117,7 +122,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
         web_listen_required=web_listen is not None,
-        collectors=collectors, collectors_before=collectors_before, shard=shard,
+        collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
     )
 
     try:

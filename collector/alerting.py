@@ -37,7 +37,7 @@ class Alerting(CoreListener):
 
     def __init__(self, rules: RuleSet, state: ClusterState, store: AlertStore,
                  send_signal: Callable[[str, int, float, int, str], bool] | None = None,
-                 min_interval_s: float = 5.0) -> None:
+                 min_interval_s: float = 5.0, xid_catalog=None) -> None:
         self.rules = rules
         self.state = state
         self.store = store
@@ -53,7 +53,7 @@ class Alerting(CoreListener):
         from .health.xid_catalog import load_catalog
 
         # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle: from the agents' health records
-        self.health = HealthListener(HealthEngine(load_catalog()), state, self._handle)
+        self.health = HealthListener(HealthEngine(xid_catalog or load_catalog()), state, self._handle)
 
     # -- feeding the engine ---------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ class CollectorConfig:
         per_process_metrics: also export per-process series (label pid) on /metrics.
         agent_down_after_intervals: a node is down after this many poll intervals without a batch.
         rules_path: rules file (TOML); None: the shipped defaults.
+        xid_catalog_path: a site's XID catalog (TOML, the form of collector/health/xid_catalog.toml) laid
+            over the shipped one, entry by entry and field by field; None: the shipped catalog alone.
         token: shared secret agents must send; None: no token check.
         tls_cert / tls_key / tls_client_ca: server TLS, and client certificates checked against the CA.
         slurm: ask Slurm (scontrol) about jobs (collector/registry.py).
@@ -74,6 +76,7 @@ class CollectorConfig:
     per_process_metrics: bool = False
     agent_down_after_intervals: float = 3.0
     rules_path: str | None = None
+    xid_catalog_path: str | None = None
     token: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -45,6 +45,14 @@ class CollectorServer:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
+        from pathlib import Path
+
+        from .health.xid_catalog import CatalogError, load_catalog
+
+        try:  # so does a bad XID catalog
+            catalog = load_catalog(Path(config.xid_catalog_path) if config.xid_catalog_path else None)
+        except CatalogError as exc:
+            raise ConfigError(str(exc)) from None
         conn = open_db(config.db_path)
         store = Store(conn)
         state = new_cluster_state(config)
@@ -52,7 +60,8 @@ class CollectorServer:
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
         self.alerting = Alerting(rules, state, AlertStore(conn), send_signal=outboxes.send_signal,
-                                 min_interval_s=min(config.rules_interval_s, min(buckets) / 3))
+                                 min_interval_s=min(config.rules_interval_s, min(buckets) / 3),
+                                 xid_catalog=catalog)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
         self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
         running = self.core.running_nodes()
