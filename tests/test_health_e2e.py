@@ -61,7 +61,7 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
     kmsg.write_text(_record(1, "Linux version 6.8.0") +
                     _record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={other.pid}, name=sleep, "
                                "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"))
-    collector = Collector(tmp_path)
+    collector = Collector(tmp_path, "--web-listen", "127.0.0.1:0")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "xid-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
                   "--train-socket", str(tmp_path / "train.sock"), "--kmsg", str(kmsg)],
@@ -86,6 +86,13 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
         text = status.stdout
         assert "Health" in text and "fell off the bus" in text and "Drain the node" in text
         assert text.index("fell off the bus") < text.index("XID 13")     # worst first
+        # the job's web page shows them too
+        import urllib.request
+
+        web = json.loads(collector.ports_file.read_text())["web"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/jobs/601", timeout=10) as r:
+            page = r.read().decode()
+        assert 'data-health="gpu_lost"' in page and 'data-health="gpu_xid"' in page
     finally:
         assert agent.stop() == 0, agent.text()
         collector.stop()

@@ -112,6 +112,9 @@ class WebApp:
                 "jobs, and a browser cannot prove who it is. Use clusterwatch status " + job_id + ".")
         if not stored and self.alerts is not None:
             view.alerts.extend(self.alerts.alert_views(job_id))
+            health = getattr(self.alerts, "health_views", None)  # the GPU health findings on the job's GPUs
+            if health is not None:
+                view.health.extend(health(job_id))
         history = None if stored else live_history(self.core, job_id)
         ranks, gpus = history if history is not None else stored_history(view)
         return "200 OK", job_page(view, _status_text(view), ranks, gpus, stored)
