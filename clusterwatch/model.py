@@ -90,6 +90,23 @@ class ProcessSample:
         return max(vals) if vals else None
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatorFigures:
+    """GPU memory as a training process's allocator sees it, for one device (clusterwatch.train).
+
+    `index` None: the process's current device (figures a framework passed itself); `uuid` is the
+    framework's UUID of the device ("" when not given), without NVML's "GPU-" prefix in some torch
+    releases.
+    """
+
+    index: int | None = None
+    uuid: str = ""
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    alloc_retries: int | None = None
+    inactive_split_bytes: int | None = None
+
+
 @dataclass(slots=True)
 class TrainingReport:
     """A progress report from a training process (clusterwatch.train.report)."""
@@ -103,6 +120,7 @@ class TrainingReport:
     epoch: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    gpu_memory: list[AllocatorFigures] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessSample, TrainingReport
+from clusterwatch.model import (
+    AllocatorFigures,
+    GpuInfo,
+    GpuReading,
+    GpuUse,
+    JobEvent,
+    ProcessSample,
+    TrainingReport,
+)
 from clusterwatch.v1 import agent_pb2
 
 _EVENT_KIND = {"start": agent_pb2.JobEvent.START, "end": agent_pb2.JobEvent.END}
@@ -236,6 +244,15 @@ def training_to_proto(r: TrainingReport, out: agent_pb2.TrainingSample) -> None:
             setattr(out, name, v)
     out.metrics.update(r.metrics)
     out.tags.update(r.tags)
+    for g in r.gpu_memory:
+        m = out.gpu_memory.add()
+        if g.index is not None:
+            m.device_index = g.index
+        m.gpu_uuid = g.uuid
+        for name, value in (("allocated_bytes", g.allocated_bytes), ("reserved_bytes", g.reserved_bytes),
+                            ("alloc_retries", g.alloc_retries), ("inactive_split_bytes", g.inactive_split_bytes)):
+            if value is not None:
+                setattr(m, name, value)
 
 
 def training_from_proto(m: agent_pb2.TrainingSample) -> TrainingReport:
@@ -249,6 +266,9 @@ def training_from_proto(m: agent_pb2.TrainingSample) -> TrainingReport:
         epoch=_opt(m, "epoch"),
         metrics=dict(m.metrics),
         tags=dict(m.tags),
+        gpu_memory=[AllocatorFigures(_opt(g, "device_index"), g.gpu_uuid, _opt(g, "allocated_bytes"),
+                                     _opt(g, "reserved_bytes"), _opt(g, "alloc_retries"),
+                                     _opt(g, "inactive_split_bytes")) for g in m.gpu_memory],
     )
 
 
