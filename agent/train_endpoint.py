@@ -39,8 +39,8 @@ from clusterwatch.agent.provenance import process_start_time
 from clusterwatch.agent.thread_names import name_os_thread
 
 from clusterwatch.errors import ConfigError
-from clusterwatch.model import TrainingReport
-from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
+from clusterwatch.model import AllocatorFigures, TrainingReport
+from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_GPUS, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,33 @@ def _object(value: object, what: str) -> dict:
     if not isinstance(value, dict) or len(value) > MAX_METRICS:
         raise ValueError(f"{what} is not an object of at most {MAX_METRICS} entries")
     return value
+
+
+_GPU_FIELDS = (("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
+               ("alloc_retries", "alloc_retries"), ("inactive_split", "inactive_split_bytes"))
+
+
+def _count(value: object, what: str, limit: int = _MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise ValueError(f"{what} is not an int from 0 to {limit}")
+    return value
+
+
+def _gpu_memory(value: object) -> list[AllocatorFigures]:
+    """The allocator's figures ("gpu": [{index, uuid, allocated, reserved, alloc_retries, inactive_split}])."""
+    if not isinstance(value, list) or len(value) > MAX_GPUS:
+        raise ValueError(f"gpu is not a list of at most {MAX_GPUS} entries")
+    out = []
+    for entry in value:
+        if not isinstance(entry, dict):
+            raise ValueError("a gpu entry is not an object")
+        index = entry.get("index")
+        figures = {field: _count(entry[key], f"gpu {key}") for key, field in _GPU_FIELDS
+                   if entry.get(key) is not None}
+        out.append(AllocatorFigures(
+            index=None if index is None else _count(index, "gpu index", 2**32 - 1),
+            uuid=_text(entry.get("uuid", ""), MAX_NAME, "gpu uuid", empty=True), **figures))
+    return out
 
 
 def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> TrainingReport:
@@ -129,6 +156,8 @@ def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> Trai
         report.metrics[_text(name, MAX_NAME, "a metric name")] = value
     for name, value in _object(obj.get("tags", {}), "tags").items():
         report.tags[_text(name, MAX_NAME, "a tag name")] = _text(value, MAX_TAG_VALUE, "a tag value", empty=True)
+    if obj.get("gpu") is not None:
+        report.gpu_memory = _gpu_memory(obj["gpu"])
     return report
 
 

@@ -217,3 +217,65 @@ def test_a_real_agent_endpoint_takes_reports_with_the_figures(sock_dir):
             time.sleep(0.02)
         assert [(r.step, r.loss) for r in got] == [(1, 2.0), (2, None)]
         assert ep.rejected == 0
+
+
+# -- the agent's side: the endpoint parses the figures, the protobuf message carries them ----------
+
+def test_the_endpoint_parses_the_figures():
+    from clusterwatch.agent.train_endpoint import parse_datagram
+
+    from clusterwatch.model import AllocatorFigures
+
+    r = parse_datagram(json.dumps({"v": 1, "step": 3, "gpu": [
+        {"index": 0, "uuid": "5a1d2c3e-0000-4000-8000-000000000000", "allocated": 3 * GiB, "reserved": 4 * GiB,
+         "alloc_retries": 2, "inactive_split": 5 << 20},
+        {"allocated": 10, "reserved": 20, "future_key": "ignored"}]}).encode(), 42, 9.5, 100.0)
+    assert r.gpu_memory == [AllocatorFigures(0, "5a1d2c3e-0000-4000-8000-000000000000", 3 * GiB, 4 * GiB, 2, 5 << 20),
+                            AllocatorFigures(None, "", 10, 20, None, None)]
+    assert parse_datagram(b'{"v":1,"step":3}', 42, 9.5, 100.0).gpu_memory == []
+
+
+@pytest.mark.parametrize("gpu, error", [
+    ({"index": 0}, "gpu is not a list of at most 16 entries"),
+    ([{"index": 0}] * 17, "gpu is not a list of at most 16 entries"),
+    ([1], "a gpu entry is not an object"),
+    ([{"allocated": -1}], "gpu allocated is not an int from 0 to"),
+    ([{"reserved": 1.5}], "gpu reserved is not an int from 0 to"),
+    ([{"alloc_retries": True}], "gpu alloc_retries is not an int from 0 to"),
+    ([{"inactive_split": 2**63}], "gpu inactive_split is not an int from 0 to"),
+    ([{"index": 2**32}], "gpu index is not an int from 0 to 4294967295"),
+    ([{"uuid": "\ud800"}], "gpu uuid is not valid Unicode"),
+    ([{"uuid": 7}], "gpu uuid is not a string of 0-64 characters"),
+])
+def test_the_endpoint_refuses_figures_the_message_cannot_carry(gpu, error):
+    from clusterwatch.agent.train_endpoint import parse_datagram
+
+    with pytest.raises(ValueError, match="^" + error.replace("(", r"\(")):
+        parse_datagram(json.dumps({"v": 1, "gpu": gpu}).encode(), 42, 9.5, 100.0)
+
+
+def test_the_figures_travel_in_the_protobuf_message():
+    from clusterwatch.v1 import agent_pb2
+
+    from clusterwatch.model import AllocatorFigures, TrainingReport
+    from clusterwatch.wire import training_from_proto, training_to_proto
+
+    report = TrainingReport(100.0, 42, 9.5, step=3, gpu_memory=[
+        AllocatorFigures(0, "u0", 2**63 - 1, 0, 7, 1), AllocatorFigures(None, "", 10, None, None, None)])
+    msg = agent_pb2.TrainingSample()
+    training_to_proto(report, msg)
+    assert training_from_proto(agent_pb2.TrainingSample.FromString(msg.SerializeToString())) == report
+
+
+def test_a_real_process_s_figures_reach_a_real_endpoint_parsed(sock_dir):
+    with TrainEndpoint(str(sock_dir / "run" / "train.sock")) as ep:
+        assert run_process(ep.path) == "[True, True] 0"
+        got: list = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += ep.drain()
+            time.sleep(0.02)
+    assert [[(g.index, g.allocated_bytes, g.reserved_bytes, g.alloc_retries, g.inactive_split_bytes)
+             for g in r.gpu_memory] for r in got] == [[(0, 3 << 30, 4 << 30, 1, 1 << 20)],
+                                                        [(None, 10, 20, None, None)]]
+    assert got[0].gpu_memory[0].uuid == "5a1d2c3e-0000-4000-8000-000000000000" and ep.rejected == 0
