@@ -94,11 +94,13 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
             page = r.read().decode()
         assert 'data-health="gpu_lost"' in page and 'data-health="gpu_xid"' in page
     finally:
-        assert agent.stop() == 0, agent.text()
+        # everything is stopped before anything is judged: a failed check must not leave the collector running
+        agent_code = agent.stop()
         collector.stop()
         for p in (rank, other):
             p.kill()
             p.wait()
+    assert agent_code == 0, agent.text()
 
 
 def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path: Path) -> None:
@@ -127,8 +129,9 @@ def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path
         assert found["alert"]["severity"] == "critical"
         assert "2 uncorrected ECC errors" in found["alert"]["description"]
     finally:
-        assert agent.stop() == 0, agent.text()
+        agent_code = agent.stop()
         collector.stop()
         rank.kill()
         rank.wait()
+    assert agent_code == 0, agent.text()
     assert "kernel log" not in agent.text()     # --kmsg none: not read, nothing said

@@ -64,10 +64,12 @@ def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Pat
         assert entry["alert"]["pid"] == worker.pid and entry["alert"]["node"] == "gpu-node"
         assert "idle (0 %)" in entry["alert"]["description"]
     finally:
-        assert agent.stop() == 0, agent.text()
+        # everything is stopped before anything is judged: a failed check must not leave the collector running
+        agent_code = agent.stop()
         collector.stop()
         worker.kill()
         worker.wait()
+    assert agent_code == 0, agent.text()
     assert "NVML library not found" not in agent.text()
 
 
