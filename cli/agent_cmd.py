@@ -79,6 +79,10 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
     if not once and not collector:
         fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
              "(or use --once --json to print one poll)")
+    if collector and "," in collector:
+        # a list names shards; the agent keeps one stream, so it would dial the whole list as one name forever
+        fail(f"--collector {collector}: the agent streams to one collector (HOST:PORT); give it the one "
+             "address its node's jobs use (a stream per shard is not built yet)")
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     spool_dir = spool_dir_for(spool_dir, node)
     if ensure:
