@@ -8,7 +8,8 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,24 @@ def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def wait_http_ready(popen, url: str, name: str, log: Callable[[], str], timeout: float) -> None:
+    """Wait until ``url`` answers 200; raise with the server's log when it exits or is not ready in time."""
+    def ready() -> bool:
+        if popen.poll() is not None:
+            return True  # exited: reported below
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    is_ready = wait_for(ready, timeout, interval=0.1)
+    if popen.poll() is not None:
+        raise AssertionError(f"{name} exited with {popen.returncode}:\n{log()}")
+    if not is_ready:
+        raise AssertionError(f"{name} not ready within {timeout:.0f} s:\n{log()}")
 
 
 def stop_pid(pid: int, grace: float = 5.0) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.procs import free_port, require_binary, stop_pid, wait_for
+from tests.services.procs import free_port, require_binary, stop_pid, wait_for, wait_http_ready
 
 #: Bound on /-/ready (seen at 0.2 s on these machines).
 READY_TIMEOUT_S = 20.0
@@ -155,20 +155,7 @@ def running_prometheus(root: Path, targets: Sequence[str], rule_files: Sequence[
         )
     prom = Prometheus(root=root, port=port, popen=popen)
     try:
-        def ready() -> bool:
-            if popen.poll() is not None:
-                return True  # exited: reported below
-            try:
-                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        is_ready = wait_for(ready, READY_TIMEOUT_S, interval=0.1)
-        if popen.poll() is not None:
-            raise AssertionError(f"prometheus exited with {popen.returncode}:\n{prom.log()}")
-        if not is_ready:
-            raise AssertionError(f"prometheus not ready within {READY_TIMEOUT_S:.0f} s:\n{prom.log()}")
+        wait_http_ready(popen, f"{prom.url}/-/ready", "prometheus", prom.log, READY_TIMEOUT_S)
         yield prom
     finally:
         prom.stop()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.services.procs import free_port, require_binary, stop_pid, wait_for
+from tests.services.procs import free_port, require_binary, stop_pid, wait_http_ready
 
 #: Bound on /health answering (seen at well under a second here).
 READY_TIMEOUT_S = 20.0
@@ -82,20 +82,7 @@ def running_victoriametrics(root: Path) -> Iterator[VictoriaMetrics]:
         )
     vm = VictoriaMetrics(root=root, port=port, popen=popen)
     try:
-        def ready() -> bool:
-            if popen.poll() is not None:
-                return True
-            try:
-                with urllib.request.urlopen(f"{vm.url}/health", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        is_ready = wait_for(ready, READY_TIMEOUT_S, interval=0.1)
-        if popen.poll() is not None:
-            raise AssertionError(f"victoria-metrics exited with {popen.returncode}:\n{vm.log()}")
-        if not is_ready:
-            raise AssertionError(f"victoria-metrics not ready within {READY_TIMEOUT_S:.0f} s:\n{vm.log()}")
+        wait_http_ready(popen, f"{vm.url}/health", "victoria-metrics", vm.log, READY_TIMEOUT_S)
         yield vm
     finally:
         vm.stop()
