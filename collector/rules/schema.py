@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
@@ -56,12 +57,12 @@ def is_number(x: Any) -> bool:
 
 # ---- values: each checks one file value and converts it ----------------------------------------
 
-class Value:
+class Value(ABC):
     """What one file value must be. `check` returns the converted value or raises ValueError
     with the phrase that follows the key ("must be a number, not 'x'")."""
 
-    def check(self, value: Any) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def check(self, value: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
