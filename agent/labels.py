@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from clusterwatch.model import ProcessSample
 
+from .backends.procs import ExecInProgress
+
 
 @dataclass(frozen=True, slots=True)
 class JobLabels:
@@ -88,14 +90,20 @@ class JobLabeler:
         labels = self._cache.get(key, _UNSEEN)
         if labels is not _UNSEEN:
             return labels
-        if s.pid in self.local_roots:
-            job_id = self.local_roots[s.pid]
-            labels = (self.local_lookup(s.pid, job_id) if self.local_lookup is not None
-                      else JobLabels(job_id, mapped_by="pid"))
-        elif self.slurm_lookup is not None:
-            labels = self.slurm_lookup(s.pid)
-        else:
-            labels = None
+        try:
+            if s.pid in self.local_roots:
+                job_id = self.local_roots[s.pid]
+                labels = (self.local_lookup(s.pid, job_id) if self.local_lookup is not None
+                          else JobLabels(job_id, mapped_by="pid"))
+            elif self.slurm_lookup is not None:
+                labels = self.slurm_lookup(s.pid)
+            else:
+                labels = None
+        except ExecInProgress:
+            # Inside execve, its variables not there yet: not cached, looked up again at the next poll. A
+            # watched root is its job's now; its rank comes then.
+            job_id = self.local_roots.get(s.pid)
+            return JobLabels(job_id, mapped_by="pid") if job_id is not None else None
         self._cache[key] = labels
         self._looked_up.append(s)
         return labels

@@ -14,7 +14,7 @@ from clusterwatch.errors import ParseError
 from clusterwatch.procfs import probe
 from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
 
-from .backends.procs import NewPids
+from .backends.procs import ExecInProgress, NewPids, read_environ
 from .labels import JobLabels
 
 _NOT_TASK_STEPS = ("batch", "extern", "interactive")
@@ -53,13 +53,18 @@ class ProcLookup:
         self._starts: dict[int, int] = {}  # pid → start ticks of every process on the node, as last read
 
     def _environ(self, pid: int) -> dict[str, str] | None:
-        data = _read(f"{self.proc}/{pid}/environ")
+        """Raises ExecInProgress while the process's variables are not in place yet."""
+        data = read_environ(self.proc, pid)
         if data is None:
             return None
         return parse_environ(data)
 
     def env(self, pid: int) -> EnvLabels | None:
-        """The job and rank variables of a process's environment, None when it cannot be read."""
+        """The job and rank variables of a process's environment, None when it cannot be read.
+
+        Raises:
+            ExecInProgress: the process is inside execve; ask again at a later poll.
+        """
         environ = self._environ(pid)
         return environ_labels(environ) if environ is not None else None
 
@@ -81,7 +86,11 @@ class ProcLookup:
             return None
 
     def slurm_labels(self, pid: int) -> JobLabels | None:
-        """The process's job, step and rank, or None when it is not part of a Slurm job."""
+        """The process's job, step and rank, or None when it is not part of a Slurm job.
+
+        Raises:
+            ExecInProgress: the process is inside execve; ask again at a later poll.
+        """
         environ = self._environ(pid) or {}
         if self.foreign(environ):
             return None
@@ -130,9 +139,13 @@ class ProcLookup:
                 continue
             if old is not None:
                 cache.pop((pid, old), None)  # the pid was reused
-            starts[pid] = start
             key = (pid, start)
             if key not in cache:
-                labels = self.slurm_labels(pid)
+                try:
+                    labels = self.slurm_labels(pid)
+                except ExecInProgress:
+                    news.again(pid)  # its variables are not there yet: read them at the next call
+                    continue
                 cache[key] = labels.job_id if labels else None
+            starts[pid] = start
         return {pid for pid, start in starts.items() if cache.get((pid, start)) in job_ids}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from clusterwatch.errors import ParseError
 
 # Fields of /proc/<pid>/stat, numbered as proc(5) numbers them (1: pid, 2: comm).
-STATE, PPID, UTIME, STIME, NUM_THREADS, STARTTIME, RSS, EXIT_SIGNAL = 3, 4, 14, 15, 20, 22, 24, 38
+STATE, PPID, UTIME, STIME, NUM_THREADS, STARTTIME, RSS, EXIT_SIGNAL, ENV_END = 3, 4, 14, 15, 20, 22, 24, 38, 51
 # Where field n lies in the list split_stat returns.
 FIRST_AFTER_COMM = 3
 
@@ -85,6 +85,19 @@ def probe(text: bytes) -> tuple[int, int] | None:
         return int(rest[PPID - 3]), int(rest[STARTTIME - 3])
     except (ValueError, IndexError):
         return None
+
+
+def environ_laid_out(text: bytes) -> bool:
+    """Whether the process of a stat text has its environment in place (its env_end is set).
+
+    execve switches a process to its new memory before it copies the environment there: in between (often
+    just when fork+exec has returned to the parent) /proc/<pid>/environ reads empty, as it does for a
+    process whose environment is empty. A kernel before 3.5 has no such field: True, it cannot tell.
+    """
+    try:
+        return split_stat(text, ENV_END)[1][ENV_END - FIRST_AFTER_COMM] != b"0"
+    except (ValueError, IndexError):
+        return True
 
 
 def parse_btime(text: bytes) -> float | None:

@@ -100,6 +100,27 @@ class Collector(Proc):
             return r.read().decode()
 
 
+def popen_exec_done(args: list[str], **kwargs) -> subprocess.Popen:
+    """Popen, returned once the child's execve is through (its environment readable).
+
+    Popen returns when execve has switched the child to the new program, before its environment is laid out:
+    a test that reads the child at once, as an agent that polls right then would, finds it looked up later.
+    """
+    from clusterwatch.agent.backends.procs import ExecInProgress, read_environ
+
+    child = subprocess.Popen(args, **kwargs)
+
+    def through() -> bool:
+        try:
+            read_environ("/proc", child.pid)
+        except ExecInProgress:
+            return False
+        return True
+
+    wait_for(through, timeout=10.0, interval=0.001, what=f"execve of {args[0]}")
+    return child
+
+
 def metric_value(text: str, name: str, **labels: str) -> float | None:
     """The value of the first series `name{labels…}` in an exposition text, None if absent."""
     for line in text.splitlines():

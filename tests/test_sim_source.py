@@ -23,7 +23,7 @@ from clusterwatch.agent.labels import JobLabeler
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuUse
-from tests.helpers import CLI, SIM_RUN, clean_environ, cli
+from tests.helpers import CLI, SIM_RUN, clean_environ, cli, popen_exec_done
 
 SCENARIO = """
 [gpus]
@@ -83,7 +83,7 @@ def spawn() -> Iterator:
     children: list[subprocess.Popen] = []
 
     def start(**env: str) -> subprocess.Popen:
-        child = subprocess.Popen([SLEEP, "300"], env=sim_env(**env))
+        child = popen_exec_done([SLEEP, "300"], env=sim_env(**env))
         children.append(child)
         return child
 

@@ -40,6 +40,7 @@ from clusterwatch.procfs import (
     STATE,
     STIME,
     UTIME,
+    environ_laid_out,
     parse_btime,
     parse_stat,
     probe,
@@ -65,6 +66,36 @@ DEFAULT_MAX_PROBE = 256
 # sample carries the last count (None stays "unknown": a count that failed). Counting costs an
 # fstat (a listing on Linux < 6.2) per process, a sixth of a poll's /proc work.
 DEFAULT_FD_COUNT_EVERY_S = 5.0
+
+
+class ExecInProgress(Exception):
+    """A process is inside execve: its environment reads empty until the new program's is laid out.
+
+    Whoever reads it reads it again at a later poll (NewPids.again) rather than keep "no variables" for it.
+    """
+
+
+def read_environ(proc: str, pid: int, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of /proc/<pid>/environ (up to `limit`); None when it cannot be read (gone, another user's).
+
+    Raises:
+        ExecInProgress: it read empty and the process's stat says its environment is not in place yet.
+    """
+    path = f"{proc}/{pid}/environ"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+        if data:
+            return data
+        # Empty: inside execve, or an empty environment. The stat read after it tells; when it says laid out,
+        # the execve may have got there meanwhile: the environment is read once more.
+        with open(f"{proc}/{pid}/stat", "rb", buffering=0) as f:
+            if not environ_laid_out(f.read(_STAT_MAX)):
+                raise ExecInProgress(pid)
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
 
 
 def read_boot_time(proc: str = "/proc") -> float:
@@ -107,6 +138,7 @@ class NewPids:
         self.shared = False  # in rounds (see new_round): two sources of one agent ask it in each poll
         self._answered = False
         self._answer: set[int] | None = None
+        self._again: set[int] = set()  # pids to hand out again at the next call (see again)
         self._calls = 0
         self._last: int | None = None
         try:
@@ -142,7 +174,19 @@ class NewPids:
             return self._answer
         return self._poll()
 
+    def again(self, pid: int) -> None:
+        """Hand `pid` out once more at the next call (a round's next, when shared): it could not be read yet."""
+        self._again.add(pid)
+
     def _poll(self) -> set[int] | None:
+        new = self._candidates()
+        if self._again:
+            if new is not None:
+                new |= self._again
+            self._again = set()
+        return new
+
+    def _candidates(self) -> set[int] | None:
         last = self._last_pid()  # before listing: what starts after this read is found next time
         prev, self._last = self._last, last
         self._calls += 1

@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.procs import NewPids
+from clusterwatch.agent.backends.procs import ExecInProgress, NewPids, read_environ
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch.errors import ConfigError
@@ -290,7 +290,11 @@ class SimGpuSource:
                 if cur.start_ticks == got:
                     continue
                 self._forget(pid)  # the pid was reused
-            sim = self._inspect(pid, got)
+            try:
+                sim = self._inspect(pid, got)
+            except ExecInProgress:
+                self._news.again(pid)  # its variables are not there yet: read them at the next poll
+                continue
             entry = known[pid] = _Known(got, sim)
             if sim is not None:
                 self._played[pid] = sim
@@ -334,10 +338,8 @@ class SimGpuSource:
 
     def _inspect(self, pid: int, start_ticks: int) -> _SimProc | None:
         self.environ_reads += 1
-        try:
-            with open(f"{self._proc}/{pid}/environ", "rb") as f:
-                data = f.read()
-        except OSError:
+        data = read_environ(self._proc, pid)
+        if data is None:
             return None  # another user's process (agent not root), or gone: not ours to play
         try:
             spec = parse_sim_environ(data, run=self.run)
