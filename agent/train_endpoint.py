@@ -111,7 +111,7 @@ def parse_datagram(data: bytes, pid: int, start_time: float, now: float) -> Trai
     """Turn one datagram into a report for the process the kernel named.
 
     Every field is checked against what the protobuf message (agent_pb2.TrainingSample) can carry
-    and the documented bounds, so a report returned always converts (tests/test_train_fuzz.py).
+    and the documented bounds, so a report returned always converts (tests/train/test_train_fuzz.py).
 
     Args:
         data: the datagram.

@@ -17,7 +17,7 @@ rebuilt only for label sets the last scrape did not have; label sets no longer p
 dropped at every scrape. The text is prometheus_client's `generate_latest` of the families
 `collect()` yields, line for line, but for one intended difference: integer values are written as
 integers (`3221225472`, not `3.221225472e+09`), the same number to any parser
-(tests/test_exporter.py checks both).
+(tests/collector/test_exporter.py checks both).
 
 `metrics_app`/`serve_metrics` serve it over HTTP with prometheus_client's WSGI app, format choice and
 gzip negotiation, on the library's threading server bounded to 64 connections, each given 10 s to send
@@ -404,7 +404,7 @@ class ClusterCollector(Collector):
     def series(self, snap: Snapshot) -> list[tuple[Family, list[tuple[tuple[str, ...], tuple, float]]]]:
         """Each family of a snapshot with its rows: (label names, label values, value). The one place
         that says which series exist; `render()` writes the hot families (ranks, GPUs) itself, faster,
-        and tests/test_exporter.py checks that both give the same text."""
+        and tests/collector/test_exporter.py checks that both give the same text."""
         out = []
         info_rows, code_rows = [], []
         job_rows: list[list] = [[], [], []]

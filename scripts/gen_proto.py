@@ -2,7 +2,7 @@
 """Regenerate the gRPC/protobuf code under proto/clusterwatch/v1 from its .proto files.
 
 Run from anywhere: `python scripts/gen_proto.py`. The output is committed; a test
-(tests/test_packaging.py, test_generated_code_matches_the_proto_files) regenerates into a
+(tests/project/test_packaging.py, test_generated_code_matches_the_proto_files) regenerates into a
 temporary folder and fails when the committed files differ. `-I proto` makes the generated imports absolute
 (`from clusterwatch.v1 import agent_pb2`), which works inside the installed package.
 """

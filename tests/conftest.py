@@ -1,4 +1,5 @@
-"""Shared pytest fixtures. Service fixtures (Slurm, sshd) live in tests/services/ and load as plugins."""
+"""Shared pytest fixtures. Service fixtures (Slurm, sshd) live in tests/services/ and load as plugins, as do
+the real git repositories of the provenance tests (tests/git_repos.py)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge"]
+pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge",
+                  "tests.git_repos"]
 
 
 def _drop_clusterwatch_settings(patch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,11 @@ CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
 SIM_RUN = f"tests-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+# the repository's root and its tests folder, wherever a test file lies under it
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
 def clean_environ(base: dict | None = None) -> dict[str, str]:
     """`base` (default os.environ) without any CLUSTERWATCH_* variable: the caller's settings (a token, a
     collector address, a config file) must not reach the processes a test starts."""

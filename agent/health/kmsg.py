@@ -3,7 +3,7 @@
 NVML delivers XID events only while a process holds an event set, so an XID raised while the
 agent was not running is lost to it; the driver also prints every XID to the kernel log, with the
 process it hit where it knows it. The driver's line has changed across generations (real lines in
-tests/test_health_kmsg.py):
+tests/agent/test_health_kmsg.py):
 
     NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.   R470 and later
     NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM ...      the pid unknown

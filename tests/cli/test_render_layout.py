@@ -1,0 +1,86 @@
+"""The report's layout: it fits the terminal (80 columns at least), cuts say so, times carry their zone."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from clusterwatch.cli.render import describe_code, fit, render
+from clusterwatch.v1 import query_pb2
+
+from tests.helpers import cli
+
+from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)
+
+LONG_NODE = "gpu-node-in-a-very-long-rack-name-017"
+ALERT = ("Host memory (RSS) of rank 3 (pid 6949 on demo-node2, job demo-6913) grows 22 GB/h for 1 min; "
+         "node memory full in ~1.1 h")
+
+
+def busy_view() -> query_pb2.JobView:
+    v = query_pb2.JobView(now=1000.0)
+    v.job.job_id, v.job.name, v.job.state, v.job.start_time = "4242", "train", "RUNNING", 400.0
+    v.job.nodes.append(LONG_NODE)
+    v.nodes.add(node=LONG_NODE, agent_up=True)
+    v.gpus.add(node=LONG_NODE, index=0, name="NVIDIA H100 80GB HBM3 SXM5 (MIG 3g.40gb)", utilization=50.0,
+               utilization_trend=[50.0] * 40, memory_used_bytes=20 << 30, memory_total_bytes=80 << 30,
+               memory_peak_bytes=21 << 30, power_watts=600, processes=1)
+    v.processes.add(node=LONG_NODE, pid=123456, command="python-train-script", alive=True, rank=0,
+                    rss_bytes=1 << 30, rss_trend=[1.0, 2.0] * 20, gpu_memory_trend=[1.0, 2.0] * 20,
+                    gpu_memory_bytes=20 << 30, gpu_memory_peak_bytes=21 << 30, step=100, steps_per_s=5.0,
+                    cpu_percent=100, gpu_utilization=90)
+    v.alerts.add(rule="host_memory_leak", state="firing", description=ALERT)
+    return v
+
+
+@pytest.mark.parametrize("width", [80, 100, 132])
+def test_the_report_fits_the_width_it_is_given(width):
+    text = render(busy_view(), width=width)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= width, [x for x in lines if len(x) > width]
+    rules = {len(x) for x in lines if x and set(x) <= {"─", "═"}}
+    assert len(rules) == 1 and rules.pop() <= width
+    assert "rank 3 (pid 6949" in text.replace("\n", " ")  # the alert wraps, all of it is there
+    if width == 80:
+        assert "python-tr…" in text and "NVIDIA H100 80GB HBM3…" in text  # cut, and saying so
+
+
+def test_without_a_width_nothing_is_dropped_and_rules_span_the_tables():
+    text = render(busy_view(), width=None)
+    lines = text.splitlines()
+    rule = max(len(x) for x in lines if x and set(x) <= {"─"})
+    tables = [x for x in lines if x.startswith("   RANK") or x.startswith("  NODE")]
+    assert rule == max(len(x) for x in tables) and rule > 80
+    assert ALERT in text and "PEAK" in text and "TREND" in text
+
+
+def test_fit_marks_a_cut():
+    assert fit("short", 10) == "short"
+    assert fit("much-too-long", 8) == "much-to…"
+
+
+def test_start_time_carries_its_zone():
+    text = render(busy_view(), width=None)
+    zone = time.strftime("%Z", time.localtime(400.0))
+    (line,) = [x for x in text.splitlines() if "Start time:" in x]
+    assert line.endswith(zone)
+
+
+def test_the_code_line_shows_the_checkout_then_the_remote():
+    record = {"git": {"root": "/home/alice/model", "commit": "0123456789abcdef", "branch": "main", "dirty": False,
+                      "remote_url": "git@example.org:team/model.git"}}
+    assert describe_code(record) == ("/home/alice/model @ 0123456789ab (main), clean; "
+                                     "remote git@example.org:team/model.git")
+    record["git"]["remote_url"] = ""
+    assert describe_code(record) == "/home/alice/model @ 0123456789ab (main), clean"
+    v = busy_view()
+    v.provenance_json = json.dumps([dict(record, node=LONG_NODE, pid=123456, code_id="c")])
+    assert "  /home/alice/model @ 0123456789ab (main), clean" in render(v, width=None)
+
+
+@pytest.mark.e2e
+def test_status_fits_columns_from_the_environment(running_job):  # noqa: F811
+    job, address = running_job
+    r = cli("status", job, "--collector", address, env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert max(len(x) for x in r.stdout.splitlines()) <= 80
