@@ -272,7 +272,7 @@ class CollectorCore:
         its job events, training reports, and (message, record) of its valid provenance)."""
         jobs = self.state.jobs
         # A job closed already stays closed: late samples lose its label, late events are dropped.
-        late = {lab[4] for lab in cols.label_sets if lab[4] and lab[4] not in jobs}  # lab[4]: job id
+        late = {lab.job_id for lab in cols.label_sets if lab.job_id and lab.job_id not in jobs}
         late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
         closed = frozenset(j for j in late if self._is_closed(j))
         events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
