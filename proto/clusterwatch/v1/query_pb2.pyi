@@ -167,16 +167,18 @@ class AlertView(_message.Message):
     def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class NodeView(_message.Message):
-    __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes")
+    __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes", "gpu_pids_note")
     NODE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     AGENT_UP_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_PIDS_NOTE_FIELD_NUMBER: _ClassVar[int]
     node: str
     last_seen: float
     agent_up: bool
     memory_total_bytes: int
-    def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
+    gpu_pids_note: str
+    def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ..., gpu_pids_note: _Optional[str] = ...) -> None: ...
 
 class HealthView(_message.Message):
     __slots__ = ("time", "rule", "severity", "node", "gpu", "rank", "pid", "description", "advice", "action")
