@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GpuPidsHidden(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_PIDS_SEEN: _ClassVar[GpuPidsHidden]
+    GPU_PIDS_OTHER_NAMESPACE: _ClassVar[GpuPidsHidden]
+    GPU_PIDS_NOT_IN_PROC: _ClassVar[GpuPidsHidden]
+GPU_PIDS_SEEN: GpuPidsHidden
+GPU_PIDS_OTHER_NAMESPACE: GpuPidsHidden
+GPU_PIDS_NOT_IN_PROC: GpuPidsHidden
+
 class GpuInfo(_message.Message):
     __slots__ = ("uuid", "index", "name", "memory_total_bytes")
     UUID_FIELD_NUMBER: _ClassVar[int]
@@ -20,7 +29,7 @@ class GpuInfo(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes", "send_interval_s")
+    __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes", "send_interval_s", "gpu_pids_hidden")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +39,7 @@ class Hello(_message.Message):
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     NODE_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEND_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_PIDS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     node: str
     boot_id: str
     agent_version: str
@@ -39,7 +49,8 @@ class Hello(_message.Message):
     sent_at: float
     node_memory_total_bytes: int
     send_interval_s: float
-    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ..., send_interval_s: _Optional[float] = ...) -> None: ...
+    gpu_pids_hidden: GpuPidsHidden
+    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., interval_s: _Optional[float] = ..., gpu_source: _Optional[str] = ..., sent_at: _Optional[float] = ..., node_memory_total_bytes: _Optional[int] = ..., send_interval_s: _Optional[float] = ..., gpu_pids_hidden: _Optional[_Union[GpuPidsHidden, str]] = ...) -> None: ...
 
 class ProcessLabels(_message.Message):
     __slots__ = ("ppid", "uid", "user", "command", "job_id", "rank", "local_rank", "step_id", "mapped_by")
