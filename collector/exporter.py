@@ -231,6 +231,7 @@ class Snapshot(NamedTuple):
     nodes: list[NodeRow]
     alerts: list[tuple[str, ...]] | None
     counters: list[tuple[str, str, float]] | None
+    extra: list[tuple[Family, list]] | None = None   # more families with their rows (the GPU health ones)
 
 
 def format_value(v) -> str:
@@ -295,12 +296,16 @@ class ClusterCollector(Collector):
         counters: ingest counters to export (name → (value, help)), read at scrape time.
         alerts: returns active alerts as dicts (rule, severity, state, job_id, node, rank).
         after_intervals: a node is down after this many of its poll intervals without a batch.
+        extra: more families with their rows, (Family, [(label names, label values, value)]), read in the
+            snapshot (under the lock): the GPU health families (collector/health/metrics.py).
     """
 
     def __init__(self, state: ClusterState, clock: Callable[[], float], per_process: bool = False,
                  counters: Callable[[], dict[str, tuple[float, str]]] | None = None,
-                 alerts: Callable[[], Iterable[dict]] | None = None, after_intervals: float = 3.0) -> None:
+                 alerts: Callable[[], Iterable[dict]] | None = None, after_intervals: float = 3.0,
+                 extra: Callable[[], list[tuple[Family, list]]] | None = None) -> None:
         self.state = state
+        self.extra = extra
         self.clock = clock
         self.per_process = per_process
         self.counters = counters
@@ -397,7 +402,8 @@ class ClusterCollector(Collector):
         counters = None
         if self.counters is not None:
             counters = [(name, help_text, value) for name, (value, help_text) in self.counters().items()]
-        return Snapshot(jobs, ranks, processes, gpus, nodes, alerts, counters)
+        extra = self.extra() if self.extra is not None else None
+        return Snapshot(jobs, ranks, processes, gpus, nodes, alerts, counters, extra)
 
     # -- families, in exposition order -----------------------------------------------------------
 
@@ -448,6 +454,7 @@ class ClusterCollector(Collector):
                 if value is not None:
                     node_rows[i].append((("node",), (node,), value))
         out.extend(zip(NODE_FAMILIES, node_rows, strict=True))
+        out.extend(snap.extra or ())
         if snap.alerts is not None:
             out.append((ALERT_FAMILY, [(ALERT_FAMILY.labels, a, 1) for a in snap.alerts]))
         for name, help_text, value in snap.counters or ():
@@ -487,7 +494,7 @@ class ClusterCollector(Collector):
         with self._cache_lock:
             old = self._cache
         out = _TextWriter(old, openmetrics, names)
-        groups = self.series(Snapshot(snap.jobs, [], None, [], snap.nodes, snap.alerts, snap.counters))
+        groups = self.series(Snapshot(snap.jobs, [], None, [], snap.nodes, snap.alerts, snap.counters, snap.extra))
         by_name = {fam.name: rows for fam, rows in groups}
         for fam in (JOB_INFO, JOB_CODE, *JOB_FAMILIES):
             out.generic(fam, by_name[fam.name], "job")
@@ -495,7 +502,7 @@ class ClusterCollector(Collector):
         if snap.processes is not None:
             _write_processes(out, snap.processes)
         _write_gpus(out, snap.gpus)
-        for fam, rows in groups:  # nodes, alerts, counters
+        for fam, rows in groups:  # nodes, extra, alerts, counters
             if fam.name not in _WRITTEN_APART:
                 out.generic(fam, rows, "other")
         if openmetrics:

@@ -170,11 +170,16 @@ class CollectorServer:
         exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.counter_values, alerts=self.active_alerts,
-            after_intervals=self.config.agent_down_after_intervals,
+            after_intervals=self.config.agent_down_after_intervals, extra=self._health_series,
         ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")
         self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
         self.metrics_port = self._httpd.server_port
+
+    def _health_series(self) -> list:
+        from .health.metrics import health_series
+
+        return health_series(self.alerting.health.engine, self.core.state)
 
     def _start_web(self, auth) -> None:
         """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""

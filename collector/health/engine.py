@@ -73,6 +73,7 @@ class HealthEngine:
         self._kmsg_seq: dict[tuple[str, str], int] = {}        # (node, kernel boot id) → last record number
         self._last_xid: dict[tuple[str, str, int], tuple[float, bool]] = {}   # → (time, named a pid)
         self.duplicates = 0
+        self.xid_counts: dict[tuple[str, str, int], int] = {}    # (node, UUID, XID) → events, duplicates not counted
 
     def view(self, node: str, uuid: str) -> GpuHealthView:
         key = (node, uuid)
@@ -113,6 +114,8 @@ class HealthEngine:
         pid = msg.pid if msg.HasField("pid") else None
         finding: HealthFinding | None = None
         if msg.kind == "xid" and msg.HasField("xid"):
+            key = (node, uuid, msg.xid)
+            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
             if msg.xid in LOST_XIDS:
                 finding = gpu_lost(node=node, uuid=uuid, xid=msg.xid, users=users)
             else:
