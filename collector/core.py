@@ -30,6 +30,7 @@ from clusterwatch.wire import (
 
 from .config import CollectorConfig
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
+from .node_notes import NodeNotes
 from .state import ClusterState, JobState, ProcessSeries
 from .store import STALE_AFTER_S, Store, job_row
 from .summary import write_summary
@@ -160,6 +161,7 @@ class CollectorCore:
         self.clock = clock
         self.state = state if state is not None else new_cluster_state(config)
         self.counters = IngestCounters()
+        self.node_notes = NodeNotes()  # what agents' Hellos say that job views must show
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
         # what changed since the last durable flush (see flush())
@@ -444,6 +446,7 @@ class CollectorCore:
             job.end_time = now
         with self.lock:
             view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
+            self.node_notes.fill(view)
             for pv in view.processes:
                 pv.alive = False
         self._notify("on_job_closed", job, now)
@@ -632,7 +635,9 @@ class CollectorCore:
             job = self.state.jobs.get(job_id)
             if job is None:
                 return None
-            return job_view(self.state, job, self.clock(), trend_points, self.config.agent_down_after_intervals)
+            view = job_view(self.state, job, self.clock(), trend_points, self.config.agent_down_after_intervals)
+            self.node_notes.fill(view)
+            return view
 
     def stored_job_view(self, job_id: str) -> query_pb2.JobView | None:
         """The summary stored when a job closed, as of now, or None."""

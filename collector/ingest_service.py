@@ -144,6 +144,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                         say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
                         await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                     node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
+                    self.core.node_notes.hello(msg.hello)  # e.g. GPU memory it cannot tie to processes
                     self.outboxes.by_node[node] = outbox
                 elif kind == "batch":
                     if node is None:
