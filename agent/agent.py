@@ -29,11 +29,17 @@ from clusterwatch.wire import (
 )
 
 from .backends.gpu import GpuSource
+from .backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE
 from .config import AgentConfig
 from .labels import JobLabeler
 from .spool import JobSpool, with_gpu_uuids
 
 log = logging.getLogger("clusterwatch.agent")
+
+_PIDS_HIDDEN = {
+    OTHER_NAMESPACE: agent_pb2.GPU_PIDS_OTHER_NAMESPACE,
+    NOT_IN_PROC: agent_pb2.GPU_PIDS_NOT_IN_PROC,
+}
 
 
 def node_memory_total() -> int:
@@ -89,6 +95,7 @@ class Agent:
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
         self.memory_total = node_memory_total()
+        self._hello_said = None  # what the last Hello said of NVML's pids
         # One look for new processes a poll, for both sources that look for them (the simulated GPUs, /proc).
         # (The psutil process source has none to share.)
         use_new_pids = getattr(gpus, "use_new_pids", None)
@@ -107,10 +114,21 @@ class Agent:
             sent_at=self.clock(),
             node_memory_total_bytes=self.memory_total,
             send_interval_s=max(self.config.send_interval_s, self.config.interval_s),
+            gpu_pids_hidden=self.gpu_pids_hidden(),
         )
+        self._hello_said = h.gpu_pids_hidden
         for g in self.inventory:
             gpu_info_to_proto(g, h.gpus.add())
         return h
+
+    def gpu_pids_hidden(self) -> int:
+        """Why the GPU source's pids are not processes here (agent_pb2.GpuPidsHidden), from its last poll."""
+        why = getattr(self.gpus, "pid_visibility", "")  # only the NVML source names host pids
+        return _PIDS_HIDDEN.get(why, agent_pb2.GPU_PIDS_SEEN)
+
+    def hello_outdated(self) -> bool:
+        """Whether the last Hello no longer says what the GPU source now knows of its pids."""
+        return self._hello_said is not None and self._hello_said != self.gpu_pids_hidden()
 
     @property
     def read_errors(self) -> int:
@@ -225,6 +243,8 @@ def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | N
             due = joiner.add(batch, samples, time.monotonic())
             if due is not None:
                 submit(agent, sender, *due)
+            if agent.hello_outdated():  # e.g. NVML's pids found not to be processes here: the collector is told
+                sender.send_hello()
         except Exception:  # a bug in one poll must not stop the agent; say it once per kind
             log.exception("poll failed; the agent goes on with the next poll")
         next_at += interval

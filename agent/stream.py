@@ -125,6 +125,7 @@ class Sender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None  # set (on the loop) when a batch is submitted
+        self._hello_due = False  # a fresh Hello is to be written on the open stream
         self._started = threading.Event()
 
     def start(self) -> None:
@@ -152,6 +153,11 @@ class Sender:
             seq = self._seq
         self._on_loop(self._wake_writer)
         return seq
+
+    def send_hello(self) -> None:
+        """Write a fresh Hello on the open stream (what it says changed); a new stream sends one anyway."""
+        self._hello_due = True
+        self._on_loop(self._wake_writer)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every batch is acknowledged or timeout; True when none is left."""
@@ -283,6 +289,7 @@ class Sender:
 
     async def _write(self, call) -> None:
         """The Hello, then every unacknowledged batch in order, then new ones as they come (never returns)."""
+        self._hello_due = False
         await call.write(agent_pb2.AgentMessage(hello=self._hello()))
         with self._cond:
             first = self.buffer.first_seq()
@@ -291,6 +298,9 @@ class Sender:
         wake = self._wake
         while True:
             wake.clear()  # before looking: a batch submitted after the look sets it again
+            if self._hello_due:
+                self._hello_due = False
+                await call.write(agent_pb2.AgentMessage(hello=self._hello()))
             with self._cond:
                 todo = self.buffer.after(sent_upto)
             if not todo:

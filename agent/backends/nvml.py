@@ -40,11 +40,12 @@ from typing import Any, Callable
 from clusterwatch.agent.backends.gpu import GpuPoll
 from clusterwatch.agent.backends.nvml_rounds import Rounds
 from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
+from clusterwatch.agent.backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE, PidListings, proc_pid_namespace
 
 from clusterwatch.errors import SourceUnavailable
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
 
-__all__ = ["NvmlGpuSource", "open_nvml_source", "host_pid_visible", "in_nested_pid_namespace"]
+__all__ = ["NvmlGpuSource", "open_nvml_source", "host_pid_visible"]
 
 # NVML return codes (nvml.h); stable across driver versions.
 _NO_PROCESSES = 0  # pynvml raises a bare NVMLError(NVML_SUCCESS) when a size query finds nothing
@@ -95,6 +96,11 @@ NAMESPACE_LINE = (
     "host pids, which it cannot see, so GPU memory is shown per GPU but not per process. Run the agent "
     "with the host's PID namespace (docker: pid: host; Kubernetes: hostPID: true)."
 )
+NOT_IN_PROC_LINE = (
+    "NVML keeps naming pids that are no process in this agent's /proc (a container without the host's "
+    "PIDs?), so GPU memory is shown per GPU but not per process. Run the agent with the host's PID "
+    "namespace (docker: pid: host; Kubernetes: hostPID: true)."
+)
 
 
 class _GpuGone(Exception):
@@ -138,6 +144,8 @@ class _Result:
     uses: dict[int, list[GpuUse]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)
     errors: int = 0
+    present: int = 0  # NVML pids listed that are processes here
+    absent: set[int] = field(default_factory=set)  # NVML pids listed that are not
 
     def add_stale(self, devices: list[_Device]) -> None:
         """Devices that did not answer: no reading, and their processes as last listed, figures unknown.
@@ -156,18 +164,6 @@ def host_pid_visible(pid: int) -> bool:
     return 0 < pid <= 4_194_304 and os.path.isdir(f"/proc/{pid}")
 
 
-def in_nested_pid_namespace(status_path: str = "/proc/self/status") -> bool:
-    """Whether this process sees a PID namespace below the host's (NSpid lists more than one pid)."""
-    try:
-        with open(status_path) as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) > 2
-    except OSError:
-        pass
-    return False
-
-
 class NvmlGpuSource:
     """GPU inventory and readings from NVML, one `nvmlInit` for the source's life.
 
@@ -180,8 +176,8 @@ class NvmlGpuSource:
         deadline_s: how long a poll waits for each GPU (also each GPU's first listing).
         inventory_every_s: how often the GPUs are listed again.
         pid_visible: whether an NVML pid is a live process here (tests pass their own).
-        nested_pid_namespace: whether the agent runs in a PID namespace of its own (None:
-            find out from /proc/self/status).
+        nested_pid_namespace: whether the agent's /proc lists a PID namespace other than the
+            host's (None: find out from /proc, see pid_visibility).
         log: where the one-time warnings go (a GPU that stops answering).
         clock: monotonic seconds, for the inventory cadence.
 
@@ -220,7 +216,11 @@ class NvmlGpuSource:
         # Not an NVMLError subclass: raised by unversioned wrappers when the library lacks
         # the function they call; caught separately so we can fall back to an older version.
         self._mismatch: tuple[type[Exception], ...] = (mismatch,) if mismatch else ()
-        self.pids_hidden = in_nested_pid_namespace() if nested_pid_namespace is None else nested_pid_namespace
+        if nested_pid_namespace is None:
+            nested_pid_namespace = proc_pid_namespace() is False
+        # In another namespace a listed pid that is here is another process: none is taken.
+        self.pids_hidden = nested_pid_namespace
+        self._listings = PidListings()
         try:
             nvml.nvmlInit()
         except self._nvml_error as exc:
@@ -258,6 +258,11 @@ class NvmlGpuSource:
         """
         return [d.info for g in self._gpus for d in g.devices]
 
+    @property
+    def pid_visibility(self) -> str:
+        """Why NVML's pids are not processes of this agent ("" when they are): see pid_visibility."""
+        return OTHER_NAMESPACE if self.pids_hidden else self._listings.verdict
+
     def poll(self, now: float) -> GpuPoll:
         """Read every device and the processes on it, each GPU within the deadline.
 
@@ -290,6 +295,7 @@ class NvmlGpuSource:
             out.stale.extend(gap.stale)
             for pid, uses in gap.uses.items():
                 out.processes.setdefault(pid, []).extend(uses)
+        present, absent = 0, set()
         for index, (ok, value) in sorted(round_.done.items()):
             g = self._gpus[index]
             if g.stuck:
@@ -303,8 +309,12 @@ class NvmlGpuSource:
             out.readings.extend(result.readings)
             out.stale.extend(result.stale)
             out.errors += result.errors
+            present, absent = present + result.present, absent | result.absent
             for pid, uses in result.uses.items():
                 out.processes.setdefault(pid, []).extend(uses)
+        if not self.pids_hidden and self._listings.observe(present, absent):
+            self._log.warning("%s", NOT_IN_PROC_LINE if self._listings.verdict == NOT_IN_PROC
+                              else "NVML's pids are processes of this agent's /proc again")
         return out
 
     def close(self) -> None:
@@ -545,9 +555,12 @@ class NvmlGpuSource:
         if self.pids_hidden:
             return False  # host pids, not ours: said once at start
         if self._pid_visible(pid):
+            out.present += 1
             return True
-        out.errors += 1
-        self._once("foreign-pid", _FOREIGN_PID_LINE, pid, dev.info.uuid)
+        out.absent.add(pid)
+        if self._listings.verdict != NOT_IN_PROC:  # once it is said that none are here, not an error each
+            out.errors += 1
+            self._once("foreign-pid", _FOREIGN_PID_LINE, pid, dev.info.uuid)
         return False
 
     def _field(self, dev: _Device, name: str, fn: Callable[..., Any], handle: Any, out: _Result) -> Any:

@@ -265,18 +265,6 @@ def test_an_agent_in_its_own_pid_namespace_says_so_once_and_attributes_no_pids(
         assert by_uuid(poll)["GPU-aaaa"][2] == 10 * GiB  # the GPU's own memory still shows
 
 
-def test_nested_pid_namespace_is_read_from_nspid(tmp_path: Path) -> None:
-    from clusterwatch.agent.backends.nvml import in_nested_pid_namespace
-
-    host = tmp_path / "host"
-    host.write_text("Name:\tpython\nNSpid:\t4242\n")
-    nested = tmp_path / "nested"
-    nested.write_text("Name:\tpython\nNSpid:\t4242\t17\n")
-    assert not in_nested_pid_namespace(str(host))
-    assert in_nested_pid_namespace(str(nested))
-    assert not in_nested_pid_namespace(str(tmp_path / "absent"))
-
-
 # --- 7: a wedged GPU holds up only itself -----------------------------------------------------
 
 def test_a_wedged_gpu_reads_stale_within_the_deadline_and_the_others_go_on(

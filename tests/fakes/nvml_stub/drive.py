@@ -72,6 +72,7 @@ def main() -> None:
             "stale": getattr(poll, "stale", None),
             "seconds": time.monotonic() - t0,
             "inventory": [[g.uuid, g.index, g.name, g.memory_total_bytes] for g in src.inventory()],
+            "pid_visibility": getattr(src, "pid_visibility", None),
         })
     t0 = time.monotonic()
     src.close()
