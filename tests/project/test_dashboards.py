@@ -7,7 +7,9 @@ alert rules, and each panel's query, with the dashboard's variables filled in, s
 
 The workload is built so that panels about trouble have something to show: rank 3 leaks GPU memory, a
 process holds GPU 2 of node 2 and does nothing on it, and GPU 3 of node 2 is allocated to the job with no
-process on it (a dead rank). The collector's idle rules are shortened to seconds so its own alerts fire too.
+process on it (a dead rank). A third agent reads two GPUs through the real pynvml and the C stand-in for
+the driver, with health trouble for the health panels: an XID in its kernel log, uncorrected ECC errors, a
+GPU held down by thermal slowdown. The collector's idle rules are shortened to seconds so its own alerts fire too.
 No query is allowed to come back empty.
 """
 
@@ -25,6 +27,7 @@ import pytest
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
 from tests.helpers import CLI, ROOT, SIM_RUN, Collector, Proc
 from tests.services.procs import require_binary
 from tests.services.prometheus import Prometheus, prometheus_factory  # noqa: F401  (registers the fixture)
@@ -35,6 +38,8 @@ DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 ALERT_RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 JOB_ID = "dash-test"
 NODES = ("dash-node1", "dash-node2")
+HEALTH_NODE = "dash-node3"
+stub_lib = fixtures.stub_lib  # the NVML stand-in's fixture, used by name
 LEAKING_RANK = 3
 
 # Grafana's built-in variables, as Grafana would fill them for a 1 s scrape interval.
@@ -170,8 +175,26 @@ def _start_idle_holder(node: str, gpu: int, tmp: Path) -> Proc:
     return Proc([sys.executable, "-c", "import time; time.sleep(600)"], tmp / "idle.log", env=env)
 
 
+def _start_health_node(collector: Collector, stub: Path, tmp: Path) -> Proc:
+    """An agent over the NVML stand-in: GPU 0 throttled (thermal) and hot with uncorrected ECC errors, an XID
+    48 in the kernel log; GPU 1 healthy."""
+    state = tmp / "nvml-state.txt"
+    write_state(state, "gpu GPU-dash0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 temp=88 "
+                       "throttle=0x40 name=NVIDIA H100\n"
+                       "gpu GPU-dash1 total=85899345920 used=0 util=0 power=70000 pci=0000:3c:00 temp=41 "
+                       "name=NVIDIA H100\n"
+                       "ecc GPU-dash0 uncorrected_volatile=3 uncorrected_aggregate=3\n")
+    kmsg = tmp / "kmsg"
+    kmsg.write_text(f"3,1,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:3b:00): 48, "
+                    "An uncorrectable double bit error\n")
+    return Proc([*CLI, "agent", "--collector", collector.address, "--node", HEALTH_NODE, "--gpu-source", "nvml",
+                 "--interval", "1", "--no-provenance", "--spool-dir", str(tmp / "spool" / HEALTH_NODE),
+                 "--train-socket", str(tmp / "health-train.sock"), "--kmsg", str(kmsg)],
+                tmp / f"agent-{HEALTH_NODE}.log", env={**child_env(stub, state), "SLURMD_NODENAME": HEALTH_NODE})
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, prometheus_factory):  # noqa: F811  (the imported fixture)
+def live(tmp_path_factory: pytest.TempPathFactory, prometheus_factory, stub_lib: Path):  # noqa: F811  (the imported fixture)
     tmp = tmp_path_factory.mktemp("dashboards")
     procs: list[Proc] = []
     rules = tmp / "rules.toml"
@@ -198,6 +221,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, prometheus_factory):  # noqa:
                                "--sim-run", SIM_RUN, "--interval", "1", "--spool-dir", str(spools[node]),
                                "--train-socket", str(spools[node] / "train.sock"), "--job-id", JOB_ID, *pid_args],
                               tmp / f"agent-{node}.log"))
+        procs.append(_start_health_node(collector, stub_lib, tmp))
         prom = prometheus_factory([f"127.0.0.1:{collector.metrics_port}"], rule_files=[ALERT_RULES])
         try:
             prom.wait_for_series(f'clusterwatch_rank_steps_per_second{{job_id="{JOB_ID}"}}', count=4)
@@ -206,6 +230,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, prometheus_factory):  # noqa:
             # The idle GPU's rank series makes the shipped gpu_stall rule pending (`for: 2m`).
             prom.wait_for_series('ALERTS{alertname="gpu_stall"}')
             prom.wait_for_series('clusterwatch_alert{rule="gpu_stall", state="firing"}')
+            prom.wait_for_series(f'clusterwatch_gpu_temperature_celsius{{node="{HEALTH_NODE}"}}', count=2)
         except AssertionError as exc:
             logs = "\n".join(f"--- {p.log.name}\n{p.text()[-1500:]}" for p in [collector, *procs])
             raise AssertionError(f"{exc}\n{logs}") from None
@@ -264,3 +289,16 @@ def test_idle_gpus_are_the_held_and_unused_ones(live: Prometheus) -> None:
     assert got == [(NODES[1], "2"), (NODES[1], "3")], idle
     count = live.query(_panel_query("clusterwatch-cluster", "Idle GPUs in jobs"))
     assert float(count[0]["value"][1]) == 2
+
+
+def test_health_panels_point_at_the_troubled_gpu(live: Prometheus) -> None:
+    throttled = live.query(_panel_query("clusterwatch-cluster", "Throttled GPUs"))
+    assert {(s["metric"]["node"], s["metric"]["index"], float(s["value"][1])) for s in throttled} == {
+        (HEALTH_NODE, "0", 1.0), (HEALTH_NODE, "1", 0.0)}
+    xids = live.query(_panel_query("clusterwatch-cluster", "XID errors by GPU"))
+    assert [(s["metric"]["node"], s["metric"]["gpu"], s["metric"]["xid"]) for s in xids] == [
+        (HEALTH_NODE, "GPU-dash0", "48")]
+    memory = live.query(_panel_query("clusterwatch-cluster", "GPU memory errors"))
+    assert [(s["metric"]["gpu"], float(s["value"][1])) for s in memory] == [("GPU-dash0", 3.0)]
+    hottest = live.query(_panel_query("clusterwatch-cluster", "GPU temperature"))
+    assert {s["metric"]["node"]: float(s["value"][1]) for s in hottest}[HEALTH_NODE] == 88
