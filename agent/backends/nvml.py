@@ -72,6 +72,9 @@ _GETTER_BASES = {
 }
 
 _DEMO_HINT = "or pass --gpu-source sim for a demo."
+# Every SourceUnavailable line is WHAT + this + WHAT TO DO: `--gpu-source auto` runs on without GPU
+# data; `--gpu-source nvml`, which cannot, words it as an error (backends/select.py).
+WITHOUT_GPU_DATA = "; running without GPU data. "
 _INIT_LINES = {
     _LIBRARY_NOT_FOUND: "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver on this node; "
     "running without GPU data. Install the NVIDIA driver, " + _DEMO_HINT,

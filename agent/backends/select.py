@@ -1,7 +1,9 @@
 """Choose the agent's GPU source from `--gpu-source` (auto, nvml, sim, none).
 
-A node without a usable NVIDIA GPU still runs an agent: it logs one line that says
-why there is no GPU data and what to do, and carries on with `NoGpuSource`.
+With `auto`, a node without a usable NVIDIA GPU still runs an agent: it logs one line that says
+why there is no GPU data and what to do, and carries on with `NoGpuSource`. An explicit `nvml`
+that cannot be honoured is a ConfigError (one line, exit 2): whoever asked for NVML by name wants
+to know at once, not from a dashboard without GPUs.
 """
 from __future__ import annotations
 
@@ -32,10 +34,11 @@ def open_gpu_source(
         sim_run: for "sim", the run token whose processes it plays (None: those without one).
 
     Returns:
-        The source; `NoGpuSource` when NVML was wanted but cannot be used.
+        The source; `NoGpuSource` when `auto` finds no usable NVML.
 
     Raises:
-        ConfigError: an unknown kind, or a scenario file that cannot be read or parsed.
+        ConfigError: an unknown kind, a scenario file that cannot be read or parsed, or `nvml`
+            when NVML cannot be used (no bindings, library, driver or GPU).
     """
     if kind == "none":
         return NoGpuSource()
@@ -44,11 +47,15 @@ def open_gpu_source(
 
         return open_sim_source(scenario, node=node, run=sim_run)
     if kind in ("auto", "nvml"):
-        from clusterwatch.agent.backends.nvml import open_nvml_source
+        from clusterwatch.agent.backends.nvml import WITHOUT_GPU_DATA, open_nvml_source
 
         try:
             return open_nvml_source(log=log, interval_s=interval_s)
         except SourceUnavailable as exc:
+            if kind == "nvml":
+                what, _, todo = str(exc).partition(WITHOUT_GPU_DATA)
+                raise ConfigError(f"--gpu-source nvml cannot be used: {what}. {todo} "
+                                  "(--gpu-source auto runs without GPU data instead)".replace("  ", " ")) from None
             # Once, at start: the agent runs on without GPU data rather than crash.
             log.warning("%s", exc)
             return NoGpuSource()
