@@ -17,10 +17,15 @@ from .actions import Dispatcher
 from .alerts import Alert, AlertStore
 from .core import CoreListener
 from .rules import Engine, RuleSet
+from .rules.engine import ENDED_WHILE_FIRING
 from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
 from .state import ClusterState, JobState, ProcessSeries
 
 log = logging.getLogger("clusterwatch.collector")
+
+#: How often the alerts held are brought up to date (their text and figures, as of the latest samples).
+#: Every rule works in minutes and every text in minutes at the finest, so a few seconds late is current.
+REFRESH_EVERY_S = 10.0
 
 
 class Alerting(CoreListener):
@@ -46,6 +51,7 @@ class Alerting(CoreListener):
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
         self.min_interval_s = min_interval_s
+        self._refreshed = float("-inf")  # when the alerts' figures were last brought up to date
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
         from .health.engine import HealthEngine
@@ -185,7 +191,22 @@ class Alerting(CoreListener):
         self._gpu_owner = {u: j.job_id for j in self.state.jobs.values() if not j.ended
                            for uuids in j.gpus_by_node.values() for u in uuids}
         self._handle(self.engine.tick(now), now)
+        if now - self._refreshed >= REFRESH_EVERY_S:
+            self.refresh(now)
         self.dispatcher.tick(now)
+
+    def refresh(self, now: float) -> int:
+        """Bring every alert the engine holds up to date: its text and figures as of the latest samples
+        (status, /alerts and a later escalation step read them from the table). Returns the rows changed."""
+        self._refreshed = now
+        changed = 0
+        for ev in self.engine.refresh(now):
+            try:
+                changed += self.store.refresh(ev)
+            except Exception:  # a refresh that fails must not stop the tick; the next one tries again
+                log.exception("alert refresh failed")
+                break
+        return changed
 
     def restore_nodes(self, nodes: list[tuple[str, float, bool]]) -> None:
         """After a restart: nodes as last seen, so a node whose agent never comes back raises agent_down."""
@@ -231,6 +252,8 @@ class Alerting(CoreListener):
                 description=a.description)
             if a.rank is not None:
                 av.rank = a.rank
+            if a.state == RESOLVED and a.figures.get("ended_while_firing"):
+                av.ended_while_firing = True
             out.append((a.job_id, av))
         return out
 
@@ -245,6 +268,13 @@ class Alerting(CoreListener):
 
 
 def _resolved(a: Alert, t: float, why: str) -> AlertEvent:
+    """An alert of the table that the engine does not hold (restored from before a restart), resolved because
+    its job ended: one that was firing ended while firing, with its last figures."""
+    if a.state == FIRING:
+        return AlertEvent(t=t, rule=a.rule, state=RESOLVED, severity=a.severity, node=a.node, job_id=a.job_id,
+                          pid=a.pid, start_time=a.start_time, gpu=a.gpu, rank=a.rank,
+                          description=f"{a.description}; {ENDED_WHILE_FIRING}: {why}",
+                          figures=dict(a.figures, ended_while_firing=True))
     return AlertEvent(t=t, rule=a.rule, state=RESOLVED, severity=a.severity, node=a.node, job_id=a.job_id,
                       pid=a.pid, start_time=a.start_time, gpu=a.gpu, rank=a.rank,
                       description=f"{a.description} (resolved: {why})")

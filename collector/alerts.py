@@ -155,6 +155,25 @@ class AlertStore:
         self.conn.commit()
         return self.get(cur.id)
 
+    def refresh(self, ev: AlertEvent) -> bool:
+        """Bring an active alert's description, figures and severity up to date (the engine's `refresh`).
+
+        Never a transition and never a new alert: an event whose key has no active row, or whose state
+        is not the row's, changes nothing (the engine and the table can disagree for a moment after a
+        restart; a refresh must not raise what the engine never announced). Returns whether the row
+        changed; an unchanged one is not written.
+        """
+        cur = self._active(ev.key)
+        if cur is None or cur.state != ev.state:
+            return False
+        figures = json.loads(json.dumps(ev.figures, default=str))
+        if cur.description == ev.description and cur.figures == figures and cur.severity == ev.severity:
+            return False
+        self.conn.execute("UPDATE alerts SET description=?, figures=?, severity=? WHERE id=?",
+                          (ev.description, json.dumps(figures), ev.severity, cur.id))
+        self.conn.commit()
+        return True
+
     def mark_step_done(self, alert_id: int, step: int) -> None:
         """Record that escalation step `step` ran for an alert (so a restart does not rerun it)."""
         a = self.get(alert_id)

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import MB, RuleSet
+from clusterwatch.humanize import duration, size
+
+from .config import RuleSet
 from .leak import LeakFinding, LeakSeries
 from .model import FIRING, PENDING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
 
@@ -24,15 +26,18 @@ _NO_EVENTS: tuple[AlertEvent, ...] = ()
 
 
 def _hours(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    """A duration in alert text: the one format of clusterwatch.humanize (the CLI's notes use it too)."""
+    return duration(seconds)
 
 
 def _mb(b: float) -> str:
-    if abs(b) >= 10 * 1024 * MB:
-        return f"{b / (1024 * MB):.0f} GB"
-    return f"{b / MB:.0f} MB"
+    """A size in alert text, in IEC units as the CLI's tables (the rules compute in MiB)."""
+    return size(b)
+
+
+#: Said of an alert whose process (or job) ended while it fired: its figures are the last ones, and it
+#: did not clear (a leak that ends with its process is what an out-of-memory kill looks like).
+ENDED_WHILE_FIRING = "ended while firing"
 
 
 class _Proc:
@@ -41,7 +46,7 @@ class _Proc:
     __slots__ = ("node", "pid", "start_time", "job_id", "gpu", "rank", "user", "command", "job_name",
                  "partition", "rules", "silenced", "gpu_leak", "host_leak", "thr_leak", "fd_leak",
                  "idle_since", "seen_busy", "step", "step_t", "step_moved", "alerts", "handle_firing",
-                 "t0", "util_quiet", "step_quiet", "step_wait")
+                 "t0", "util_quiet", "step_quiet", "step_wait", "last_t", "idle_util", "last_util", "texts")
 
     def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
         self.node = node
@@ -71,6 +76,11 @@ class _Proc:
         self.util_quiet = math.inf
         self.step_quiet = False
         self.step_wait = 0.0
+        self.last_t = t0  # the latest observation's time: what refreshed figures are as of
+        self.idle_util: float | None = None  # utilisation while its GPU idles (gpu_stall's text)
+        self.last_util: float | None = None  # the latest utilisation (training_stall's text)
+        # rule → (description, severity, figures) as last said while pending or firing
+        self.texts: dict[str, tuple[str, str, dict[str, Any]]] = {}
 
     def who(self) -> str:
         where = f"pid {self.pid} on {self.node}"
@@ -86,6 +96,7 @@ class _GpuState:
     job_id: str
     idle_since: float | None = None
     state: str | None = None  # PENDING | FIRING, None while nothing is raised
+    last: GpuObservation | None = None  # the latest observation while idle (the alert's refreshed text)
 
 
 @dataclass(slots=True)
@@ -225,6 +236,9 @@ class Engine:
         # step that moved with no stall alert, change nothing else. The full logic sits in the
         # methods the slow paths call, which are the only places state changes otherwise.
         out: list[AlertEvent] | None = None
+        p.last_t = t
+        if util is not None:
+            p.last_util = util
         s = p.gpu_leak
         if gmem is not None and s is not None:
             if t < s.b_end:
@@ -269,8 +283,10 @@ class Engine:
                figures: dict[str, Any]) -> AlertEvent:
         if state == RESOLVED:
             p.alerts.pop(rule, None)
+            p.texts.pop(rule, None)
         else:
             p.alerts[rule] = state
+            p.texts[rule] = (description, severity, figures)
         if rule == "gpu_stall" or rule == "training_stall":
             self._guards(p)
         return AlertEvent(t=t, rule=rule, state=state, severity=severity, node=p.node, job_id=p.job_id,
@@ -279,20 +295,11 @@ class Engine:
 
     def _leak_event(self, p: _Proc, rule: str, f: LeakFinding, what: str, full: str) -> AlertEvent:
         r = getattr(p.rules, rule)
-        figures: dict[str, Any] = {
-            "rate_bytes_per_h": round(f.rate_per_h), "growth_for_s": round(f.growth_for_s, 1),
-            "time_to_full_s": None if f.time_to_full_s is None else round(f.time_to_full_s),
-            "level_bytes": round(f.level), "window_s": f.window_s,
-        }
+        figures = _leak_figures(f)
         if not f.firing:
             desc = f"{what} of {p.who()} stopped growing ({_mb(f.rate_per_h)}/h now)"
             return self._event(p, f.t, rule, RESOLVED, r.severity, desc, figures)
-        desc = f"{what} of {p.who()} grows {_mb(f.rate_per_h)}/h for {_hours(f.growth_for_s)}"
-        severity = r.severity
-        if f.time_to_full_s is not None:
-            desc += f"; {full} full in ~{_hours(f.time_to_full_s)}"
-            if f.time_to_full_s < 2 * 3600:
-                severity = "critical"
+        desc, severity = _leak_text(p, what, full, f, r.severity)
         return self._event(p, f.t, rule, FIRING, severity, desc, figures)
 
     def _handle_event(self, p: _Proc, series: str, f: LeakFinding, out: list[AlertEvent] | None
@@ -310,8 +317,7 @@ class Engine:
                    "level": round(f.level), "window_s": f.window_s}
         noun = "threads" if series == "threads" else "open file descriptors"
         if now:
-            desc = f"{noun.capitalize()} of {p.who()} grow {f.rate_per_h:.0f}/h for {_hours(f.growth_for_s)} " \
-                   f"(now {f.level:.0f})"
+            desc = _handle_text(p, series, f)
             ev = self._event(p, f.t, "handle_leak", FIRING, r.severity, desc, figures)
         else:
             ev = self._event(p, f.t, "handle_leak", RESOLVED, r.severity,
@@ -333,6 +339,7 @@ class Engine:
                                  f"GPU of {p.who()} is busy again ({util:.0f} %)", {"util_percent": util})
                 return [ev] if out is None else [*out, ev]
             return out
+        p.idle_util = util
         if p.idle_since is None:
             p.idle_since = t
             p.util_quiet = math.inf
@@ -343,7 +350,7 @@ class Engine:
         new = FIRING if idle >= r.for_s else PENDING if idle >= r.pending_after_s else None
         if new is None or new == state:
             return out
-        desc = f"GPU of {p.who()} idle ({util:.0f} %) for {_hours(idle)} while the process runs"
+        desc = _gpu_stall_text(p, util, idle)
         ev = self._event(p, t, "gpu_stall", new, r.severity, desc,
                          {"idle_for_s": round(idle, 1), "util_percent": util})
         return [ev] if out is None else [*out, ev]
@@ -369,8 +376,7 @@ class Engine:
         new = FIRING if frozen >= r.for_s else PENDING if frozen >= r.pending_after_s else None
         if new is None or new == state:
             return out
-        busy = f", GPU at {util:.0f} % (hung collective?)" if util is not None and util >= 50 else ""
-        desc = f"Training of {p.who()} stuck at step {step} for {_hours(frozen)}{busy}"
+        desc = _training_stall_text(p, step, frozen, util)
         ev = self._event(p, t, "training_stall", new, r.severity, desc,
                          {"step": step, "stalled_for_s": round(frozen, 1), "util_percent": util})
         return [ev] if out is None else [*out, ev]
@@ -390,9 +396,19 @@ class Engine:
         p = self._procs.pop((node, pid, start_time), None)
         if p is None:
             return []
-        return [self._event(p, t, rule, RESOLVED, getattr(p.rules, rule).severity,
-                            f"{rule} of {p.who()} ended: the process is gone", {})
-                for rule in list(p.alerts)]
+        out = []
+        for rule, state in list(p.alerts.items()):
+            severity = getattr(p.rules, rule).severity
+            if state == FIRING:
+                # It did not clear: it stopped being watched, with the figures it had (issue 17, item 6).
+                desc, _, figures = self._process_figures(p, rule)
+                figures = dict(figures, ended_while_firing=True)
+                out.append(self._event(p, t, rule, RESOLVED, severity, f"{desc}; {ENDED_WHILE_FIRING}: "
+                                       f"the process is gone", figures))
+            else:
+                out.append(self._event(p, t, rule, RESOLVED, severity,
+                                       f"{rule} of {p.who()} ended: the process is gone", {}))
+        return out
 
     def forget_job(self, job_id: str, t: float) -> list[AlertEvent]:
         """The job ended: forget its processes and GPU allocations, resolving their alerts.
@@ -409,7 +425,11 @@ class Engine:
             out += self.forget_process(*key, t)
         for gkey, st in list(self._gpus.items()):
             if st.job_id == job_id:
-                out += self._gpu_resolve(gkey, st, t, f"job {job_id} ended")
+                if st.state == FIRING and st.last is not None:
+                    st.state = None
+                    out.append(self._idle_gpu_event(st, t, RESOLVED, ended=True))
+                else:
+                    out += self._gpu_resolve(gkey, st, t, f"job {job_id} ended")
                 del self._gpus[gkey]
         return out
 
@@ -445,19 +465,29 @@ class Engine:
             return out
         if st.idle_since is None:
             st.idle_since = obs.t
+        st.last = obs
         dur = obs.t - st.idle_since
         new = FIRING if dur >= r.for_s else PENDING if dur >= r.for_s / 2 else None
         if new is not None and new != st.state:
             st.state = new
-            why = "has no process" if no_procs else f"is idle ({obs.utilization:.0f} %)"
-            label = obs.gpu if obs.index is None else f"{obs.index} ({obs.gpu})"
-            out.append(AlertEvent(
-                t=obs.t, rule="idle_gpu", state=new, severity=r.severity, node=obs.node, job_id=obs.job_id,
-                gpu=obs.gpu, description=f"GPU {label} on {obs.node}, allocated to job {obs.job_id}, "
-                                         f"{why} for {_hours(dur)}",
-                figures={"idle_for_s": round(dur, 1), "processes": obs.processes,
-                         "util_percent": obs.utilization}))
+            out.append(self._idle_gpu_event(st, obs.t, new))
         return out
+
+    def _idle_gpu_event(self, st: _GpuState, t: float, state: str, ended: bool = False) -> AlertEvent:
+        """idle_gpu's event for the GPU's latest idle observation, its figures as of then."""
+        obs = st.last
+        assert obs is not None and st.idle_since is not None
+        dur = obs.t - st.idle_since
+        why = "has no process" if obs.processes == 0 else f"is idle ({obs.utilization:.0f} %)"
+        label = obs.gpu if obs.index is None else f"{obs.index} ({obs.gpu})"
+        desc = f"GPU {label} on {obs.node}, allocated to job {obs.job_id}, {why} for {_hours(dur)}"
+        figures: dict[str, Any] = {"idle_for_s": round(dur, 1), "processes": obs.processes,
+                                   "util_percent": obs.utilization}
+        if ended:
+            desc += f"; {ENDED_WHILE_FIRING}: job {obs.job_id} ended"
+            figures["ended_while_firing"] = True
+        return AlertEvent(t=t, rule="idle_gpu", state=state, severity=self.rules.idle_gpu.severity, node=obs.node,
+                          job_id=obs.job_id, gpu=obs.gpu, description=desc, figures=figures)
 
     def _gpu_resolve(self, gkey: tuple[str, str], st: _GpuState, t: float, why: str) -> list[AlertEvent]:
         if st.state is None:
@@ -507,11 +537,71 @@ class Engine:
             silent = now - st.last_t
             if st.has_jobs and st.state is None and silent >= max(r.after_s, st.silent_after_s):
                 st.state = FIRING
-                out.append(AlertEvent(t=now, rule="agent_down", state=FIRING, severity=r.severity, node=node,
-                                      description=f"Agent on {node} silent for {_hours(silent)} while jobs run "
-                                                  f"there", figures={"silent_for_s": round(silent, 1),
-                                                                     "last_seen_t": st.last_t}))
+                out.append(self._agent_down_event(node, st, now))
         return out
+
+    def _agent_down_event(self, node: str, st: _NodeState, now: float) -> AlertEvent:
+        silent = now - st.last_t
+        return AlertEvent(t=now, rule="agent_down", state=FIRING, severity=self.rules.agent_down.severity, node=node,
+                          description=f"Agent on {node} silent for {_hours(silent)} while jobs run there",
+                          figures={"silent_for_s": round(silent, 1), "last_seen_t": st.last_t})
+
+    # ---- figures of the moment -----------------------------------------------------------------
+
+    def refresh(self, now: float) -> list[AlertEvent]:
+        """Every alert pending or firing, its text and figures as of the latest observations (agent_down:
+        as of `now`), in the state it is in: no transitions.
+
+        The engine speaks on transitions only, so an alert's text would say what held when it fired
+        ("for 1 min; full in ~1 h 24 min" six minutes later). The collector applies these to the alerts it
+        holds, now and then (collector/alerting.py); `evaluate` and replay never call it.
+        """
+        out: list[AlertEvent] = []
+        for p in self._procs.values():
+            for rule, state in p.alerts.items():
+                desc, severity, figures = self._process_figures(p, rule)
+                out.append(AlertEvent(t=p.last_t, rule=rule, state=state, severity=severity, node=p.node,
+                                      job_id=p.job_id, pid=p.pid, start_time=p.start_time, gpu=p.gpu, rank=p.rank,
+                                      description=desc, figures=figures))
+        for st in self._gpus.values():
+            if st.state is not None and st.last is not None:
+                out.append(self._idle_gpu_event(st, st.last.t, st.state))
+        for node, st in self._nodes.items():
+            if st.state is not None:
+                out.append(self._agent_down_event(node, st, now))
+        return out
+
+    def _process_figures(self, p: _Proc, rule: str) -> tuple[str, str, dict[str, Any]]:
+        """(description, severity, figures) of a process's active alert as of its latest observation; what
+        was last said where the figures cannot be worked out afresh."""
+        said = p.texts.get(rule) or (f"{rule} of {p.who()}", getattr(p.rules, rule).severity, {})
+        if rule in ("gpu_memory_leak", "host_memory_leak") and p.alerts.get(rule) == FIRING:
+            series = p.gpu_leak if rule == "gpu_memory_leak" else p.host_leak
+            f = series.current(p.last_t) if series is not None else None
+            if f is None:
+                return said
+            what, full = (("GPU memory", "GPU") if rule == "gpu_memory_leak"
+                          else ("Host memory (RSS)", "node memory"))
+            desc, severity = _leak_text(p, what, full, f, getattr(p.rules, rule).severity)
+            return desc, severity, _leak_figures(f)
+        if rule == "handle_leak" and p.alerts.get(rule) == FIRING:
+            for name, series in (("threads", p.thr_leak), ("open_fds", p.fd_leak)):
+                f = series.current(p.last_t) if series is not None and name in p.handle_firing else None
+                if f is not None:
+                    figures = {"series": name, "rate_per_h": round(f.rate_per_h, 1),
+                               "growth_for_s": round(f.growth_for_s, 1), "level": round(f.level),
+                               "window_s": f.window_s}
+                    return _handle_text(p, name, f), said[1], figures
+            return said
+        if rule == "training_stall" and p.step is not None:
+            frozen = p.last_t - p.step_t
+            return (_training_stall_text(p, p.step, frozen, p.last_util), said[1],
+                    {"step": p.step, "stalled_for_s": round(frozen, 1), "util_percent": p.last_util})
+        if rule == "gpu_stall" and p.idle_since is not None and p.idle_util is not None:
+            idle = p.last_t - p.idle_since
+            return (_gpu_stall_text(p, p.idle_util, idle), said[1],
+                    {"idle_for_s": round(idle, 1), "util_percent": p.idle_util})
+        return said
 
     def forget_node(self, node: str, t: float) -> list[AlertEvent]:
         """Stop watching a node (drained or removed), resolving its agent_down alert.
@@ -537,6 +627,36 @@ class Engine:
         """Alerts now pending or firing about processes: (rule, state, node, pid, start_time)."""
         return [(rule, state, p.node, p.pid, p.start_time)
                 for p in self._procs.values() for rule, state in p.alerts.items()]
+
+
+def _leak_figures(f: LeakFinding) -> dict[str, Any]:
+    return {"rate_bytes_per_h": round(f.rate_per_h), "growth_for_s": round(f.growth_for_s, 1),
+            "time_to_full_s": None if f.time_to_full_s is None else round(f.time_to_full_s),
+            "level_bytes": round(f.level), "window_s": f.window_s}
+
+
+def _leak_text(p: _Proc, what: str, full: str, f: LeakFinding, severity: str) -> tuple[str, str]:
+    """A firing leak's description and severity (critical when full within two hours)."""
+    desc = f"{what} of {p.who()} grows {_mb(f.rate_per_h)}/h for {_hours(f.growth_for_s)}"
+    if f.time_to_full_s is not None:
+        desc += f"; {full} full in ~{_hours(f.time_to_full_s)}"
+        if f.time_to_full_s < 2 * 3600:
+            severity = "critical"
+    return desc, severity
+
+
+def _handle_text(p: _Proc, series: str, f: LeakFinding) -> str:
+    noun = "Threads" if series == "threads" else "Open file descriptors"
+    return f"{noun} of {p.who()} grow {f.rate_per_h:.0f}/h for {_hours(f.growth_for_s)} (now {f.level:.0f})"
+
+
+def _gpu_stall_text(p: _Proc, util: float, idle: float) -> str:
+    return f"GPU of {p.who()} idle ({util:.0f} %) for {_hours(idle)} while the process runs"
+
+
+def _training_stall_text(p: _Proc, step: int, frozen: float, util: Any) -> str:
+    busy = f", GPU at {util:.0f} % (hung collective?)" if util is not None and util >= 50 else ""
+    return f"Training of {p.who()} stuck at step {step} for {_hours(frozen)}{busy}"
 
 
 def evaluate(rules: RuleSet, observations: Iterable[ProcessObservation | GpuObservation | NodeHeartbeat]

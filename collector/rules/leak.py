@@ -186,7 +186,8 @@ class LeakSeries:
     """
 
     __slots__ = ("rule", "warm_end", "bucket_s", "b_end", "cur_b", "cur_min", "bb", "bv", "next_b", "windows",
-                 "direct", "every", "due", "grouped", "next_g", "firing", "since", "fired_window", "span_b")
+                 "direct", "every", "due", "grouped", "next_g", "firing", "since", "fired_window", "span_b",
+                 "total")
 
     def __init__(self, rule: LeakRule, t0: float) -> None:
         self.rule = rule
@@ -214,6 +215,7 @@ class LeakSeries:
         self.firing = False
         self.since = 0.0
         self.fired_window: _Window | None = None
+        self.total: float | None = None  # the capacity last given, for `current`
 
     def add(self, t: float, value: float, total: float | None = None) -> LeakFinding | None:
         """Take one reading.
@@ -243,6 +245,7 @@ class LeakSeries:
             self.b_end = (cb + 1) * bs
             return None
         low = self.cur_min
+        self.total = total
         self.cur_b = b
         self.cur_min = value
         self.b_end = (b + 1) * bs
@@ -258,6 +261,41 @@ class LeakSeries:
                 del self.bv[0]
             return None
         return self._points(cb, now=t, total=total)
+
+    def current(self, now: float) -> LeakFinding | None:
+        """While firing: the leak's figures as of `now` (rate, level, time to full, how long it grows), fitted
+        over the window that fired as it stands; None when not firing or the window holds too few points.
+
+        The alert's text is refreshed from this while it fires: the figures of the moment it fired go stale
+        (a rate that doubled, an hour to full that is ten minutes now). The same estimate as at firing: the
+        later half's slope when that is steeper.
+        """
+        w = self.fired_window
+        if not self.firing or w is None:
+            return None
+        if w is self.direct:
+            if not self.bb:
+                return None
+            last_k = self.bb[-1]
+            i = bisect_left(self.bb, last_k - w.n + 1)
+            ks, ys = self.bb[i:], self.bv[i:]
+        else:
+            ks, ys = w.ks, w.ys
+            if not ks:
+                return None
+            last_k = ks[-1]
+        if len(ks) < 3:
+            return None
+        xs = [(k + 0.5) * w.width for k in ks]
+        slope, icpt = theil_sen(xs, ys)
+        end = (last_k + 1) * w.width
+        half = len(xs) // 2
+        recent, icpt2 = theil_sen(xs[half:], ys[half:])
+        if recent > slope:
+            slope, icpt = recent, icpt2
+        level = icpt + slope * end
+        ttf = _time_to_full(self.total, level, slope)
+        return LeakFinding(True, now, slope * 3600.0, max(0.0, now - self.since), level, ttf, w.length)
 
     def _points(self, b: int, now: float, total: float | None) -> LeakFinding | None:
         """Bucket `b` closed, and some window is due: the direct one, or a grouped one's point is complete."""

@@ -33,7 +33,7 @@ def test_fast_leak_fires_with_figures_and_one_line_description():
     d = e.to_dict()
     assert abs(d["rate_bytes_per_h"] / MB - 2000) < 100
     assert d["time_to_full_s"] > 0 and d["growth_for_s"] >= 900
-    assert "rank 3 (pid 4242 on gpu022" in e.description and "MB/h" in e.description and "full in" in e.description
+    assert "rank 3 (pid 4242 on gpu022" in e.description and "GiB/h" in e.description and "full in" in e.description
     json.dumps(d)
 
 

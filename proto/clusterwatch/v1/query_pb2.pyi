@@ -141,7 +141,7 @@ class GpuView(_message.Message):
     def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ...) -> None: ...
 
 class AlertView(_message.Message):
-    __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description")
+    __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing")
     RULE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class AlertView(_message.Message):
     FIRED_AT_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_AT_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ENDED_WHILE_FIRING_FIELD_NUMBER: _ClassVar[int]
     rule: str
     state: str
     severity: str
@@ -164,7 +165,8 @@ class AlertView(_message.Message):
     fired_at: float
     resolved_at: float
     description: str
-    def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
+    ended_while_firing: bool
+    def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ..., ended_while_firing: _Optional[bool] = ...) -> None: ...
 
 class NodeView(_message.Message):
     __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes", "gpu_pids_note")
