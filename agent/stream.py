@@ -26,6 +26,8 @@ from .thread_names import name_os_thread
 
 log = logging.getLogger("clusterwatch.agent")
 
+# How long a stream whose write failed waits for the call's status (it comes with the replies' end).
+STATUS_WAIT_S = 1.0
 # gRPC's own limit is 4 MiB; a batch of thousands of processes must still fit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -39,6 +41,16 @@ class SenderCounters:
     samples_dropped: int = 0  # ... dropped because the buffer overflowed
     reconnects: int = 0
     batches_resent: int = 0
+    streams_refused: int = 0  # streams the collector refused (wrong token, a certificate for another node)
+
+
+# The collector refuses who is sending, not what: said as such, and tried again (it may be fixed).
+_REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED: "the agent is not authenticated; give it the collector's token "
+    "(--token or CLUSTERWATCH_TOKEN, the same secret as the collector's)",
+    grpc.StatusCode.PERMISSION_DENIED: "the collector does not accept this agent's identity; give it a "
+    "client certificate that names its node (--tls-cert), or --node the name the certificate holds",
+}
 
 
 class BatchBuffer:
@@ -117,6 +129,7 @@ class Sender:
         self.counters = SenderCounters()
         self.connected = False
         self.last_error = ""
+        self._said: set[str] = set()  # the failures said since the stream was last up
         self._seq = 0
         # Guards the buffer, the counters and the sequence number between the poll thread and the sender's.
         self._cond = threading.Condition()
@@ -223,7 +236,11 @@ class Sender:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 details = exc.details() if hasattr(exc, "details") else str(exc)
-                self._note_error(f"{code.name if code else 'error'}: {details}")
+                if code in _REFUSALS:
+                    self.counters.streams_refused += 1
+                    self._note_refused(code, details)
+                else:
+                    self._note_error(f"{code.name if code else 'error'}: {details}")
             except Exception as exc:  # never let the sender die: the agent would silently stop sending
                 self._note_error(f"{type(exc).__name__}: {exc}")
             self.connected = False
@@ -235,10 +252,26 @@ class Sender:
             delay = min(delay * 1.6, self._backoff_max)
             self.counters.reconnects += 1
 
+    def _note_refused(self, code: grpc.StatusCode, details: str) -> None:
+        text = f"{code.name}: {details}"
+        if self._first_time(text):
+            log.warning("collector %s refuses this agent's stream (%s): %s. Retrying with backoff in case the "
+                        "collector is what is wrong; batches are kept meanwhile, refusals counted "
+                        "(streams_refused)", self.target, text, _REFUSALS[code])
+        self.last_error = text
+
     def _note_error(self, text: str) -> None:
-        if text != self.last_error:
+        if self._first_time(text):
             log.warning("collector %s: %s; retrying with backoff, batches are kept", self.target, text)
         self.last_error = text
+
+    def _first_time(self, text: str) -> bool:
+        """Whether `text` is new since the stream was last up: each failure said once while it lasts, even
+        where two alternate (a refused write can end as INTERNAL, its status lost in gRPC's core)."""
+        if text in self._said:
+            return False
+        self._said.add(text)
+        return True
 
     async def _one_stream(self) -> None:
         """One stream, from connecting to its end; raises what ended it (grpc.RpcError when it broke)."""
@@ -261,6 +294,10 @@ class Sender:
             writer = asyncio.ensure_future(self._write(call))
             try:
                 done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if reader not in done:
+                    # A write on a call the collector ended fails with no status ("RPC already finished",
+                    # INTERNAL); the replies end with the status that says why (a refused token): wait for it.
+                    done |= (await asyncio.wait({reader}, timeout=STATUS_WAIT_S))[0]
             finally:
                 call.cancel()
                 for task in (reader, writer):
@@ -281,6 +318,7 @@ class Sender:
                     if self.last_error:
                         log.warning("collector %s: connected again", self.target)
                     self.last_error = ""
+                    self._said.clear()
                 with self._cond:
                     self.counters.samples_acked += self.buffer.ack(reply.ack.seq)
                     self._cond.notify_all()

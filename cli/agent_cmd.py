@@ -110,7 +110,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         return
     counters = runtime.run(stop_on_signals())
     click.echo(f"samples_sent={counters.samples_sent} samples_acked={counters.samples_acked} "
-               f"samples_dropped={counters.samples_dropped}")
+               f"samples_dropped={counters.samples_dropped} streams_refused={counters.streams_refused}")
 
 
 def print_one_poll(runtime, as_json: bool) -> None:
