@@ -9,7 +9,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from clusterwatch.humanize import size
+from clusterwatch.humanize import duration, size
 
 if TYPE_CHECKING:  # only for annotations: replay and provenance use printable() without protobuf
     from clusterwatch.v1 import query_pb2
@@ -411,7 +411,12 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
             row += [str(p.step) if p.HasField("step") else "-",
                     f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"]
         rows.append(row)
-        tails.append("  (gone)" if not p.alive and not view.job.end_time else "")
+        tail = "  (gone)" if not p.alive and not view.job.end_time else ""
+        if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
+            tail += f"  stalled since {time.strftime('%H:%M:%S', time.localtime(p.stalled_since))}"
+            if p.alive and not view.job.end_time:
+                tail += f" ({duration(now - p.stalled_since)})"
+        tails.append(tail)
     out.extend(table(columns, rows, width, tails))
     rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
     if len(rates) > 1:

@@ -37,6 +37,13 @@ def _over(text: str, limit: int) -> bool:
     return n > limit or (n * 4 > limit and len(text.encode("utf-8", "replace")) > limit)
 
 
+# A rank's step counts as stalled once it has not moved for three of its usual gaps between new steps (and
+# never sooner than three polls of its node, whose samples tell that time passes); until two new steps have
+# shown that gap, a minute: a rank that reports every 100 steps must not read stalled between reports.
+STALE_STEP_GAPS = 3.0
+DEFAULT_STEP_STALE_S = 60.0
+
+
 class Point(NamedTuple):
     """One process sample as kept in history (only what trends need); a named tuple, built once a step
     for every process."""
@@ -68,6 +75,10 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
+    # How long without a new step reads as stalled (from how often its step moves), and since when it has
+    # been: a rank that stops reporting would otherwise keep the rate of its last reports for good.
+    step_stale_s: float = DEFAULT_STEP_STALE_S
+    stalled_since: float | None = None
     labels: tuple = ()  # the labels as last sent (a wire.ProcessLabels), to tell a change cheaply
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
     # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
@@ -233,6 +244,8 @@ class ClusterState:
                 early[series.key] = series
         for series in touched:
             series.seen = batch_time
+            if series.step is not None:  # time passes for its step rate too (a stalled rank sends no reports)
+                step_stalled(series, series.latest.time)
         for series in early.values():
             series.seen = batch_time
         gone = early.keys() | self._node_live.get(node, set())
@@ -396,7 +409,10 @@ class ClusterState:
             series.steps_per_s = step_rate(series.step_history)
             if series.step != report.step:
                 series.step_time = report.time
+                ns = self.nodes.get(node)
+                series.step_stale_s = stale_after(series.step_history, ns.interval_s if ns is not None else 5.0)
             series.step = report.step
+            step_stalled(series, max(report.time, series.latest.time))
         if report.loss is not None:
             series.loss = report.loss
         if report.lr is not None:
@@ -592,6 +608,34 @@ def _point(cols: ProcessColumns, i: int, g: int) -> Point:
     """
     s = cols.sample(i, "", g)
     return Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads, s.open_fds)
+
+
+def stale_after(points: deque, poll_interval_s: float) -> float:
+    """How long a rank's step may stay put before it reads as stalled: STALE_STEP_GAPS of its mean gap
+    between new steps over the recent reports, at least as many of its node's polls; DEFAULT_STEP_STALE_S
+    until the reports show two new steps."""
+    moves = []
+    prev = None
+    for t, step in points:
+        if prev is not None and step != prev:
+            moves.append(t)
+        prev = step
+    floor = STALE_STEP_GAPS * poll_interval_s
+    if len(moves) < 2:
+        return max(DEFAULT_STEP_STALE_S, floor)
+    return max(STALE_STEP_GAPS * (moves[-1] - moves[0]) / (len(moves) - 1), floor)
+
+
+def step_stalled(series: ProcessSeries, t: float) -> None:
+    """As of `t` (the node's clock, as the reports' times): a rank whose step has not moved for its
+    step_stale_s is stalled since its step last moved, and its step rate is 0 (not that of its last
+    reports, which `status`, the job summary and /metrics would show for good)."""
+    if series.step_time and t - series.step_time > series.step_stale_s:
+        series.stalled_since = series.step_time
+        if series.steps_per_s:
+            series.steps_per_s = 0.0
+    elif series.stalled_since is not None:
+        series.stalled_since = None
 
 
 def step_rate(points: deque) -> float | None:

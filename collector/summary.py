@@ -22,6 +22,8 @@ def summary_of(view: query_pb2.JobView) -> dict:
             "node": p.node, "pid": p.pid, "rank": p.rank if p.HasField("rank") else None, "command": p.command,
             "gpu_memory_peak_bytes": p.gpu_memory_peak_bytes, "rss_peak_bytes": p.rss_peak_bytes,
             "last_step": p.step if p.HasField("step") else None, "samples": p.samples_held,
+            "steps_per_s": round(p.steps_per_s, 3) if p.HasField("steps_per_s") else None,
+            "stalled_since": p.stalled_since if p.HasField("stalled_since") else None,
         })
     gpus = []
     for g in view.gpus:

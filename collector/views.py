@@ -47,6 +47,7 @@ def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessV
         ("gpu_memory_bytes", s.gpu_memory_bytes), ("gpu_utilization", s.gpu_utilization),
         ("threads", s.threads), ("open_fds", s.open_fds), ("step", series.step),
         ("steps_per_s", series.steps_per_s), ("loss", series.loss), ("lr", series.lr),
+        ("stalled_since", series.stalled_since),
     ):
         if value is not None:
             setattr(pv, name, value)
