@@ -137,12 +137,11 @@ def status(job_id: str, collector: str, collectors_before: str, tls_ca: str | No
             fail(_explain(exc, collector, f"status {job_id}"), code=1)
         finally:
             credential = None  # used: a later refresh makes a fresh one
-        if as_json:
-            import json
+        if as_json:  # docs/json.md
+            from .json_view import dumps, status_document
 
-            if watch and not tty:  # a stream a script reads: one document a line
-                return json.dumps(view_as_dict(view), sort_keys=True) + "\n"
-            return json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
+            # a stream a script reads: one document a line
+            return dumps(status_document(view), one_line=watch and not tty)
         from .render import render
 
         return render(view)

@@ -111,7 +111,7 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
     stack = WebStack(collector, rank, agent, web_port, cli_env)
     try:
         wait_for(lambda: (s := stack.status_json()) and s.get("processes") and s.get("tags")
-                 and s.get("provenance_json"), timeout=60,
+                 and s.get("provenance"), timeout=60,
                  interval=0.5, what="the rank, its tags and provenance at the collector")
     except AssertionError as exc:
         stack.stop()

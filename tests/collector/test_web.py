@@ -66,7 +66,7 @@ def test_hostile_tags_arguments_and_process_names_are_text(stack):
     assert html.escape(f"exp={HOSTILE_TAG}") in page  # the tags line
     # the report's command line, as status cuts it to its width: its text, unescaped, is the command's
     shown = html.unescape(re.search(r"  command: ([^\n]*?)…?\n", page).group(1))
-    assert " ".join(json.loads(stack.status_json()["provenance_json"])[0]["cmdline"]).startswith(shown)
+    assert " ".join(stack.status_json()["provenance"][0]["cmdline"]).startswith(shown)
     assert "&lt;b&gt;x&lt;/b" in page  # the process table's CMD (cut to its width)
     # the one script allowed is the page's own, by its hash
     assert re.search(r"script-src 'sha256-[A-Za-z0-9+/=]+'", headers["Content-Security-Policy"])
@@ -103,7 +103,7 @@ def test_an_ended_job_is_shown_from_its_stored_summary(tmp_path):
         write_event(str(tmp_path / "spool"), JobEvent("end", JOB_ID, time.time(), exit_code=0))
         from tests.helpers import wait_for
 
-        wait_for(lambda: (v := s.status_json()) and v["job"]["end_time"] > 0, timeout=60, what="the job ended")
+        wait_for(lambda: (v := s.status_json()) and v["job"]["end_time"], timeout=60, what="the job ended")
         s.collector.stop()
         # a new collector on the same store holds no live state of the job: only its summary
         again = Collector(tmp_path, "--web-listen", "127.0.0.1:0", db=tmp_path / "clusterwatch.db", name="again")
