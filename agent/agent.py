@@ -81,6 +81,7 @@ class Agent:
         train_drain: Callable[[], list] | None = None,
         provenance=None,
         health=None,
+        train_endpoint=None,
     ) -> None:
         self.config = config
         self.gpus = gpus
@@ -88,7 +89,8 @@ class Agent:
         self.labeler = labeler
         self.spool = spool
         self.clock = clock
-        self.train_drain = train_drain
+        self.train_endpoint = train_endpoint  # train_endpoint.TrainEndpoint, closed by the runtime
+        self.train_drain = train_drain if train_drain is not None or train_endpoint is None else train_endpoint.drain
         self.provenance = provenance
         self.health = health  # agent/health/monitor.py's HealthMonitor, or None
         self.boot_id = uuid.uuid4().hex

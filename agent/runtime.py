@@ -80,23 +80,26 @@ class AgentRuntime:
         if not self.live:
             raise RuntimeError("AgentRuntime.run needs a runtime built with live=True")
         config, agent = self.config, self.agent
-        self.sender = sender = Sender(
-            config.collector, agent.hello, config.buffer_max_samples, token=config.token,
-            channel_credentials=self._credentials,
-            on_signal=signal_handler(agent))
-        write_pid_file(config.spool_dir)
-        sender.start()
-        if agent.health is not None:
-            agent.health.start()
-        log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
-                 config.node, config.interval_s, agent.gpus.name, config.collector)
-        joiner = PollJoiner(config.interval_s, config.send_interval_s)
+        # whatever ends the run (a signal's stop, an error, an interrupt), close() removes the train
+        # socket and lets go of the spool lock
         try:
+            self.sender = sender = Sender(
+                config.collector, agent.hello, config.buffer_max_samples, token=config.token,
+                channel_credentials=self._credentials,
+                on_signal=signal_handler(agent))
+            write_pid_file(config.spool_dir)
+            sender.start()
+            if agent.health is not None:
+                agent.health.start()
+            log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
+                     config.node, config.interval_s, agent.gpus.name, config.collector)
+            joiner = PollJoiner(config.interval_s, config.send_interval_s)
             run_loop(agent, sender, stop, joiner)
             self._send_last_poll(joiner)
             sender.flush(timeout=FLUSH_TIMEOUT_S)
         finally:
-            sender.stop()
+            if self.sender is not None:
+                self.sender.stop()
             self.close()
         return sender.counters
 
@@ -113,11 +116,13 @@ class AgentRuntime:
             submit(self.agent, self.sender, *held)
 
     def close(self) -> None:
-        """Stop the provenance worker (no git of ours outlives the agent), close the GPU source, then let
-        go of the spool lock; once."""
+        """Close the training endpoint (removing its socket), stop the provenance worker (no git of ours
+        outlives the agent), close the GPU source, then let go of the spool lock; once."""
         if self._closed:
             return
         self._closed = True
+        if self.agent.train_endpoint is not None:
+            self.agent.train_endpoint.close()  # its socket goes with it
         if self.agent.provenance is not None:
             self.agent.provenance.stop()
         if self.agent.health is not None:
@@ -176,18 +181,25 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
     cache: dict = {}
     labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
     spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
-    train_drain = provenance = health = None
-    if live:
+    procs = open_procs(config)
+    endpoint = provenance = health = None
+    if not live:
+        return Agent(config, gpus, procs, labeler, spool=spool)
+    try:
         from .health.monitor import open_health
 
         health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log)
-        train_drain = open_train_endpoint(config.train_socket)
+        endpoint = open_train_endpoint(config.train_socket)
         if config.provenance:
             from .provenance_worker import ProvenanceWorker
 
             provenance = ProvenanceWorker()
-    return Agent(config, gpus, open_procs(config), labeler, spool=spool, train_drain=train_drain,
-                 provenance=provenance, health=health)
+        return Agent(config, gpus, procs, labeler, spool=spool, train_endpoint=endpoint,
+                     provenance=provenance, health=health)
+    except BaseException:
+        if endpoint is not None:  # nor does a failed start leave its socket behind
+            endpoint.close()
+        raise
 
 
 PROCESS_SOURCES = ("auto", "proc", "psutil")
@@ -228,7 +240,8 @@ def open_gpus(config: AgentConfig):
 
 
 def open_train_endpoint(path: str | None):
-    """Start listening for clusterwatch.train reports; None (with one line) when the socket cannot be made."""
+    """Start listening for clusterwatch.train reports: the TrainEndpoint (closed by AgentRuntime.close,
+    which removes its socket), or None (with one line) when the socket cannot be made."""
     if not path:
         return None
     if not hasattr(socket, "SO_PASSCRED"):  # the endpoint learns each sender's pid from Linux peer credentials
@@ -243,7 +256,7 @@ def open_train_endpoint(path: str | None):
         log.warning("cannot listen for training reports on %s (%s); running without them. "
                     "Pass --train-socket with a writable path.", path, exc.strerror or exc)
         return None
-    return endpoint.drain
+    return endpoint
 
 
 __all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "stop_on_signals"]

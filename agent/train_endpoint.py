@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
 _MAX_INT = 2**63 - 1
+# sockaddr_un.sun_path is 108 bytes on Linux, its last the terminating NUL
+MAX_SOCKET_PATH_BYTES = 107
 
 
 def _number(value: object) -> float | None:
@@ -207,6 +209,12 @@ class TrainEndpoint:
         """
         if self._thread is not None:
             return
+        size = len(os.fsencode(self.path))
+        if size > MAX_SOCKET_PATH_BYTES:
+            # bind() would fail with an OSError that has no errno (its strerror None)
+            raise ConfigError(f"the training socket path {self.path} is {size} bytes; a Unix socket path is at "
+                              f"most {MAX_SOCKET_PATH_BYTES}: pass --train-socket (CLUSTERWATCH_TRAIN_SOCKET) "
+                              "with a shorter path, e.g. /run/clusterwatch/train.sock")
         self._prepare_dir(os.path.dirname(os.path.abspath(self.path)))
         try:
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
@@ -227,7 +235,7 @@ class TrainEndpoint:
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
-            raise ConfigError(f"cannot bind the training socket {self.path}: {exc.strerror}; "
+            raise ConfigError(f"cannot bind the training socket {self.path}: {exc.strerror or exc}; "
                               "is another agent running?") from None
         if self._start_time is None:
             self._boot = read_boot_time(self._proc)

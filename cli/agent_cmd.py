@@ -95,6 +95,9 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
         kmsg=None if kmsg in ("", "none") else kmsg,
     )
+    # Before anything is opened: a SIGTERM while NVML opens stops the run it starts, and close()
+    # removes the train socket (the default action would leave it behind).
+    stop = None if once else stop_on_signals()
     try:
         check_client_pair(tls_cert, tls_key, tls_ca)
         runtime = AgentRuntime.from_config(config, live=not once)
@@ -108,7 +111,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         print_one_poll(runtime, as_json)
         runtime.close()
         return
-    counters = runtime.run(stop_on_signals())
+    counters = runtime.run(stop)
     click.echo(f"samples_sent={counters.samples_sent} samples_acked={counters.samples_acked} "
                f"samples_dropped={counters.samples_dropped} streams_refused={counters.streams_refused}")
 
