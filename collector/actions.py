@@ -1,4 +1,4 @@
-"""Actions for alerts: log, webhook, command, signal; and escalation over time.
+"""Actions for alerts: log, webhook, command, signal, drain; and escalation over time.
 
 `Dispatcher` applies engine events to the `AlertStore` and runs the configured
 steps (`[actions]` in the rules file) for each transition. Steps with `after_s = 0`
@@ -16,13 +16,17 @@ timeout). A lane holds at most 100 waiting actions (more are dropped and counted
 thread ends after a minute without work. Signals go through the
 `send_signal(node, pid, start_time, signum, reason)` callback the collector gives,
 since the process lives on another node; they are sent only when
-`allow_signals = true`.
+`allow_signals = true`. A drain takes the alert's node out of scheduling through the
+`drain_node(node, reason)` callback (`scontrol update NodeName=… State=DRAIN Reason=…`, given by a
+collector with --slurm); it is never run on resolution, and like every step it is stored as done, so a
+node an operator resumed is not drained again for the same alert, even after a restart.
 """
 from __future__ import annotations
 
 import collections
 import json
 import logging
+import re
 import signal as _signal
 import subprocess
 import threading
@@ -37,6 +41,16 @@ from .webhook import post_json
 log = logging.getLogger("clusterwatch.alerts")
 
 SendSignal = Callable[[str, int, float, int, str], None]
+DrainNode = Callable[[str, str], None]
+
+_REASON_MAX = 200  # characters of a drain reason (sinfo -R shows it; a full description would not fit)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def drain_reason(payload: dict) -> str:
+    """The Reason= of a drain: "clusterwatch: " and the alert's description, on one line, bounded."""
+    text = _UNPRINTABLE.sub(" ", f"clusterwatch: {payload.get('description') or payload.get('rule')}").strip()
+    return text if len(text) <= _REASON_MAX else text[:_REASON_MAX - 1] + "…"
 
 
 def _applies(step: ActionStep, a: Alert) -> bool:
@@ -53,13 +67,15 @@ class Dispatcher:
         config: The `[actions]` configuration.
         send_signal: Callback that delivers a signal to a process on its node, or None.
         logger: Where the log action writes.
+        drain_node: Callback that drains a node with a reason (Slurm), or None: drain steps are skipped.
     """
 
     def __init__(self, store: AlertStore, config: ActionsConfig, send_signal: SendSignal | None = None,
-                 logger: logging.Logger = log) -> None:
+                 logger: logging.Logger = log, drain_node: DrainNode | None = None) -> None:
         self.store = store
         self.config = config
         self.send_signal = send_signal
+        self.drain_node = drain_node
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
         self.dropped = 0  # actions dropped because their lane was full
@@ -86,7 +102,7 @@ class Dispatcher:
                 self._escalate(a, now)
             elif a.state == RESOLVED:
                 for i, step in enumerate(self.config.steps):
-                    if i in a.steps_done and step.on_resolved and step.action != "signal":
+                    if i in a.steps_done and step.on_resolved and step.action not in ("signal", "drain"):
                         self._run_step(i, step, a)
         return changed
 
@@ -112,6 +128,10 @@ class Dispatcher:
             return
         if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
             self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
+            return
+        if step.action == "drain" and (self.drain_node is None or not a.node):
+            self.logger.info("drain step for %s skipped (%s)", a.rule,
+                             "the collector runs without --slurm" if a.node else "the alert names no node")
             return
         if not self._lanes.put((a.rule, index), (step, payload)):
             with self._count_lock:
@@ -140,6 +160,11 @@ class Dispatcher:
             assert self.send_signal is not None
             self.send_signal(payload["node"], payload["pid"], payload["start_time"], signum,
                              f"{payload['rule']}: {payload['description']}")
+        elif step.action == "drain":
+            assert self.drain_node is not None
+            reason = drain_reason(payload)
+            self.drain_node(payload["node"], reason)
+            self.logger.warning("drained node %s: %s", payload["node"], reason)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until queued actions have run (for shutdown and tests); False if some still run."""

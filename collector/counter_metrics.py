@@ -24,6 +24,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
                         "Rules, alerts or registry callbacks that failed on a batch."),
     "identity_refused": ("clusterwatch_ingest_identity_refused",
                          "Agent streams refused: the client certificate does not name the hello's node."),
+    "health_repeated": ("clusterwatch_health_records_repeated",
+                        "GPU health records dropped as had before: a kernel-log record read again, one XID twice."),
     "slurm_records_skipped": ("clusterwatch_slurm_records_skipped",
                               "Slurm job records left out because their values could forge another record's lines."),
 }

@@ -39,6 +39,19 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TICK_S = 1.0
 
 
+def slurm_drain(timeout_s: float):
+    """drain_node(node, reason) for the alert actions: scontrol through the bounded runner, from an action lane's
+    thread (which has no event loop of its own)."""
+    from .jobmap.scontrol import ScontrolMapper
+
+    mapper = ScontrolMapper(timeout_s=timeout_s, retries=1)
+
+    def drain_node(node: str, reason: str) -> None:
+        asyncio.run(mapper.drain_node(node, reason))
+
+    return drain_node
+
+
 class CollectorServer:
     """The running collector: gRPC server, Prometheus endpoint, periodic tick."""
 
@@ -59,9 +72,17 @@ class CollectorServer:
         outboxes = AgentOutboxes()
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
+        look_s = min(config.rules_interval_s, min(buckets) / 3)
+        # `record` writes the history as the trace `replay` runs the rules over: a point less often than the
+        # rules look leaves buckets without a sample there, and the replay misses leaks raised here
+        state.history_step_s = min(state.history_step_s, look_s)
         self.alerting = Alerting(rules, state, AlertStore(conn), send_signal=outboxes.send_signal,
-                                 min_interval_s=min(config.rules_interval_s, min(buckets) / 3),
-                                 xid_catalog=catalog)
+                                 min_interval_s=look_s, xid_catalog=catalog)
+        from .health.kmsg_marks import KmsgMarks
+
+        self.alerting.health.remember_kmsg(KmsgMarks(conn))
+        if config.slurm:  # the drain action (off unless a rules file has a drain step)
+            self.alerting.dispatcher.drain_node = slurm_drain(config.slurm_timeout_s)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
         self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
         running = self.core.running_nodes()
@@ -148,7 +169,8 @@ class CollectorServer:
 
     def counter_values(self) -> dict[str, tuple[float, str]]:
         """The core's ingest counters, the servicer's own and the job registry's, as /metrics names them."""
-        counts = {**self.core.counts(), **self.ingest.counts()}
+        counts = {**self.core.counts(), **self.ingest.counts(),
+                  "health_repeated": self.alerting.health.engine.duplicates}
         if self._registry is not None:
             counts["slurm_records_skipped"] = self._registry.records_skipped
         return counter_families(counts)

@@ -70,7 +70,7 @@ class HealthEngine:
         self.throttle = throttle
         self.same_xid_s = same_xid_s
         self.gpus: dict[tuple[str, str], GpuHealthView] = {}
-        self._kmsg_seq: dict[tuple[str, str], int] = {}        # (node, kernel boot id) → last record number
+        self.kmsg_seq: dict[tuple[str, str], int] = {}         # (node, kernel boot id) → last record number
         self._last_xid: dict[tuple[str, str, int], tuple[float, bool]] = {}   # → (time, named a pid)
         self.duplicates = 0
         self.xid_counts: dict[tuple[str, str, int], int] = {}    # (node, UUID, XID) → events, duplicates not counted
@@ -93,9 +93,9 @@ class HealthEngine:
     def _seen(self, node: str, msg: Any) -> bool:
         if msg.source == 2 and msg.kernel_boot_id:      # KMSG: record numbers rise within a boot
             key = (node, msg.kernel_boot_id)
-            if msg.kmsg_seq <= self._kmsg_seq.get(key, -1):
+            if msg.kmsg_seq <= self.kmsg_seq.get(key, -1):
                 return True
-            self._kmsg_seq[key] = msg.kmsg_seq
+            self.kmsg_seq[key] = msg.kmsg_seq
         if msg.kind == "xid" and msg.HasField("xid"):
             key3 = (node, msg.uuid, msg.xid)
             named = msg.HasField("pid")

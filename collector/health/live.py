@@ -14,6 +14,7 @@ from typing import Any
 
 from clusterwatch.collector.health.decisions import GpuUser
 from clusterwatch.collector.health.engine import HealthEngine
+from clusterwatch.collector.health.kmsg_marks import KmsgMarks
 from clusterwatch.collector.rules.model import AlertEvent
 
 __all__ = ["HealthListener", "gpu_users"]
@@ -54,6 +55,12 @@ class HealthListener:
         self.engine = engine
         self.state = state
         self.handle = handle
+        self.marks: KmsgMarks | None = None
+
+    def remember_kmsg(self, marks: KmsgMarks) -> None:
+        """Keep the kernel-log records taken in the store, and take none of those it holds again."""
+        self.marks = marks
+        self.engine.kmsg_seq.update(marks.load())
 
     def on_health(self, node: str, batch: Any, now: float) -> None:
         events: list[AlertEvent] = []
@@ -63,6 +70,11 @@ class HealthListener:
             events += self.engine.observe_event(node, e, gpu_users(st, node, e.uuid, pid, hit_at=e.time))
         for c in batch.gpu_health:
             events += self.engine.observe_counters(node, c, gpu_users(st, node, c.uuid))
+        if self.marks is not None:
+            # saved before the alerts are handled: their actions (a drain) must never run twice for one record
+            taken = {(node, e.kernel_boot_id) for e in batch.health_events if e.source == 2 and e.kernel_boot_id}
+            if taken:
+                self.marks.save({key: self.engine.kmsg_seq[key] for key in taken if key in self.engine.kmsg_seq})
         if events:
             self.handle(events, now)
 

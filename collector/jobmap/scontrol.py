@@ -336,6 +336,23 @@ class ScontrolMapper:
             raise SlurmUnavailable(f"scontrol listpids {job_id} {node}: {exc}") from None
 
 
+    async def drain_node(self, node: str, reason: str) -> None:
+        """``scontrol update NodeName=NODE State=DRAIN Reason=REASON``: Slurm schedules no new job there.
+
+        Raises:
+            ValueError: `node` is not a plain node name (it comes from an agent's Hello: never a hostlist or
+                more fields).
+            SlurmUnavailable: scontrol failed or timed out.
+        """
+        if not _NODE_NAME.fullmatch(node):
+            raise ValueError(f"not draining {node!r}: not a plain Slurm node name")
+        await self._call(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+
+# a node name as an agent may report it and scontrol takes it: no hostlist brackets, commas or spaces
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def default_env(slurm_conf: str | None = None) -> dict[str, str]:
     """This process's environment, with SLURM_CONF set when given (for ScontrolMapper(env=...))."""
     env = dict(os.environ)

@@ -263,7 +263,7 @@ class ActionStep:
     """One step of the escalation chain.
 
     Attributes:
-        action: "log", "webhook", "command" or "signal".
+        action: "log", "webhook", "command", "signal" or "drain" (the alert's node, through scontrol).
         after_s: Run once the alert has been firing this long (0: when it fires).
         rules: Rule names it applies to (empty: all).
         min_severity: Least severity it applies to.
@@ -346,7 +346,7 @@ class RuleSet:
 # parsed file against it and builds the dataclasses above.
 
 _MATCH_KEYS = ("job_name", "user", "partition", "command")
-_ACTION_KINDS = ("log", "webhook", "command", "signal")
+_ACTION_KINDS = ("log", "webhook", "command", "signal", "drain")
 _DEFAULTS = RuleSet()
 
 
@@ -437,7 +437,7 @@ def _step_checks(step: dict[str, Any]) -> None:
 _STEP = Table(
     {**keys_of(ActionStep, {"rules": _RULE_NAMES, "min_severity": Text(SEVERITIES),
                             "command": Strings("a non-empty list of strings (argv)", non_empty=True)}),
-     "action": Key("action", Text(_ACTION_KINDS), needs='"log", "webhook", "command" or "signal"')},
+     "action": Key("action", Text(_ACTION_KINDS), needs='"log", "webhook", "command", "signal" or "drain"')},
     build=lambda v: ActionStep(**v), checks=(_step_checks,))
 _ACTIONS = Table({"allow_signals": Key("allow_signals", Bool()), "steps": Key("steps", ArrayOf(_STEP))},
                  build=lambda v: dataclasses.replace(_DEFAULTS.actions, **v))
