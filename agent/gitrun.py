@@ -7,22 +7,9 @@ with git-lfs or a diff tool configured). So every git call made here:
 - runs as the owner it is given (`RunAs`: uid, gid and supplementary groups), never
   as root in somebody else's repository. Without root, only the caller's own uid
   is possible; anything else is refused rather than attempted;
-- gets a fresh environment: no inherited `GIT_*` variables, `HOME` and
-  `XDG_CONFIG_HOME` pointing nowhere and `GIT_CONFIG_GLOBAL=/dev/null`,
-  `GIT_CONFIG_NOSYSTEM=1`, `GIT_ATTR_NOSYSTEM=1` (so only the repository's own
-  config and attributes are read), `GIT_OPTIONAL_LOCKS=0` (git writes no index, so
-  no `post-index-change` hook), `GIT_TERMINAL_PROMPT=0`, `GIT_PAGER=PAGER=cat`, no
-  askpass, `LC_ALL=C`;
-- carries command-scope configuration that switches off what runs commands:
-  `core.fsmonitor`, `core.hooksPath`, `core.pager`, `core.sshCommand`,
-  `core.askPass`, `credential.helper`, `diff.external`, `status.submoduleSummary`,
-  `protocol.allow=never` (no transport at all, so no lazy fetch in a partial clone
-  can start ssh or a remote helper), and, for every filter and diff driver the
-  repository's config defines, `filter.<x>.clean/smudge/process` and
-  `diff.<x>.textconv/command` emptied (see `driver_overrides`). The overrides
-  travel in `GIT_CONFIG_COUNT`/`GIT_CONFIG_KEY_n`/`GIT_CONFIG_VALUE_n` rather than
-  `-c`, because a subsection name may contain `=` (which `-c` would split on) and
-  because the environment reaches any git that git itself starts;
+- gets the environment and the command-scope settings of clusterwatch/git_safety.py (the rule it
+  shares with clusterwatch.train): nothing inherited, no global or system config, and every setting
+  or filter/diff driver that names a program switched off;
 - has a deadline, reads its output as a stream with a size cap, and on timeout is
   killed with its whole process group (`start_new_session`).
 
@@ -44,31 +31,7 @@ from dataclasses import dataclass
 
 from clusterwatch.agent.redact import strip_url_credentials
 
-# Command-scope configuration that is always set. Each entry switches off one way a
-# repository's config can make git run a program (or reach the network).
-SAFE_CONFIG: tuple[tuple[str, str], ...] = (
-    ("core.fsmonitor", "false"),            # a hook path here runs on every index refresh
-    ("core.useBuiltinFSMonitor", "false"),  # the older spelling (Git for Windows)
-    ("core.hooksPath", "/dev/null"),        # no hook can be found under a non-directory
-    ("core.pager", "cat"),
-    ("core.sshCommand", "false"),
-    ("core.gitProxy", ""),
-    ("core.askPass", ""),
-    ("credential.helper", ""),              # an empty value resets the helper list
-    ("diff.external", ""),
-    ("diff.submodule", "short"),            # "diff" would run git diff inside each submodule
-    ("status.submoduleSummary", "false"),   # would run `git submodule summary`, i.e. git log
-    ("log.showSignature", "false"),         # would run gpg.program
-    ("protocol.allow", "never"),            # no transport: no fetch, no remote helper, no ssh
-    ("gc.auto", "0"),
-    ("maintenance.auto", "false"),
-)
-
-# Driver settings that name a program, per driver kind, and what replaces them.
-_DRIVER_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
-    "filter": (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")),
-    "diff": (("textconv", ""), ("command", "")),
-}
+from clusterwatch.git_safety import safe_env
 
 MIN_GIT_VERSION = (2, 31)  # GIT_CONFIG_COUNT and friends
 
@@ -110,69 +73,6 @@ class GitError(Exception):
 
 
 _VERSIONS: dict[tuple[str, float], tuple[int, ...]] = {}
-
-
-def driver_overrides(config_names: Iterable[str]) -> list[tuple[str, str]]:
-    """The settings that empty every filter and diff driver a config defines.
-
-    A `.gitattributes` line `* filter=x` makes `git status` and `git diff` run
-    `filter.x.clean` (or `filter.x.process`) on file contents, and `diff=x` makes
-    `git diff` run `diff.x.textconv`. Attributes are in the work tree, so instead of
-    trusting them, every driver defined in config is emptied; a driver named in
-    attributes but defined nowhere runs nothing.
-
-    Args:
-        config_names: variable names as `git config --list --name-only` prints them.
-
-    Returns:
-        (name, value) pairs to pass at command scope.
-    """
-    out: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for name in config_names:
-        section, dot, rest = name.partition(".")
-        section = section.lower()
-        if not dot or section not in _DRIVER_KEYS:
-            continue
-        sub, dot, _key = rest.rpartition(".")
-        if not dot or (section, sub) in seen:
-            continue
-        seen.add((section, sub))
-        out.extend((f"{section}.{sub}.{key}", value) for key, value in _DRIVER_KEYS[section])
-    return out
-
-
-def safe_env(git: str, config: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """A complete environment for one git call; nothing is inherited.
-
-    Args:
-        git: absolute path of the git binary (its directory goes on PATH).
-        config: command-scope settings, passed as GIT_CONFIG_COUNT/KEY/VALUE.
-
-    Returns:
-        The environment.
-    """
-    env = {
-        "PATH": os.pathsep.join(dict.fromkeys([os.path.dirname(git), "/usr/bin", "/bin"])),
-        "HOME": "/nonexistent",
-        "XDG_CONFIG_HOME": "/nonexistent",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_ATTR_NOSYSTEM": "1",
-        "GIT_OPTIONAL_LOCKS": "0",
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_PAGER": "cat",
-        "PAGER": "cat",
-        "GIT_PROTOCOL_FROM_USER": "0",
-        "LC_ALL": "C",
-        "LANG": "C",
-    }
-    pairs = list(SAFE_CONFIG) + list(config)
-    env["GIT_CONFIG_COUNT"] = str(len(pairs))
-    for i, (key, value) in enumerate(pairs):
-        env[f"GIT_CONFIG_KEY_{i}"] = key
-        env[f"GIT_CONFIG_VALUE_{i}"] = value
-    return env
 
 
 def _first_line(data: bytes) -> str:

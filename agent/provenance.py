@@ -47,9 +47,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from clusterwatch.agent.backends.procs import read_boot_time
-from clusterwatch.agent.gitrun import GitError, GitRunner, RunAs, driver_overrides
+from clusterwatch.agent.gitrun import GitError, GitRunner, RunAs
 from clusterwatch.agent.redact import redact_argv, select_env, strip_url_credentials
 
+from clusterwatch.git_safety import driver_overrides
 from clusterwatch.procfs import parse_environ, parse_stat
 
 log = logging.getLogger(__name__)

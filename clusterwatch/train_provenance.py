@@ -8,17 +8,9 @@ can be hostile (a shared directory, a cloned repository with a config written by
 or merely configured (git-lfs filters, an fsmonitor daemon, a pager), and training code should
 not start those by asking for its commit. So each git call here:
 
-- gets a fresh environment: nothing inherited but PATH; no global or system config
-  (GIT_CONFIG_GLOBAL=/dev/null, GIT_CONFIG_NOSYSTEM, GIT_ATTR_NOSYSTEM), HOME pointing nowhere,
-  no optional locks (so no index is written and no post-index-change hook runs), no prompt,
-  `cat` as the pager, LC_ALL=C;
-- switches off at command scope (GIT_CONFIG_COUNT/KEY/VALUE, which unlike `-c` reaches any git
-  that git starts and keeps `=` in a name intact) every setting that names a program git would
-  start during `status`: core.fsmonitor, core.hooksPath (a non-directory), core.pager,
-  core.sshCommand, credential.helper, diff.external, status.submoduleSummary, protocol.allow
-  (no transport, so a partial clone fetches nothing), and the clean/smudge/process commands of
-  every filter driver the repository's config defines (a `.gitattributes` line `* filter=x`
-  would run filter.x.clean on each changed file);
+- gets the environment and command-scope settings of clusterwatch/git_safety.py (the rule it shares with
+  the agent): nothing inherited, no global or system config, every setting and every filter or diff driver
+  that names a program switched off;
 - runs in a session of its own with a deadline; on timeout its whole process group is killed.
 
 Three git calls: `rev-parse --show-toplevel`, `config --list --name-only -z` (to learn the
@@ -36,51 +28,14 @@ import sys
 import time
 from typing import Any
 
+from clusterwatch.git_safety import driver_overrides, safe_env
+
 UNKNOWN = "unknown"
 BUDGET_S = 5.0
 MAX_OUTPUT = 1 << 20   # status of tracked changes only; more than this is not read
 
-# Settings that name a program git may start; each is emptied or pointed at nothing.
-_OFF = (
-    ("core.fsmonitor", "false"), ("core.useBuiltinFSMonitor", "false"), ("core.hooksPath", "/dev/null"),
-    ("core.pager", "cat"), ("core.sshCommand", "false"), ("core.gitProxy", ""), ("core.askPass", ""),
-    ("credential.helper", ""), ("diff.external", ""), ("status.submoduleSummary", "false"),
-    ("protocol.allow", "never"), ("gc.auto", "0"), ("maintenance.auto", "false"),
-)
-_FILTER_KEYS = (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false"))
-
-
 class _GitFailed(Exception):
     pass
-
-
-def _environment(git: str, settings: list[tuple[str, str]]) -> dict[str, str]:
-    env = {
-        "PATH": os.path.dirname(git) + os.pathsep + "/usr/bin:/bin",
-        "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent",
-        "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_ATTR_NOSYSTEM": "1",
-        "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", "SSH_ASKPASS": "",
-        "GIT_PAGER": "cat", "PAGER": "cat", "LC_ALL": "C", "GIT_CONFIG_COUNT": str(len(settings)),
-    }
-    for i, (key, value) in enumerate(settings):
-        env[f"GIT_CONFIG_KEY_{i}"] = key
-        env[f"GIT_CONFIG_VALUE_{i}"] = value
-    return env
-
-
-def _filter_settings(config_names: bytes) -> list[tuple[str, str]]:
-    """The settings that empty every filter driver named in `git config --list --name-only -z`."""
-    out: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for raw in config_names.split(b"\0"):
-        name = raw.decode("utf-8", "surrogateescape")
-        section, _, rest = name.partition(".")
-        driver, dot, _key = rest.rpartition(".")
-        if section.lower() != "filter" or not dot or driver in seen:
-            continue
-        seen.add(driver)
-        out.extend((f"filter.{driver}.{key}", value) for key, value in _FILTER_KEYS)
-    return out
 
 
 def _git(git: str, args: list[str], cwd: str, settings: list[tuple[str, str]], deadline: float) -> bytes:
@@ -88,7 +43,7 @@ def _git(git: str, args: list[str], cwd: str, settings: list[tuple[str, str]], d
     if left <= 0:
         raise _GitFailed(f"git took more than {BUDGET_S:g} s")
     try:
-        proc = subprocess.Popen([git, "--no-pager", *args], cwd=cwd, env=_environment(git, settings),
+        proc = subprocess.Popen([git, "--no-pager", *args], cwd=cwd, env=safe_env(git, settings),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
@@ -142,12 +97,12 @@ def git_record(path: str, git: str | None = None) -> dict[str, Any]:
     git = os.path.abspath(found)
     deadline = time.monotonic() + BUDGET_S
     try:
-        top = _git(git, ["rev-parse", "--show-toplevel"], path, list(_OFF), deadline)
+        top = _git(git, ["rev-parse", "--show-toplevel"], path, [], deadline)
         root = top.decode("utf-8", "surrogateescape").strip()
-        names = _git(git, ["config", "--list", "--name-only", "-z"], root, list(_OFF), deadline)
+        names = _git(git, ["config", "--list", "--name-only", "-z"], root, [], deadline)
         status = _git(git, ["status", "--porcelain=v2", "--branch", "-z", "--untracked-files=no",
                             "--no-renames", "--ignore-submodules=dirty"],
-                      root, [*_OFF, *_filter_settings(names)], deadline)
+                      root, driver_overrides(names.decode("utf-8", "surrogateescape").split("\0")), deadline)
     except _GitFailed as exc:
         record["error"] = str(exc)
         return record
