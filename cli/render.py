@@ -269,6 +269,10 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     ]
     if job.partition:
         rows.append(("Partition", job.partition))
+    if job.qos:
+        rows.append(("QOS", job.qos))
+    if job.cluster:
+        rows.append(("Cluster", job.cluster))
     if job.cpus:
         rows.append(("CPU cores", str(job.cpus)))
     if job.memory_bytes:
@@ -288,7 +292,7 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     if view.tags:
         lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
 
-    lines.extend(_overall(view, width))
+    lines.extend(_overall(view, width, run_time))
     lines.extend(_nodes(view, width))
     lines.extend(_ranks(view, now, width))
     lines.extend(_gpus(view, width))
@@ -309,41 +313,73 @@ def _draw_rules(text: str, width: int | None) -> str:
     return text.replace(f"{RULE}─", "─" * span).replace(f"{RULE}═", "═" * span)
 
 
-def _overall(view: query_pb2.JobView, width: int | None) -> list[str]:
+def job_cpu(view: query_pb2.JobView, run_time: float) -> tuple[float, float | None]:
+    """(CPU time of the job's processes over their whole lives, CPU efficiency as jobstats shows it: that
+    time over run time × allocated cores; None where Slurm gave no core count or no time has passed)."""
+    cpu_s = sum(p.cpu_seconds for p in view.processes)
+    cores = view.job.cpus
+    return cpu_s, (cpu_s / (run_time * cores) if cores and run_time > 0 else None)
+
+
+def _overall(view: query_pb2.JobView, width: int | None, run_time: float = 0.0) -> list[str]:
     out = [_title("Overall utilisation")]
     meters: list[tuple[str, float | None, str]] = []  # label, fraction, the figures after the meter
+    lines: list[tuple[str, str]] = []  # label, figures without a meter (nothing to compare with)
     live = [p for p in view.processes if p.alive] or list(view.processes)
     gpus = list(view.gpus)
+    ended = bool(view.job.end_time)
     if gpus:
-        # averaged over the history held, as a job report should (the latest value is in the GPU table)
+        # the whole job, where the collector accumulated it (every reading while the job's processes were on
+        # its GPUs); else averaged over the history held
+        busy = sum(g.busy_seconds for g in gpus)
+        covered = sum(g.covered_seconds for g in gpus)
         trend = [u for g in gpus for u in g.utilization_trend]
         util = [g.utilization for g in gpus if g.HasField("utilization")]
-        avg = sum(trend) / len(trend) if trend else (sum(util) / len(util) if util else None)
-        meters.append(("GPU utilisation", avg / 100 if avg is not None else None, "  average"))
-        ended = bool(view.job.end_time)
+        if covered > 0:
+            avg, how = busy / covered * 100, "  whole job"
+        else:
+            avg = sum(trend) / len(trend) if trend else (sum(util) / len(util) if util else None)
+            how = "  average"
+        meters.append(("GPU utilisation", avg / 100 if avg is not None else None, how))
         # an ended job is judged by its peaks (its last readings are after the processes left)
         used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
                    if ended or g.HasField("memory_used_bytes"))
         total = sum(g.memory_total_bytes for g in gpus)
         meters.append(("GPU memory", used / total if total else None,
                        f"  {human_bytes(used)} of {human_bytes(total)}{' at peak' if ended else ''}" if total else ""))
-    cpu = sum(p.cpu_percent for p in live if p.HasField("cpu_percent"))
+    cpu_s, efficiency = job_cpu(view, run_time)
     cores = view.job.cpus
-    meters.append(("CPU", cpu / 100 / cores if cores else None,
-                   f"  {cpu / 100:.1f} of {cores} cores" if cores else f"  {cpu / 100:.1f} cores busy"))
-    rss = sum(p.rss_bytes for p in live if p.HasField("rss_bytes"))
-    mem = view.job.memory_bytes or sum(n.memory_total_bytes for n in view.nodes)
-    label = "of allocated" if view.job.memory_bytes else "of node RAM"
-    meters.append(("Host memory", rss / mem if mem else None,
-                   f"  {human_bytes(rss)} {label} {human_bytes(mem)}" if mem else ""))
+    if efficiency is not None:
+        meters.append(("CPU efficiency", efficiency,
+                       f"  {duration(cpu_s)} CPU time of {cores} cores × {duration(run_time)}"))
+    elif run_time > 0 and cpu_s > 0:  # what is known without Slurm's core count
+        lines.append(("CPU", f"{cpu_s / run_time:.1f} cores busy on average ({duration(cpu_s)} CPU time); "
+                             "allocated cores unknown"))
+    else:
+        now_cores = sum(p.cpu_percent for p in live if p.HasField("cpu_percent")) / 100
+        meters.append(("CPU", now_cores / cores if cores else None,
+                       f"  {now_cores:.1f} of {cores} cores" if cores else f"  {now_cores:.1f} cores busy"))
+    # host memory against what Slurm allocated (the job is killed past it), never the node's RAM
+    rss = (sum(p.rss_peak_bytes for p in view.processes) if ended
+           else sum(p.rss_bytes for p in live if p.HasField("rss_bytes")))
+    mem = view.job.memory_bytes
+    at = " at peak" if ended else ""
+    if mem:
+        meters.append(("Host memory", rss / mem, f"  {human_bytes(rss)}{at} of {human_bytes(mem)} allocated"))
+    else:
+        ram = sum(n.memory_total_bytes for n in view.nodes)
+        lines.append(("Host memory", f"{human_bytes(rss)}{at}; allocation unknown"
+                                     + (f" (node RAM {human_bytes(ram)})" if ram else "")))
     # 40 cells, fewer where the lines must fit: 19 before the meter, 2 brackets and "  nnn%" after it
     cells = 40
     if width is not None:
-        cells = max(10, min(40, width - 19 - 8 - max(len(t) for _, _, t in meters)))
+        cells = max(10, min(40, width - 19 - 8 - max((len(t) for _, _, t in meters), default=0)))
     if not gpus:
         out.append("  GPU              no GPU reported for this job")
     for name, fraction, text in meters:
         out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
+    for name, text in lines:
+        out.append(f"  {name:<16} {text}")
     return out
 
 
@@ -547,6 +583,25 @@ def _notes(view: query_pb2.JobView, run_time: float) -> list[str]:
     if job.time_limit_s and job.end_time and run_time < 0.2 * job.time_limit_s:
         notes.append(f"This job needed {run_time / job.time_limit_s * 100:.0f}% of its time limit "
                      f"({human_duration(job.time_limit_s)}); a shorter --time lowers queue times.")
+    cpu_s, efficiency = job_cpu(view, run_time)
+    if efficiency is not None and run_time > 600 and efficiency < 0.5:
+        notes.append(f"CPU efficiency is {efficiency * 100:.0f}% ({duration(cpu_s)} of CPU time over "
+                     f"{duration(run_time)} × {job.cpus} allocated cores). Ask for fewer cores (--cpus-per-task), "
+                     "or give the cores work (more DataLoader workers).")
+    stalled_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == "training_stall" and a.state == "firing"}
+    for p in view.processes:
+        if not job.end_time and p.alive and p.HasField("stalled_since") and (p.node, p.pid) not in stalled_alerted:
+            who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
+            notes.append(f"The step of {who} on {p.node} has not moved since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(p.stalled_since))} (step {p.step}). "
+                         f"`py-spy dump --pid {p.pid}` on {p.node} shows where it waits.")
+    # ranks only: a job's short-lived helpers (a shell, git) come and go without harm
+    gone = [p for p in view.processes if not p.alive and not job.end_time and p.HasField("rank")]
+    if gone and any(p.alive and p.HasField("rank") for p in view.processes):
+        who = ", ".join(f"rank {p.rank} on {p.node}" for p in gone[:4]) + (" …" if len(gone) > 4 else "")
+        notes.append(f"{who} {'has' if len(gone) == 1 else 'have'} exited while the job runs: the other ranks may "
+                     "wait for it forever in a collective. Look at its output for the error; cancel the job "
+                     "if it cannot go on without it.")
     leak_alerted = any(a.rule == "gpu_memory_leak" and a.state == "firing" for a in view.alerts)
     for p in view.processes:
         word = trend_word(list(p.gpu_memory_trend))

@@ -44,6 +44,22 @@ STALE_STEP_GAPS = 3.0
 DEFAULT_STEP_STALE_S = 60.0
 
 
+# The longest gap between two samples that accumulators count whole (a poll's CPU percent is its average
+# since the poll before); past it, an agent was away and only this much counts.
+MAX_GAP_S = 60.0
+
+
+@dataclass(slots=True)
+class GpuUseTotals:
+    """One GPU's figures while a job's processes used it, from the first such reading to the last."""
+
+    busy_seconds: float = 0.0      # utilisation over time: seconds at 100 %
+    covered_seconds: float = 0.0   # the time those readings cover
+    memory_peak: int = 0
+    last_time: float = 0.0
+    last: object = None  # the last reading (a wire GpuSample) while the job's processes were on it
+
+
 class Point(NamedTuple):
     """One process sample as kept in history (only what trends need); a named tuple, built once a step
     for every process."""
@@ -79,6 +95,11 @@ class ProcessSeries:
     # been: a rank that stops reporting would otherwise keep the rate of its last reports for good.
     step_stale_s: float = DEFAULT_STEP_STALE_S
     stalled_since: float | None = None
+    # Whole-life accumulators, every sample from the first (the history holds only the last hour or so):
+    # CPU time from each poll's CPU percent over the time since the poll before (gaps over MAX_GAP_S count
+    # MAX_GAP_S: an agent away must not credit the process with an hour at its last rate).
+    first_time: float = 0.0
+    cpu_seconds: float = 0.0
     labels: tuple = ()  # the labels as last sent (a wire.ProcessLabels), to tell a change cheaply
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
     # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
@@ -147,6 +168,10 @@ class JobState:
     # node → {pid: global rank or None}: processes `scontrol listpids` named on a node whose agent is
     # not reporting (collector/registry.py); shown as "mapped by listpids", without figures
     listed_pids: dict[str, dict[int, int | None]] = field(default_factory=dict)
+    qos: str = ""      # Slurm's QOS, where it says
+    cluster: str = ""  # Slurm's cluster name, where it says
+    # GPU UUID → its figures while this job's processes used it (ClusterState.add_gpus)
+    gpu_totals: dict[str, GpuUseTotals] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -177,6 +202,9 @@ class ClusterState:
         # (any client that reaches the port can send samples naming a job); until Slurm has answered for a
         # job it has no owner, and only admins see it.
         self.owners_from_slurm = False
+        # node → GPU UUID → the job whose live processes used it at the node's latest poll: add_gpus credits
+        # that job with the GPU's readings (not a job whose processes have left it)
+        self._gpu_users: dict[str, dict[str, str]] = {}
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
         self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
 
@@ -242,10 +270,16 @@ class ClusterState:
                 touched.append(series)
             else:
                 early[series.key] = series
+        users: dict[str, str] = {}
         for series in touched:
             series.seen = batch_time
             if series.step is not None:  # time passes for its step rate too (a stalled rank sends no reports)
                 step_stalled(series, series.latest.time)
+            s = series.latest
+            if s.gpus and s.job_id and series.key in live:
+                for g in s.gpus:
+                    users[g.gpu_uuid] = s.job_id
+        self._gpu_users[node] = users
         for series in early.values():
             series.seen = batch_time
         gone = early.keys() | self._node_live.get(node, set())
@@ -274,12 +308,21 @@ class ClusterState:
         pids, starts, labels, label_sets = cols.pid, cols.start_time, cols.labels, cols.label_sets
         first_time, t_last, n_polls, rows = polls.times[0], polls.times[-1], len(polls.times), cols.rows
         step = self.history_step_s
+        cpu_col = cols.cpu_percent
         left: list[int] = []
         for j in range(width):
             series = pids_of.get(pids[j])
             if series is None or series.key.start_time != starts[j] or first_time < series.latest.time:
                 left.extend(range(j, rows, width))
                 continue
+            # CPU time: each poll's percent over the time since the poll before (the held sample, then each other)
+            prev, busy = series.latest.time, 0.0
+            for k in range(n_polls):
+                t, v = polls.times[k], cpu_col[j + k * width]
+                if v == v and t > prev:  # NaN: unknown
+                    busy += v * min(t - prev, MAX_GAP_S)
+                prev = t
+            series.cpu_seconds += busy / 100.0
             lab = label_sets[labels[j]]
             relabelled = lab != series.labels
             if relabelled:  # converted whole from its last row
@@ -316,10 +359,14 @@ class ClusterState:
             series.alive = True
             return series
         else:
+            prev = series.latest.time
             series.latest = self._convert(node, cols.sample(i, node, g), unlabel)
             if lab != series.labels:
                 series.labels = lab
                 self._join_job(series.key, series.latest)
+            cpu = series.latest.cpu_percent
+            if cpu is not None and t > prev:  # its percent is its average since the poll before
+                series.cpu_seconds += cpu / 100.0 * min(t - prev, MAX_GAP_S)
         s = series.latest
         series.alive = True
         series.samples += 1
@@ -339,7 +386,7 @@ class ClusterState:
                     ) -> ProcessSeries:
         s = self._convert(node, sample, unlabel)
         key = ProcessKey(node, s.pid, s.start_time)
-        series = ProcessSeries(key, s, deque(maxlen=self.history_points), labels=labels)
+        series = ProcessSeries(key, s, deque(maxlen=self.history_points), labels=labels, first_time=s.time)
         series.samples = self.restored_samples.pop(key, 0)
         self.processes[key] = series
         self._join_job(key, s)
@@ -373,7 +420,8 @@ class ClusterState:
         Each reading goes into its GPU's history and peak; only the last one of each GPU is
         converted whole, as its latest reading.
         """
-        gpus = self.gpus
+        gpus, jobs = self.gpus, self.jobs
+        users = self._gpu_users.get(node) or {}
         last: dict[str, object] = {}
         for m in msgs:
             uuid, t = m.uuid, m.time
@@ -385,13 +433,35 @@ class ClusterState:
             if t < gs.last_time:
                 continue
             mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
+            util = m.utilization if m.HasField("utilization") else None
             gs.last_time = t
-            gs.history.append((t, m.utilization if m.HasField("utilization") else None, mem))
+            gs.history.append((t, util, mem))
             if mem is not None and mem > gs.memory_peak:
                 gs.memory_peak = mem
+            job_id = users.get(uuid)
+            if job_id is not None and (job := jobs.get(job_id)) is not None and not job.ended:
+                self._credit(job, uuid, m, t, util, mem)
             last[uuid] = m
         for uuid, m in last.items():
             gpus[uuid].latest = gpu_reading_from_proto(m)
+
+    @staticmethod
+    def _credit(job: JobState, uuid: str, m, t: float, util: float | None, mem: int | None) -> None:
+        """A reading of a GPU that the job's processes use: into the job's totals for it (utilisation over
+        time, the time covered, its memory peak, its last reading while in use)."""
+        tot = job.gpu_totals.get(uuid)
+        if tot is None:
+            tot = job.gpu_totals[uuid] = GpuUseTotals()
+        elif t <= tot.last_time:
+            return
+        if tot.last_time and util is not None:
+            dt = min(t - tot.last_time, MAX_GAP_S)
+            tot.busy_seconds += util / 100.0 * dt
+            tot.covered_seconds += dt
+        if mem is not None and mem > tot.memory_peak:
+            tot.memory_peak = mem
+        tot.last_time = t
+        tot.last = m  # converted only when a view asks
 
     def add_training(self, node: str, report: TrainingReport) -> ProcessSeries | None:
         """Attach a training report to its process, found by (node, pid, start time); the step rate comes from

@@ -9,6 +9,8 @@ import json
 
 from clusterwatch.v1 import query_pb2
 
+from clusterwatch.wire import gpu_reading_from_proto
+
 from .state import ClusterState, JobState, ProcessSeries
 
 DEFAULT_TREND_POINTS = 40
@@ -27,7 +29,8 @@ def job_info(job: JobState) -> query_pb2.JobInfo:
         job_id=job.job_id, name=job.name, user=job.user, account=job.account, partition=job.partition,
         state=job.state, submit_time=job.submit_time, start_time=job.start_time, end_time=job.end_time,
         time_limit_s=job.time_limit_s, nodes=job.nodes, cpus=job.cpus, memory_bytes=job.memory_bytes,
-        gpus=job.gpus, source=job.source, ranks_expected=job.ranks_expected, note=job.note,
+        gpus=job.gpus, source=job.source, ranks_expected=job.ranks_expected, note=job.note, qos=job.qos,
+        cluster=job.cluster,
     )
     if job.exit_code is not None:
         info.exit_code = job.exit_code
@@ -40,7 +43,8 @@ def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessV
         node=s.node, pid=s.pid, start_time=s.start_time, user=s.user, command=s.command,
         mapped_by=s.mapped_by, last_seen=s.time, rss_peak_bytes=series.rss_peak,
         gpu_memory_peak_bytes=series.gpu_memory_peak, gpu_uuids=[g.gpu_uuid for g in s.gpus],
-        samples_held=series.samples, alive=series.alive,
+        samples_held=series.samples, alive=series.alive, first_seen=series.first_time,
+        cpu_seconds=series.cpu_seconds,
     )
     for name, value in (
         ("rank", s.rank), ("cpu_percent", s.cpu_percent), ("rss_bytes", s.rss_bytes),
@@ -118,6 +122,12 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
         gv.memory_total_bytes = gs.info.memory_total_bytes
         gv.memory_peak_bytes = gs.memory_peak
         r = gs.latest
+        tot = job.gpu_totals.get(uuid)
+        if tot is not None:  # the job's own figures of the GPU, not those of whoever held it before or after
+            gv.busy_seconds, gv.covered_seconds = tot.busy_seconds, tot.covered_seconds
+            gv.memory_peak_bytes = tot.memory_peak
+            if job.ended and tot.last is not None:  # frozen at its last reading while the job was on it
+                r = gpu_reading_from_proto(tot.last)
         if r is not None:
             for name in ("utilization", "memory_used_bytes", "power_watts"):
                 v = getattr(r, name)

@@ -21,7 +21,7 @@ class ListJobsRequest(_message.Message):
     def __init__(self, include_ended: _Optional[bool] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time", "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "source", "ranks_expected", "note", "exit_code")
+    __slots__ = ("job_id", "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time", "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "source", "ranks_expected", "note", "exit_code", "qos", "cluster")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,8 @@ class JobInfo(_message.Message):
     RANKS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     user: str
@@ -58,10 +60,12 @@ class JobInfo(_message.Message):
     ranks_expected: int
     note: str
     exit_code: int
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ..., account: _Optional[str] = ..., partition: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., source: _Optional[str] = ..., ranks_expected: _Optional[int] = ..., note: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    qos: str
+    cluster: str
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ..., account: _Optional[str] = ..., partition: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., source: _Optional[str] = ..., ranks_expected: _Optional[int] = ..., note: _Optional[str] = ..., exit_code: _Optional[int] = ..., qos: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
 
 class ProcessView(_message.Message):
-    __slots__ = ("node", "pid", "start_time", "user", "command", "rank", "mapped_by", "last_seen", "cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_memory_bytes", "gpu_memory_peak_bytes", "gpu_utilization", "gpu_uuids", "gpu_memory_trend", "rss_trend", "threads", "open_fds", "samples_held", "alive", "step", "steps_per_s", "loss", "lr", "stalled_since")
+    __slots__ = ("node", "pid", "start_time", "user", "command", "rank", "mapped_by", "last_seen", "cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_memory_bytes", "gpu_memory_peak_bytes", "gpu_utilization", "gpu_uuids", "gpu_memory_trend", "rss_trend", "threads", "open_fds", "samples_held", "alive", "step", "steps_per_s", "loss", "lr", "stalled_since", "first_seen", "cpu_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +92,8 @@ class ProcessView(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     STALLED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     pid: int
     start_time: float
@@ -114,10 +120,12 @@ class ProcessView(_message.Message):
     loss: float
     lr: float
     stalled_since: float
-    def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ...) -> None: ...
+    first_seen: float
+    cpu_seconds: float
+    def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ..., first_seen: _Optional[float] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
 
 class GpuView(_message.Message):
-    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes")
+    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +137,8 @@ class GpuView(_message.Message):
     POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_TREND_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COVERED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     uuid: str
     index: int
@@ -140,7 +150,9 @@ class GpuView(_message.Message):
     power_watts: float
     utilization_trend: _containers.RepeatedScalarFieldContainer[float]
     processes: int
-    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ...) -> None: ...
+    busy_seconds: float
+    covered_seconds: float
+    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ...) -> None: ...
 
 class AlertView(_message.Message):
     __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing")
