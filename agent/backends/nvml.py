@@ -125,6 +125,10 @@ class _Device:
     util_seen: dict[int, tuple[float, float]] = field(default_factory=dict)
     # kind → the pids last listed, kept for a poll whose list fails
     last_listed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # the pids it listed last time that were processes here: not looked up in /proc again (NVML lists
+    # only processes that hold a context, so a pid listed again is that process or a new one that holds
+    # one; a pid that never was here, as broken bindings read, is still looked up every time)
+    visible: frozenset[int] = frozenset()
     gone: bool = False
 
 
@@ -371,7 +375,7 @@ class NvmlGpuSource:
             kept = old.get(dev.info.uuid)
             if kept is not None:  # same device: keep what was learned of it, with the new handle
                 dev.unsupported, dev.util_last_ts, dev.util_seen = kept.unsupported, kept.util_last_ts, kept.util_seen
-                dev.last_listed = kept.last_listed
+                dev.last_listed, dev.visible = kept.last_listed, kept.visible
         g.devices = devices
         g.enumerate_due = False
         g.left_out_logged = False
@@ -522,6 +526,7 @@ class NvmlGpuSource:
             power_watts=power_mw / 1000.0 if power_mw is not None else None,
         )
         memory_by_pid: dict[int, int | None] = {}
+        seen, visible = dev.visible, set()
         listed_ok = True
         listed: dict[str, tuple[int, ...]] = {}
         for kind in _PROCESS_KINDS:
@@ -535,8 +540,11 @@ class NvmlGpuSource:
             pids = []
             for proc in procs:
                 pid, used = int(proc.pid), proc.usedGpuMemory
-                if not self._visible(pid, dev, out):
+                if pid in seen:  # (never set while pids_hidden)
+                    out.present += 1
+                elif not self._visible(pid, dev, out):
                     continue
+                visible.add(pid)
                 pids.append(pid)
                 prev = memory_by_pid.get(pid)
                 # A process listed in several lists carries the same "all memory of the
@@ -545,6 +553,7 @@ class NvmlGpuSource:
                     memory_by_pid[pid] = None if used is None else int(used)
             listed[kind] = tuple(pids)
         dev.last_listed = listed  # replaced whole: a poll past the deadline reads it from another thread
+        dev.visible = frozenset(visible)
         sm = self._process_util(dev, now, memory_by_pid.keys(), out)
         if not listed_ok:
             sm = dict.fromkeys(sm)  # figures of a list that failed are not known
