@@ -74,6 +74,8 @@ class HealthEngine:
         self._last_xid: dict[tuple[str, str, int], tuple[float, bool]] = {}   # → (time, named a pid)
         self.duplicates = 0
         self.xid_counts: dict[tuple[str, str, int], int] = {}    # (node, UUID, XID) → events, duplicates not counted
+        self.event_counts: dict[tuple[str, str, str], int] = {}  # (node, UUID, kind) → NVML events other than XIDs
+        self.recovery: dict[tuple[str, str], int] = {}  # (node, UUID) → the last recovery action NVML asked for
 
     def view(self, node: str, uuid: str) -> GpuHealthView:
         key = (node, uuid)
@@ -112,10 +114,9 @@ class HealthEngine:
             return []
         uuid = msg.uuid or (f"PCI:{msg.pci}" if msg.pci else "unknown GPU")
         pid = msg.pid if msg.HasField("pid") else None
+        self._count(node, uuid, msg)
         finding: HealthFinding | None = None
         if msg.kind == "xid" and msg.HasField("xid"):
-            key = (node, uuid, msg.xid)
-            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
             if msg.xid in LOST_XIDS:
                 finding = gpu_lost(node=node, uuid=uuid, xid=msg.xid, users=users)
             else:
@@ -141,6 +142,17 @@ class HealthEngine:
                 return []
             v.lost = True
         return [self._fire(node, uuid, msg.time, finding, users, pid)]
+
+    def _count(self, node: str, uuid: str, msg: Any) -> None:
+        """What /metrics says of the event (collector/health/metrics.py): XIDs by code, other kinds by name."""
+        if msg.kind == "xid" and msg.HasField("xid"):
+            key = (node, uuid, msg.xid)
+            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+        elif msg.kind:
+            kind = (node, uuid, msg.kind)
+            self.event_counts[kind] = self.event_counts.get(kind, 0) + 1
+            if msg.kind == "recovery_action":
+                self.recovery[(node, uuid)] = int(msg.data)
 
     def lost(self, node: str, uuid: str, t: float, users: Sequence[GpuUser]) -> list[AlertEvent]:
         """The GPU source found the GPU lost (NVML GPU_IS_LOST)."""

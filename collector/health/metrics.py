@@ -1,4 +1,5 @@
-"""The GPU health families of /metrics: XIDs by code, memory errors, clock-event reasons, temperature, loss.
+"""The GPU health families of /metrics: XIDs by code, other NVML events, the recovery action NVML asks for,
+memory errors, clock-event reasons, temperature, loss.
 
 Per GPU (labels node, gpu (UUID), index), never per process: a health signal is the GPU's, and its job is
 on the GPU's other series (clusterwatch_gpu_memory_used_bytes' job_id). Built from the HealthEngine's per-GPU
@@ -31,6 +32,12 @@ CLOCK_EVENT_REASONS = {
 XIDS = fam("clusterwatch_gpu_xid_errors", "counter",
            "XID errors the driver reported on the GPU (NVML events and the kernel log, each once), by XID.",
            *GPU, "xid")
+EVENTS = fam("clusterwatch_gpu_events", "counter",
+             "NVML health events other than XIDs (ecc_single_bit, ecc_double_bit, dram_retirement, "
+             "fatal_poison, recovery_action, ...), by kind.", *GPU, "kind")
+RECOVERY = fam("clusterwatch_gpu_recovery_action", "gauge",
+               "1 for the recovery action NVML last asked for on the GPU (none, gpu_reset, node_reboot, drain_p2p, "
+               "drain_and_reset).", *GPU, "action")
 LOST = fam("clusterwatch_gpu_lost", "gauge", "1 while the GPU is lost (XID 79 or NVML GPU_IS_LOST) and has not "
            "answered since.", *GPU)
 ECC = fam("clusterwatch_gpu_ecc_errors", "counter",
@@ -52,8 +59,11 @@ PCIE_REPLAYS = fam("clusterwatch_gpu_pcie_replays", "counter", "PCIe replays of 
 NVLINK = fam("clusterwatch_gpu_nvlink_errors", "counter", "NVLink error counters, summed over the links.",
              *GPU, "counter")
 
-HEALTH_FAMILIES = (XIDS, LOST, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS, VIOLATION, TEMPERATURE,
-                   PCIE_REPLAYS, NVLINK)
+HEALTH_FAMILIES = (XIDS, EVENTS, RECOVERY, LOST, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS,
+                   VIOLATION, TEMPERATURE, PCIE_REPLAYS, NVLINK)
+
+# nvmlGpuRecoveryAction_t (nvml.h, R550 and later)
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
 
 _ECC_FIELDS = (("ecc_corrected_volatile", "corrected", "volatile"),
                ("ecc_uncorrected_volatile", "uncorrected", "volatile"),
@@ -77,6 +87,11 @@ def health_series(engine: Any, state: Any) -> list[tuple[Family, list]]:
 
     for (node, uuid, xid), n in sorted(engine.xid_counts.items()):
         rows[XIDS.name].append((XIDS.labels, (node, uuid, index(uuid), str(xid)), n))
+    for (node, uuid, kind), n in sorted(engine.event_counts.items()):
+        rows[EVENTS.name].append((EVENTS.labels, (node, uuid, index(uuid), kind), n))
+    for (node, uuid), action in sorted(engine.recovery.items()):
+        name = RECOVERY_ACTIONS.get(action, str(action))
+        rows[RECOVERY.name].append((RECOVERY.labels, (node, uuid, index(uuid), name), 1))
     for (node, uuid), view in sorted(engine.gpus.items()):
         gpu = (node, uuid, index(uuid))
         if view.lost or view.counters is not None:

@@ -47,12 +47,13 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
     write_state(state,
                 f"gpu GPU-hm0 total={80 * GiB} used={20 * GiB} util=90 power=300000 pci=0000:3b:00 temp=87 "
                 "throttle=0x48 name=NVIDIA H100\n"
-                f"gpu GPU-hm1 total={80 * GiB} used=0 util=0 power=60000 pci=0000:3c:00 name=NVIDIA H100\n"
+                f"gpu GPU-hm1 total={80 * GiB} used=0 util=0 power=60000 pci=0000:3c:00 events=0x800f name=NVIDIA H100\n"
                 f"proc GPU-hm0 {rank.pid} {8 * GiB}\n"
                 f"sample GPU-hm0 {rank.pid} 90 age_us=100000\n"
                 "ecc GPU-hm0 corrected_volatile=5 uncorrected_volatile=2 uncorrected_aggregate=3\n"
                 "remapped GPU-hm0 corrected=1 uncorrected=2 pending=1 failure=0\n"
-                "health GPU-hm0 viol_thermal_ns=5000000000 replay=7 nvlinks=2 nvlink_crc_flit=4\n")
+                "health GPU-hm0 viol_thermal_ns=5000000000 replay=7 nvlinks=2 nvlink_crc_flit=4\n"
+                "event GPU-hm1 0x8000 2\n")  # NVML asks for a node reboot
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(_record(1, "Linux version 6.8.0") +
                     _record(2, f"NVRM: Xid (PCI:0000:3b:00): 13, pid={rank.pid}, name=sleep, Graphics Exception") +
@@ -67,7 +68,8 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
         def scraped():
             got = _samples(collector.metrics())
             ready = _value(got, "clusterwatch_gpu_temperature_celsius", gpu="GPU-hm0") is not None
-            return got if ready and _value(got, "clusterwatch_gpu_xid_errors_total", xid="48") else None
+            events = _value(got, "clusterwatch_gpu_events_total", kind="recovery_action")
+            return got if ready and events and _value(got, "clusterwatch_gpu_xid_errors_total", xid="48") else None
 
         got = wait_for(scraped, timeout=60, what="health figures on /metrics")
         gpu0 = {"node": "hm-node", "gpu": "GPU-hm0", "index": "0"}
@@ -87,11 +89,13 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
         assert _value(got, "clusterwatch_gpu_clock_event_seconds_total", **gpu0, policy="thermal") == 5.0
         assert _value(got, "clusterwatch_gpu_pcie_replays_total", **gpu0) == 7
         assert _value(got, "clusterwatch_gpu_lost", **gpu0) == 0
+        assert _value(got, "clusterwatch_gpu_events_total", gpu="GPU-hm1", kind="recovery_action") == 1
+        assert _value(got, "clusterwatch_gpu_recovery_action", gpu="GPU-hm1", action="node_reboot") == 1
         health = [s for name, samples in got.items() for s in samples
                   if name not in ("clusterwatch_gpu_utilization_ratio", "clusterwatch_gpu_memory_used_bytes",
                                   "clusterwatch_gpu_memory_total_bytes", "clusterwatch_gpu_power_watts")]
         assert health and all(set(s.labels) <= {"node", "gpu", "index", "xid", "error", "scope", "cause", "reason",
-                                                "policy", "counter"} for s in health)
+                                                "policy", "counter", "kind", "action"} for s in health)
     finally:
         agent_code = agent.stop()
         collector.stop()
