@@ -257,6 +257,7 @@ class JobRegistry(CoreListener):
             job.user = record.user or job.user
             job.account = record.account or ""
             job.partition = record.partition or ""
+            job.qos, job.cluster = record.qos or "", record.cluster or ""
             job.state = record.state
             job.submit_time = float(record.submit_time or 0)
             job.start_time = float(record.start_time or job.start_time or 0)

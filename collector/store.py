@@ -71,7 +71,7 @@ STALE_AFTER_S = 7 * 86400.0
 _JOB_FIELDS = (
     "name", "user", "account", "partition", "state", "submit_time", "start_time", "end_time",
     "time_limit_s", "nodes", "cpus", "memory_bytes", "gpus", "gpus_by_node", "source", "ranks_expected",
-    "note", "exit_code", "tags",
+    "note", "exit_code", "tags", "qos", "cluster",
 )
 
 

@@ -58,6 +58,8 @@ class JobRecord:
         command: the batch script or command, None when unset.
         reason: the pending or end reason (``None`` in Slurm's text is kept as the string "None").
         batch_host: the node running the batch step, None for srun/salloc allocations before it starts.
+        qos: the job's QOS, None when unset.
+        cluster: the cluster's name, None where the output does not say (the text form never does).
     """
 
     job_id: int
@@ -84,6 +86,8 @@ class JobRecord:
     command: str | None = None
     reason: str | None = None
     batch_host: str | None = None
+    qos: str | None = None
+    cluster: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -474,6 +478,7 @@ def _record(head: _Head, pairs: list[tuple[str, str]], tz: tzinfo | None) -> Job
         command=_opt(fields.get("Command")),
         reason=fields.get("Reason"),
         batch_host=_opt(fields.get("BatchHost")),
+        qos=_opt(fields.get("QOS")),
     )
 
 
@@ -754,6 +759,8 @@ def _json_record(job: Any, tz_unused: tzinfo | None) -> JobRecord:
         command=_str(job, "command"),
         reason=_str(job, "state_reason"),
         batch_host=_str(job, "batch_host"),
+        qos=_str(job, "qos"),
+        cluster=_str(job, "cluster"),
     )
 
 
