@@ -47,7 +47,8 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
     write_state(state,
                 f"gpu GPU-hm0 total={80 * GiB} used={20 * GiB} util=90 power=300000 pci=0000:3b:00 temp=87 "
                 "throttle=0x48 name=NVIDIA H100\n"
-                f"gpu GPU-hm1 total={80 * GiB} used=0 util=0 power=60000 pci=0000:3c:00 events=0x800f name=NVIDIA H100\n"
+                f"gpu GPU-hm1 total={80 * GiB} used=0 util=0 power=60000 pci=0000:3c:00 events=0x800f "
+                "name=NVIDIA H100\n"
                 f"proc GPU-hm0 {rank.pid} {8 * GiB}\n"
                 f"sample GPU-hm0 {rank.pid} 90 age_us=100000\n"
                 "ecc GPU-hm0 corrected_volatile=5 uncorrected_volatile=2 uncorrected_aggregate=3\n"
