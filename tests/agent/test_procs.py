@@ -15,6 +15,7 @@ import pytest
 from clusterwatch.agent.backends.procs import NewPids, ProcSource, parse_stat, probe
 
 from clusterwatch.model import GpuUse, ProcessSample
+from tests.helpers import wait_for
 
 # A real /proc/<pid>/stat line of a process, with {comm} and a few fields to vary.
 STAT = ("{pid} ({comm}) {state} 1 100 100 0 -1 4194560 2000 0 0 0 {utime} {stime} 0 0 20 0 {threads} 0 {start} "
@@ -142,10 +143,24 @@ def test_the_tree_holds_children_grandchildren_and_children_of_other_threads(tre
     assert src.descendants(set()) == set()
 
 
+def settled(pid: int) -> bool:
+    """Asleep with its memory paged in: a `sleep` just started is still loading (its RSS grows, and was
+    read 82 pages against 327 a moment later)."""
+    def read() -> tuple[str, int]:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            st = parse_stat(f.read())
+        return st.state, st.rss_pages
+
+    first = read()
+    time.sleep(0.05)
+    return first[0] == "S" and read() == first
+
+
 def test_samples_read_the_real_process(tree: Tree) -> None:
     src = ProcSource("n1")
     root = tree.root.pid
     pids = tree.spawn()
+    wait_for(lambda: settled(pids["grandchild"]), timeout=10, what="the grandchild asleep")
     use = [GpuUse("GPU-x", 123, 45.0)]
     first = {s.pid: s for s in src.sample(src.descendants({root}), 1000.0, {root: use})}
     s = first[root]
