@@ -299,3 +299,51 @@ class TraceChunk(_message.Message):
     LINES_FIELD_NUMBER: _ClassVar[int]
     lines: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListHealthRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class XidCount(_message.Message):
+    __slots__ = ("xid", "count")
+    XID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    xid: int
+    count: int
+    def __init__(self, xid: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class GpuHealthRow(_message.Message):
+    __slots__ = ("node", "gpu", "index", "severity", "lost", "findings", "xids", "temperature_c", "ecc_uncorrected_volatile", "throttle_reasons", "jobs", "recovery_action")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    XIDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu: str
+    index: int
+    severity: str
+    lost: bool
+    findings: _containers.RepeatedCompositeFieldContainer[HealthView]
+    xids: _containers.RepeatedCompositeFieldContainer[XidCount]
+    temperature_c: int
+    ecc_uncorrected_volatile: int
+    throttle_reasons: _containers.RepeatedScalarFieldContainer[str]
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    recovery_action: str
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[str] = ..., index: _Optional[int] = ..., severity: _Optional[str] = ..., lost: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., temperature_c: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., throttle_reasons: _Optional[_Iterable[str]] = ..., jobs: _Optional[_Iterable[str]] = ..., recovery_action: _Optional[str] = ...) -> None: ...
+
+class ListHealthResponse(_message.Message):
+    __slots__ = ("gpus",)
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuHealthRow]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuHealthRow, _Mapping]]] = ...) -> None: ...

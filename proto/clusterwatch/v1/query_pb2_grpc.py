@@ -54,6 +54,11 @@ class QueryStub:
                 request_serializer=clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.SerializeToString,
                 response_deserializer=clusterwatch_dot_v1_dot_query__pb2.TraceChunk.FromString,
                 _registered_method=True)
+        self.ListHealth = channel.unary_unary(
+                '/clusterwatch.v1.Query/ListHealth',
+                request_serializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.SerializeToString,
+                response_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -87,6 +92,13 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHealth(self, request, context):
+        """GPUs with health findings or trouble in their counters, worst first (admins only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.GetTrace,
                     request_deserializer=clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.FromString,
                     response_serializer=clusterwatch_dot_v1_dot_query__pb2.TraceChunk.SerializeToString,
+            ),
+            'ListHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHealth,
+                    request_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.FromString,
+                    response_serializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class Query:
             '/clusterwatch.v1.Query/GetTrace',
             clusterwatch_dot_v1_dot_query__pb2.GetTraceRequest.SerializeToString,
             clusterwatch_dot_v1_dot_query__pb2.TraceChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterwatch.v1.Query/ListHealth',
+            clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.SerializeToString,
+            clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
