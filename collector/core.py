@@ -203,6 +203,7 @@ class CollectorCore:
             tracker = self._seqs[boot_id] = SeqTracker()
             tracker.low, tracker.above = low, set(above)
         self.state.restored_samples = {ProcessKey(*k): n for k, n in self.store.load_process_counts().items()}
+        self.state.restored_totals = {ProcessKey(*k): v for k, v in self.store.load_process_totals().items()}
         for job in self.store.load_jobs(include_ended=False):
             self.state.jobs[job.job_id] = job
             for node, pid, start_time, text in self.store.load_provenance(job.job_id):
@@ -407,11 +408,18 @@ class CollectorCore:
             self._pending_jobs, self._pending_nodes, self._pending_provenance = {}, {}, []
             node_counts = []
             for node in dirty_nodes:
-                node_counts.append((node, [(s.key.pid, s.key.start_time, s.samples)
+                # with each process's whole-life totals (CPU time, first sample), so a restart counts on
+                node_counts.append((node, [(s.key.pid, s.key.start_time, s.samples, round(s.cpu_seconds, 3),
+                                            s.first_time)
                                            for s in st.pids.get(node, {}).values() if s.alive]))
             seqs = [(b, t.low, sorted(t.above)) for b in dirty_seqs if (t := self._seqs.get(b))]
             # when each node was last heard of, so agent_down after a restart starts from the truth
             seen = [(ns.last_seen, n) for n in dirty_nodes if (ns := st.nodes.get(n)) is not None]
+            # running jobs with GPU totals on the nodes heard from: their totals go on growing (issue 17 item 11)
+            for job in st.jobs.values():
+                if (job.gpu_totals and not job.ended and job.job_id not in jobs
+                        and not dirty_nodes.isdisjoint(job.nodes)):
+                    jobs[job.job_id] = job
             job_rows = [job_row(job) for job in jobs.values()]
         try:
             self.store.save_ingest(node_counts, seqs, seen, nodes=list(nodes.values()), jobs=job_rows,

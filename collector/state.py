@@ -196,6 +196,8 @@ class ClusterState:
         self._node_live: dict[str, set[ProcessKey]] = {}
         # samples stored before a restart, per process: a series that comes back counts on from there
         self.restored_samples: dict[ProcessKey, int] = {}
+        # (CPU seconds, first sample's time) stored before a restart, per process (ProcessSeries' totals)
+        self.restored_totals: dict[ProcessKey, tuple[float, float]] = {}
         # node → pid → the process's latest series (the one with that pid's newest start time)
         self.pids: dict[str, dict[int, ProcessSeries]] = {}
         # Set when the registry asks Slurm: a Slurm job's owner is then Slurm's word alone, never a sample's
@@ -388,6 +390,9 @@ class ClusterState:
         key = ProcessKey(node, s.pid, s.start_time)
         series = ProcessSeries(key, s, deque(maxlen=self.history_points), labels=labels, first_time=s.time)
         series.samples = self.restored_samples.pop(key, 0)
+        totals = self.restored_totals.pop(key, None)
+        if totals is not None:  # stored before a restart: its CPU time counts on, from its first sample
+            series.cpu_seconds, series.first_time = totals[0], totals[1] or series.first_time
         self.processes[key] = series
         self._join_job(key, s)
         return series

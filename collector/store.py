@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from clusterwatch.errors import ConfigError
 
-from .state import JobState
+from .state import GpuUseTotals, JobState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS job_summaries (
 );
 CREATE TABLE IF NOT EXISTS node_counts (
     node TEXT PRIMARY KEY,
-    counts TEXT NOT NULL,          -- JSON [[pid, start_time, samples], ...]: samples stored (and acknowledged)
+    counts TEXT NOT NULL,          -- JSON [[pid, start_time, samples, cpu_seconds, first_time], ...]: samples
+                                   -- stored (and acknowledged), CPU time and first sample (older rows: 3 items)
                                    -- of each live process of the node; one row a node keeps the flush cheap
     updated REAL NOT NULL
 );
@@ -78,6 +79,9 @@ _JOB_FIELDS = (
 def job_row(job: JobState) -> tuple[str, str, str, str, float, float]:
     """A job as the jobs table holds it (without `updated`): id, info JSON, state, user, start, end."""
     info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
+    # its GPU totals (collector/state.py GpuUseTotals), so that a restart goes on counting: figures only
+    info["gpu_totals"] = {u: [t.busy_seconds, t.covered_seconds, t.memory_peak, t.last_time]
+                          for u, t in job.gpu_totals.items()}
     return (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time)
 
 
@@ -179,8 +183,11 @@ class Store:
         rows = self.conn.execute("SELECT job_id, info FROM jobs ORDER BY start_time").fetchall()
         jobs = []
         for job_id, info in rows:
-            fields = {k: v for k, v in json.loads(info).items() if k in _JOB_FIELDS}
+            loaded = json.loads(info)
+            fields = {k: v for k, v in loaded.items() if k in _JOB_FIELDS}
             job = JobState(job_id, **fields)
+            for uuid, (busy, covered, peak, last_time) in (loaded.get("gpu_totals") or {}).items():
+                job.gpu_totals[uuid] = GpuUseTotals(busy, covered, peak, last_time)
             if include_ended or not job.ended:
                 jobs.append(job)
         return jobs
@@ -226,8 +233,18 @@ class Store:
     def load_process_counts(self) -> dict[tuple[str, int, float], int]:
         out = {}
         for node, counts in self.conn.execute("SELECT node, counts FROM node_counts"):
-            for pid, start_time, samples in json.loads(counts):
+            for pid, start_time, samples, *_ in json.loads(counts):
                 out[(node, pid, start_time)] = samples
+        return out
+
+    def load_process_totals(self) -> dict[tuple[str, int, float], tuple[float, float]]:
+        """(CPU seconds, first sample's time) of each process stored with them (entries of node_counts
+        written since the totals were: [pid, start_time, samples, cpu_seconds, first_time])."""
+        out = {}
+        for node, counts in self.conn.execute("SELECT node, counts FROM node_counts"):
+            for pid, start_time, _, *totals in json.loads(counts):
+                if len(totals) >= 2:
+                    out[(node, pid, start_time)] = (float(totals[0]), float(totals[1]))
         return out
 
     def forget_stale(self, older_than_s: float = STALE_AFTER_S) -> list[str]:

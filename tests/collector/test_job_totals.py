@@ -122,3 +122,32 @@ def test_an_ended_job_reads_its_host_memory_at_peak_of_the_allocation():
     assert "40.0 GiB at peak of 64.0 GiB allocated" in host, host
     eff = next(x for x in text.splitlines() if "CPU efficiency" in x)
     assert "94%" in eff, eff
+
+
+def test_the_totals_of_a_running_job_survive_a_collector_restart(tmp_path):
+    db = tmp_path / "cw.db"
+
+    def start(clock: Clock) -> CollectorCore:
+        core = CollectorCore(CollectorConfig(), Store(open_db(str(db))), clock=clock)
+        core.hello(agent_pb2.Hello(node="n1", boot_id="b1", interval_s=1.0, send_interval_s=1.0,
+                                   gpus=[agent_pb2.GpuInfo(uuid="GPU-a", index=0, memory_total_bytes=80 * GIB)]))
+        return core
+
+    clock = Clock()
+    core = start(clock)
+    for seq in range(1, 101):
+        _send(core, seq, clock.now, [_rank(clock.now, 150.0, 20 * GIB)], util=60.0, mem=21 * GIB)
+        clock.now += 1.0
+    core.flush()
+    core = start(clock)  # a new collector on the same store: the job and its totals come back
+    for seq in range(101, 201):
+        _send(core, seq, clock.now, [_rank(clock.now, 150.0, 20 * GIB)], util=60.0, mem=21 * GIB)
+        clock.now += 1.0
+    job = core.state.jobs["a-1"]
+    view = job_view(core.state, job, clock.now)
+    (p,) = view.processes
+    assert abs(p.cpu_seconds - 1.5 * 198) < 2.0, p.cpu_seconds  # the gap across the restart aside
+    assert p.first_seen == T0
+    (g,) = view.gpus
+    assert abs(g.covered_seconds - 199) < 2.0 and abs(g.busy_seconds / g.covered_seconds - 0.6) < 1e-6
+    assert g.memory_peak_bytes == 21 * GIB
