@@ -23,23 +23,36 @@ def summary_of(view: query_pb2.JobView) -> dict:
             "gpu_memory_peak_bytes": p.gpu_memory_peak_bytes, "rss_peak_bytes": p.rss_peak_bytes,
             "last_step": p.step if p.HasField("step") else None, "samples": p.samples_held,
             "steps_per_s": round(p.steps_per_s, 3) if p.HasField("steps_per_s") else None,
+            "cpu_seconds": round(p.cpu_seconds, 1),
             "stalled_since": p.stalled_since if p.HasField("stalled_since") else None,
         })
     gpus = []
     for g in view.gpus:
         trend = list(g.utilization_trend)
+        # over the whole job where it was accumulated (while its processes were on the GPU), else the trend
+        mean = (g.busy_seconds / g.covered_seconds * 100 if g.covered_seconds
+                else sum(trend) / len(trend) if trend else None)
         gpus.append({
             "node": g.node, "uuid": g.uuid, "index": g.index, "name": g.name,
             "memory_total_bytes": g.memory_total_bytes, "memory_peak_bytes": g.memory_peak_bytes,
-            "utilization_mean_percent": round(sum(trend) / len(trend), 1) if trend else None,
+            "utilization_mean_percent": round(mean, 1) if mean is not None else None,
+            "busy_seconds": round(g.busy_seconds, 1), "covered_seconds": round(g.covered_seconds, 1),
             "processes": g.processes,
         })
+    run_time = (job.end_time or view.now) - job.start_time if job.start_time else 0.0
+    cpu_s = sum(p.cpu_seconds for p in view.processes)
     command = provenance[0].get("cmdline") if provenance else None
     return {
         "version": 1,
         "job": MessageToDict(job, preserving_proto_field_name=True),
         "command": command,
         "hardware": {"nodes": list(job.nodes), "gpus": gpus},
+        # whole-job figures, as jobstats gives them: CPU efficiency = CPU time / (run time × allocated cores)
+        "totals": {
+            "run_time_s": round(run_time, 1), "cpu_seconds": round(cpu_s, 1),
+            "cpu_efficiency": round(cpu_s / (run_time * job.cpus), 4) if job.cpus and run_time > 0 else None,
+            "rss_peak_bytes": sum(p.rss_peak_bytes for p in view.processes),
+        },
         "ranks": ranks,
         "provenance": provenance,
         "tags": dict(view.tags),

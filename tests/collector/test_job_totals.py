@@ -151,3 +151,21 @@ def test_the_totals_of_a_running_job_survive_a_collector_restart(tmp_path):
     (g,) = view.gpus
     assert abs(g.covered_seconds - 199) < 2.0 and abs(g.busy_seconds / g.covered_seconds - 0.6) < 1e-6
     assert g.memory_peak_bytes == 21 * GIB
+
+
+def test_the_json_summary_carries_the_whole_job_totals(tmp_path):
+    import json
+
+    from clusterwatch.collector.summary import write_summary
+
+    v = _view(state="COMPLETED", end_time=T0 + 3600)
+    v.processes.add(node="n1", pid=11, rank=0, alive=False, rss_peak_bytes=40 * GIB, cpu_seconds=16 * 3600.0,
+                    steps_per_s=0.0, stalled_since=T0 + 3000)
+    v.gpus.add(node="n1", uuid="GPU-a", busy_seconds=1800.0, covered_seconds=3600.0,
+               utilization_trend=[100.0, 100.0])
+    doc = json.loads(open(write_summary(str(tmp_path), v)).read())
+    assert doc["totals"] == {"run_time_s": 3600.0, "cpu_seconds": 57600.0, "cpu_efficiency": 0.5,
+                             "rss_peak_bytes": 40 * GIB}
+    assert doc["hardware"]["gpus"][0]["utilization_mean_percent"] == 50.0  # the whole job, not the trend
+    (rank,) = doc["ranks"]
+    assert rank["cpu_seconds"] == 57600.0 and rank["steps_per_s"] == 0.0 and rank["stalled_since"] == T0 + 3000
