@@ -406,8 +406,12 @@ def _nodes(view: query_pb2.JobView, width: int | None) -> list[str]:
         cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
         rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes"))
         gpus = gpus_of.get(n.node, [])
+        covered = sum(g.covered_seconds for g in gpus)
         trend = [u for g in gpus for u in g.utilization_trend]
-        util = f"{sum(trend) / len(trend):.0f}%" if trend else "-"
+        if covered:  # the whole job's, while its processes were on them
+            util = f"{sum(g.busy_seconds for g in gpus) / covered * 100:.0f}%"
+        else:
+            util = f"{sum(trend) / len(trend):.0f}%" if trend else "-"
         used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
                    if ended or g.HasField("memory_used_bytes"))
         total = sum(g.memory_total_bytes for g in gpus)

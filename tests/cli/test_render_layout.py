@@ -13,8 +13,8 @@ from tests.helpers import cli
 from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)
 
 LONG_NODE = "gpu-node-in-a-very-long-rack-name-017"
-ALERT = ("Host memory (RSS) of rank 3 (pid 6949 on demo-node2, job demo-6913) grows 22 GB/h for 1 min; "
-         "node memory full in ~1.1 h")
+ALERT = ("Host memory (RSS) of rank 3 (pid 6949 on demo-node2, job demo-6913) grows 22.0 GiB/h for 1 min; "
+         "node memory full in ~1 h 6 min")
 
 
 def busy_view() -> query_pb2.JobView:

@@ -83,6 +83,9 @@ def test_cpu_time_and_gpu_totals_cover_every_sample_and_an_ended_job_keeps_its_l
     assert "1.4 cores" in cpu or "1.5 cores" in cpu, cpu
     host = next(x for x in text.splitlines() if x.strip().startswith("Host memory"))
     assert "allocation unknown" in host and "of node RAM" not in host, host
+    # the Nodes table too: the job's 60 %, not the idle readings after it that fill the history held
+    node_row = next(x for x in text.split("\nNodes\n", 1)[1].splitlines() if x.strip().startswith("n1 "))
+    assert " 60% " in node_row, node_row
 
 
 def _view(**job) -> query_pb2.JobView:
