@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "replay": "clusterwatch.cli.replay_cmd:replay",
     "record": "clusterwatch.cli.record_cmd:record",
     "alerts": "clusterwatch.cli.alerts_cmd:alerts",
+    "health": "clusterwatch.cli.health_cmd:health",
     "provenance": "clusterwatch.cli.provenance_cmd:provenance",
     "prolog": "clusterwatch.cli.hooks_cmd:prolog",
     "epilog": "clusterwatch.cli.hooks_cmd:epilog",

@@ -95,3 +95,18 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         await self._check_job(context, caller, request.job_id, owner)
         for i in range(0, len(lines), TRACE_CHUNK_LINES):
             yield query_pb2.TraceChunk(lines=lines[i:i + TRACE_CHUNK_LINES])
+
+    async def ListHealth(self, request, context):
+        caller = await self._caller(context)
+        if not caller.admin:
+            # its findings name every user's jobs, ranks and processes
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "clusterwatch health is for the cluster's operators (users the collector's "
+                                "--query-admin names, and root); your own jobs' health is in "
+                                "`clusterwatch status JOBID`")
+        resp = query_pb2.ListHealthResponse()
+        health = getattr(self.alerts, "health", None)
+        if health is not None:
+            with self.core.lock:  # ingest changes the health engine under it
+                resp.gpus.extend(health.health_rows(request.node))
+        return resp

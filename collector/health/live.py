@@ -12,10 +12,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from clusterwatch.collector.health.decisions import GpuUser
+from clusterwatch.collector.health.decisions import THROTTLE_REASONS, GpuUser
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.kmsg_marks import KmsgMarks
 from clusterwatch.collector.rules.model import AlertEvent
+from clusterwatch.v1 import query_pb2
 
 __all__ = ["HealthListener", "gpu_users"]
 
@@ -90,10 +91,54 @@ class HealthListener:
     def on_tick(self, now: float) -> None:
         pass
 
+    def health_rows(self, node: str = "") -> list:
+        """`clusterwatch health`'s rows: each GPU with findings, an XID, a loss or trouble in its counters (a
+        query GpuHealthRow), worst first; only `node`'s when given. The caller holds the core's lock."""
+        from .metrics import CLOCK_EVENT_REASONS, RECOVERY_ACTIONS
+
+        engine = self.engine
+        keys = set(engine.gpus) | {(n, u) for n, u, _ in engine.xid_counts} | set(engine.recovery)
+        rows = []
+        for key in sorted(k for k in keys if not node or k[0] == node):
+            n, uuid = key
+            view = engine.gpus.get(key)
+            row = query_pb2.GpuHealthRow(node=n, gpu=uuid, lost=bool(view and view.lost))
+            gs = self.state.gpus.get(uuid)
+            if gs is not None:
+                row.index = gs.info.index
+            findings = engine.findings([key])
+            for t, f in findings:
+                row.findings.append(_health_view(t, f))
+                for job_id in f.labels.get("job_id", "").split(","):
+                    if job_id and job_id not in row.jobs:
+                        row.jobs.append(job_id)
+            if findings:
+                row.severity = findings[0][1].severity
+            counts = sorted(((x, c) for (gn, gu, x), c in engine.xid_counts.items() if (gn, gu) == key),
+                            key=lambda xc: (-xc[1], xc[0]))
+            row.xids.extend(query_pb2.XidCount(xid=x, count=c) for x, c in counts)
+            if key in engine.recovery and engine.recovery[key]:
+                row.recovery_action = RECOVERY_ACTIONS.get(engine.recovery[key], str(engine.recovery[key]))
+            msg = view.counters if view is not None else None
+            if msg is not None:
+                if msg.HasField("temperature_c"):
+                    row.temperature_c = msg.temperature_c
+                if msg.HasField("ecc_uncorrected_volatile"):
+                    row.ecc_uncorrected_volatile = msg.ecc_uncorrected_volatile
+                if msg.HasField("clock_event_reasons"):
+                    row.throttle_reasons.extend(name for bit, name in CLOCK_EVENT_REASONS.items()
+                                                if msg.clock_event_reasons & bit and bit in THROTTLE_REASONS)
+            trouble = (row.findings or row.lost or row.xids or row.recovery_action or row.throttle_reasons
+                       or row.ecc_uncorrected_volatile)
+            if trouble:
+                rows.append(row)
+        order = {"critical": 0, "warning": 1, "info": 2, "": 3}
+        rows.sort(key=lambda r: (order.get(r.severity, 3), not r.lost, r.node,
+                                 r.index if r.HasField("index") else 1 << 30, r.gpu))
+        return rows
+
     def job_health(self, job: Any) -> list:
         """The job's health findings as query HealthViews: on its GPUs, since it started, worst first."""
-        from clusterwatch.v1 import query_pb2
-
         gpus = [(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids]
         # GPUs its processes used, where the prolog named none (a job outside Slurm's GPU allocation)
         for key in job.processes:
@@ -102,12 +147,17 @@ class HealthListener:
                 gpus += [(key.node, g.gpu_uuid) for g in series.latest.gpus]
         out = []
         for t, f in self.engine.findings(sorted(set(gpus)), since=job.start_time or 0.0):
-            view = query_pb2.HealthView(time=t, rule=f.rule, severity=f.severity, node=f.node, gpu=f.uuid,
-                                        description=f.description, advice=f.advice, action=f.action)
-            rank = f.labels.get("rank", "")
-            if rank and "," not in rank:
-                view.rank = int(rank)
-            if f.labels.get("pid"):
-                view.pid = int(f.labels["pid"])
-            out.append(view)
+            out.append(_health_view(t, f))
         return out
+
+
+def _health_view(t: float, f: Any):
+    """A finding as a query HealthView."""
+    view = query_pb2.HealthView(time=t, rule=f.rule, severity=f.severity, node=f.node, gpu=f.uuid,
+                                description=f.description, advice=f.advice, action=f.action)
+    rank = f.labels.get("rank", "")
+    if rank and "," not in rank:
+        view.rank = int(rank)
+    if f.labels.get("pid"):
+        view.pid = int(f.labels["pid"])
+    return view
