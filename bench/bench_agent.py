@@ -245,6 +245,62 @@ class PynvmlSeed:
         self.rows = [gpus, procs]
 
 
+def poll_parts(agent, rounds: int, polls: int, gap: float) -> dict[str, float]:
+    """Where an agent poll's CPU goes, part by part as Agent.poll takes them (median ms of round medians)."""
+    from clusterwatch.v1 import agent_pb2
+
+    from clusterwatch.wire import processes_to_table
+
+    names = ("GPU source (NVML, its read thread too)", "/proc: the watched trees", "/proc: the samples",
+             "labels", "process table + serialise")
+    by_round: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(rounds):
+        per: dict[str, list[float]] = {n: [] for n in names}
+        for _ in range(polls):
+            time.sleep(gap)
+            agent.clock.tick()
+            now = agent.clock()
+            marks = [time.process_time()]
+            gpu_poll = agent.gpus.poll(now)
+            marks.append(time.process_time())
+            pids = agent.procs.descendants(agent.watched_roots(set(gpu_poll.processes)))
+            marks.append(time.process_time())
+            samples = agent.procs.sample(pids, now, gpu_poll.processes)
+            marks.append(time.process_time())
+            agent.labeler.label(samples)
+            marks.append(time.process_time())
+            batch = agent_pb2.Batch(sent_at=now)
+            processes_to_table(samples, batch.processes)
+            batch.SerializeToString()
+            marks.append(time.process_time())
+            for n, a, b in zip(names, marks, marks[1:], strict=False):
+                per[n].append((b - a) * 1000)
+        for n in names:
+            by_round[n].append(median(per[n]))
+    return {n: median(v) for n, v in by_round.items()}
+
+
+def time_pynvml(nv, handles: list, polls: int) -> list[float]:
+    """CPU ms of the bindings' own calls a poll makes for `handles` (the floor of any pynvml monitor)."""
+    out = []
+    for _ in range(polls):
+        t0 = time.process_time()
+        for h in handles:
+            nv.nvmlDeviceGetUUID(h)
+            nv.nvmlDeviceGetUtilizationRates(h)
+            nv.nvmlDeviceGetMemoryInfo(h)
+            nv.nvmlDeviceGetPowerUsage(h)
+            for fn in (nv.nvmlDeviceGetComputeRunningProcesses_v3, nv.nvmlDeviceGetGraphicsRunningProcesses_v3,
+                       nv.nvmlDeviceGetMPSComputeRunningProcesses_v3):
+                fn(h)
+            try:
+                nv.nvmlDeviceGetProcessUtilization(h, int((time.time() - 1) * 1e6))
+            except nv.NVMLError:
+                pass
+        out.append((time.process_time() - t0) * 1000)
+    return out
+
+
 def nvml_child(spec_path: str) -> None:
     """`--nvml-child SPEC`: in a process whose LD_LIBRARY_PATH holds the stand-in, time the NVML rows."""
     import json
@@ -267,6 +323,11 @@ def nvml_child(spec_path: str) -> None:
     for _ in range(spec["rounds"]):
         res["agent"].append(median(time_agent(agent, spec["polls"], spec["gap"])))
         res["seed"].append(median(time_seed(seed, spec["polls"], spec["gap"])))
+    res["parts"] = poll_parts(agent, spec["rounds"], spec["polls"], spec["gap"])
+    res["parts"]["pynvml calls"] = median([median(time_pynvml(seed.nv, seed.handles, spec["polls"]))
+                                           for _ in range(spec["rounds"])])
+    if spec.get("profile"):
+        res["profile"] = profile_polls(agent, spec["polls"] * 2, spec["gap"])
     agent.gpus.close()
     res.update(samples=len(samples), gpu_procs=gpu_procs, seed_procs=len(seed.rows[1]),
                batch_bytes=len(batch.SerializeToString()))
@@ -295,23 +356,30 @@ def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, 
 
 
 def profile_agent(node: str, spool: str, polls: int) -> str:
+    agent = build_agent(node, spool)
+    agent.clock = PollClock(agent.config.interval_s)
+    agent.poll()
+    return profile_polls(agent, polls, 0.05)
+
+
+def profile_polls(agent, polls: int, gap: float) -> str:
+    """A cProfile of `polls` polls (poll + serialise), by own time, then by cumulative time."""
     import cProfile
     import io
     import pstats
 
-    agent = build_agent(node, spool)
-    agent.clock = PollClock(agent.config.interval_s)
-    agent.poll()
     prof = cProfile.Profile()
     for _ in range(polls):
-        time.sleep(0.05)
+        time.sleep(gap)
         agent.clock.tick()
         prof.enable()
         batch, _ = agent.poll()
         batch.SerializeToString()
         prof.disable()
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+    stats = pstats.Stats(prof, stream=s)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
     return s.getvalue()
 
 
@@ -412,6 +480,10 @@ def run(quick: bool = False, rounds: int = 5, polls: int = 20, procs: int = 64, 
         f"utilisation sample each; the NVML path costs {na - a:+.2f} ms/poll over the simulated one. "
         f"psutil + pyNVML seed ({nvml['seed_procs']} processes): {ns / na:.1f}× the NVML agent's poll, target ≥ 10× "
         f"→ {verdict(ns / na >= 10)}.",
+        "the NVML agent's poll by part, ms (taken apart, same rounds): " + ", ".join(
+            f"{name} {ms:.2f}" for name, ms in nvml["parts"].items() if name != "pynvml calls")
+        + f"; of the GPU source, the bindings' own calls (8 GPUs: UUID, utilisation, memory, power, 3 process "
+        f"lists, process utilisation) {nvml['parts']['pynvml calls']:.2f}.",
         f"first poll (trees walked, environments read) {res['first_ms']:.1f} ms; provenance, once per rank process "
         f"off the poll: " + (f"{res['prov_n']} processes, {res['prov_ms']:.0f} ms CPU with git's, before the rounds"
                               if res["prov_n"] is not None else "off"),
