@@ -21,7 +21,8 @@ def replay(trace: str, rules_path: str | None, fmt: str, jobs: int | None) -> No
     """Replay TRACE (JSON lines, docs/traces.md) through the leak and stall rules.
 
     Prints every alert event (pending, firing, resolved) in trace time. Malformed
-    trace lines are skipped and counted on stderr; a bad rules file exits 2.
+    trace lines are skipped and counted on stderr; a trace without one valid line exits 1;
+    an unreadable trace or a bad rules file exits 2. When nothing is raised, stderr says so.
     """
     from clusterwatch.collector.replay import ReplayStats, event_human, event_json, replay_file
     from clusterwatch.collector.rules import load_rules
@@ -35,20 +36,36 @@ def replay(trace: str, rules_path: str | None, fmt: str, jobs: int | None) -> No
         sys.exit(2)
     stats = ReplayStats()
     out = sys.stdout.buffer
+    events = 0
     try:
         if fmt == "jsonl":
             for ev in replay_file(trace, rules, stats, jobs):
                 out.write(event_json(ev) + b"\n")
+                events += 1
         else:
             for ev in replay_file(trace, rules, stats, jobs):
                 out.write(printable(event_human(ev)).encode() + b"\n")
+                events += 1
     except ParseError as exc:
         click.echo(f"clusterwatch replay: {exc}", err=True)
         sys.exit(2)
     out.flush()
-    if stats.bad_lines:
-        where = "; ".join(f"line {n}: {why}" for n, why in stats.first_bad)
-        click.echo(f"clusterwatch replay: {trace}: skipped {stats.bad_lines} malformed line(s) "
-                   f"({where}{'; ...' if stats.bad_lines > len(stats.first_bad) else ''})", err=True)
     if stats.samples == 0:
-        click.echo(f"clusterwatch replay: {trace}: no observations in the trace", err=True)
+        # nothing to judge: a wrong file (a log, a rules file, an empty one) must not pass for a calm trace
+        click.echo(f"clusterwatch replay: {trace}: no valid trace line ({_bad_lines(stats) or 'the file has no line'}); "
+                   "a trace is JSON lines with t, node and pid (docs/traces.md), as `clusterwatch record` writes",
+                   err=True)
+        sys.exit(1)
+    if stats.bad_lines:
+        click.echo(f"clusterwatch replay: {trace}: {_bad_lines(stats)}", err=True)
+    if not events:
+        click.echo(f"clusterwatch replay: {trace}: no alert raised over {stats.samples} observations", err=True)
+
+
+def _bad_lines(stats) -> str:
+    """'skipped N malformed line(s) (line 3: not JSON; ...)', or '' when none was."""
+    if not stats.bad_lines:
+        return ""
+    where = "; ".join(f"line {n}: {why}" for n, why in stats.first_bad)
+    more = "; ..." if stats.bad_lines > len(stats.first_bad) else ""
+    return f"skipped {stats.bad_lines} malformed line(s) ({where}{more})"

@@ -108,7 +108,8 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                     utilization=d.get("utilization"), processes=d.get("processes"), index=d.get("index")))
             elif kind == "node":
                 st.records += 1
-                hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)))
+                hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)),
+                                   every_s=float(d.get("every_s") or 0.0))
                 events = [*eng.tick(hb.t), *eng.heartbeat(hb)]
             else:
                 _bad(st, lineno, f"unknown kind {kind!r}")
@@ -184,6 +185,7 @@ def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = No
                 st.samples += part.samples
                 st.bad_lines += part.bad_lines
                 st.out_of_order += part.out_of_order
+                st.records += part.records
             st.first_bad = sorted(x for part in parts for x in part.first_bad)[:5]
             yield from events
             return

@@ -1,44 +1,134 @@
 """A job's history as a trace (docs/traces.md), for `clusterwatch record` and `replay`.
 
-One JSON line per process sample, all processes merged in time order, time in
-seconds since the first line; the step is the last one the process had reported at
-that time.
+What the rule engine saw of the job, as far as the collector still holds it, so that a
+replay with the same rules raises the same alerts:
+
+- a process line per history point, and one for the latest sample when it is newer than
+  the last point (the sample that made an alert fire is often that one);
+- on every process line the sizes the live rules project "full in ~N h" from and judge a
+  leak's urgency by (the GPU's memory, the node's memory);
+- the labels rule overrides match (user, command, job name, partition), where each
+  process first appears;
+- a `gpu` record per reading of each GPU of the job (`idle_gpu`), and a `node` record
+  at every time the job's nodes reported (`agent_down`).
+
+Times are the agents' Unix times, as the engine saw them: the leak rules cut time into
+buckets on a fixed grid, and a trace shifted to start at 0 would cut them elsewhere.
 """
 from __future__ import annotations
 
 import bisect
 import json
+from typing import Any
 
-from .state import ClusterState, JobState
+from .state import ClusterState, JobState, ProcessSeries
+
+# Lines at one time in the order the collector feeds a batch to the engine: processes,
+# then the node's GPUs, then the node's heartbeat.
+_PROCESS, _GPU, _NODE = 0, 1, 2
 
 
 def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
-    """The job's samples held in memory, as trace lines in time order."""
-    rows = []
+    """The job's history held in memory, as trace lines in time order.
+
+    Args:
+        state: The collector's state (read under its lock by the caller).
+        job: The job.
+
+    Returns:
+        JSON lines without newlines, oldest first.
+    """
+    rows: list[tuple[float, int, dict[str, Any]]] = []
+    # GPU UUID → (first, last) times of each of the job's processes on it: how many use it at a reading
+    users: dict[str, list[tuple[float, float]]] = {}
+    node_times: dict[str, set[float]] = {}
     for series in state.job_processes(job):
-        s = series.latest
-        gpu = s.gpus[0].gpu_uuid if s.gpus else ""
-        gs = state.gpus.get(gpu)
-        index = gs.info.index if gs is not None else None
-        steps = list(series.step_history)
-        step_times = [t for t, _ in steps]
-        for p in series.history:
-            row = {"t": p.t, "node": s.node, "job_id": job.job_id, "pid": s.pid, "start_time": s.start_time,
-                   "gpu": index if index is not None else gpu, "gpu_mem_bytes": p.gpu_memory_bytes,
-                   "gpu_util": p.gpu_utilization, "cpu_percent": p.cpu_percent, "rss_bytes": p.rss_bytes,
-                   "threads": p.threads, "open_fds": p.open_fds}
-            if s.rank is not None:
-                row["rank"] = s.rank
-            i = bisect.bisect_right(step_times, p.t)
-            if i:
-                row["step"] = steps[i - 1][1]
-            rows.append(row)
-    rows.sort(key=lambda r: r["t"])
-    if not rows:
-        return []
-    t0 = rows[0]["t"]
+        lines = _process_rows(state, job, series)
+        if not lines:
+            continue
+        rows.extend((r["t"], _PROCESS, r) for r in lines)
+        times = node_times.setdefault(series.key.node, set())
+        times.update(r["t"] for r in lines if "gpu_mem_bytes" in r or "rss_bytes" in r or "gpu_util" in r)
+        for g in series.latest.gpus:
+            users.setdefault(g.gpu_uuid, []).append((lines[0]["t"], lines[-1]["t"]))
+    for node in sorted(set(job.nodes) | set(node_times) | set(job.gpus_by_node)):
+        times = node_times.setdefault(node, set())
+        for r in _gpu_rows(state, job, node, users):
+            rows.append((r["t"], _GPU, r))
+            times.add(r["t"])
+        ns = state.nodes.get(node)
+        every = ns.send_interval_s if ns is not None else 0.0
+        for t in times:
+            rec: dict[str, Any] = {"kind": "node", "t": t, "node": node, "has_jobs": True}
+            if every:
+                rec["every_s"] = every
+            rows.append((t, _NODE, rec))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    dumps = json.dumps
+    return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
+
+
+def _gpu_total(state: ClusterState, uuid: str) -> int | None:
+    """The GPU's size as the live rules take it (collector/alerting.py): its latest reading's, else its inventory's."""
+    gs = state.gpus.get(uuid)
+    if gs is None:
+        return None
+    return (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
+            else gs.info.memory_total_bytes) or None
+
+
+def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> list[dict[str, Any]]:
+    s = series.latest
+    uuid = s.gpus[0].gpu_uuid if s.gpus else ""
+    gs = state.gpus.get(uuid) if uuid else None
+    ns = state.nodes.get(s.node)
+    same = {"node": s.node, "job_id": job.job_id, "pid": s.pid, "start_time": s.start_time,
+            "gpu": uuid or None, "gpu_index": gs.info.index if gs is not None else None, "rank": s.rank,
+            "gpu_mem_total_bytes": _gpu_total(state, uuid) if uuid else None,
+            "node_mem_total_bytes": (ns.memory_total_bytes or None) if ns is not None else None}
+    # (t, cpu, rss, gpu memory, gpu utilisation, threads, fds): the history, then the latest sample
+    points: list[tuple] = [tuple(p) for p in series.history]
+    if not points or s.time > points[-1][0]:
+        if len(s.gpus) == 1:  # what the live rules read (collector/alerting.py)
+            gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
+        else:
+            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+        points.append((s.time, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+    steps = list(series.step_history)
+    step_times = [t for t, _ in steps]
     out = []
-    for r in rows:
-        r["t"] = round(r["t"] - t0, 3)
-        out.append(json.dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")))
+    for t, cpu, rss, gmem, gutil, threads, fds in points:
+        row = {"t": t, **same, "gpu_mem_bytes": gmem, "gpu_util": gutil, "cpu_percent": cpu, "rss_bytes": rss,
+               "threads": threads, "open_fds": fds}
+        i = bisect.bisect_right(step_times, t)
+        if i:
+            row["step"] = steps[i - 1][1]
+        out.append(row)
+    labels = {"user": s.user or None, "command": s.command or None, "job_name": job.name or None,
+              "partition": job.partition or None}
+    if len(series.history) == series.history.maxlen and s.start_time < out[0]["t"]:
+        # The collector dropped this process's oldest points: its warm-up began before the
+        # first one kept. A line without readings at its start tells the engine so (a replay
+        # would otherwise ignore the first warm-up's worth of the trace again).
+        out.insert(0, {"t": s.start_time, **{k: v for k, v in same.items() if not k.endswith("_bytes")}})
+    out[0].update(labels)
+    return out
+
+
+def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, list[tuple[float, float]]]
+              ) -> list[dict[str, Any]]:
+    """The readings of the job's GPUs on `node`: those allocated to it, and any of its processes use."""
+    allocated = set(job.gpus_by_node.get(node, ()))
+    uuids = allocated | {u for u in users if (gs := state.gpus.get(u)) is not None and gs.node == node}
+    out = []
+    for uuid in sorted(uuids):
+        gs = state.gpus.get(uuid)
+        if gs is None:
+            continue
+        spans = users.get(uuid, [])
+        base = {"kind": "gpu", "node": node, "gpu": uuid, "index": gs.info.index,
+                "job_id": job.job_id if uuid in allocated else ""}
+        for t, util, _mem in gs.history:
+            out.append({**base, "t": t, "utilization": util,
+                        "processes": sum(1 for a, b in spans if a <= t <= b)})
     return out

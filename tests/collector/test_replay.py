@@ -67,3 +67,26 @@ def test_gpu_and_node_records(tmp_path):
     res = CliRunner().invoke(replay, [str(p), "--format", "jsonl"])
     got = [(e["rule"], e["state"]) for e in map(json.loads, res.stdout.splitlines())]
     assert ("idle_gpu", "firing") in got and ("agent_down", "firing") in got and ("agent_down", "resolved") in got
+
+
+def test_a_trace_without_one_valid_line_exits_1_with_one_line(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    garbage = tmp_path / "rules.toml"
+    garbage.write_text('[gpu_stall]\nfor_s = 30\n{"t": 1, "node": "n1"}\n')
+    for path, why in ((empty, "the file has no line"), (garbage, "skipped 3 malformed line(s) (line 1: not JSON")):
+        res = CliRunner().invoke(replay, [str(path), "--format", "jsonl"])
+        assert res.exit_code == 1, res.output
+        assert res.stdout == ""
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{path}: no valid trace line" in lines[0] and why in lines[0], res.stderr
+
+
+def test_a_replay_that_raises_nothing_says_so(tmp_path):
+    rows = [{"t": 60.0 * i, "node": "n1", "pid": 7, "gpu_mem_bytes": 1 << 30, "gpu_util": 90.0, "rss_bytes": 1 << 30}
+            for i in range(30)]
+    p = tmp_path / "calm.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = CliRunner().invoke(replay, [str(p), "--format", "jsonl"])
+    assert res.exit_code == 0 and res.stdout == ""
+    assert res.stderr.strip() == f"clusterwatch replay: {p}: no alert raised over 30 observations"
