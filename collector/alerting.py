@@ -76,10 +76,12 @@ class Alerting(CoreListener):
         jobs, gpus = st.jobs, st.gpus
         job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
         gpu_totals: dict[str, int | None] = {}
+        job_ids: set[str] = set()
         for series in touched:
             s = series.latest
             if s.job_id:
                 has_jobs = True
+                job_ids.add(s.job_id)
             if s.time - series.rules_t < min_interval:
                 continue
             series.rules_t = s.time
@@ -114,7 +116,7 @@ class Alerting(CoreListener):
         self._observed[node] = live
         events.extend(self._gpu_events(node, now, touched))
         every = ns.send_interval_s if ns is not None else 0.0
-        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs, every)))
+        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs, every, tuple(sorted(job_ids)))))
         if events:
             self._handle(events, now)
 

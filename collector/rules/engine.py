@@ -107,6 +107,7 @@ class _NodeState:
     has_jobs: bool
     silent_after_s: float  # three of the agent's intervals: the least silence that counts
     state: str | None = None  # FIRING, None while nothing is raised
+    job_ids: tuple[str, ...] = ()  # the jobs it last reported processes of
 
 
 class Engine:
@@ -508,16 +509,19 @@ class Engine:
         """
         st = self._nodes.get(hb.node)
         if st is None:
-            self._nodes[hb.node] = _NodeState(hb.t, hb.has_jobs, 3.0 * hb.every_s)
+            self._nodes[hb.node] = _NodeState(hb.t, hb.has_jobs, 3.0 * hb.every_s, job_ids=hb.job_ids)
             return []
         out: list[AlertEvent] = []
         if st.state is not None:
             out.append(AlertEvent(t=hb.t, rule="agent_down", state=RESOLVED,
                                   severity=self.rules.agent_down.severity, node=hb.node,
+                                  job_id=st.job_ids[0] if st.job_ids else "",
                                   description=f"Agent on {hb.node} reports again after {_hours(hb.t - st.last_t)}",
                                   figures={"silent_for_s": round(hb.t - st.last_t, 1)}))
             st.state = None
         st.last_t, st.has_jobs, st.silent_after_s = hb.t, hb.has_jobs, 3.0 * hb.every_s
+        if hb.job_ids or not hb.has_jobs:
+            st.job_ids = hb.job_ids
         return out
 
     def tick(self, now: float) -> list[AlertEvent]:
@@ -542,9 +546,14 @@ class Engine:
 
     def _agent_down_event(self, node: str, st: _NodeState, now: float) -> AlertEvent:
         silent = now - st.last_t
+        jobs = st.job_ids
+        running = (f"job {jobs[0]} runs" if len(jobs) == 1 else
+                   f"jobs {', '.join(jobs[:3])}{' …' if len(jobs) > 3 else ''} run" if jobs else "jobs run")
         return AlertEvent(t=now, rule="agent_down", state=FIRING, severity=self.rules.agent_down.severity, node=node,
-                          description=f"Agent on {node} silent for {_hours(silent)} while jobs run there",
-                          figures={"silent_for_s": round(silent, 1), "last_seen_t": st.last_t})
+                          job_id=jobs[0] if jobs else "",
+                          description=f"Agent on {node} silent for {_hours(silent)} while {running} there",
+                          figures={"silent_for_s": round(silent, 1), "last_seen_t": st.last_t,
+                                   "job_ids": list(jobs)})
 
     # ---- figures of the moment -----------------------------------------------------------------
 

@@ -110,12 +110,15 @@ class NodeHeartbeat:
         has_jobs: Whether jobs run on the node (only such nodes raise agent_down).
         every_s: How often the agent sends (its send interval): a node is not silent before
             three of those have passed, whatever the rule's after_s.
+        job_ids: The jobs whose processes it reported, for the alert's text and its job (a job's
+            `status` shows the agent_down of its nodes).
     """
 
     t: float
     node: str
     has_jobs: bool = True
     every_s: float = 0.0
+    job_ids: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -120,3 +120,16 @@ def test_units_are_iec_and_durations_one_format():
     assert size(3 * 1024**4) == "3.0 TiB"
     assert [duration(s) for s in (5, 360, 5040, 3600, 26 * 3600 + 300, 3 * 86400 + 7200)] == [
         "5 s", "6 min", "1 h 24 min", "1 h", "26 h 5 min", "3 d 2 h"]
+
+
+def test_agent_down_names_the_jobs_that_run_there_and_belongs_to_the_job():
+    eng = Engine(load_rules())
+    eng.heartbeat(NodeHeartbeat(t=0.0, node="g3", job_ids=("42",)))
+    (down,) = eng.tick(120.0)
+    assert down.job_id == "42" and "while job 42 runs there" in down.description
+    assert down.figures["job_ids"] == ["42"]
+    (back,) = eng.heartbeat(NodeHeartbeat(t=130.0, node="g3", job_ids=("42",)))
+    assert back.state == RESOLVED and back.job_id == "42"
+    eng.heartbeat(NodeHeartbeat(t=0.0, node="g4", job_ids=("7", "8")))
+    (down,) = eng.tick(240.0)[-1:]
+    assert "while jobs 7, 8 run there" in down.description
