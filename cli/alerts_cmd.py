@@ -1,7 +1,6 @@
 """`clusterwatch alerts`: the alerts the collector holds, active first."""
 from __future__ import annotations
 
-import json
 import time
 
 import click
@@ -38,7 +37,7 @@ def alerts(collector: str, collectors_before: str, tls_ca: str | None, job_id: s
     import grpc
     from clusterwatch.v1 import query_pb2
 
-    from .status_cmd import _explain, _stub, ask_all, view_as_dict
+    from .status_cmd import _explain, _stub, ask_all
 
     found = deployment(collector, collectors_before)
     request = query_pb2.ListAlertsRequest(job_id=job_id, include_resolved=include_resolved, limit=limit)
@@ -58,8 +57,10 @@ def alerts(collector: str, collectors_before: str, tls_ca: str | None, job_id: s
             channel.close()
     if job_id and not resp.alerts:
         _check_job_known(collector, tls_ca, job_id)
-    if as_json:
-        click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
+    if as_json:  # docs/json.md: the alert object status has too
+        from .json_view import alerts_document, dumps
+
+        click.echo(dumps(alerts_document(resp)), nl=False)
     else:
         click.echo(render_alerts(list(resp.alerts), time.time()), nl=False)
     if partial:

@@ -1,8 +1,8 @@
 """The `--json` documents of `status`, `jobs`, `alerts` and `run`: query views turned into plain JSON objects.
 
-One place decides how a view looks to a script (docs/json.md; the schemas in docs/json/). Most fields
-are mapped by their protobuf type, so a field added to query.proto appears with the right JSON type
-without code here:
+One place decides how a view looks to a script (docs/json.md; the schema: docs/json/clusterwatch.schema.json).
+Most fields are mapped by their protobuf type, so a field added to query.proto appears with the right JSON
+type without code here:
 
 - integers (int32, uint64, …) are JSON integers, never strings; a float32 is written with the fewest
   digits that read back as the same float32 (45.3, not 45.29999923706055); a double as it is; a
@@ -37,7 +37,7 @@ ZERO_IS_UNSET: dict[str, frozenset[str]] = {
     "JobInfo": frozenset({"submit_time", "start_time", "end_time", "time_limit_s", "memory_bytes",
                           "ranks_expected", "cpus"}),
     # a process only `scontrol listpids` names has no sample: no start time, never seen
-    "ProcessView": frozenset({"start_time", "last_seen"}),
+    "ProcessView": frozenset({"start_time", "last_seen", "first_seen"}),
     "GpuView": frozenset({"memory_total_bytes"}),
     # pid 0: a node-wide alert (agent_down) names no process
     "AlertView": frozenset({"pid", "fired_at", "resolved_at"}),
@@ -206,17 +206,17 @@ def provenance_records(raw: str) -> list | None:
 
 
 def status_document(view) -> dict[str, Any]:
-    """`status --json` and `run --json`: the job's view (docs/json/status.schema.json)."""
+    """`status --json` and `run --json`: the job's view (schema: $defs/status_document)."""
     return {"schema": STATUS_SCHEMA, **message_to_json(view)}
 
 
 def jobs_document(response) -> dict[str, Any]:
-    """`jobs --json`: the job list and the alerts firing per job (docs/json/jobs.schema.json)."""
+    """`jobs --json`: the job list and the alerts firing per job (schema: $defs/jobs_document)."""
     return {"schema": JOBS_SCHEMA, **message_to_json(response)}
 
 
 def alerts_document(response) -> dict[str, Any]:
-    """`alerts --json`: the alerts, each the same object as in status (docs/json/alerts.schema.json)."""
+    """`alerts --json`: the alerts, each the same object as in status (schema: $defs/alerts_document)."""
     return {"schema": ALERTS_SCHEMA, **message_to_json(response)}
 
 

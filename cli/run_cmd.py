@@ -76,7 +76,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
 
     from .proctree import become_subreaper
     from .stack import Stack, make_workdir
-    from .status_cmd import fetch_job, view_as_dict
+    from .status_cmd import fetch_job
     from .stop_signals import StopSignals
 
     # absolute: the embedded processes run in it, not in the caller's folder
@@ -136,7 +136,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 _say(f"[clusterwatch] no samples of {job_id} reached the collector; "
                      f"see {workdir}/agent-{node}.log")
             else:
-                _report(view, as_json, output, view_as_dict)
+                _report(view, as_json, output)
         finally:
             if command_tree is not None:
                 command_tree.stop()
@@ -148,12 +148,12 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
     sys.exit(code)
 
 
-def _report(view, as_json: bool, output: str | None, view_as_dict) -> None:
+def _report(view, as_json: bool, output: str | None) -> None:
     """The final report: to `output`, else JSON to stdout (machine output) or text to stderr."""
-    if as_json:
-        import json
+    if as_json:  # the document status --json prints (docs/json.md)
+        from .json_view import dumps, status_document
 
-        text = json.dumps(view_as_dict(view), indent=2, sort_keys=True) + "\n"
+        text = dumps(status_document(view))
     else:
         from .render import render
 

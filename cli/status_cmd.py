@@ -79,12 +79,6 @@ def fetch_job(address: str, job_id: str, trend_points: int = 40, credential: Mun
         channel.close()
 
 
-def view_as_dict(view) -> dict:
-    from google.protobuf.json_format import MessageToDict
-
-    return MessageToDict(view, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
 def complete_job_ids(ctx: click.Context, param, incomplete: str):
     """Shell completion of JOBID: the running jobs the collector knows (quietly nothing when it is away)."""
     from click.shell_completion import CompletionItem
@@ -186,10 +180,10 @@ def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_end
     for a in answers:
         for job_id, firing in a.firing_alerts.items():
             resp.firing_alerts[job_id] = resp.firing_alerts[job_id] + firing
-    if as_json:
-        import json
+    if as_json:  # docs/json.md
+        from .json_view import dumps, jobs_document
 
-        click.echo(json.dumps(view_as_dict(resp), indent=2, sort_keys=True))
+        click.echo(dumps(jobs_document(resp)), nl=False)
     else:
         from .render import render_jobs
 

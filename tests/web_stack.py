@@ -74,8 +74,8 @@ class WebStack:
         def firing() -> bool:
             r = cli("alerts", "--collector", self.collector.address, "--json", env=self.cli_env)
             return r.returncode == 0 and any(
-                e.get("job_id") == JOB_ID and e["alert"]["rule"] == "gpu_memory_leak"
-                and e["alert"]["state"] == "firing" for e in _entries(r.stdout))
+                e.get("job_id") == JOB_ID and e["rule"] == "gpu_memory_leak"
+                and e["state"] == "firing" for e in _entries(r.stdout))
         try:
             wait_for(firing, timeout=timeout, interval=1.0, what="the leak alert firing")
         except AssertionError as exc:

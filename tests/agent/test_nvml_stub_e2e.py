@@ -29,7 +29,7 @@ def _firing(collector: Collector, rule: str) -> dict | None:
     if r.returncode != 0:
         return None
     for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["alert"]["rule"] == rule and entry["alert"]["state"] == "firing":
+        if entry["rule"] == rule and entry["state"] == "firing":
             return entry
     return None
 
@@ -60,8 +60,8 @@ def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Pat
         write_state(state, held)
         entry = wait_for(lambda: _firing(collector, "gpu_stall"), timeout=60, what="gpu_stall firing")
         assert entry["job_id"] == "stall-1"
-        assert entry["alert"]["pid"] == worker.pid and entry["alert"]["node"] == "gpu-node"
-        assert "idle (0 %)" in entry["alert"]["description"]
+        assert entry["pid"] == worker.pid and entry["node"] == "gpu-node"
+        assert "idle (0 %)" in entry["description"]
     finally:
         # everything is stopped before anything is judged: a failed check must not leave the collector running
         agent_code = agent.stop()
@@ -164,7 +164,7 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
 def _alerts(collector: Collector, rule: str) -> list[dict]:
     r = cli("alerts", "--collector", collector.address, "--json")
     assert r.returncode == 0, r.stderr
-    return [e for e in json.loads(r.stdout).get("alerts", []) if e["alert"]["rule"] == rule]
+    return [e for e in json.loads(r.stdout).get("alerts", []) if e["rule"] == rule]
 
 
 def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
         assert "GPU-lost0 (index 0) does not answer" in agent.text()
         # The rule itself works here: back on the bus, the process gone from it, it fires.
         write_state(state, gpu.format(lost=""))
-        wait_for(lambda: any(e["alert"]["state"] == "firing" for e in _alerts(collector, "idle_gpu")),
+        wait_for(lambda: any(e["state"] == "firing" for e in _alerts(collector, "idle_gpu")),
                  timeout=60, what="idle_gpu once the GPU really has no process")
     finally:
         agent.stop()

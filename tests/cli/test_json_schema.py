@@ -113,3 +113,35 @@ def test_the_whole_file_tells_the_documents_apart(documents):
     for name in ("status", "alerts", "jobs", "run"):
         assert [e.message for e in checker.iter_errors(documents[name])] == [], name
     assert list(checker.iter_errors({"schema": "clusterwatch.status/1", "job": None})) != []
+
+
+def test_alerts_json_holds_the_alert_object_status_holds(documents):
+    doc = documents["alerts"]
+    assert doc["schema"] == "clusterwatch.alerts/1"
+    assert errors(doc, "alerts_document") == []
+    [listed] = [a for a in doc["alerts"] if a["rule"] == "training_stall"]
+    [shown] = [a for a in documents["status_again"]["alerts"] if a["rule"] == "training_stall"]
+    assert listed == shown  # one object, whichever command prints it (its figures as of that moment)
+    assert listed["job_id"] == documents["status"]["job"]["job_id"] and listed["state"] == "firing"
+
+
+def test_jobs_json_holds_the_job_object_status_holds(documents):
+    doc = documents["jobs"]
+    assert doc["schema"] == "clusterwatch.jobs/1"
+    assert errors(doc, "jobs_document") == []
+    status_job = documents["status"]["job"]
+    [job] = [j for j in doc["jobs"] if j["job_id"] == status_job["job_id"]]
+    # the same object, but for the GPU count a run job's list entry cannot know (status counts what it sees)
+    assert job["gpus"] is None and status_job["gpus"] == 1
+    assert {**job, "gpus": 1} == status_job
+    assert doc["firing_alerts"] == {job["job_id"]: 1} and type(doc["firing_alerts"][job["job_id"]]) is int
+
+
+def test_run_json_report_is_the_status_document_of_the_ended_job(documents):
+    doc = documents["run"]
+    assert doc["schema"] == "clusterwatch.status/1"
+    assert errors(doc, "status_document") == []
+    assert doc["job"]["job_id"] == documents["status"]["job"]["job_id"]
+    assert doc["job"]["end_time"] is not None and doc["job"]["exit_code"] == 128 + signal.SIGTERM
+    [alert] = [a for a in doc["alerts"] if a["rule"] == "training_stall"]
+    assert alert["job_id"] == doc["job"]["job_id"] and alert["fired_at"] is not None

@@ -41,8 +41,8 @@ def _alert(collector, rule: str) -> dict | None:
     if r.returncode != 0:
         return None
     for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["alert"]["rule"] == rule:
-            return entry["alert"]
+        if entry["rule"] == rule:
+            return entry
     return None
 
 

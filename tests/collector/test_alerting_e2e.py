@@ -81,7 +81,7 @@ def _firing(collector, rule):
     if r.returncode != 0:
         return None
     for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["alert"]["rule"] == rule and entry["alert"]["state"] == "firing":
+        if entry["rule"] == rule and entry["state"] == "firing":
             return entry
     return None
 
@@ -101,8 +101,8 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
         entry = wait_for(lambda: _firing(collector, "host_memory_leak"), timeout=120,
                          what="host_memory_leak firing")
         assert entry["job_id"] == "leak-1"
-        assert entry["alert"]["node"] == "leak-node" and entry["alert"]["pid"] == leaker.pid
-        assert "grows" in entry["alert"]["description"]
+        assert entry["node"] == "leak-node" and entry["pid"] == leaker.pid
+        assert "grows" in entry["description"]
         text = collector.metrics()
         assert metric_value(text, "clusterwatch_alert", rule="host_memory_leak", state="firing",
                             job_id="leak-1") == 1.0

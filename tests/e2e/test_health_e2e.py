@@ -25,7 +25,7 @@ def _alert(collector: Collector, rule: str) -> dict | None:
     if r.returncode != 0:
         return None
     for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["alert"]["rule"] == rule and entry["alert"]["state"] == "firing":
+        if entry["rule"] == rule and entry["state"] == "firing":
             return entry
     return None
 
@@ -67,18 +67,18 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "xid-node"})
     try:
         xid13 = wait_for(lambda: _alert(collector, "gpu_xid"), timeout=60, what="gpu_xid from the log read at start")
-        assert xid13["job_id"] == "601" and xid13["alert"]["severity"] == "warning"
-        assert xid13["alert"]["pid"] == other.pid and xid13["alert"]["rank"] == 4
-        assert f"pid {other.pid}" in xid13["alert"]["description"]
+        assert xid13["job_id"] == "601" and xid13["severity"] == "warning"
+        assert xid13["pid"] == other.pid and xid13["rank"] == 4
+        assert f"pid {other.pid}" in xid13["description"]
         # the GPU of rank 3 falls off the bus: the driver says so, and NVML answers GPU_IS_LOST
         with kmsg.open("a") as f:
             f.write(_record(3, "NVRM: GPU at PCI:0000:3b:00: GPU-e2e0"))
             f.write(_record(4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
         write_state(state, gpus.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
         lost = wait_for(lambda: _alert(collector, "gpu_lost"), timeout=60, what="gpu_lost firing")
-        assert lost["job_id"] == "601" and lost["alert"]["rank"] == 3
-        assert lost["alert"]["gpu"] == "GPU-e2e0" and lost["alert"]["node"] == "xid-node"
-        assert lost["alert"]["severity"] == "critical" and "fell off the bus (XID 79)" in lost["alert"]["description"]
+        assert lost["job_id"] == "601" and lost["rank"] == 3
+        assert lost["gpu"] == "GPU-e2e0" and lost["node"] == "xid-node"
+        assert lost["severity"] == "critical" and "fell off the bus (XID 79)" in lost["description"]
         assert _alert(collector, "idle_gpu") is None
         status = cli("status", "601", "--collector", collector.address)
         assert status.returncode == 0, status.stderr
@@ -124,9 +124,9 @@ def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "ecc-node"})
     try:
         found = wait_for(lambda: _alert(collector, "gpu_memory_errors"), timeout=60, what="gpu_memory_errors")
-        assert found["job_id"] == "602" and found["alert"]["rank"] == 0
-        assert found["alert"]["severity"] == "critical"
-        assert "2 uncorrected ECC errors" in found["alert"]["description"]
+        assert found["job_id"] == "602" and found["rank"] == 0
+        assert found["severity"] == "critical"
+        assert "2 uncorrected ECC errors" in found["description"]
     finally:
         agent_code = agent.stop()
         collector.stop()

@@ -74,10 +74,10 @@ def test_ranks_on_different_commits_raise_code_mismatch(tmp_path):
         def mismatch():
             r = cli("alerts", "--collector", collector.address, "--json")
             alerts = json.loads(r.stdout).get("alerts", []) if r.returncode == 0 else []
-            return [a for a in alerts if a["alert"]["rule"] == "code_mismatch"]
+            return [a for a in alerts if a["rule"] == "code_mismatch"]
         (alert,) = wait_for(mismatch, timeout=60, what="code_mismatch")
-        assert alert["job_id"] == "mm-1" and alert["alert"]["state"] == "firing"
-        assert "2 different versions" in alert["alert"]["description"]
+        assert alert["job_id"] == "mm-1" and alert["state"] == "firing"
+        assert "2 different versions" in alert["description"]
         text = collector.metrics()
         assert metric_value(text, "clusterwatch_job_code_info", job_id="mm-1", versions="2") == 1.0
         # run tags ride on the job's info series (tags sent before the agent was up are resent)
