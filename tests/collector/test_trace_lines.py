@@ -111,3 +111,18 @@ def test_a_process_whose_oldest_samples_were_dropped_keeps_its_warm_up(tmp_path)
     assert procs[0] == {"t": START, "node": "n1", "job_id": "7", "pid": 101, "start_time": START, "gpu": "GPU-a",
                         "gpu_index": 0, "rank": 0, "user": "alice", "command": "python"}
     assert procs[1]["t"] == T0 + 70
+
+
+def test_the_history_holds_a_point_wherever_the_rules_look(tmp_path):
+    """`record` writes the history: with the demo rules' 5 s leak buckets the rules look every 5/3 s, and a
+    point every 5 s (the default step) leaves buckets empty in the trace (a replay missed both leaks in 2 runs
+    of 4 of tests/e2e/test_record_replay.py); with the shipped rules' 60 s buckets the step stays 5 s."""
+    from clusterwatch.collector.service import CollectorServer
+
+    from tests.helpers import ROOT
+
+    demo = CollectorServer(CollectorConfig(db_path=str(tmp_path / "a.db"),
+                                           rules_path=str(ROOT / "collector" / "rules" / "demo_rules.toml")))
+    assert demo.core.state.history_step_s == demo.alerting.min_interval_s == 5.0 / 3
+    shipped = CollectorServer(CollectorConfig(db_path=str(tmp_path / "b.db")))
+    assert shipped.core.state.history_step_s == shipped.alerting.min_interval_s == 5.0
