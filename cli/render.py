@@ -613,6 +613,19 @@ def _notes(view: query_pb2.JobView, run_time: float) -> list[str]:
             who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
             notes.append(f"GPU memory of {who} on {p.node} is growing; see Alerts for the rate and "
                          "the projected time until the GPU is full.")
+    host_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == "host_memory_leak"
+                    and (a.state == "firing" or a.ended_while_firing)}
+    for p in view.processes:  # host memory that climbs before (or without) an alert
+        if (p.alive and (p.node, p.pid) not in host_alerted and trend_word(list(p.rss_trend)) == "growing"
+                and p.rss_peak_bytes >= 256 * MIB):
+            who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
+            notes.append(f"Host memory of {who} on {p.node} is growing ({human_bytes(p.rss_bytes)} now); a leak "
+                         "ends with the job killed at its --mem.")
+    if job.memory_bytes:
+        peak = sum(p.rss_peak_bytes for p in view.processes)
+        if peak >= 0.9 * job.memory_bytes:
+            notes.append(f"Host memory reached {human_bytes(peak)} of the {human_bytes(job.memory_bytes)} "
+                         "allocated: past it, Slurm kills the job (OUT_OF_MEMORY). Ask for more (--mem) or use less.")
     notes.extend(alert_notes(view))
     if not notes:
         return []

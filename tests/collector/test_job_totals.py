@@ -172,3 +172,16 @@ def test_the_json_summary_carries_the_whole_job_totals(tmp_path):
     assert doc["hardware"]["gpus"][0]["utilization_mean_percent"] == 50.0  # the whole job, not the trend
     (rank,) = doc["ranks"]
     assert rank["cpu_seconds"] == 57600.0 and rank["steps_per_s"] == 0.0 and rank["stalled_since"] == T0 + 3000
+
+
+def test_notes_for_host_memory_that_grows_or_nears_the_allocation():
+    v = _view()
+    v.processes.add(node="n1", pid=11, rank=0, alive=True, rss_bytes=60 * GIB, rss_peak_bytes=60 * GIB,
+                    rss_trend=[float(GIB * (10 + 5 * i)) for i in range(11)])
+    notes = " ".join(render(v, now=T0 + 3600, width=None).split("\nNotes\n", 1)[1].split())
+    assert "Host memory of rank 0 on n1 is growing (60.0 GiB now)" in notes
+    assert "Host memory reached 60.0 GiB of the 64.0 GiB allocated" in notes and "--mem" in notes
+    # a firing host_memory_leak has its own note: the trend's is not said twice
+    v.alerts.add(rule="host_memory_leak", state="firing", node="n1", pid=11, rank=0, description="grows")
+    notes = " ".join(render(v, now=T0 + 3600, width=None).split("\nNotes\n", 1)[1].split())
+    assert "is growing (60.0 GiB now)" not in notes and "Host memory of rank 0 on n1 keeps growing" in notes
