@@ -59,7 +59,8 @@ def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: Repl
         stats: Filled with counts of samples and bad lines, when given.
 
     Yields:
-        Alert events, oldest first. `agent_down` is checked at every "node" record.
+        Alert events, oldest first. `agent_down` is checked at every "node" record; an
+        "end" record forgets its process (resolving its alerts).
     """
     for _, ev in _run(lines, Engine(rules), stats if stats is not None else ReplayStats(), 0, 1):
         yield ev
@@ -111,6 +112,8 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                 hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)),
                                    every_s=float(d.get("every_s") or 0.0))
                 events = [*eng.tick(hb.t), *eng.heartbeat(hb)]
+            elif kind == "end":  # the process was found gone: its alerts end as they did live
+                events = eng.forget_process(str(d["node"]), d["pid"] + 0, float(d.get("start_time", 0.0)), float(t))
             else:
                 _bad(st, lineno, f"unknown kind {kind!r}")
                 continue

@@ -9,8 +9,9 @@ replay with the same rules raises the same alerts:
   leak's urgency by (the GPU's memory, the node's memory);
 - the labels rule overrides match (user, command, job name, partition), where each
   process first appears;
-- a `gpu` record per reading of each GPU of the job (`idle_gpu`), and a `node` record
-  at every time the job's nodes reported (`agent_down`).
+- a `gpu` record per reading of each GPU of the job (`idle_gpu`), a `node` record
+  at every time the job's nodes reported (`agent_down`), and an `end` record where a
+  process was found gone (its alerts end as they did in the collector).
 
 Times are the agents' Unix times, as the engine saw them: the leak rules cut time into
 buckets on a fixed grid, and a trace shifted to start at 0 would cut them elsewhere.
@@ -23,9 +24,9 @@ from typing import Any
 
 from .state import ClusterState, JobState, ProcessSeries
 
-# Lines at one time in the order the collector feeds a batch to the engine: processes,
-# then the node's GPUs, then the node's heartbeat.
-_PROCESS, _GPU, _NODE = 0, 1, 2
+# Lines at one time in the order the collector feeds a batch to the engine: processes, the
+# processes found gone, the node's GPUs, the node's heartbeat.
+_PROCESS, _END, _GPU, _NODE = 0, 1, 2, 3
 
 
 def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
@@ -42,6 +43,7 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
     # GPU UUID → (first, last) times of each of the job's processes on it: how many use it at a reading
     users: dict[str, list[tuple[float, float]]] = {}
     node_times: dict[str, set[float]] = {}
+    ended: list[tuple[ProcessSeries, float]] = []  # processes gone, each with its last line's time
     for series in state.job_processes(job):
         lines = _process_rows(state, job, series)
         if not lines:
@@ -51,6 +53,8 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
         times.update(r["t"] for r in lines if "gpu_mem_bytes" in r or "rss_bytes" in r or "gpu_util" in r)
         for g in series.latest.gpus:
             users.setdefault(g.gpu_uuid, []).append((lines[0]["t"], lines[-1]["t"]))
+        if not series.alive:
+            ended.append((series, lines[-1]["t"]))
     for node in sorted(set(job.nodes) | set(node_times) | set(job.gpus_by_node)):
         times = node_times.setdefault(node, set())
         for r in _gpu_rows(state, job, node, users):
@@ -63,6 +67,11 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
             if every:
                 rec["every_s"] = every
             rows.append((t, _NODE, rec))
+    for series, last in ended:
+        # the collector forgets a process at its node's first report without it
+        t = min((x for x in node_times.get(series.key.node, ()) if x > last), default=last)
+        rows.append((t, _END, {"kind": "end", "t": t, "node": series.key.node, "pid": series.key.pid,
+                               "start_time": series.key.start_time}))
     rows.sort(key=lambda r: (r[0], r[1]))
     dumps = json.dumps
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]

@@ -41,23 +41,24 @@ for_s = 20
 """
 
 
-def _batch(seq: int, t: float) -> agent_pb2.Batch:
+def _batch(seq: int, t: float, rank: bool = True) -> agent_pb2.Batch:
     """One poll: rank 0 on GPU-a, its RSS growing 10 MiB/s; GPU-a busy, GPU-b (also the job's) unused."""
     b = agent_pb2.Batch(seq=seq, sent_at=t)
     sample = ProcessSample(t, "n1", 101, START, ppid=1, uid=1000, user="alice", command="python", job_id="7",
                            rank=0, cpu_percent=90.0, rss_bytes=GiB + int((t - T0) * 10 * (1 << 20)), threads=8,
                            open_fds=20, gpus=(GpuUse("GPU-a", 2 * GiB, 85.0),))
-    processes_to_table([sample], b.processes)
+    processes_to_table([sample] if rank else [], b.processes)
     if seq == 1:
         job_event_to_proto(JobEvent("start", "7", t - 1, uid=1000, user="alice", gpu_uuids=("GPU-a", "GPU-b")),
                            b.job_events.add())
-    for uuid, util in (("GPU-a", 85.0), ("GPU-b", 0.0)):
+    for uuid, util in (("GPU-a", 85.0 if rank else 0.0), ("GPU-b", 0.0)):
         b.gpus.add(time=t, uuid=uuid, utilization=util, memory_used_bytes=2 * GiB, memory_total_bytes=16 * GiB)
     return b
 
 
-def _run(tmp_path, history_points: int):
-    """A collector's core and live rules fed 120 one-second polls; (its firing alerts, the job's trace)."""
+def _run(tmp_path, history_points: int, rank_polls: int = 120):
+    """A collector's core and live rules fed 120 one-second polls, the rank in the first `rank_polls`;
+    (its firing alerts, the job's trace, its alerts pending or firing at the end)."""
     rules_path = tmp_path / "rules.toml"
     rules_path.write_text(RULES)
     rules = load_rules(str(rules_path))
@@ -73,24 +74,35 @@ def _run(tmp_path, history_points: int):
                                      agent_pb2.GpuInfo(uuid="GPU-b", index=1, memory_total_bytes=16 * GiB)]))
     for i in range(120):
         clock.now = T0 + i
-        assert core.batch("n1", "b", _batch(i + 1, T0 + i))
+        assert core.batch("n1", "b", _batch(i + 1, T0 + i, rank=i < rank_polls))
         core.tick()
-    live = {(a.rule, a.job_id, a.node, a.rank, a.pid if a.pid and a.pid > 0 else None, a.gpu)
-            for a in alerting.store.active() if a.state == "firing"}
+    fired = {_key(a) for a in alerting.store.history(1000) if a.fired_at}
+    active = {(_key(a), a.state) for a in alerting.store.active()}
     found = core.job_trace("7")
     assert found is not None
-    return rules, live, found[0]
+    return rules, fired, found[0], active
 
 
-def _replayed(rules, lines: list[str]) -> set[tuple]:
-    return {(e.rule, e.job_id, e.node, e.rank, e.pid if e.pid and e.pid > 0 else None, e.gpu)
-            for e in replay_lines((x.encode() for x in lines), rules) if e.state == "firing"}
+def _key(a) -> tuple:
+    """What an alert is about (no process: None, however spelt)."""
+    return a.rule, a.job_id, a.node, a.rank, a.pid if a.pid and a.pid > 0 else None, a.gpu
+
+
+def _replayed(rules, lines: list[str]) -> tuple[set[tuple], set[tuple]]:
+    """(what fired, what is pending or firing at the end) when the lines are replayed."""
+    last: dict[tuple, str] = {}
+    fired = set()
+    for e in replay_lines((x.encode() for x in lines), rules):
+        last[_key(e)] = e.state
+        if e.state == "firing":
+            fired.add(_key(e))
+    return fired, {(k, state) for k, state in last.items() if state != "resolved"}
 
 
 def test_the_trace_replays_to_the_live_alerts(tmp_path):
-    rules, live, lines = _run(tmp_path, history_points=720)
+    rules, live, lines, active = _run(tmp_path, history_points=720)
     assert {r[0] for r in live} == {"host_memory_leak", "idle_gpu"}
-    assert _replayed(rules, lines) == live
+    assert _replayed(rules, lines) == (live, active)
     rows = [json.loads(x) for x in lines]
     procs = [r for r in rows if "kind" not in r]
     assert procs[0]["t"] == T0 and procs[-1]["t"] == T0 + 119  # the agents' time, to the last sample
@@ -103,14 +115,23 @@ def test_the_trace_replays_to_the_live_alerts(tmp_path):
 
 
 def test_a_process_whose_oldest_samples_were_dropped_keeps_its_warm_up(tmp_path):
-    rules, live, lines = _run(tmp_path, history_points=50)
+    rules, live, lines, active = _run(tmp_path, history_points=50)
     assert "host_memory_leak" in {r[0] for r in live}
-    assert _replayed(rules, lines) == live
+    assert _replayed(rules, lines) == (live, active)
     # the first 70 polls are gone; a line without readings at the process's start opens it
     procs = [r for r in map(json.loads, lines) if "kind" not in r]
     assert procs[0] == {"t": START, "node": "n1", "job_id": "7", "pid": 101, "start_time": START, "gpu": "GPU-a",
                         "gpu_index": 0, "rank": 0, "user": "alice", "command": "python"}
     assert procs[1]["t"] == T0 + 70
+
+
+def test_a_process_gone_ends_its_alerts_in_the_replay_as_in_the_collector(tmp_path):
+    rules, live, lines, active = _run(tmp_path, history_points=720, rank_polls=100)
+    assert {r[0] for r in live} == {"host_memory_leak", "idle_gpu"}
+    assert "host_memory_leak" not in {k[0] for k, _ in active}  # it ended with its process
+    assert _replayed(rules, lines) == (live, active)
+    ends = [r for r in map(json.loads, lines) if r.get("kind") == "end"]
+    assert ends == [{"kind": "end", "t": T0 + 100, "node": "n1", "pid": 101, "start_time": START}]
 
 
 def test_the_history_holds_a_point_wherever_the_rules_look(tmp_path):
