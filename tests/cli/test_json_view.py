@@ -261,3 +261,13 @@ def test_the_schema_is_a_valid_draft_2020_12_schema_and_strict():
     for name, definition in SCHEMA["$defs"].items():
         assert definition["additionalProperties"] is False, name
         assert definition["required"] == list(definition["properties"]), name  # every field, null or not
+
+
+def test_the_text_escapes_what_could_act_on_a_terminal_and_reads_back():
+    doc = json_view.status_document(filled(query_pb2.JobView()))
+    doc["job"]["name"] = "run\u202eexe\x1b[2J\u0085 é 😀"  # a bidi override, ESC, a C1 control, non-ASCII
+    text = json_view.dumps(doc)
+    assert text.isascii() and "\x1b" not in text and json.loads(text) == doc
+    assert text == json.dumps(doc, indent=2, sort_keys=True) + "\n"  # what json.dumps wrote before
+    line = json_view.dumps(doc, one_line=True)
+    assert line.count("\n") == 1 and json.loads(line) == doc
