@@ -355,10 +355,12 @@ def _overall(view: query_pb2.JobView, width: int | None, run_time: float = 0.0) 
     elif run_time > 0 and cpu_s > 0:  # what is known without Slurm's core count
         lines.append(("CPU", f"{cpu_s / run_time:.1f} cores busy on average ({duration(cpu_s)} CPU time); "
                              "allocated cores unknown"))
-    else:
+    else:  # no CPU time yet (the first polls): the latest readings
         now_cores = sum(p.cpu_percent for p in live if p.HasField("cpu_percent")) / 100
-        meters.append(("CPU", now_cores / cores if cores else None,
-                       f"  {now_cores:.1f} of {cores} cores" if cores else f"  {now_cores:.1f} cores busy"))
+        if cores:
+            meters.append(("CPU", now_cores / cores, f"  {now_cores:.1f} of {cores} cores"))
+        else:
+            lines.append(("CPU", f"{now_cores:.1f} cores busy now; allocated cores unknown"))
     # host memory against what Slurm allocated (the job is killed past it), never the node's RAM
     rss = (sum(p.rss_peak_bytes for p in view.processes) if ended
            else sum(p.rss_bytes for p in live if p.HasField("rss_bytes")))

@@ -185,3 +185,10 @@ def test_notes_for_host_memory_that_grows_or_nears_the_allocation():
     v.alerts.add(rule="host_memory_leak", state="firing", node="n1", pid=11, rank=0, description="grows")
     notes = " ".join(render(v, now=T0 + 3600, width=None).split("\nNotes\n", 1)[1].split())
     assert "is growing (60.0 GiB now)" not in notes and "Host memory of rank 0 on n1 keeps growing" in notes
+
+
+def test_cpu_without_cpu_time_or_cores_says_what_is_known_not_n_a():
+    v = _view(cpus=0)
+    v.processes.add(node="n1", pid=11, rank=0, alive=True, cpu_percent=250.0, rss_bytes=GIB)
+    cpu = next(x for x in render(v, now=T0 + 5, width=None).splitlines() if x.startswith("  CPU "))
+    assert cpu.split() == ["CPU", "2.5", "cores", "busy", "now;", "allocated", "cores", "unknown"], cpu
