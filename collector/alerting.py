@@ -77,6 +77,13 @@ class Alerting(CoreListener):
         job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
         gpu_totals: dict[str, int | None] = {}
         job_ids: set[str] = set()
+        # the room each job has on this node under its allocation: Slurm's memory over its nodes, less what the
+        # job's processes here hold (a leak ends with the job killed at its --mem, long before the node's RAM)
+        job_rss: dict[str, int] = {}
+        for series in touched:
+            s = series.latest
+            if s.job_id and s.rss_bytes and series.alive:
+                job_rss[s.job_id] = job_rss.get(s.job_id, 0) + s.rss_bytes
         for series in touched:
             s = series.latest
             if s.job_id:
@@ -101,9 +108,15 @@ class Alerting(CoreListener):
                     gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
                 else:
                     gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+            ntotal, host_full = node_mem, "node memory"
+            if job is not None and job.memory_bytes and s.rss_bytes is not None:
+                share = job.memory_bytes / max(1, len(job.nodes))
+                # this process's ceiling: its own RSS plus the room the job has left on the node
+                ntotal = max(0, share - job_rss.get(s.job_id, 0)) + s.rss_bytes
+                host_full = "the job's memory allocation"
             found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user, s.command,
                             job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
-                            s.rss_bytes, node_mem, s.threads, s.open_fds, series.step)
+                            s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full)
             if found:
                 events.extend(found)
         # processes of this node that were watched and are gone now

@@ -46,7 +46,8 @@ class _Proc:
     __slots__ = ("node", "pid", "start_time", "job_id", "gpu", "rank", "user", "command", "job_name",
                  "partition", "rules", "silenced", "gpu_leak", "host_leak", "thr_leak", "fd_leak",
                  "idle_since", "seen_busy", "step", "step_t", "step_moved", "alerts", "handle_firing",
-                 "t0", "util_quiet", "step_quiet", "step_wait", "last_t", "idle_util", "last_util", "texts")
+                 "t0", "util_quiet", "step_quiet", "step_wait", "last_t", "idle_util", "last_util", "texts",
+                 "host_full")
 
     def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
         self.node = node
@@ -81,6 +82,7 @@ class _Proc:
         self.last_util: float | None = None  # the latest utilisation (training_stall's text)
         # rule → (description, severity, figures) as last said while pending or firing
         self.texts: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        self.host_full = "node memory"  # what the host total given is: the node's RAM, or the job's allocation
 
     def who(self) -> str:
         where = f"pid {self.pid} on {self.node}"
@@ -145,15 +147,18 @@ class Engine:
 
     def observe_fields(self, node: str, pid: int, start_time: float, t: float, job_id: str, gpu: str,
                        rank: int | None, user: str, command: str, job_name: str, partition: str, gmem: Any,
-                       gtotal: Any, util: Any, rss: Any, ntotal: Any, threads: Any, fds: Any, step: Any
-                       ) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+                       gtotal: Any, util: Any, rss: Any, ntotal: Any, threads: Any, fds: Any, step: Any,
+                       host_full: str = "node memory") -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """observe() with the observation's fields as arguments, in ProcessObservation's order
         (cpu_percent aside, which no rule reads): the collector calls it for every process of
-        every batch, and building an object each time would cost as much as the rules' common path."""
+        every batch, and building an object each time would cost as much as the rules' common path.
+        `host_full` names what `ntotal` is, for the alert's text: the collector gives the room left in the
+        job's memory allocation where Slurm says it ("the job's --mem"), else the node's RAM."""
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
             p = self._labels(key, p, t, job_id, gpu, rank, user, command, job_name, partition)
+        p.host_full = host_full
         return self._ingest(p, t, gmem, gtotal, util, rss, ntotal, threads, fds, step)
 
     def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
@@ -257,7 +262,7 @@ class Engine:
             else:
                 f = s.roll(t, rss, ntotal)
                 if f is not None:
-                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", "node memory")
+                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", p.host_full)
                     out = [ev] if out is None else [*out, ev]
         if threads is not None and p.thr_leak is not None:
             f = p.thr_leak.add(t, threads)
@@ -590,7 +595,7 @@ class Engine:
             if f is None:
                 return said
             what, full = (("GPU memory", "GPU") if rule == "gpu_memory_leak"
-                          else ("Host memory (RSS)", "node memory"))
+                          else ("Host memory (RSS)", p.host_full))
             desc, severity = _leak_text(p, what, full, f, getattr(p.rules, rule).severity)
             return desc, severity, _leak_figures(f)
         if rule == "handle_leak" and p.alerts.get(rule) == FIRING:
