@@ -59,8 +59,6 @@ class JobRegistry(CoreListener):
         listpids_concurrency: at most this many listpids calls at once.
         close_grace_s: see CLOSE_GRACE_S.
         clock: Unix time (tests pass their own).
-        records_from: what keeps the count of Slurm records left out (``records_skipped``), when that is
-            not ``mapper`` itself (an SshJobMapper over a ScontrolMapper).
     """
 
     def __init__(
@@ -73,7 +71,6 @@ class JobRegistry(CoreListener):
         listpids_concurrency: int = 8,
         close_grace_s: float = CLOSE_GRACE_S,
         clock: Callable[[], float] = time.time,
-        records_from: object | None = None,
         owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.core = core
@@ -81,7 +78,6 @@ class JobRegistry(CoreListener):
         # or every shard would list (and export) every job.
         self.owns = owns
         self.mapper = mapper
-        self._records_from = records_from if records_from is not None else mapper
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
         self.fill_in = fill_in
@@ -123,7 +119,7 @@ class JobRegistry(CoreListener):
         A record whose values forge lines of another (a newline in a job name or comment) never makes or
         changes another job; it is left out and counted here. 0 for a mapper that keeps no such count.
         """
-        return int(getattr(self._records_from, "records_skipped", 0))
+        return self.mapper.records_skipped
 
     # -- the task -----------------------------------------------------------------------------
 
@@ -362,7 +358,7 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
 
         mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
                                                 username=config.ssh_user, address=address))
-    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in, records_from=jobs,
+    return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in,
                        owns=_owns(config))
 
 

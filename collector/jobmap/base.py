@@ -47,7 +47,14 @@ class Reachability:
 
 @runtime_checkable
 class JobMapper(Protocol):
-    """Where the collector learns about jobs and their processes."""
+    """Where the collector learns about jobs and their processes.
+
+    Attributes:
+        records_skipped: job records Slurm printed that were left out because they could not be read
+            safely (clusterwatch.slurm.scontrol); 0 for a mapper that reads no Slurm output.
+    """
+
+    records_skipped: int
 
     async def show_job(self, job_id: int) -> JobRecord | None:
         """Return the job, or None when Slurm does not know it (never existed, or purged).

@@ -20,6 +20,7 @@ class FakeJobMapper:
     Attributes:
         calls: every call made, as ``(method, args)``, so tests can check what was asked.
         unavailable: when set, every call raises SlurmUnavailable with this message.
+        records_skipped: set by a test to stand for records Slurm printed that could not be read.
     """
 
     def __init__(
@@ -31,6 +32,7 @@ class FakeJobMapper:
         self.pids: dict[tuple[int, str], list[PidEntry]] = {k: list(v) for k, v in (pids or {}).items()}
         self.calls: list[tuple[str, tuple[object, ...]]] = []
         self.unavailable: str | None = None
+        self.records_skipped = 0
 
     def _check(self, method: str, *args: object) -> None:
         self.calls.append((method, args))

@@ -171,6 +171,11 @@ class SshJobMapper:
         self._jobs = jobs
         self._pids = pids
 
+    @property
+    def records_skipped(self) -> int:
+        """The job mapper's (SSH only asks for pids)."""
+        return self._jobs.records_skipped
+
     async def show_job(self, job_id: int) -> JobRecord | None:
         """See :meth:`JobMapper.show_job`."""
         return await self._jobs.show_job(job_id)
