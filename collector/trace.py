@@ -6,7 +6,8 @@ replay with the same rules raises the same alerts:
 - a process line per history point, and one for the latest sample when it is newer than
   the last point (the sample that made an alert fire is often that one);
 - on every process line the sizes the live rules project "full in ~N h" from and judge a
-  leak's urgency by (the GPU's memory, the node's memory);
+  leak's urgency by (the GPU's memory, the node's memory, and where Slurm gives the job
+  memory the room its allocation leaves the process);
 - the labels rule overrides match (user, command, job name, partition), where each
   process first appears;
 - a `gpu` record per reading of each GPU of the job (`idle_gpu`), a `node` record
@@ -44,10 +45,12 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
     users: dict[str, list[tuple[float, float]]] = {}
     node_times: dict[str, set[float]] = {}
     ended: list[tuple[ProcessSeries, float]] = []  # processes gone, each with its last line's time
+    on_node: dict[str, list[list[dict[str, Any]]]] = {}  # node → the lines of each of the job's processes there
     for series in state.job_processes(job):
         lines = _process_rows(state, job, series)
         if not lines:
             continue
+        on_node.setdefault(series.key.node, []).append(lines)
         rows.extend((r["t"], _PROCESS, r) for r in lines)
         times = node_times.setdefault(series.key.node, set())
         times.update(r["t"] for r in lines if "gpu_mem_bytes" in r or "rss_bytes" in r or "gpu_util" in r)
@@ -55,6 +58,9 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
             users.setdefault(g.gpu_uuid, []).append((lines[0]["t"], lines[-1]["t"]))
         if not series.alive:
             ended.append((series, lines[-1]["t"]))
+    if job.memory_bytes:
+        for procs in on_node.values():
+            _allocation_room(job.memory_bytes / max(1, len(job.nodes)), procs)
     for node in sorted(set(job.nodes) | set(node_times) | set(job.gpus_by_node)):
         times = node_times.setdefault(node, set())
         for r in _gpu_rows(state, job, node, users):
@@ -75,6 +81,24 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
     rows.sort(key=lambda r: (r[0], r[1]))
     dumps = json.dumps
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
+
+
+def _allocation_room(share: float, procs: list[list[dict[str, Any]]]) -> None:
+    """`job_mem_total_bytes` on each line with an RSS: the ceiling the live rules give a process's host
+    memory where Slurm gives the job memory (collector/alerting.py): its RSS plus the room the job's share of
+    the node has left, less what all the job's processes on the node hold then (each as of its latest line)."""
+    series = [([r["t"] for r in lines], [r.get("rss_bytes") for r in lines]) for lines in procs]
+    for lines in procs:
+        for r in lines:
+            rss = r.get("rss_bytes")
+            if rss is None:
+                continue
+            t, held = r["t"], 0
+            for times, values in series:
+                if times[0] <= t <= times[-1]:
+                    v = values[bisect.bisect_right(times, t) - 1]
+                    held += v or 0
+            r["job_mem_total_bytes"] = int(max(0.0, share - held)) + rss
 
 
 def _gpu_total(state: ClusterState, uuid: str) -> int | None:

@@ -56,9 +56,9 @@ def _batch(seq: int, t: float, rank: bool = True) -> agent_pb2.Batch:
     return b
 
 
-def _run(tmp_path, history_points: int, rank_polls: int = 120):
+def _run(tmp_path, history_points: int, rank_polls: int = 120, job_memory: int = 0):
     """A collector's core and live rules fed 120 one-second polls, the rank in the first `rank_polls`;
-    (its firing alerts, the job's trace, its alerts pending or firing at the end)."""
+    (the rules, what fired, the job's trace, the keys and states pending or firing at the end, those alerts)."""
     rules_path = tmp_path / "rules.toml"
     rules_path.write_text(RULES)
     rules = load_rules(str(rules_path))
@@ -75,12 +75,13 @@ def _run(tmp_path, history_points: int, rank_polls: int = 120):
     for i in range(120):
         clock.now = T0 + i
         assert core.batch("n1", "b", _batch(i + 1, T0 + i, rank=i < rank_polls))
+        state.jobs["7"].memory_bytes = job_memory  # what Slurm would say of the job's --mem
         core.tick()
     fired = {_key(a) for a in alerting.store.history(1000) if a.fired_at}
     active = {(_key(a), a.state) for a in alerting.store.active()}
     found = core.job_trace("7")
     assert found is not None
-    return rules, fired, found[0], active
+    return rules, fired, found[0], active, alerting.store.active()
 
 
 def _key(a) -> tuple:
@@ -100,7 +101,7 @@ def _replayed(rules, lines: list[str]) -> tuple[set[tuple], set[tuple]]:
 
 
 def test_the_trace_replays_to_the_live_alerts(tmp_path):
-    rules, live, lines, active = _run(tmp_path, history_points=720)
+    rules, live, lines, active, alerts = _run(tmp_path, history_points=720)
     assert {r[0] for r in live} == {"host_memory_leak", "idle_gpu"}
     assert _replayed(rules, lines) == (live, active)
     rows = [json.loads(x) for x in lines]
@@ -115,7 +116,7 @@ def test_the_trace_replays_to_the_live_alerts(tmp_path):
 
 
 def test_a_process_whose_oldest_samples_were_dropped_keeps_its_warm_up(tmp_path):
-    rules, live, lines, active = _run(tmp_path, history_points=50)
+    rules, live, lines, active, alerts = _run(tmp_path, history_points=50)
     assert "host_memory_leak" in {r[0] for r in live}
     assert _replayed(rules, lines) == (live, active)
     # the first 70 polls are gone; a line without readings at the process's start opens it
@@ -126,12 +127,25 @@ def test_a_process_whose_oldest_samples_were_dropped_keeps_its_warm_up(tmp_path)
 
 
 def test_a_process_gone_ends_its_alerts_in_the_replay_as_in_the_collector(tmp_path):
-    rules, live, lines, active = _run(tmp_path, history_points=720, rank_polls=100)
+    rules, live, lines, active, alerts = _run(tmp_path, history_points=720, rank_polls=100)
     assert {r[0] for r in live} == {"host_memory_leak", "idle_gpu"}
     assert "host_memory_leak" not in {k[0] for k, _ in active}  # it ended with its process
     assert _replayed(rules, lines) == (live, active)
     ends = [r for r in map(json.loads, lines) if r.get("kind") == "end"]
     assert ends == [{"kind": "end", "t": T0 + 100, "node": "n1", "pid": 101, "start_time": START}]
+
+
+def test_a_host_leak_under_the_jobs_allocation_replays_against_it(tmp_path):
+    rules, live, lines, active, alerts = _run(tmp_path, history_points=720, job_memory=4 * GiB)
+    assert _replayed(rules, lines) == (live, active)
+    (was,) = [a for a in alerts if a.rule == "host_memory_leak"]
+    (now,) = [e for e in replay_lines((x.encode() for x in lines), rules)
+              if e.rule == "host_memory_leak" and e.state == "firing"]
+    assert "the job's memory allocation full in ~" in was.description, was.description
+    assert "the job's memory allocation full in ~" in now.description, now.description
+    # the room left under 4 GiB at 10 MiB/s (against the node's 64 GiB it would be some 6,000 s)
+    room_s = (4 * GiB - now.figures["level_bytes"]) / (10 << 20)
+    assert abs(now.figures["time_to_full_s"] - room_s) < 0.2 * room_s, (now.figures, room_s)
 
 
 def test_the_history_holds_a_point_wherever_the_rules_look(tmp_path):
