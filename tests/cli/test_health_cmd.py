@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import grpc
+import jsonschema
 import pytest
 from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -52,6 +53,8 @@ def test_health_lists_the_troubled_gpu_for_admins_only(stub_lib: Path, tmp_path:
 
         doc = wait_for(listed, timeout=60, what="the troubled GPU in clusterwatch health --json")
         assert doc["schema"] == "clusterwatch.health/1"
+        schema = json.loads((ROOT / "docs" / "json" / "clusterwatch.schema.json").read_text())
+        assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)] == []
         [gpu] = doc["gpus"]  # the healthy GPU is not listed
         assert (gpu["node"], gpu["gpu"], gpu["index"], gpu["severity"]) == (NODE, "GPU-hc0", 0, "critical")
         assert gpu["xids"] == [{"xid": 48, "count": 1}] and gpu["ecc_uncorrected_volatile"] == 4
