@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from clusterwatch.agent.backends.procs import ProcSource
 from clusterwatch.agent.backends.psutil_procs import PsutilProcSource
@@ -16,7 +17,7 @@ from clusterwatch.agent.config import AgentConfig
 from clusterwatch.agent.runtime import open_procs
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import cli
+from tests.helpers import cli, wait_for
 
 # a child that starts a grandchild and burns CPU; it prints the grandchild's pid once both are up
 TREE = ("import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
@@ -55,13 +56,27 @@ def test_same_tree_and_figures_as_the_proc_reader(tree):
 
 
 def test_cpu_percent_from_deltas(tree):
+    """The busy child's share is its CPU time over the wall time between two samples: bracketed by CPU times
+    read just around each sample, so the check holds whatever share a loaded machine leaves it."""
     child, grandchild = tree
+    busy = psutil.Process(child)
+
+    def cpu() -> float:
+        t = busy.cpu_times()
+        return t.user + t.system
+
     src = PsutilProcSource("n")
-    src.sample({child, grandchild}, time.time(), {})
-    time.sleep(1.0)
-    got = {s.pid: s for s in src.sample({child, grandchild}, time.time(), {})}
-    assert got[child].cpu_percent > 30  # a busy loop: near 100 on an idle core, generous for a loaded one
-    assert got[grandchild].cpu_percent < 10
+    before_first, t0 = cpu(), time.time()
+    src.sample({child, grandchild}, t0, {})
+    after_first = cpu()
+    wait_for(lambda: cpu() - after_first >= 0.3, timeout=60, interval=0.05, what="the busy child's CPU time")
+    before_second, t1 = cpu(), time.time()
+    got = {s.pid: s for s in src.sample({child, grandchild}, t1, {})}
+    after_second = cpu()
+    low, high = (100 * (before_second - after_first) / (t1 - t0), 100 * (after_second - before_first) / (t1 - t0))
+    assert low - 0.1 <= got[child].cpu_percent <= high + 0.1, (low, got[child].cpu_percent, high)
+    assert got[child].cpu_percent > 0
+    assert got[grandchild].cpu_percent < 10  # asleep
 
 
 def test_gone_and_zombie_processes_are_skipped():
