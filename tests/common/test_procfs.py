@@ -24,6 +24,7 @@ from clusterwatch.procfs import (
     stat_parent,
     stat_state,
 )
+from tests.helpers import wait_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
 # A real stat line's layout: fields 3 (state) to 52; {exit} is field 38, exit_signal (-1 for a thread).
@@ -124,9 +125,14 @@ def test_our_proc_reader_agrees_with_psutil(children):
         ticks = parse_stat(f.read()).cpu_ticks
     t = psutil.Process(sleeper.pid).cpu_times()
     assert abs(ticks / _TICK - (t.user + t.system)) < 1.5 / _TICK
-    # a busy one's CPU time, read by both within a moment: a few ticks apart at most
-    with open(f"/proc/{busy.pid}/stat", "rb") as f:
-        ticks = parse_stat(f.read()).cpu_ticks
+    # a busy one's CPU time, read by both within a moment: a few ticks apart at most; waited for, not slept
+    # for, since a loaded machine gives the busy loop a fraction of a core
+    def busy_ticks() -> int:
+        with open(f"/proc/{busy.pid}/stat", "rb") as f:
+            return parse_stat(f.read()).cpu_ticks
+
+    wait_for(lambda: busy_ticks() / _TICK > 0.2, timeout=60, interval=0.05, what="the busy child's CPU time")
+    ticks = busy_ticks()
     t = psutil.Process(busy.pid).cpu_times()
     assert ticks / _TICK > 0.2
     assert abs(ticks / _TICK - (t.user + t.system)) < 0.25
