@@ -303,8 +303,13 @@ class ClusterCollector(Collector):
     def __init__(self, state: ClusterState, clock: Callable[[], float], per_process: bool = False,
                  counters: Callable[[], dict[str, tuple[float, str]]] | None = None,
                  alerts: Callable[[], Iterable[dict]] | None = None, after_intervals: float = 3.0,
-                 extra: Callable[[], list[tuple[Family, list]]] | None = None) -> None:
+                 extra: Callable[[], list[tuple[Family, list]]] | None = None,
+                 owns_node: Callable[[str], bool] | None = None) -> None:
         self.state = state
+        # A shard exports a node's own series (its GPUs, node_up, node memory) only when the node is its own
+        # (clusterwatch/shards.py for_node): the node's agent streams to its jobs' collectors too, each of
+        # which learns the node from the stream's Hello, and sums across shards must count a node once.
+        self.owns_node = owns_node
         self.extra = extra
         self.clock = clock
         self.per_process = per_process
@@ -382,7 +387,10 @@ class ClusterCollector(Collector):
             jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
         use_owner.update(alloc_owner)  # a GPU allocated to a job is that job's; else the first job using it
         gpus = []
+        owns = self.owns_node
         for uuid, gs in st.gpus.items():
+            if owns is not None and not owns(gs.node):
+                continue
             r = gs.latest
             job_id = use_owner.get(uuid, "")
             if r is None:
@@ -394,7 +402,7 @@ class ClusterCollector(Collector):
                                r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts))
         node_up, after = st.node_up, self.after_intervals
         nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after) else 0.0, ns.memory_total_bytes, ns.last_seen,
-                         ns.samples_dropped) for ns in st.nodes.values()]
+                         ns.samples_dropped) for ns in st.nodes.values() if owns is None or owns(ns.node)]
         alerts = None
         if self.alerts is not None:
             alerts = [(a["rule"], a["severity"], a["state"], a.get("job_id", ""), a.get("node", ""), a.get("rank", ""))

@@ -39,6 +39,16 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TICK_S = 1.0
 
 
+def _owns_node(config: CollectorConfig):
+    """Whether a node's own series are this shard's (clusterwatch/shards.py for_node); None when not a shard."""
+    if not config.shard:
+        return None
+    from clusterwatch.shards import Collectors
+
+    deployment = Collectors.parse(config.collectors, config.collectors_before or None)
+    return lambda node: deployment.for_node(node) == config.shard
+
+
 def slurm_drain(timeout_s: float):
     """drain_node(node, reason) for the alert actions: scontrol through the bounded runner, from an action lane's
     thread (which has no event loop of its own)."""
@@ -193,6 +203,7 @@ class CollectorServer:
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.counter_values, alerts=self.active_alerts,
             after_intervals=self.config.agent_down_after_intervals, extra=self._health_series,
+            owns_node=_owns_node(self.config),
         ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")
         self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
