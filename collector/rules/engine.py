@@ -153,7 +153,7 @@ class Engine:
         (cpu_percent aside, which no rule reads): the collector calls it for every process of
         every batch, and building an object each time would cost as much as the rules' common path.
         `host_full` names what `ntotal` is, for the alert's text: the collector gives the room left in the
-        job's memory allocation where Slurm says it ("the job's --mem"), else the node's RAM."""
+        job's memory allocation where Slurm says it ("the job's memory allocation"), else the node's RAM."""
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
