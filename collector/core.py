@@ -681,7 +681,10 @@ class CollectorCore:
             job = self.state.jobs.get(job_id)
             if job is None:
                 return None
-            return job_trace_lines(self.state, job), job.user
+            # the health rules' engine keeps the GPUs' health history (Alerting.health)
+            health = next((h.engine for h in (getattr(x, "health", None) for x in self._listeners)
+                           if h is not None and hasattr(h, "engine")), None)
+            return job_trace_lines(self.state, job, health), job.user
 
     def counts(self) -> dict[str, int]:
         """What this core counted since it started, by name (collector/counter_metrics.py names them for /metrics)."""
