@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from clusterwatch.shards import pick
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -151,6 +151,10 @@ def test_a_collector_killed_and_restarted_loses_nothing_and_its_job_returns(tmp_
         started.append(back)
         wait_for(lambda: cli("status", job, "--collector", everyone).returncode == 0, timeout=90,
                  what="the restarted collector's job")
+        # the job is back from the store at once; the agent's kept batches come when its backoff (up to 30 s)
+        # next tries: waited for, or a loaded machine stops the agent before and its flush finds none acked
+        wait_for(lambda: (metric_value(back.metrics(), "clusterwatch_ingest_samples_total") or 0) > 0, timeout=90,
+                 what="the agent's kept batches at the restarted collector")
         listed = cli("jobs", "--collector", everyone, "--json")
         assert listed.returncode == 0 and {j["job_id"] for j in json.loads(listed.stdout)["jobs"]} == set(jobs.values())
         agent = agents[victim.address]
