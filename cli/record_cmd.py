@@ -20,15 +20,17 @@ _READINGS = ("gpu_mem_bytes", "gpu_util", "rss_bytes", "cpu_percent", "threads",
               help="Trace file to write (JSON lines, docs/traces.md); - for stdout.")
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
 @click.option("--processes-only", is_flag=True,
-              help="Only the processes' samples: no GPU or node records (idle_gpu and agent_down cannot be "
-                   "replayed then), for tools that read only those, such as the traces scorer's reference rules.")
+              help="Only the processes' samples: no GPU, node or health records (idle_gpu, agent_down and the "
+                   "health rules cannot be replayed then), for tools that read only those, such as the traces "
+                   "scorer's reference rules.")
 def record(job_id: str, collector: str, collectors_before: str, tls_ca: str | None, output: str, force: bool,
            processes_only: bool) -> None:
     """Save the samples the collector holds of JOB_ID, to replay them with `clusterwatch replay`.
 
     The trace holds what the rules saw: each process's samples with the GPU and node sizes,
-    and the readings of the job's GPUs and the times its nodes reported, so that replaying
-    it with the collector's rules file raises the alerts the collector raised.
+    the readings of the job's GPUs and the times its nodes reported, and the health events and
+    counters of its GPUs, so that replaying it with the collector's rules file (and XID catalog)
+    raises the alerts the collector raised.
     """
     collector = deployment(collector, collectors_before).for_job(job_id)  # the job's one collector
     if output != "-" and os.path.exists(output) and not force:
@@ -60,7 +62,7 @@ def record(job_id: str, collector: str, collectors_before: str, tls_ca: str | No
 
 def _counted(counts: list[int]) -> str:
     samples, records = counts
-    return f"{samples} samples" + (f" and {records} GPU and node records" if records else "")
+    return f"{samples} samples" + (f" and {records} GPU, node and health records" if records else "")
 
 
 def _trace_lines(job_id: str, collector: str, tls_ca: str | None, processes_only: bool, counts: list[int]

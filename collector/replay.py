@@ -3,7 +3,9 @@
 A trace is JSON lines, one observation per line (docs/traces.md). Reading the
 file is the only I/O here; everything else is the same engine the collector runs.
 Lines that are not JSON objects with `t`, `node` and `pid` are counted and
-skipped, not fatal: a trace cut off by a crash still replays.
+skipped, not fatal: a trace cut off by a crash still replays. GPU health records
+go to a HealthEngine (collector/health/), with the GPU's users taken from the
+trace's process lines, as the collector takes them from its state.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import orjson
 
 from clusterwatch.errors import ParseError
 
+from .health.xid_catalog import XidCatalog
 from .rules import AlertEvent, Engine, GpuObservation, NodeHeartbeat, RuleSet
 
 
@@ -33,7 +36,8 @@ class ReplayStats:
         first_bad: Up to five (line number, reason) of skipped lines.
         out_of_order: Observations older than the one before in the same reader's share
             of the trace (fed anyway, counted).
-        records: GPU and node records read.
+        records: GPU, node and health records read.
+        health: Health records among them (a replay in several processes replays those in one).
     """
 
     samples: int = 0
@@ -41,6 +45,7 @@ class ReplayStats:
     first_bad: list[tuple[int, str]] = field(default_factory=list)
     out_of_order: int = 0
     records: int = 0
+    health: int = 0
 
 
 def _bad(stats: ReplayStats, lineno: int, why: str) -> None:
@@ -49,25 +54,101 @@ def _bad(stats: ReplayStats, lineno: int, why: str) -> None:
         stats.first_bad.append((lineno, why))
 
 
-def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: ReplayStats | None = None
-                 ) -> Iterator[AlertEvent]:
+def replay_lines(lines: IO[bytes] | Iterator[bytes], rules: RuleSet, stats: ReplayStats | None = None,
+                 catalog: XidCatalog | None = None) -> Iterator[AlertEvent]:
     """Feed trace lines to a fresh engine and yield alert events as they happen.
 
     Args:
         lines: Trace lines as bytes (an open binary file works).
         rules: The rule set.
         stats: Filled with counts of samples and bad lines, when given.
+        catalog: The XID catalog for the health records (default: the shipped one).
 
     Yields:
         Alert events, oldest first. `agent_down` is checked at every "node" record; an
         "end" record forgets its process (resolving its alerts).
     """
-    for _, ev in _run(lines, Engine(rules), stats if stats is not None else ReplayStats(), 0, 1):
+    st = stats if stats is not None else ReplayStats()
+    for _, ev in _run(lines, Engine(rules), st, 0, 1, catalog):
         yield ev
 
 
-def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: int, share: int
-         ) -> Iterator[tuple[int, AlertEvent]]:
+class _Health:
+    """The health records' side of a replay: a HealthEngine, and who is on each GPU as the trace says.
+
+    The collector names a health event's victims from its state: the node's live processes of a job
+    on the GPU, or the process the driver named, started by the event's time (health/live.py
+    `gpu_users`). Here they are the processes the trace has shown on the node and not ended.
+    """
+
+    def __init__(self, catalog: XidCatalog | None) -> None:
+        from clusterwatch.collector.health.engine import HealthEngine
+        from clusterwatch.collector.health.xid_catalog import load_catalog
+
+        # same_xid_s=0: the trace holds the events the collector took, its duplicates dropped already
+        # (and its lines are in time order, not the order they came in, which that rule depends on)
+        self.engine = HealthEngine(catalog if catalog is not None else load_catalog(), same_xid_s=0.0)
+        self.procs: dict[str, dict[tuple[Any, Any], tuple[dict[str, Any], str | None]]] = {}
+
+    def process(self, d: dict[str, Any]) -> None:
+        procs = self.procs.get(d["node"])
+        if procs is None:
+            procs = self.procs[d["node"]] = {}
+        key = (d["pid"], d.get("start_time", 0.0))
+        command = d.get("command")
+        if command is None and key in procs:
+            command = procs[key][1]
+        procs[key] = (d, command)
+
+    def end(self, node: str, pid: int, start_time: float) -> None:
+        (self.procs.get(node) or {}).pop((pid, start_time), None)
+
+    def users(self, node: str, uuid: str, pid: int | None = None, hit_at: float | None = None) -> list:
+        from clusterwatch.collector.health.decisions import GpuUser
+
+        out = []
+        for (p, start), (d, command) in (self.procs.get(node) or {}).items():
+            job_id = d.get("job_id")
+            if not job_id or (hit_at is not None and (start or 0.0) > hit_at + 1.0):
+                continue
+            if p == pid or (d.get("gpu") == uuid and uuid):
+                out.append(GpuUser(job_id=str(job_id), rank=d.get("rank"), pid=p, process=command or None,
+                                   start_time=float(start or 0.0)))
+        out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))
+        return out
+
+    def event(self, d: dict[str, Any]) -> list[AlertEvent]:
+        from clusterwatch.v1 import agent_pb2
+
+        msg = agent_pb2.HealthEvent(time=float(d.get("event_t", d["t"])), uuid=str(d.get("gpu") or ""),
+                                    kind=str(d["event"]), data=int(d.get("data", 0)), process=str(d.get("process", "")),
+                                    pci=str(d.get("pci", "")), text=str(d.get("text", "")),
+                                    source=_SOURCE_NUMBERS.get(d.get("source"), 0))
+        if d.get("xid") is not None:
+            msg.xid = d["xid"]
+        pid = d.get("hit_pid")
+        if pid is not None:
+            msg.pid = pid
+        return self.engine.observe_event(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid, pid, msg.time))
+
+    def counters(self, d: dict[str, Any]) -> list[AlertEvent]:
+        from clusterwatch.v1 import agent_pb2
+
+        from .trace import HEALTH_COUNTERS
+
+        msg = agent_pb2.GpuHealth(time=float(d["t"]), uuid=str(d["gpu"]))
+        for name in HEALTH_COUNTERS:
+            v = d.get(name)
+            if v is not None:
+                setattr(msg, name, v)
+        return self.engine.observe_counters(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid))
+
+
+_SOURCE_NUMBERS = {"nvml": 1, "kmsg": 2}
+
+
+def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: int, share: int,
+         catalog: XidCatalog | None = None) -> Iterator[tuple[int, AlertEvent]]:
     """The replay loop: (line number, event) for every event, in line order.
 
     With `share` > 1 this reader takes only the lines whose series `_owner` gives to
@@ -78,6 +159,8 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
     last_t = float("-inf")
     n = 0
     owners: dict[bytes, int] = {}
+    health = _Health(catalog)
+    track = health.process
     for lineno, line in enumerate(lines, 1):
         if share > 1:
             i = line.find(b'"pid":')
@@ -102,6 +185,7 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
             if kind is None:
                 d["pid"] + 0  # noqa: B018 - a non-numeric pid is a bad line, caught below
                 events = observe(d) if "job_mem_total_bytes" not in d else _observe_allocated(eng, d)
+                track(d)
             elif kind == "gpu":
                 st.records += 1
                 events = eng.observe_gpu(GpuObservation(
@@ -114,10 +198,19 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                 events = [*eng.tick(hb.t), *eng.heartbeat(hb)]
             elif kind == "end":  # the process was found gone: its alerts end as they did live
                 events = eng.forget_process(str(d["node"]), d["pid"] + 0, float(d.get("start_time", 0.0)), float(t))
+                health.end(str(d["node"]), d["pid"], d.get("start_time", 0.0))
+            elif kind == "health_event":
+                st.records += 1
+                st.health += 1
+                events = health.event(d)
+            elif kind == "gpu_health":
+                st.records += 1
+                st.health += 1
+                events = health.counters(d)
             else:
                 _bad(st, lineno, f"unknown kind {kind!r}")
                 continue
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             _bad(st, lineno, f"missing or wrong field {exc}" if isinstance(exc, KeyError) else
                  "not an observation object" if isinstance(exc, AttributeError) else f"wrong type ({exc})")
             continue
@@ -166,8 +259,8 @@ def default_workers(path: str | Path) -> int:
     return max(1, min(4, cores, int(cores - load + 0.5)))
 
 
-def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = None, workers: int | None = None
-                ) -> Iterator[AlertEvent]:
+def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = None, workers: int | None = None,
+                catalog: XidCatalog | None = None) -> Iterator[AlertEvent]:
     """Replay a trace file; see `replay_lines`.
 
     With several workers, each process reads the whole file but parses only the lines
@@ -176,7 +269,8 @@ def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = No
     line order: the output is the one a single engine gives, event for event. The
     engines' rules are per process, GPU and node, so series do not interact; GPU and
     node records all go to the first worker. Should a series still land in two workers
-    (a trace that spells one pid two ways), the trace is replayed again in one process.
+    (a trace that spells one pid two ways), the trace is replayed again in one process;
+    so is one with health records, whose GPU users come from every process line.
 
     Args:
         path: Trace file (JSON lines).
@@ -193,7 +287,7 @@ def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = No
     st = stats if stats is not None else ReplayStats()
     k = default_workers(path) if workers is None else max(1, workers)
     if k > 1 and hasattr(os, "fork"):
-        merged = _replay_parallel(path, rules, k)
+        merged = _replay_parallel(path, rules, k, catalog)
         if merged is not None:
             events, parts = merged
             for part in parts:
@@ -201,12 +295,13 @@ def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = No
                 st.bad_lines += part.bad_lines
                 st.out_of_order += part.out_of_order
                 st.records += part.records
+                st.health += part.health
             st.first_bad = sorted(x for part in parts for x in part.first_bad)[:5]
             yield from events
             return
     f = _open(path)
     with f:
-        for _, ev in _run(f, Engine(rules), st, 0, 1):
+        for _, ev in _run(f, Engine(rules), st, 0, 1, catalog):
             yield ev
 
 
@@ -217,16 +312,16 @@ def _open(path: str | Path) -> IO[bytes]:
         raise ParseError(f"{path}: cannot read the trace: {exc.strerror or exc}") from exc
 
 
-def _share(path: str | Path, rules: RuleSet, me: int, share: int
+def _share(path: str | Path, rules: RuleSet, me: int, share: int, catalog: XidCatalog | None = None
            ) -> tuple[list[tuple[int, AlertEvent]], ReplayStats, set[tuple[Any, ...]]]:
     st = ReplayStats()
     eng = Engine(rules)
     with _open(path) as f:
-        events = list(_run(f, eng, st, me, share))
+        events = list(_run(f, eng, st, me, share, catalog))
     return events, st, eng.series()
 
 
-def _replay_parallel(path: str | Path, rules: RuleSet, k: int
+def _replay_parallel(path: str | Path, rules: RuleSet, k: int, catalog: XidCatalog | None = None
                      ) -> tuple[list[AlertEvent], list[ReplayStats]] | None:
     """Replay with k processes (this one and k - 1 forked); None when the shares overlapped or a worker failed."""
     _open(path).close()  # a missing file is the caller's error, raised here once
@@ -238,7 +333,7 @@ def _replay_parallel(path: str | Path, rules: RuleSet, k: int
             code = 1
             try:
                 os.close(r)
-                data = pickle.dumps(_share(path, rules, me, k), protocol=pickle.HIGHEST_PROTOCOL)
+                data = pickle.dumps(_share(path, rules, me, k, catalog), protocol=pickle.HIGHEST_PROTOCOL)
                 with os.fdopen(w, "wb") as out:
                     out.write(data)
                 code = 0
@@ -246,7 +341,7 @@ def _replay_parallel(path: str | Path, rules: RuleSet, k: int
                 os._exit(code)
         os.close(w)
         children.append((pid, r))
-    results = [_share(path, rules, 0, k)]
+    results = [_share(path, rules, 0, k, catalog)]
     ok = True
     for pid, r in children:
         with os.fdopen(r, "rb") as inp:
@@ -260,8 +355,10 @@ def _replay_parallel(path: str | Path, rules: RuleSet, k: int
         return None
     seen: set[tuple[Any, ...]] = set()
     for i, (_, part, series) in enumerate(results):
-        if (i > 0 and part.records) or not seen.isdisjoint(series):
-            return None  # GPU or node records outside reader 0, or a series split: not one engine's result
+        if (i > 0 and part.records) or part.health or not seen.isdisjoint(series):
+            # GPU or node records outside reader 0, or a series split: not one engine's result; health
+            # records: reader 0 saw only its share of the processes, the GPUs' users
+            return None
         seen |= series
     merged = heapq.merge(*(ev for ev, _, _ in results), key=lambda x: x[0])
     return [ev for _, ev in merged], [part for _, part, _ in results]

@@ -12,7 +12,11 @@ replay with the same rules raises the same alerts:
   process first appears;
 - a `gpu` record per reading of each GPU of the job (`idle_gpu`), a `node` record
   at every time the job's nodes reported (`agent_down`), and an `end` record where a
-  process was found gone (its alerts end as they did in the collector).
+  process was found gone (its alerts end as they did in the collector);
+- with the health engine, the health events of the job's GPUs (XIDs, ECC events, a lost GPU) and
+  their counter readings (`health_event`, `gpu_health`), from a lead-in before the job (the look-back of
+  the throttle rule, and the memory and lost findings said once), so that `replay` raises the health
+  rules as the collector did.
 
 Times are the agents' Unix times, as the engine saw them: the leak rules cut time into
 buckets on a fixed grid, and a trace shifted to start at 0 would cut them elsewhere.
@@ -26,16 +30,26 @@ from typing import Any
 from .state import ClusterState, JobState, ProcessSeries
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
-# processes found gone, the node's GPUs, the node's heartbeat.
-_PROCESS, _END, _GPU, _NODE = 0, 1, 2, 3
+# processes found gone, the node's GPUs, the node's heartbeat; then the batch's health records,
+# events before counters (collector/health/live.py).
+_PROCESS, _END, _GPU, _NODE, _HEALTH_EVENT, _HEALTH_COUNTERS = 0, 1, 2, 3, 4, 5
+_SOURCES = {1: "nvml", 2: "kmsg"}
+# GpuHealth's fields a gpu_health record carries (docs/traces.md), by their own names: what the health rules
+# read, and the temperature (the engine keeps no more for record: collector/health/engine.py)
+HEALTH_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+                   "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected",
+                   "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe",
+                   "retired_pages_pending", "clock_event_reasons", "temperature_c")
 
 
-def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
+def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> list[str]:
     """The job's history held in memory, as trace lines in time order.
 
     Args:
         state: The collector's state (read under its lock by the caller).
         job: The job.
+        health: The collector's HealthEngine (its per-GPU history), or None for a trace without
+            health records.
 
     Returns:
         JSON lines without newlines, oldest first.
@@ -78,6 +92,8 @@ def job_trace_lines(state: ClusterState, job: JobState) -> list[str]:
         t = min((x for x in node_times.get(series.key.node, ()) if x > last), default=last)
         rows.append((t, _END, {"kind": "end", "t": t, "node": series.key.node, "pid": series.key.pid,
                                "start_time": series.key.start_time}))
+    if health is not None:
+        rows.extend(_health_rows(state, job, health, rows, users))
     rows.sort(key=lambda r: (r[0], r[1]))
     dumps = json.dumps
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
@@ -165,3 +181,88 @@ def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, li
             out.append({**base, "t": t, "utilization": util,
                         "processes": sum(1 for a, b in spans if a <= t <= b)})
     return out
+
+
+def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tuple[float, int, dict[str, Any]]],
+                 users: dict[str, list[tuple[float, float]]]) -> list[tuple[float, int, dict[str, Any]]]:
+    """The health records of the job's GPUs (those allocated to it and those its processes use), and the
+    events naming one of its processes, from the lead-in before the job to the end of what the engine holds.
+
+    An event older than its node's first line (a kernel-log line the agent read at its start) goes
+    where the collector took it, at that first line, with its own time as `event_t`: who it hit is
+    judged among the processes known then, as live.
+    """
+    from clusterwatch.v1 import agent_pb2
+
+    first: dict[str, float] = {}   # node → its first line's time in the trace
+    pids: dict[str, set[int]] = {}
+    starts = []
+    for t, _, r in rows:
+        node = r["node"]
+        if t < first.get(node, float("inf")):
+            first[node] = t
+        if "kind" not in r:
+            pids.setdefault(node, set()).add(r["pid"])
+            starts.append(r["start_time"])
+    begin = job.start_time or min(starts, default=0.0)
+    since = begin - 2 * health.throttle.window_s
+    gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
+    gpus |= {(gs.node, u) for u in users if (gs := state.gpus.get(u)) is not None}
+    nodes = set(job.nodes) | set(first) | {n for n, _ in gpus}
+    out: list[tuple[float, int, dict[str, Any]]] = []
+    for (node, uuid), view in health.gpus.items():
+        if node not in nodes:
+            continue
+        ours = (node, uuid) in gpus
+        node_pids = pids.get(node, set())
+        for t, data in view.events:
+            if t < since:
+                continue
+            msg = agent_pb2.HealthEvent.FromString(data)
+            if not ours and not (msg.HasField("pid") and msg.pid in node_pids):
+                continue
+            rec = health_event_record(node, msg, max(t, first.get(node, t)))
+            out.append((rec["t"], _HEALTH_EVENT, rec))
+        if not ours:
+            continue
+        for t, data in view.history_readings():
+            if t >= since:
+                msg = agent_pb2.GpuHealth.FromString(data)
+                msg.time, msg.uuid = t, uuid
+                out.append((t, _HEALTH_COUNTERS, gpu_health_record(node, msg)))
+    return out
+
+
+def health_event_record(node: str, msg: Any, t: float) -> dict[str, Any]:
+    """A HealthEvent as a `health_event` record placed at `t` (docs/traces.md).
+
+    The pid it names is `hit_pid`, never `pid`: a replay in several processes shares lines out by the
+    text after `"pid":`, and a health record must reach the one that holds the GPU's users.
+    """
+    rec: dict[str, Any] = {"kind": "health_event", "t": t, "node": node, "gpu": msg.uuid, "event": msg.kind}
+    if msg.time != t:
+        rec["event_t"] = msg.time
+    if msg.HasField("xid"):
+        rec["xid"] = msg.xid
+    if msg.data:
+        rec["data"] = msg.data
+    if msg.HasField("pid"):
+        rec["hit_pid"] = msg.pid
+    if msg.process:
+        rec["process"] = msg.process
+    if msg.pci:
+        rec["pci"] = msg.pci
+    if msg.source in _SOURCES:
+        rec["source"] = _SOURCES[msg.source]
+    if msg.text:
+        rec["text"] = msg.text
+    return rec
+
+
+def gpu_health_record(node: str, msg: Any) -> dict[str, Any]:
+    """A GpuHealth reading as a `gpu_health` record: the counters the GPU gave, by their own names."""
+    rec: dict[str, Any] = {"kind": "gpu_health", "t": msg.time, "node": node, "gpu": msg.uuid}
+    for name in HEALTH_COUNTERS:
+        if msg.HasField(name):
+            rec[name] = getattr(msg, name)
+    return rec

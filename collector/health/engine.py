@@ -3,7 +3,8 @@
 Pure like the rules engine (time comes from the records, who uses a GPU from the caller): it
 drops what it has seen (a kernel-log record a restarted agent reads again, the same XID from NVML
 and the kernel log), decides with `decisions`, and keeps, per GPU, what `status` shows: the
-findings worst first and the latest counters.
+findings worst first and the latest counters, and, for `record` (collector/trace.py), a bounded
+history of the events it took and the counter readings (`HISTORY_EVENTS`, `HISTORY_READINGS`).
 
 XID 79 raises gpu_lost (not also gpu_xid: one fault, one alert). An XID or a lost GPU is an
 event, not a condition: its alert fires and stays until the job it names ends (the collector
@@ -11,6 +12,7 @@ resolves a job's alerts then).
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +33,21 @@ from clusterwatch.collector.health.decisions import (
 from clusterwatch.collector.health.xid_catalog import XidCatalog
 from clusterwatch.collector.rules.model import FIRING, AlertEvent
 
-__all__ = ["HealthEngine", "GpuHealthView", "HEALTH_RULES"]
+__all__ = ["HealthEngine", "GpuHealthView", "HEALTH_RULES", "HISTORY_EVENTS", "HISTORY_READINGS"]
 
 HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
 _KEEP_FINDINGS = 20        # per GPU, for status
 _EVENT_KINDS_LOST = frozenset({"gpu_unavailable", "gpu_lost"})   # NVML's event; the agent's counters reader
 _MEMORY = MemoryErrorThresholds()
+# What `record` can write of a GPU (collector/trace.py), per GPU: the events taken (not the duplicates
+# dropped), and the counter readings: 140 are 70 min at the agent's 30 s default, the hour of process
+# history the collector keeps (720 points at 5 s) and the throttle rule's 10 min look-back before it.
+# Kept serialized (a message taken from a batch would hold the whole batch), the rules' counters and
+# the temperature only (the rest is for /metrics), a reading like the one before sharing its bytes:
+# bench/bench_health_history.py measures it.
+HISTORY_EVENTS = 64
+HISTORY_READINGS = 140
+_NOT_KEPT = ("time", "uuid", "violation_seconds", "nvlink_errors", "pcie_replays")
 _THROTTLE = ThrottleRule()
 
 
@@ -50,6 +61,27 @@ class GpuHealthView:
     memory_signature: str = ""            # what gpu_memory_errors last said (so it says it once)
     throttling: bool = False
     lost: bool = False                    # gpu_lost said; again only once the GPU has answered since
+    # for `record`, oldest first: (time, serialized HealthEvent); the counter readings' times and
+    # bodies (a GpuHealth without time and uuid, see _NOT_KEPT), two deques: a tuple each costs 56 bytes
+    events: deque[tuple[float, bytes]] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
+    reading_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+    readings: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+
+    def keep_reading(self, msg: Any) -> None:
+        """Keep a GpuHealth reading for `record`."""
+        body = type(msg)()
+        body.CopyFrom(msg)
+        for name in _NOT_KEPT:
+            body.ClearField(name)
+        data = body.SerializeToString()
+        if self.readings and self.readings[-1] == data:
+            data = self.readings[-1]      # counters mostly stand still: one bytes object for a run of them
+        self.reading_times.append(msg.time)
+        self.readings.append(data)
+
+    def history_readings(self) -> list[tuple[float, bytes]]:
+        """(time, reading body) of the readings kept, oldest first."""
+        return list(zip(self.reading_times, self.readings, strict=True))
 
 
 class HealthEngine:
@@ -115,6 +147,7 @@ class HealthEngine:
         uuid = msg.uuid or (f"PCI:{msg.pci}" if msg.pci else "unknown GPU")
         pid = msg.pid if msg.HasField("pid") else None
         self._count(node, uuid, msg)
+        self.view(node, uuid).events.append((msg.time, msg.SerializeToString()))
         finding: HealthFinding | None = None
         if msg.kind == "xid" and msg.HasField("xid"):
             if msg.xid in LOST_XIDS:
@@ -169,6 +202,7 @@ class HealthEngine:
         """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses."""
         v = self.view(node, msg.uuid)
         v.counters = msg
+        v.keep_reading(msg)
         v.lost = False        # it answers again (a reset, a reboot)
         out = []
 

@@ -1,0 +1,182 @@
+"""GPU health records in the trace (collector/trace.py, collector/replay.py), through a real core and the live
+health rules: what `record` writes of a job's GPUs (XIDs with their pid and process, ECC, a lost GPU, throttling,
+a kernel-log XID read at the agent's start) replays to the health alerts the collector raised; and the records
+themselves, hostile process names included, round-trip safely."""
+from __future__ import annotations
+
+import json
+
+import orjson
+from clusterwatch.collector.alerting import Alerting
+from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.config import CollectorConfig
+from clusterwatch.collector.core import CollectorCore, new_cluster_state
+from clusterwatch.collector.health.engine import HEALTH_RULES, HISTORY_READINGS
+from clusterwatch.collector.replay import ReplayStats, replay_file, replay_lines
+from clusterwatch.collector.rules import load_rules
+from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.trace import gpu_health_record, health_event_record
+from clusterwatch.v1 import agent_pb2
+
+from clusterwatch.model import GpuUse, JobEvent, ProcessSample
+from clusterwatch.wire import job_event_to_proto, processes_to_table
+
+from .test_ingest_integrity import T0, Clock
+
+GiB = 1 << 30
+START = T0 - 50.0
+POLLS = 400
+HOSTILE = 'evil\nname "pid":9 \x1b[31m\\u2028\u2028'   # newline, a quote, an escape, a JSON escape's text
+
+
+def _batch(seq: int, t: float) -> agent_pb2.Batch:
+    """One poll of node n1: job 7's rank 0 (pid 101) on GPU-a, rank 1 (pid 102) on GPU-b; the health records
+    the agent would send with it."""
+    b = agent_pb2.Batch(seq=seq, sent_at=t)
+    ranks = [ProcessSample(t, "n1", 101 + r, START, ppid=1, uid=1000, user="alice", command=cmd, job_id="7",
+                           rank=r, cpu_percent=90.0, rss_bytes=GiB, threads=8, open_fds=20,
+                           gpus=(GpuUse(uuid, 2 * GiB, 85.0),))
+             for r, (uuid, cmd) in enumerate((("GPU-a", "python"), ("GPU-b", HOSTILE)))]
+    processes_to_table(ranks, b.processes)
+    for uuid in ("GPU-a", "GPU-b"):
+        b.gpus.add(time=t, uuid=uuid, utilization=85.0, memory_used_bytes=2 * GiB, memory_total_bytes=16 * GiB)
+    i = seq - 1
+    if i == 0:
+        job_event_to_proto(JobEvent("start", "7", START, uid=1000, user="alice", gpu_uuids=("GPU-a", "GPU-b")),
+                           b.job_events.add())
+        # the kernel log read at the agent's start: an XID of rank 0's process from before the first poll
+        b.health_events.add(time=T0 - 20, uuid="GPU-a", kind="xid", xid=31, pid=101, process="python", source=2,
+                            kernel_boot_id="kb", kmsg_seq=7, text="MMU Fault")
+    if i == 50:   # an application XID naming rank 1's process, by its hostile name
+        b.health_events.add(time=t, uuid="GPU-b", kind="xid", xid=13, pid=102, process=HOSTILE, source=2,
+                            kernel_boot_id="kb", kmsg_seq=8, text="Graphics SM Warp Exception")
+    if i == 100:  # a double-bit ECC error on GPU-a, then the counters that count it
+        b.health_events.add(time=t, uuid="GPU-a", kind="ecc_double_bit", source=1)
+    if i == 200:  # GPU-a falls off the bus
+        b.health_events.add(time=t, uuid="GPU-a", kind="xid", xid=79, source=2, kernel_boot_id="kb", kmsg_seq=9,
+                            text="GPU has fallen off the bus.")
+    if i % 10 == 0:
+        for uuid in ("GPU-a", "GPU-b"):
+            h = b.gpu_health.add(time=t, uuid=uuid, temperature_c=60, ecc_corrected_volatile=1)
+            h.ecc_uncorrected_volatile = 2 if uuid == "GPU-a" and i >= 110 else 0
+            h.clock_event_reasons = 0x40 if uuid == "GPU-b" else 0x1   # GPU-b hardware-thermal throttled
+            h.violation_seconds["thermal"] = float(i)
+    return b
+
+
+def _live(tmp_path):
+    """(what the live health rules fired, the job's trace)."""
+    rules = load_rules(None)
+    config = CollectorConfig(db_path=str(tmp_path / "cw.db"), history_points=720, history_step_s=1.0)
+    conn = open_db(config.db_path)
+    state = new_cluster_state(config)
+    alerting = Alerting(rules, state, AlertStore(conn), min_interval_s=1.0)
+    clock = Clock()
+    core = CollectorCore(config, Store(conn), state=state, clock=clock, listeners=[alerting], alerts=alerting)
+    core.hello(agent_pb2.Hello(node="n1", boot_id="b", agent_version="t", interval_s=1.0, send_interval_s=1.0,
+                               node_memory_total_bytes=64 * GiB,
+                               gpus=[agent_pb2.GpuInfo(uuid="GPU-a", index=0, memory_total_bytes=16 * GiB),
+                                     agent_pb2.GpuInfo(uuid="GPU-b", index=1, memory_total_bytes=16 * GiB)]))
+    for i in range(POLLS):
+        clock.now = T0 + i
+        assert core.batch("n1", "b", _batch(i + 1, T0 + i))
+        core.tick()
+    fired = {_key(a): a.description for a in alerting.store.history(1000) if a.fired_at and a.rule in HEALTH_RULES}
+    found = core.job_trace("7")
+    assert found is not None
+    return rules, fired, found[0]
+
+
+def _key(a) -> tuple:
+    return a.rule, a.job_id, a.node, a.rank, a.pid if a.pid and a.pid > 0 else None, a.gpu
+
+
+def _replayed(rules, lines: list[str]) -> dict[tuple, str]:
+    return {_key(e): e.description for e in replay_lines((x.encode() for x in lines), rules)
+            if e.state == "firing" and e.rule in HEALTH_RULES}
+
+
+def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
+    rules, live, lines = _live(tmp_path)
+    assert set(live) == {
+        ("gpu_xid", "7", "n1", 0, 101, "GPU-a"),        # the kernel log's, from before the first poll
+        ("gpu_xid", "7", "n1", 1, 102, "GPU-b"),        # XID 13, naming the process
+        ("gpu_memory_errors", "7", "n1", 0, None, "GPU-a"),
+        ("gpu_lost", "7", "n1", 0, None, "GPU-a"),
+        ("gpu_throttle", "7", "n1", 1, None, "GPU-b"),
+    }, live
+    assert _replayed(rules, lines) == live
+    assert HOSTILE in live[("gpu_xid", "7", "n1", 1, 102, "GPU-b")]
+    rows = [json.loads(x) for x in lines]
+    events = [r for r in rows if r.get("kind") == "health_event"]
+    assert [(r["event"], r.get("xid")) for r in events] == [("xid", 31), ("xid", 13), ("ecc_double_bit", None),
+                                                            ("xid", 79)]
+    # read at the agent's start: placed at the node's first line, its own time kept
+    assert events[0]["t"] == T0 and events[0]["event_t"] == T0 - 20 and events[0]["hit_pid"] == 101
+    assert events[1] == {"kind": "health_event", "t": T0 + 50, "node": "n1", "gpu": "GPU-b", "event": "xid",
+                         "xid": 13, "hit_pid": 102, "process": HOSTILE, "source": "kmsg",
+                         "text": "Graphics SM Warp Exception"}
+    readings = [r for r in rows if r.get("kind") == "gpu_health"]
+    assert len(readings) == 2 * POLLS // 10
+    assert readings[-1] == {"kind": "gpu_health", "t": T0 + 390, "node": "n1", "gpu": "GPU-b",
+                            "ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": 0, "clock_event_reasons": 0x40,
+                            "temperature_c": 60}   # not the violation time: for /metrics
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+
+
+def test_without_the_health_records_the_replay_raises_none_of_them(tmp_path):
+    # what the trace held before it carried health records: the replay could not raise these
+    rules, live, lines = _live(tmp_path)
+    bare = [x for x in lines if '"kind":"health_event"' not in x and '"kind":"gpu_health"' not in x]
+    assert len(bare) < len(lines) and _replayed(rules, bare) == {}
+
+
+def test_a_parallel_replay_of_a_trace_with_health_records_gives_one_engines_output(tmp_path):
+    rules, live, lines = _live(tmp_path)
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(x + "\n" for x in lines))
+    one = [e.to_dict() for e in replay_file(path, rules, workers=1)]
+    st = ReplayStats()
+    two = [e.to_dict() for e in replay_file(path, rules, st, workers=2)]
+    assert one == two and st.health == sum(1 for x in lines if '"kind":"health_event"' in x or "gpu_health" in x)
+    assert {e["rule"] for e in one} >= set(HEALTH_RULES)
+
+
+def test_hostile_names_in_an_xid_record_round_trip_as_one_line():
+    msg = agent_pb2.HealthEvent(time=T0, uuid="GPU-x", kind="xid", xid=13, pid=4242, process=HOSTILE,
+                                text='line one\nline two "pid":1 \\', source=2, pci="0000:3b:00")
+    line = json.dumps(health_event_record("n\n1", msg, T0), separators=(",", ":"))
+    assert "\n" not in line and "\u2028" not in line and '"pid":' not in line   # one line; a parallel replay's
+    back = orjson.loads(line)                                                     # reader 0 gets it
+    assert back["process"] == HOSTILE and back["text"] == msg.text and back["node"] == "n\n1"
+    proc = json.dumps({"t": T0, "node": "n\n1", "pid": 4242, "start_time": T0 - 5, "job_id": "9", "rank": 2,
+                       "gpu": "GPU-x", "command": HOSTILE, "gpu_util": 90.0})
+    (ev,) = replay_lines([proc.encode(), line.encode()], load_rules(None))
+    assert ev.rule == "gpu_xid" and ev.job_id == "9" and ev.rank == 2 and ev.pid == 4242
+    assert f"process {HOSTILE} (pid 4242)" in ev.description
+
+
+def test_counter_records_keep_only_what_the_gpu_gave_and_bad_ones_are_counted():
+    msg = agent_pb2.GpuHealth(time=T0, uuid="GPU-x", remapped_rows_pending=True, retired_pages_dbe=3)
+    rec = gpu_health_record("n1", msg)
+    assert rec == {"kind": "gpu_health", "t": T0, "node": "n1", "gpu": "GPU-x", "remapped_rows_pending": True,
+                   "retired_pages_dbe": 3}
+    st = ReplayStats()
+    bad = [b'{"kind":"gpu_health","t":1,"node":"n1","gpu":"G","ecc_uncorrected_volatile":-3}',
+           b'{"kind":"gpu_health","t":1,"node":"n1","gpu":"G","temperature_c":"hot"}',
+           b'{"kind":"health_event","t":1,"node":"n1","gpu":"G"}',
+           b'{"kind":"health_event","t":1,"node":"n1","gpu":"G","event":"xid","xid":"79"}']
+    assert list(replay_lines(bad, load_rules(None), st)) == [] and st.bad_lines == 4, st.first_bad
+
+
+def test_the_engine_keeps_a_bounded_history_per_gpu():
+    from clusterwatch.collector.health.engine import HealthEngine
+    from clusterwatch.collector.health.xid_catalog import load_catalog
+
+    eng = HealthEngine(load_catalog())
+    for i in range(HISTORY_READINGS + 50):
+        eng.observe_counters("n1", agent_pb2.GpuHealth(time=T0 + i, uuid="GPU-x", temperature_c=50), [])
+    view = eng.gpus[("n1", "GPU-x")]
+    kept = view.history_readings()
+    assert len(kept) == HISTORY_READINGS and kept[0][0] == T0 + 50
+    assert len({id(body) for body in view.readings}) == 1     # the same counters share one body
