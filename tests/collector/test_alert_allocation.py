@@ -12,6 +12,7 @@ from clusterwatch.collector.alerting import Alerting
 from clusterwatch.collector.alerts import AlertStore
 from clusterwatch.collector.rules import load_rules
 from clusterwatch.collector.state import ClusterState, JobState, NodeState, ProcessSeries
+
 from clusterwatch.model import ProcessKey, ProcessSample
 
 MIB, GIB = 1 << 20, 1 << 30

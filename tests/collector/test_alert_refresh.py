@@ -7,6 +7,7 @@ import sqlite3
 from clusterwatch.collector.alerts import AlertStore
 from clusterwatch.collector.rules import Engine, GpuObservation, NodeHeartbeat, ProcessObservation, load_rules
 from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
+
 from clusterwatch.humanize import duration, rate_per_h, size
 
 MB = 1024 * 1024

@@ -10,8 +10,9 @@ from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.store import Store, open_db
 from clusterwatch.collector.views import job_view
-from clusterwatch.model import GpuInfo, GpuUse, ProcessSample
 from clusterwatch.v1 import agent_pb2, query_pb2
+
+from clusterwatch.model import GpuUse, ProcessSample
 from clusterwatch.wire import processes_to_table
 
 T0 = 1_800_000_000.0
@@ -52,7 +53,7 @@ def _rank(t: float, cpu: float, gmem: int) -> ProcessSample:
 def test_cpu_time_and_gpu_totals_cover_every_sample_and_an_ended_job_keeps_its_last_live_readings():
     core, clock = _core(history_points=10)  # the history holds 10 points; the totals see all 300
     seq = 0
-    for i in range(300):
+    for _ in range(300):
         seq += 1
         _send(core, seq, clock.now, [_rank(clock.now, 150.0, 20 * GIB)], util=60.0, mem=21 * GIB)
         clock.now += 1.0

@@ -6,6 +6,7 @@ import json
 
 from clusterwatch.collector.state import JobState
 from clusterwatch.collector.store import Store, open_db
+
 from clusterwatch.slurm.scontrol import parse_show_job, parse_show_job_json
 from tests.helpers import TESTS
 
