@@ -39,14 +39,18 @@ def sharded(tmp_path):
             started.append(work)
             started.append(Proc([*CLI, "agent", "--collector", address, "--node", f"node{n}", "--interval", "0.5",
                                  "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
-                                 "--spool-dir", str(tmp_path / f"spool{n}")], tmp_path / f"agent{n}.log"))
+                                 "--spool-dir", str(tmp_path / f"spool{n}"),
+                                 "--train-socket", str(tmp_path / f"t{n}.sock")],
+                                tmp_path / f"agent{n}.log"))
         # the same job id seen by a second collector too (an agent of an older list): `jobs` shows it once
         twin_job, twin_address = jobs[addresses[0]], addresses[1]
         work = Proc([sys.executable, "-c", SLEEPER], tmp_path / "work-twin.log")
         started.append(work)
         started.append(Proc([*CLI, "agent", "--collector", twin_address, "--node", "node-twin", "--interval", "0.5",
                              "--gpu-source", "none", "--pid", str(work.pid), "--job-id", twin_job,
-                             "--spool-dir", str(tmp_path / "spool-twin")], tmp_path / "agent-twin.log"))
+                             "--spool-dir", str(tmp_path / "spool-twin"),
+                             "--train-socket", str(tmp_path / "twin.sock")],
+                             tmp_path / "agent-twin.log"))
         for address, job in [*jobs.items(), (twin_address, twin_job)]:
             wait_for(lambda a=address, j=job: cli("status", j, "--collector", a).returncode == 0, timeout=60,
                      what=f"job {job} on {address}")
@@ -137,7 +141,9 @@ def test_a_collector_killed_and_restarted_loses_nothing_and_its_job_returns(tmp_
             started.append(work)
             agents[address] = Proc([*CLI, "agent", "--collector", address, "--node", f"rnode{n}", "--interval", "0.5",
                                     "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
-                                    "--spool-dir", str(tmp_path / f"rspool{n}")], tmp_path / f"ragent{n}.log")
+                                    "--spool-dir", str(tmp_path / f"rspool{n}"),
+                                    "--train-socket", str(tmp_path / f"r{n}.sock")],
+                                    tmp_path / f"ragent{n}.log")
             started.append(agents[address])
         everyone = ",".join(addresses)
         victim = collectors[1]
@@ -177,7 +183,8 @@ def test_collectors_before_keeps_an_older_job_on_the_list_it_started_on(tmp_path
         work = Proc([sys.executable, "-c", SLEEPER], tmp_path / "owork.log")
         agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "onode", "--interval", "0.5",
                       "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
-                      "--spool-dir", str(tmp_path / "ospool")], tmp_path / "oagent.log")
+                      "--spool-dir", str(tmp_path / "ospool"), "--train-socket", str(tmp_path / "o.sock")],
+                      tmp_path / "oagent.log")
         try:
             wait_for(lambda: cli("status", job, "--collector", collector.address).returncode == 0, timeout=60,
                      what="the job")

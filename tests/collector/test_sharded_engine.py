@@ -68,7 +68,9 @@ def test_prometheus_remote_writes_every_shard_into_victoriametrics(tmp_path):
             started.append(work)
             started.append(Proc([*CLI, "agent", "--collector", address, "--node", f"vmnode{n}", "--interval", "0.5",
                                  "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
-                                 "--spool-dir", str(tmp_path / f"spool{n}")], tmp_path / f"agent{n}.log"))
+                                 "--spool-dir", str(tmp_path / f"spool{n}"),
+                                 "--train-socket", str(tmp_path / f"t{n}.sock")],
+                                tmp_path / f"agent{n}.log"))
         targets = tmp_path / "clusterwatch-collectors.json"
         made = subprocess.run([sys.executable, "-m", "clusterwatch.prometheus_targets", "--collectors", ",".join(grpc),
                                "--metrics", ",".join(f"127.0.0.1:{c.metrics_port}" for c in collectors),
@@ -137,7 +139,8 @@ def test_three_shards_summed_in_prometheus_equal_one_collector_for_the_same_load
             for where, address in (("shard", pick(job, grpc)), ("single", single.address)):
                 started.append(Proc([*CLI, "agent", "--collector", address, "--node", node, "--interval", "1",
                                      "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
-                                     "--spool-dir", str(tmp_path / f"{node}-{where}")],
+                                     "--spool-dir", str(tmp_path / f"{node}-{where}"),
+                                      "--train-socket", str(tmp_path / f"{node}-{where}.sock")],
                                     tmp_path / f"{node}-{where}.log"))
         targets = tmp_path / "targets.json"
         subprocess.run([sys.executable, "-m", "clusterwatch.prometheus_targets", "--collectors", ",".join(grpc),

@@ -33,7 +33,8 @@ def stack(tmp_path):
     workload = Proc([sys.executable, "-c", WORKLOAD], tmp_path / "workload.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "e2e-node", "--interval", "0.5",
                   "--gpu-source", "none", "--pid", str(workload.pid), "--job-id", "e2e-1",
-                  "--spool-dir", str(tmp_path / "spool")], tmp_path / "agent.log")
+                  "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
+                 tmp_path / "agent.log")
     yield collector, workload, agent
     for p in (agent, workload, collector):
         p.stop()
