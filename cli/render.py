@@ -424,6 +424,9 @@ def _nodes(view: query_pb2.JobView, width: int | None) -> list[str]:
     down = [n.node for n in view.nodes if not n.agent_up and not ended]
     if down:
         out.append(f"  no recent samples from {', '.join(down)}: its figures are the last ones received")
+    for n in sorted(view.nodes, key=lambda n: n.node):
+        if n.gpu_pids_note:  # the agent cannot tie GPU memory to processes there (a container without host pids)
+            out.append(f"  {n.node}: {n.gpu_pids_note}")
     return out
 
 

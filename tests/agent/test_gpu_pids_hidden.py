@@ -23,7 +23,7 @@ from clusterwatch.agent.backends.pid_visibility import (
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.fakes.nvml_stub import child_env, drive, fixtures, write_state
-from tests.helpers import CLI, ROOT, Collector, Proc, wait_for
+from tests.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 from tests.services.procs import require_binary
 
 stub_lib, live_pids = fixtures.stub_lib, fixtures.live_pids  # the stand-in's fixtures, used by name
@@ -142,10 +142,12 @@ def test_an_agent_in_its_own_pid_namespace_says_so_and_the_job_view_carries_it(s
         with grpc.insecure_channel(collector.address) as channel:
             view = query_pb2_grpc.QueryStub(channel).GetJob(query_pb2.GetJobRequest(job_id="ns-1"), timeout=10)
         rows = [(p.pid, p.HasField("gpu_memory_bytes")) for p in view.processes]
+        status = cli("status", "ns-1", "--collector", collector.address)
     finally:
         agent.stop()
         collector.stop()
     assert "PID namespace of its own" in note and "pid: host" in note
+    assert status.returncode == 0 and f"gpu-node: {note}" in status.stdout, status.stdout + status.stderr
     assert (1, False) in rows  # the agent (pid 1 in there) is not given the host pid 1's GPU memory
     assert sum("PID namespace of its own" in line for line in agent.text().splitlines()) == 1
 
