@@ -47,6 +47,11 @@ _REASON_MAX = 200  # characters of a drain reason (sinfo -R shows it; a full des
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]+")
 
 
+def _one_line(text: str) -> str:
+    """A description for the log: a process or job name with a newline cannot forge a log line."""
+    return _UNPRINTABLE.sub(" ", text)
+
+
 def drain_reason(payload: dict) -> str:
     """The Reason= of a drain: "clusterwatch: " and the alert's description, on one line, bounded."""
     text = _UNPRINTABLE.sub(" ", f"clusterwatch: {payload.get('description') or payload.get('rule')}").strip()
@@ -124,7 +129,7 @@ class Dispatcher:
     def _run_step(self, index: int, step: ActionStep, a: Alert) -> None:
         payload = a.to_dict()
         if step.action == "log":
-            self.logger.warning("alert %s %s [%s] %s", a.state, a.rule, a.severity, a.description)
+            self.logger.warning("alert %s %s [%s] %s", a.state, a.rule, a.severity, _one_line(a.description))
             return
         if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
             self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)

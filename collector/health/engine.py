@@ -201,7 +201,9 @@ class HealthEngine:
     def observe_counters(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:
         """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses."""
         v = self.view(node, msg.uuid)
-        v.counters = msg
+        # a copy: a message taken from a batch holds the whole batch's memory for as long as it is held
+        v.counters = type(msg)()
+        v.counters.CopyFrom(msg)
         v.keep_reading(msg)
         v.lost = False        # it answers again (a reset, a reboot)
         out = []

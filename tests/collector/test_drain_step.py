@@ -25,3 +25,21 @@ def test_a_node_name_that_is_not_one_node_is_refused_before_scontrol_runs(node: 
     with pytest.raises(ValueError, match="not a plain Slurm node name"):
         asyncio.run(ScontrolMapper(scontrol=str(fake), retries=0).drain_node(node, "clusterwatch: x"))
     assert not ran.exists()
+
+
+def test_the_log_action_writes_one_line_whatever_the_description(caplog) -> None:
+    import logging
+    import sqlite3
+
+    from clusterwatch.collector.actions import Dispatcher
+    from clusterwatch.collector.alerts import AlertStore
+    from clusterwatch.collector.rules.config import ActionsConfig, ActionStep
+    from clusterwatch.collector.rules.model import FIRING, AlertEvent
+
+    dispatcher = Dispatcher(AlertStore(sqlite3.connect(":memory:")), ActionsConfig(steps=(ActionStep("log"),)))
+    caplog.set_level(logging.WARNING, "clusterwatch.alerts")
+    dispatcher.process([AlertEvent(t=1.0, rule="gpu_xid", state=FIRING, severity="warning", node="n1",
+                                   job_id="1", pid=7, start_time=1.0, description="XID 13: proc\nalert firing root")],
+                       1.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and all("\n" not in line for line in lines), lines

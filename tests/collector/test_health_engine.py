@@ -104,3 +104,14 @@ def test_an_application_xid_of_no_jobs_process_is_kept_not_raised() -> None:
     [(t, f)] = eng.findings([("n1", "GPU-a")])
     assert f.rule == "gpu_xid" and "pid 999" in f.description
     assert [e.rule for e in eng.observe_event("n1", xid(48, 101.0, seq=2), [])] == ["gpu_xid"]   # hardware: raised
+
+
+def test_the_latest_counters_are_a_copy_not_a_view_into_the_batch() -> None:
+    # A message taken from a batch (upb) holds the whole batch's memory while it is held: one a GPU would
+    # keep every node's last batch alive.
+    engine = HealthEngine(load_catalog())
+    batch = agent_pb2.Batch()
+    batch.gpu_health.add(time=1.0, uuid="GPU-a", temperature_c=40)
+    engine.observe_counters("n1", batch.gpu_health[0], [])
+    batch.gpu_health[0].temperature_c = 99
+    assert engine.view("n1", "GPU-a").counters.temperature_c == 40
