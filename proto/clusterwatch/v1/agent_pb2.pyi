@@ -341,12 +341,32 @@ class Batch(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "batch")
+    __slots__ = ("hello", "batch", "train_answer")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_ANSWER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     batch: Batch
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    train_answer: TrainAnswer
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., train_answer: _Optional[_Union[TrainAnswer, _Mapping]] = ...) -> None: ...
+
+class TrainAnswer(_message.Message):
+    __slots__ = ("id", "pid", "start_time", "status", "message", "payload", "truncated")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    pid: int
+    start_time: float
+    status: str
+    message: str
+    payload: str
+    truncated: bool
+    def __init__(self, id: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., payload: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -366,10 +386,35 @@ class SignalRequest(_message.Message):
     reason: str
     def __init__(self, pid: _Optional[int] = ..., start_time: _Optional[float] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class TrainRequest(_message.Message):
+    __slots__ = ("id", "pid", "start_time", "kind", "asked_by", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ASKED_BY_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    pid: int
+    start_time: float
+    kind: str
+    asked_by: str
+    args: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., kind: _Optional[str] = ..., asked_by: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class CollectorMessage(_message.Message):
-    __slots__ = ("ack", "signal")
+    __slots__ = ("ack", "signal", "train_request")
     ACK_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_REQUEST_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     signal: SignalRequest
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., signal: _Optional[_Union[SignalRequest, _Mapping]] = ...) -> None: ...
+    train_request: TrainRequest
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., signal: _Optional[_Union[SignalRequest, _Mapping]] = ..., train_request: _Optional[_Union[TrainRequest, _Mapping]] = ...) -> None: ...

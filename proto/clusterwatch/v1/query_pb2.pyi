@@ -221,7 +221,7 @@ class HealthView(_message.Message):
     def __init__(self, time: _Optional[float] = ..., rule: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., description: _Optional[str] = ..., advice: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class JobView(_message.Message):
-    __slots__ = ("job", "nodes", "processes", "gpus", "alerts", "provenance_json", "tags", "now", "health")
+    __slots__ = ("job", "nodes", "processes", "gpus", "alerts", "provenance_json", "tags", "now", "health", "train_answers")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class JobView(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_ANSWERS_FIELD_NUMBER: _ClassVar[int]
     job: JobInfo
     nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
     processes: _containers.RepeatedCompositeFieldContainer[ProcessView]
@@ -247,7 +248,58 @@ class JobView(_message.Message):
     tags: _containers.ScalarMap[str, str]
     now: float
     health: _containers.RepeatedCompositeFieldContainer[HealthView]
-    def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessView, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuView, _Mapping]]] = ..., alerts: _Optional[_Iterable[_Union[AlertView, _Mapping]]] = ..., provenance_json: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., now: _Optional[float] = ..., health: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ...) -> None: ...
+    train_answers: _containers.RepeatedCompositeFieldContainer[TrainAnswerView]
+    def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[ProcessView, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuView, _Mapping]]] = ..., alerts: _Optional[_Iterable[_Union[AlertView, _Mapping]]] = ..., provenance_json: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., now: _Optional[float] = ..., health: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ..., train_answers: _Optional[_Iterable[_Union[TrainAnswerView, _Mapping]]] = ...) -> None: ...
+
+class AskTrainingRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "kind", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    kind: str
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., kind: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class TrainAnswerView(_message.Message):
+    __slots__ = ("request_id", "node", "pid", "start_time", "rank", "kind", "status", "message", "payload", "truncated", "asked_by", "asked_at", "answered_at")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ASKED_BY_FIELD_NUMBER: _ClassVar[int]
+    ASKED_AT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_AT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    node: str
+    pid: int
+    start_time: float
+    rank: int
+    kind: str
+    status: str
+    message: str
+    payload: str
+    truncated: bool
+    asked_by: str
+    asked_at: float
+    answered_at: float
+    def __init__(self, request_id: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., rank: _Optional[int] = ..., kind: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., payload: _Optional[str] = ..., truncated: _Optional[bool] = ..., asked_by: _Optional[str] = ..., asked_at: _Optional[float] = ..., answered_at: _Optional[float] = ...) -> None: ...
+
+class AskTrainingResponse(_message.Message):
+    __slots__ = ("answers", "stack_groups")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    STACK_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[TrainAnswerView]
+    stack_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, answers: _Optional[_Iterable[_Union[TrainAnswerView, _Mapping]]] = ..., stack_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "firing_alerts")

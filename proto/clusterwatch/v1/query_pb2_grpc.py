@@ -59,6 +59,11 @@ class QueryStub:
                 request_serializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.SerializeToString,
                 response_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.FromString,
                 _registered_method=True)
+        self.AskTraining = channel.unary_unary(
+                '/clusterwatch.v1.Query/AskTraining',
+                request_serializer=clusterwatch_dot_v1_dot_query__pb2.AskTrainingRequest.SerializeToString,
+                response_deserializer=clusterwatch_dot_v1_dot_query__pb2.AskTrainingResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -99,6 +104,14 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskTraining(self, request, context):
+        """Ask a job's training processes (all ranks or one) to act and wait a few seconds for their answers
+        (the job's owner and admins only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.ListHealth,
                     request_deserializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.FromString,
                     response_serializer=clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.SerializeToString,
+            ),
+            'AskTraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskTraining,
+                    request_deserializer=clusterwatch_dot_v1_dot_query__pb2.AskTrainingRequest.FromString,
+                    response_serializer=clusterwatch_dot_v1_dot_query__pb2.AskTrainingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Query:
             '/clusterwatch.v1.Query/ListHealth',
             clusterwatch_dot_v1_dot_query__pb2.ListHealthRequest.SerializeToString,
             clusterwatch_dot_v1_dot_query__pb2.ListHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskTraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterwatch.v1.Query/AskTraining',
+            clusterwatch_dot_v1_dot_query__pb2.AskTrainingRequest.SerializeToString,
+            clusterwatch_dot_v1_dot_query__pb2.AskTrainingResponse.FromString,
             options,
             channel_credentials,
             insecure,
