@@ -97,6 +97,8 @@ def collectors_defaults(doc: dict, found: str) -> dict[str, dict]:
     except ShardError as exc:
         raise ConfigError(str(exc)) from None
     out = {cmd: dict(values) for cmd in SECTIONS["cli"]}
+    # the agent streams to each collector it has data for (agent/shard_streams.py)
+    out["agent"] = dict(values)
     # the collector takes the list to know its own jobs (--shard, its entry in it, is its own setting)
     out["collector"] = {"collectors": values["collector"], **({"collectors_before": values["collectors_before"]}
                                                                if "collectors_before" in values else {})}
