@@ -22,7 +22,7 @@ OBJECT_OF = {
     "JobInfo": "job", "NodeView": "node", "ProcessView": "process", "GpuView": "gpu", "AlertView": "alert",
     "HealthView": "health", "JobView": "status_document", "ListJobsResponse": "jobs_document",
     "ListAlertsResponse": "alerts_document", "ListHealthResponse": "health_document", "GpuHealthRow": "gpu_health",
-    "XidCount": "xid_count",
+    "XidCount": "xid_count", "TrainAnswerView": "train_answer",
 }
 
 PROVENANCE = {  # a record as the agent sends it (Provenance.to_dict) and the collector stores it, node added
