@@ -267,6 +267,7 @@ def test_an_agent_in_its_own_pid_namespace_says_so_once_and_attributes_no_pids(
 
 # --- 7: a wedged GPU holds up only itself -----------------------------------------------------
 
+@pytest.mark.serial  # times a poll against its 0.5 s deadline (under 0.5 s, 1.4 s): other tests' load would stretch it
 def test_a_wedged_gpu_reads_stale_within_the_deadline_and_the_others_go_on(
         stub_lib: Path, tmp_path: Path, live_pids: list[int]) -> None:
     a, b = live_pids[:2]
@@ -293,6 +294,7 @@ def test_a_wedged_gpu_reads_stale_within_the_deadline_and_the_others_go_on(
     assert out["close_seconds"] < 1.0
 
 
+@pytest.mark.serial  # times the opening against its 0.5 s deadline (under 1.5 s)
 def test_a_gpu_wedged_at_start_does_not_hold_up_the_opening(stub_lib: Path, tmp_path: Path) -> None:
     state = gpus() + "delay * 1000 GPU-bbbb\n"
     out = drive(stub_lib, tmp_path, [{"state": state, "now": time.time()},
