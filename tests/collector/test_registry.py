@@ -237,6 +237,7 @@ def test_slurmctld_down_sets_the_note_and_backs_off(core: CollectorCore, clock: 
     assert registry.next_delay() == 2.0
 
 
+@pytest.mark.serial  # times the refresh against scontrol's timeout (under 2 s) and counts the loop's 50 ms ticks
 def test_a_scontrol_that_hangs_never_blocks_the_loop(core: CollectorCore, clock: Clock, tmp_path) -> None:
     hang = tmp_path / "scontrol"
     for client in (hang, tmp_path / "squeue"):  # the text format asks squeue for the owners first
