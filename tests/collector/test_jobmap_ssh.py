@@ -173,6 +173,7 @@ def test_scontrol_mapper_against_the_cluster(slurm_cluster: SlurmCluster, job: i
     assert [(p.local_id, p.global_id) for p in pids if p.local_id is not None] == [(0, 1)]
 
 
+@pytest.mark.serial  # times two 1 s attempts and a backoff (under 4 s)
 @pytest.mark.slurm
 def test_scontrol_mapper_with_slurmctld_stopped(tmp_path) -> None:
     with running_slurm_cluster(tmp_path / "c") as cluster:
