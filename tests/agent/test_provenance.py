@@ -229,6 +229,7 @@ def test_no_repository_says_unknown_and_warns_once(tmp_path, caplog):
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 1
 
 
+@pytest.mark.serial  # times the kill against the 1 s budget (under 4 s)
 def test_a_git_that_hangs_is_killed_within_the_budget(tmp_path, shared_dir):
     repo = hanging_repo(tmp_path / "r")
     wrapper, log = git_wrapper(shared_dir)
