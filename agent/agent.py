@@ -194,11 +194,14 @@ class PollJoiner:
     Args:
         interval_s: the poll interval.
         send_interval_s: how often a batch goes out (0: every poll).
+        build_table: build the batch's process table; False hands the samples on as a list instead
+            (shard_streams.ShardedSender splits them among collectors, then builds a table each).
     """
 
-    def __init__(self, interval_s: float, send_interval_s: float) -> None:
+    def __init__(self, interval_s: float, send_interval_s: float, build_table: bool = True) -> None:
         self.interval_s = interval_s
         self.send_interval_s = send_interval_s
+        self.build_table = build_table
         self._batch: agent_pb2.Batch | None = None
         self._samples: list[ProcessSample] = []
         self._first_at = 0.0
@@ -219,11 +222,14 @@ class PollJoiner:
         return None
 
     def take(self) -> tuple[agent_pb2.Batch, int] | None:
-        """The batch of the polls held, now (None when none is held)."""
+        """The batch of the polls held, now (None when none is held); (batch, the samples) without
+        `build_table`."""
         batch, samples = self._batch, self._samples
         if batch is None:
             return None
         self._batch, self._samples, self._sent_any = None, [], True
+        if not self.build_table:
+            return batch, samples
         processes_to_table(samples, batch.processes)
         return batch, len(samples)
 
@@ -257,8 +263,9 @@ def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | N
         stop.wait(delay)
 
 
-def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples: int) -> None:
-    """Hand a batch to the sender, which stamps its counters on it, with the agent's failed reads."""
+def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples) -> None:
+    """Hand a batch to the sender, which stamps its counters on it, with the agent's failed reads
+    (`samples`: their count, or the list itself for a ShardedSender, which builds the tables)."""
     sender.submit(batch, samples, read_errors=agent.read_errors)
 
 

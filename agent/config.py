@@ -14,7 +14,11 @@ class AgentConfig:
     """Everything the agent needs to run.
 
     Attributes:
-        collector: collector address HOST:PORT; None to only print (`--once --json`).
+        collector: collector address HOST:PORT, or the deployment's collectors list `a:1,b:2,c:3`
+            (clusterwatch/shards.py: a stream to each the node has data for); None to only print
+            (`--once --json`).
+        collectors_before: `JOB=HOST:PORT,...`: the list the jobs numbered below JOB started on (a list
+            that changed); "" when the list has not changed.
         node: node name written on every sample.
         interval_s: poll interval in seconds.
         send_interval_s: polls are joined into one batch sent this often (each poll when the poll
@@ -62,3 +66,4 @@ class AgentConfig:
     process_source: str = "auto"
     kmsg: str | None = None
     health_interval_s: float = 30.0
+    collectors_before: str = ""

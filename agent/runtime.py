@@ -17,7 +17,8 @@ from clusterwatch.tls import channel_credentials
 
 from .agent import Agent, PollJoiner, run_loop, submit, write_pid_file
 from .config import AgentConfig
-from .stream import Sender, SenderCounters
+from .shard_streams import ShardedSender
+from .stream import BufferBudget, Sender, SenderCounters
 
 log = logging.getLogger("clusterwatch.agent")
 
@@ -46,7 +47,7 @@ class AgentRuntime:
         self.config = agent.config
         self.live = live
         self._credentials = credentials
-        self.sender: Sender | None = None
+        self.sender: ShardedSender | None = None
         self._closed = False
 
     @classmethod
@@ -83,17 +84,14 @@ class AgentRuntime:
         # whatever ends the run (a signal's stop, an error, an interrupt), close() removes the train
         # socket and lets go of the spool lock
         try:
-            self.sender = sender = Sender(
-                config.collector, agent.hello, config.buffer_max_samples, token=config.token,
-                channel_credentials=self._credentials,
-                on_signal=signal_handler(agent))
+            self.sender = sender = self.open_streams()
             write_pid_file(config.spool_dir)
             sender.start()
             if agent.health is not None:
                 agent.health.start()
             log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
-                     config.node, config.interval_s, agent.gpus.name, config.collector)
-            joiner = PollJoiner(config.interval_s, config.send_interval_s)
+                     config.node, config.interval_s, agent.gpus.name, describe(sender))
+            joiner = PollJoiner(config.interval_s, config.send_interval_s, build_table=False)
             run_loop(agent, sender, stop, joiner)
             self._send_last_poll(joiner)
             sender.flush(timeout=FLUSH_TIMEOUT_S)
@@ -102,6 +100,20 @@ class AgentRuntime:
                 self.sender.stop()
             self.close()
         return sender.counters
+
+    def open_streams(self) -> ShardedSender:
+        """A stream per collector of the deployment this agent has data for (its node's one at start)."""
+        from clusterwatch.shards import Collectors
+
+        config, agent = self.config, self.agent
+        collectors = Collectors.parse(config.collector, config.collectors_before or None)
+        on_signal = signal_handler(agent)  # shared: a job's collector asks only for the processes it holds
+
+        def make(address: str, budget: BufferBudget) -> Sender:
+            return Sender(address, agent.hello, config.buffer_max_samples, token=config.token,
+                          channel_credentials=self._credentials, on_signal=on_signal, budget=budget)
+
+        return ShardedSender(collectors, config.node, make, BufferBudget(config.buffer_max_samples))
 
     def _send_last_poll(self, joiner: PollJoiner) -> None:
         """A last poll, so the final state (a job's end event) goes out with the polls held."""
@@ -131,6 +143,13 @@ class AgentRuntime:
         if self._spool_lock is not None:
             os.close(self._spool_lock)
             self._spool_lock = None
+
+
+def describe(sender: ShardedSender) -> str:
+    """The collector(s) as the start line says them: the node's own, and how many the list has."""
+    n = len(sender.collectors.all)
+    return sender.node_collector if n == 1 else f"{sender.node_collector} (this node's, of {n}; one stream each " \
+        "collector this node has data for)"
 
 
 def stop_on_signals() -> threading.Event:

@@ -53,31 +53,71 @@ _REFUSALS = {
 }
 
 
-class BatchBuffer:
-    """Unacknowledged batches in order, bounded by the number of samples they hold."""
+class BufferBudget:
+    """The bound of all an agent's streams together (one per collector of a sharded deployment), in samples.
+
+    The node's memory is what the bound protects, so the streams share one `--buffer-samples`: while one
+    collector is down its stream may hold nearly all of it (the others, acknowledged within a second,
+    hold a batch or two). A stream gives way for the shared bound only when it holds at least its fair
+    share of what is buffered, so a healthy stream never drops its batch in flight because another's
+    collector is away.
+    """
 
     def __init__(self, max_samples: int) -> None:
         self.max_samples = max_samples
+        self.samples = 0
+        self.streams = 0
+        self._lock = threading.Lock()
+
+    def change(self, n: int) -> None:
+        with self._lock:
+            self.samples += n
+
+    def over(self, own: int) -> bool:
+        """Whether a stream holding `own` samples must drop its oldest batch for the shared bound."""
+        total = self.samples
+        return total > self.max_samples and own * max(self.streams, 1) >= total
+
+
+class BatchBuffer:
+    """Unacknowledged batches in order, bounded by the number of samples they hold (and by a budget shared
+    with the agent's other streams, when given)."""
+
+    def __init__(self, max_samples: int, budget: BufferBudget | None = None) -> None:
+        self.max_samples = max_samples
+        self._budget = budget
+        if budget is not None:
+            budget.streams += 1
         self._batches: OrderedDict[int, tuple[agent_pb2.Batch, int]] = OrderedDict()
         self.samples = 0
+
+    def _over(self) -> bool:
+        if self.samples > self.max_samples:
+            return True
+        return self._budget is not None and self._budget.over(self.samples)
 
     def add(self, seq: int, batch: agent_pb2.Batch, samples: int) -> int:
         """Keep a batch; return how many samples had to be dropped (oldest batches first)."""
         self._batches[seq] = (batch, samples)
-        self.samples += samples
+        self._count(samples)
         dropped = 0
-        while self.samples > self.max_samples and len(self._batches) > 1:
+        while len(self._batches) > 1 and self._over():
             _, (_, n) = self._batches.popitem(last=False)
-            self.samples -= n
+            self._count(-n)
             dropped += n
         return dropped
+
+    def _count(self, n: int) -> None:
+        self.samples += n
+        if self._budget is not None:
+            self._budget.change(n)
 
     def ack(self, seq: int) -> int:
         """Forget an acknowledged batch; return its sample count (0 if unknown or already gone)."""
         item = self._batches.pop(seq, None)
         if item is None:
             return 0
-        self.samples -= item[1]
+        self._count(-item[1])
         return item[1]
 
     def after(self, seq: int) -> list[tuple[int, agent_pb2.Batch]]:
@@ -117,6 +157,7 @@ class Sender:
         on_signal: Callable[[agent_pb2.SignalRequest], None] | None = None,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.target = target
         self._hello = hello
@@ -125,7 +166,7 @@ class Sender:
         self._on_signal = on_signal
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
-        self.buffer = BatchBuffer(max_buffer_samples)
+        self.buffer = BatchBuffer(max_buffer_samples, budget)
         self.counters = SenderCounters()
         self.connected = False
         self.last_error = ""
@@ -145,19 +186,21 @@ class Sender:
         self._thread.start()
         self._started.wait()
 
-    def submit(self, batch: agent_pb2.Batch, samples: int, read_errors: int = 0) -> int:
+    def submit(self, batch: agent_pb2.Batch, samples: int, read_errors: int = 0,
+               samples_dropped: int | None = None) -> int:
         """Number a batch, stamp the sender's counters on it, buffer it until acknowledged, and wake the
         stream; return its number.
 
         The counters stamped are those before this batch is buffered, except samples_sent, which counts
-        this batch's `samples`; `read_errors` is the agent's count of failed reads, sent as it is.
+        this batch's `samples`; `read_errors` is the agent's count of failed reads, sent as it is, and
+        `samples_dropped` the agent's drops over all its streams where it has several (else this one's).
         """
         with self._cond:
             self._seq += 1
             batch.seq = self._seq
             stamped = batch.counters
             stamped.samples_sent = self.counters.samples_sent + samples
-            stamped.samples_dropped = self.counters.samples_dropped
+            stamped.samples_dropped = self.counters.samples_dropped if samples_dropped is None else samples_dropped
             stamped.read_errors = read_errors
             stamped.buffered_batches = len(self.buffer)
             self.counters.samples_sent += samples

@@ -10,8 +10,12 @@ from .common import fail, setup_logging
 
 
 @click.command()
-@click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", metavar="HOST:PORT",
-              help="Collector address (CLUSTERWATCH_COLLECTOR).")
+@click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", metavar="HOST:PORT[,...]",
+              help="Collector address, or the deployment's collectors list in its one order (the config file's "
+                   "collectors = [...]): a stream to each collector this node has data for (CLUSTERWATCH_COLLECTOR).")
+@click.option("--collectors-before", envvar="CLUSTERWATCH_COLLECTORS_BEFORE", default="", metavar="JOB=HOST:PORT,...",
+              help="After a change of the list: the first job number of --collector, then the list the jobs "
+                   "below it started on (they stay there) (CLUSTERWATCH_COLLECTORS_BEFORE).")
 @click.option("--node", envvar="CLUSTERWATCH_NODE", default=None,
               help="Node name (default: SLURMD_NODENAME, else the host name).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, envvar="CLUSTERWATCH_INTERVAL",
@@ -56,7 +60,8 @@ from .common import fail, setup_logging
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
-def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, sim_run, process_source, pids,
+def agent(collector, collectors_before, node, interval, send_interval, gpu_source, sim_scenario, sim_run,
+          process_source, pids,
           local_job_id, once,
           as_json, token, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
@@ -79,10 +84,12 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
     if not once and not collector:
         fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
              "(or use --once --json to print one poll)")
-    if collector and "," in collector:
-        # a list names shards; the agent keeps one stream, so it would dial the whole list as one name forever
-        fail(f"--collector {collector}: the agent streams to one collector (HOST:PORT); give it the one "
-             "address its node's jobs use (a stream per shard is not built yet)")
+    if collector:
+        from .common import deployment
+
+        deployment(collector, collectors_before)  # a malformed list: one line and exit 2
+    elif collectors_before:
+        fail("--collectors-before needs --collector (the current list)")
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     spool_dir = spool_dir_for(spool_dir, node)
     if ensure:
@@ -93,7 +100,7 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
-        kmsg=None if kmsg in ("", "none") else kmsg,
+        kmsg=None if kmsg in ("", "none") else kmsg, collectors_before=collectors_before,
     )
     # Before anything is opened: a SIGTERM while NVML opens stops the run it starts, and close()
     # removes the train socket (the default action would leave it behind).
@@ -112,6 +119,12 @@ def agent(collector, node, interval, send_interval, gpu_source, sim_scenario, si
         runtime.close()
         return
     counters = runtime.run(stop)
+    streams = runtime.sender.senders if runtime.sender is not None else {}
+    if len(streams) > 1:  # each stream's own, then the whole (the last line, as with one collector)
+        for address, sender in streams.items():
+            c = sender.counters
+            click.echo(f"collector {address}: samples_sent={c.samples_sent} samples_acked={c.samples_acked} "
+                       f"samples_dropped={c.samples_dropped} streams_refused={c.streams_refused}")
     click.echo(f"samples_sent={counters.samples_sent} samples_acked={counters.samples_acked} "
                f"samples_dropped={counters.samples_dropped} streams_refused={counters.streams_refused}")
 

@@ -117,7 +117,8 @@ def test_config_top_level_collectors_is_every_cli_commands_collector(tmp_path, m
     got = load_default_map(path)
     for cmd in ("status", "jobs", "alerts", "record"):
         assert got[cmd] == {"collector": "c1:50051,c2:50051", "collectors_before": "77=c1:50051"}
-    assert "collector" not in got["agent"]
+    # the agent streams to each collector it has data for: the list, and its [agent] settings beside it
+    assert got["agent"] == {"interval": 2, "collector": "c1:50051,c2:50051", "collectors_before": "77=c1:50051"}
     # the collector takes the list as its --collectors, to know its own jobs (--shard)
     assert got["collector"] == {"collectors": "c1:50051,c2:50051", "collectors_before": "77=c1:50051"}
 
