@@ -126,6 +126,23 @@ def popen_exec_done(args: list[str], **kwargs) -> subprocess.Popen:
     return child
 
 
+def kmsg_record(seq: int, message: str) -> str:
+    """One /dev/kmsg record as the kernel writes it (priority, record number, microseconds since boot on the
+    monotonic clock): what the agent's --kmsg reader takes, for a kernel-log file a test writes."""
+    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
+
+
+def firing_alert(collector: "Collector", rule: str) -> dict | None:
+    """The first firing alert of `rule` as `clusterwatch alerts --json` lists it, None while there is none."""
+    r = cli("alerts", "--collector", collector.address, "--json")
+    if r.returncode != 0:
+        return None
+    for entry in json.loads(r.stdout).get("alerts", []):
+        if entry["rule"] == rule and entry["state"] == "firing":
+            return entry
+    return None
+
+
 def metric_value(text: str, name: str, **labels: str) -> float | None:
     """The value of the first series `name{labels…}` in an exposition text, None if absent."""
     for line in text.splitlines():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -22,16 +22,6 @@ for_s = 3
 pending_after_s = 1
 busy_percent = 20
 """
-
-
-def _firing(collector: Collector, rule: str) -> dict | None:
-    r = cli("alerts", "--collector", collector.address, "--json")
-    if r.returncode != 0:
-        return None
-    for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["rule"] == rule and entry["state"] == "firing":
-            return entry
-    return None
 
 
 def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Path) -> None:
@@ -58,7 +48,7 @@ def test_gpu_stall_fires_through_the_real_bindings(stub_lib: Path, tmp_path: Pat
         time.sleep(2)
         # The worker stops using the GPU: NVML keeps listing it, with no utilisation sample.
         write_state(state, held)
-        entry = wait_for(lambda: _firing(collector, "gpu_stall"), timeout=60, what="gpu_stall firing")
+        entry = wait_for(lambda: firing_alert(collector, "gpu_stall"), timeout=60, what="gpu_stall firing")
         assert entry["job_id"] == "stall-1"
         assert entry["pid"] == worker.pid and entry["node"] == "gpu-node"
         assert "idle (0 %)" in entry["description"]

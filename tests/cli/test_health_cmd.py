@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import grpc
@@ -17,15 +16,11 @@ from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, ROOT, Collector, Proc, cli, kmsg_record, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 NODE = "hc-node"
-
-
-def _record(seq: int, message: str) -> str:
-    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
 
 
 def test_health_lists_the_troubled_gpu_for_admins_only(stub_lib: Path, tmp_path: Path, munged) -> None:
@@ -35,7 +30,7 @@ def test_health_lists_the_troubled_gpu_for_admins_only(stub_lib: Path, tmp_path:
                        "gpu GPU-hc1 total=85899345920 used=0 util=0 power=70000 pci=0000:3c:00 name=NVIDIA H100\n"
                        "ecc GPU-hc0 uncorrected_volatile=4 uncorrected_aggregate=4\n")
     kmsg = tmp_path / "kmsg"
-    kmsg.write_text(_record(1, "NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"))
+    kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"))
     collector = Collector(tmp_path, "--query-auth", "munge", "--munge-socket", str(munged))
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", NODE, "--gpu-source", "nvml",
                   "--interval", "0.5", "--send-interval", "0", "--no-provenance",

@@ -11,7 +11,7 @@ from importlib import resources
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -76,16 +76,6 @@ rules = ["host_memory_leak"]
     return path
 
 
-def _firing(collector, rule):
-    r = cli("alerts", "--collector", collector.address, "--json")
-    if r.returncode != 0:
-        return None
-    for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["rule"] == rule and entry["state"] == "firing":
-            return entry
-    return None
-
-
 def test_leak_alert_end_to_end(tmp_path, webhook):
     url, received = webhook
     rules = _rules(tmp_path, url)
@@ -98,7 +88,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
                   "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
                  tmp_path / "agent.log")
     try:
-        entry = wait_for(lambda: _firing(collector, "host_memory_leak"), timeout=120,
+        entry = wait_for(lambda: firing_alert(collector, "host_memory_leak"), timeout=120,
                          what="host_memory_leak firing")
         assert entry["job_id"] == "leak-1"
         assert entry["node"] == "leak-node" and entry["pid"] == leaker.pid
@@ -134,7 +124,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
                       "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-1", "--no-provenance",
                       "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
                      tmp_path / "agent2.log")
-        assert _firing(collector, "host_memory_leak") is not None
+        assert firing_alert(collector, "host_memory_leak") is not None
         wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_rank_rss_bytes", job_id="leak-1") or 0),
                  what="samples after the restart")
         firing_posts = [a for a in received[posted:] if a.get("state") == "firing"]

@@ -12,27 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, kmsg_record, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
-
-
-def _alert(collector: Collector, rule: str) -> dict | None:
-    r = cli("alerts", "--collector", collector.address, "--json")
-    if r.returncode != 0:
-        return None
-    for entry in json.loads(r.stdout).get("alerts", []):
-        if entry["rule"] == rule and entry["state"] == "firing":
-            return entry
-    return None
-
-
-def _record(seq: int, message: str) -> str:
-    # /dev/kmsg's form; the time is microseconds since boot on the monotonic clock, as the kernel's
-    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
 
 
 def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_lib: Path, tmp_path: Path) -> None:
@@ -57,29 +42,30 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
     write_event(str(spool), JobEvent("start", "601", time.time(), gpu_indexes="0,1"))
     kmsg = tmp_path / "kmsg"
     # before the agent starts: an application XID on the other rank's GPU, naming its process
-    kmsg.write_text(_record(1, "Linux version 6.8.0") +
-                    _record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={other.pid}, name=sleep, "
-                               "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"))
+    kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
+                    kmsg_record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={other.pid}, name=sleep, "
+                                   "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"))
     collector = Collector(tmp_path, "--web-listen", "127.0.0.1:0")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "xid-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
                   "--train-socket", str(tmp_path / "train.sock"), "--kmsg", str(kmsg)],
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "xid-node"})
     try:
-        xid13 = wait_for(lambda: _alert(collector, "gpu_xid"), timeout=60, what="gpu_xid from the log read at start")
+        xid13 = wait_for(lambda: firing_alert(collector, "gpu_xid"), timeout=60,
+                         what="gpu_xid from the log read at start")
         assert xid13["job_id"] == "601" and xid13["severity"] == "warning"
         assert xid13["pid"] == other.pid and xid13["rank"] == 4
         assert f"pid {other.pid}" in xid13["description"]
         # the GPU of rank 3 falls off the bus: the driver says so, and NVML answers GPU_IS_LOST
         with kmsg.open("a") as f:
-            f.write(_record(3, "NVRM: GPU at PCI:0000:3b:00: GPU-e2e0"))
-            f.write(_record(4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
+            f.write(kmsg_record(3, "NVRM: GPU at PCI:0000:3b:00: GPU-e2e0"))
+            f.write(kmsg_record(4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
         write_state(state, gpus.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
-        lost = wait_for(lambda: _alert(collector, "gpu_lost"), timeout=60, what="gpu_lost firing")
+        lost = wait_for(lambda: firing_alert(collector, "gpu_lost"), timeout=60, what="gpu_lost firing")
         assert lost["job_id"] == "601" and lost["rank"] == 3
         assert lost["gpu"] == "GPU-e2e0" and lost["node"] == "xid-node"
         assert lost["severity"] == "critical" and "fell off the bus (XID 79)" in lost["description"]
-        assert _alert(collector, "idle_gpu") is None
+        assert firing_alert(collector, "idle_gpu") is None
         status = cli("status", "601", "--collector", collector.address)
         assert status.returncode == 0, status.stderr
         text = status.stdout
@@ -123,7 +109,7 @@ def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path
                   "--train-socket", str(tmp_path / "train.sock"), "--kmsg", "none"],
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "ecc-node"})
     try:
-        found = wait_for(lambda: _alert(collector, "gpu_memory_errors"), timeout=60, what="gpu_memory_errors")
+        found = wait_for(lambda: firing_alert(collector, "gpu_memory_errors"), timeout=60, what="gpu_memory_errors")
         assert found["job_id"] == "602" and found["rank"] == 0
         assert found["severity"] == "critical"
         assert "2 uncorrected ECC errors" in found["description"]

@@ -3,23 +3,18 @@ reading a kernel-log file, and a real collector scraped over HTTP. Per GPU, neve
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, wait_for
+from tests.helpers import CLI, Collector, Proc, kmsg_record, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
-
-
-def _record(seq: int, message: str) -> str:
-    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
 
 
 def _samples(text: str) -> dict[str, list]:
@@ -56,9 +51,9 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
                 "health GPU-hm0 viol_thermal_ns=5000000000 replay=7 nvlinks=2 nvlink_crc_flit=4\n"
                 "event GPU-hm1 0x8000 2\n")  # NVML asks for a node reboot
     kmsg = tmp_path / "kmsg"
-    kmsg.write_text(_record(1, "Linux version 6.8.0") +
-                    _record(2, f"NVRM: Xid (PCI:0000:3b:00): 13, pid={rank.pid}, name=sleep, Graphics Exception") +
-                    _record(3, "NVRM: Xid (PCI:0000:3c:00): 48, An uncorrectable double bit error"))
+    kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
+                    kmsg_record(2, f"NVRM: Xid (PCI:0000:3b:00): 13, pid={rank.pid}, name=sleep, Graphics Exception") +
+                    kmsg_record(3, "NVRM: Xid (PCI:0000:3c:00): 48, An uncorrectable double bit error"))
     collector = Collector(tmp_path)
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "hm-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, kmsg_record, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -22,10 +22,6 @@ stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 GiB = 1024**3
 HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
 JOB = "611"
-
-
-def _record(seq: int, message: str) -> str:
-    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
 
 
 def _key(a: dict) -> tuple:
@@ -63,8 +59,8 @@ def test_recorded_gpu_health_replays_to_the_same_health_alerts(stub_lib: Path, t
     spool = tmp_path / "spool"
     write_event(str(spool), JobEvent("start", JOB, time.time(), gpu_indexes="0,1"))
     kmsg = tmp_path / "kmsg"
-    kmsg.write_text(_record(1, "Linux version 6.8.0") +
-                    _record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={ranks[4].pid}, name=sleep, "
+    kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
+                    kmsg_record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={ranks[4].pid}, name=sleep, "
                                "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"))
     # the site's catalog: XID 13 is critical here; replay must take the same file to say so
     site = tmp_path / "xids.toml"
@@ -79,7 +75,7 @@ def test_recorded_gpu_health_replays_to_the_same_health_alerts(stub_lib: Path, t
         wait_for(lambda: {k[0] for k in _live_health(collector)} >= {"gpu_xid", "gpu_memory_errors"}, timeout=60,
                  what="gpu_xid and gpu_memory_errors firing")
         with kmsg.open("a") as f:   # rank 3's GPU falls off the bus while the job runs
-            f.write(_record(3, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
+            f.write(kmsg_record(3, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
         live = wait_for(lambda: (got := _live_health(collector)) and "gpu_lost" in {k[0] for k in got} and got,
                         timeout=60, what="gpu_lost firing")
         recorded = cli("record", JOB, "--collector", collector.address, "-o", str(trace))

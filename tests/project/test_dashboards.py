@@ -28,7 +28,7 @@ from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, ROOT, SIM_RUN, Collector, Proc
+from tests.helpers import CLI, ROOT, SIM_RUN, Collector, Proc, kmsg_record
 from tests.services.procs import require_binary
 from tests.services.prometheus import Prometheus, prometheus_factory  # noqa: F401  (registers the fixture)
 
@@ -185,8 +185,7 @@ def _start_health_node(collector: Collector, stub: Path, tmp: Path) -> Proc:
                        "name=NVIDIA H100\n"
                        "ecc GPU-dash0 uncorrected_volatile=3 uncorrected_aggregate=3\n")
     kmsg = tmp / "kmsg"
-    kmsg.write_text(f"3,1,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:0000:3b:00): 48, "
-                    "An uncorrectable double bit error\n")
+    kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"))
     return Proc([*CLI, "agent", "--collector", collector.address, "--node", HEALTH_NODE, "--gpu-source", "nvml",
                  "--interval", "1", "--no-provenance", "--spool-dir", str(tmp / "spool" / HEALTH_NODE),
                  "--train-socket", str(tmp / "health-train.sock"), "--kmsg", str(kmsg)],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, metric_value, wait_for
+from tests.helpers import CLI, Collector, Proc, kmsg_record, metric_value, wait_for
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slurm
@@ -38,10 +38,6 @@ def _node(cluster: SlurmCluster, node: str) -> dict[str, str]:
     return fields
 
 
-def _record(seq: int, message: str) -> str:
-    return f"3,{seq},{int(time.monotonic() * 1e6)},-;{message}\n"
-
-
 def test_a_lost_gpu_drains_its_node_once(slurm_cluster: SlurmCluster, stub_lib: Path, tmp_path: Path,  # noqa: F811
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = slurm_cluster
@@ -54,7 +50,7 @@ def test_a_lost_gpu_drains_its_node_once(slurm_cluster: SlurmCluster, stub_lib: 
            "gpu GPU-drain1 total=85899345920 used=0 util=0 power=90000 pci=0000:3c:00 name=NVIDIA H100\n")
     write_state(state, gpu)
     kmsg = tmp_path / "kmsg"
-    kmsg.write_text(_record(1, "Linux version 6.8.0"))
+    kmsg.write_text(kmsg_record(1, "Linux version 6.8.0"))
     db = tmp_path / "cw.db"
     collector = Collector(tmp_path, "--slurm", "--slurm-refresh", "1", "--rules", str(rules), db=db)
 
@@ -70,7 +66,7 @@ def test_a_lost_gpu_drains_its_node_once(slurm_cluster: SlurmCluster, stub_lib: 
         assert "DRAIN" not in _node(cluster, node)["State"]
         wait_for(lambda: 'gpu="GPU-drain0"' in collector.metrics(), timeout=60, what="the agent's GPU reported")
         with kmsg.open("a") as f:
-            f.write(_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
+            f.write(kmsg_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
         write_state(state, gpu.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
         drained = wait_for(lambda: (f := _node(cluster, node)) and "DRAIN" in f["State"] and f,
                            timeout=60, what=f"{node} drained")
