@@ -41,6 +41,7 @@ from clusterwatch.agent.thread_names import name_os_thread
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import AllocatorFigures, TrainingReport
 from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_GPUS, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
+from clusterwatch.train_requests import MAX_REPLY
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
 _MAX_INT = 2**63 - 1
 # sockaddr_un.sun_path is 108 bytes on Linux, its last the terminating NUL
 MAX_SOCKET_PATH_BYTES = 107
+# Reply addresses kept (one per reporting process); beyond it the longest silent goes.
+MAX_ADDRESSES = 4096
+# clusterwatch/train_requests.py reply_datagram starts '{"v": 1, "reply": '; a report has no "reply"
+_REPLY_KEY = b'"reply"'
 
 
 def _number(value: object) -> float | None:
@@ -177,6 +182,13 @@ class TrainEndpoint:
         received: datagrams read from the socket.
         rejected: of those, malformed, oversized, or without the sender's credentials.
         overflowed: reports dropped because the queue was full.
+        on_reply: called on the reader thread with (pid, datagram, cut) for each answer to a request
+            (a datagram with the "reply" key, at most MAX_REPLY bytes read; `cut`: it was longer),
+            pid from the kernel's credentials (agent/train_asks.py checks the rest).
+
+    Requests go back from this socket to the address each process reports from (`send`): the
+    address is kept per (pid, start time) from its latest report, so a process that never reported
+    cannot be asked, and a pid reused since is not asked in the old one's name.
     """
 
     def __init__(self, path: str = DEFAULT_SOCKET, max_queue: int = 10000, proc: str = "/proc",
@@ -197,6 +209,8 @@ class TrainEndpoint:
         self._sock: socket.socket | None = None
         self._wake_r = self._wake_w = -1
         self._thread: threading.Thread | None = None
+        self._addresses: collections.OrderedDict[tuple[int, float], bytes | str] = collections.OrderedDict()
+        self.on_reply: Callable[[int, bytes, bool], None] | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -292,6 +306,39 @@ class TrainEndpoint:
             self._queue.clear()
         return out
 
+    def reply_address(self, pid: int, start_time: float) -> bytes | str | None:
+        """The address process (pid, start time) last reported from; None when it never reported."""
+        with self._lock:
+            for (p, start), addr in self._addresses.items():
+                if p == pid and abs(start - start_time) <= 0.05:
+                    return addr
+        return None
+
+    def send(self, pid: int, start_time: float, data: bytes) -> str:
+        """Send one request datagram to a process; "" when the kernel took it, else why not."""
+        addr = self.reply_address(pid, start_time)
+        if addr is None:
+            return "the process never reported through clusterwatch.train (or not since the agent started)"
+        sock = self._sock
+        if sock is None:
+            return "the agent's training socket is closed"
+        try:
+            sock.sendto(data, addr)
+        except OSError as exc:
+            return f"the process's socket did not take the request ({exc.strerror or exc})"
+        return ""
+
+    def _remember(self, pid: int, start_time: float, addr: object) -> None:
+        if not start_time or not isinstance(addr, (bytes, str)) or not addr:
+            return  # an unbound sender (or an unknown start time) cannot be asked back
+        key = (pid, start_time)
+        with self._lock:
+            if self._addresses.get(key) != addr:
+                self._addresses[key] = addr
+            self._addresses.move_to_end(key)
+            while len(self._addresses) > MAX_ADDRESSES:
+                self._addresses.popitem(last=False)
+
     # -- the reader thread ----------------------------------------------------------------
 
     def _reader(self) -> None:
@@ -315,14 +362,23 @@ class TrainEndpoint:
         starts: dict[int, float | None] = {}  # one /proc read per sender per batch
         for _ in range(1024):
             try:
-                data, ancdata, flags, _addr = sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+                # answers to requests are up to MAX_REPLY bytes; reports at most MAX_DATAGRAM
+                data, ancdata, flags, addr = sock.recvmsg(MAX_REPLY + 1, _CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
                 return
             self.received += 1
+            if _REPLY_KEY in data[:24] and self.on_reply is not None:
+                pid = self._sender(ancdata, flags & socket.MSG_CTRUNC)
+                if pid is None:
+                    self.rejected += 1
+                else:
+                    self.on_reply(pid, data, bool(flags & socket.MSG_TRUNC) or len(data) > MAX_REPLY)
+                continue
             report = self._parse(data, ancdata, flags, starts)
             if report is None:
                 self.rejected += 1
                 continue
+            self._remember(report.pid, report.start_time, addr)
             with self._lock:
                 if len(self._queue) >= self.max_queue:
                     self._queue.popleft()
@@ -331,13 +387,10 @@ class TrainEndpoint:
 
     def _parse(self, data: bytes, ancdata: list, flags: int,
                starts: dict[int, float | None]) -> TrainingReport | None:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) > MAX_DATAGRAM:
+        if flags & socket.MSG_TRUNC or len(data) > MAX_DATAGRAM:
             return None
-        pid = None
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
-                pid, _uid, _gid = _UCRED.unpack_from(payload)
-        if pid is None or pid <= 0:
+        pid = self._sender(ancdata, flags & socket.MSG_CTRUNC)
+        if pid is None:
             return None
         if pid not in starts:
             starts[pid] = self._lookup_start(pid)
@@ -353,6 +406,17 @@ class TrainEndpoint:
                             "valid ones, so check what else writes to %s (further drops are counted only)",
                             pid, exc, self.path)
             return None
+
+    @staticmethod
+    def _sender(ancdata: list, ctrunc: int) -> int | None:
+        """The sender's pid from the kernel's credentials; None without them."""
+        if ctrunc:
+            return None
+        pid = None
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+                pid, _uid, _gid = _UCRED.unpack_from(payload)
+        return pid if pid is not None and pid > 0 else None
 
     def _lookup_start(self, pid: int) -> float | None:
         try:
