@@ -17,9 +17,10 @@ TEMPLATE = UNITS / "clusterwatch-collector@.service"
 INSTANCE_ENV = UNITS / "collector-instance.env"
 
 
-def _instance_env(n: int, grpc: int, metrics: int) -> dict[str, str]:
+def _instance_env(n: int, grpc: int, metrics: int, web: int = 9800) -> dict[str, str]:
     text = (INSTANCE_ENV.read_text().replace("@N@", str(n)).replace("@HOST@", "127.0.0.1").replace("@GRPC@", str(grpc))
-            .replace("@METRICS@", str(metrics)))
+            .replace("@METRICS@", str(metrics)).replace("@WEB@", str(web)))
+    assert "@" not in "".join(line for line in text.splitlines() if not line.startswith("#")), text
     pairs = {}
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
@@ -68,29 +69,30 @@ def test_two_instances_run_side_by_side_from_their_env_files(tmp_path: Path) -> 
         for n in (1, 2):
             env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_")}
             env.update(_env_file())  # the shared file first, the instance's wins (systemd's order)
-            grpc, metrics = grpc_ports[n - 1], free_port()
-            inst = _instance_env(n, grpc, metrics)
+            grpc, metrics, web = grpc_ports[n - 1], free_port(), free_port()
+            inst = _instance_env(n, grpc, metrics, web)
             inst["CLUSTERWATCH_LISTEN"] = inst["CLUSTERWATCH_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_METRICS_LISTEN"] = inst["CLUSTERWATCH_METRICS_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_DB"] = str(tmp_path / inst["CLUSTERWATCH_DB"].lstrip("/"))
             Path(inst["CLUSTERWATCH_DB"]).parent.mkdir(parents=True)  # systemd's StateDirectory
             # no Slurm, and queries open (munged is not a part of this test: tests/helpers.py Collector does so)
             env.update(inst, CLUSTERWATCH_SLURM="0", CLUSTERWATCH_QUERY_AUTH="none", CLUSTERWATCH_COLLECTORS=everyone)
-            ports.append((grpc, metrics, Path(inst["CLUSTERWATCH_DB"])))
+            ports.append((grpc, metrics, web, Path(inst["CLUSTERWATCH_DB"])))
             log = open(tmp_path / f"c{n}.log", "wb")
             procs.append(subprocess.Popen([*CLI, "collector"], env=env, stdout=log, stderr=subprocess.STDOUT))
             log.close()
 
-        def answers(port: int) -> bool:
+        def answers(port: int, path: str = "/metrics") -> bool:
             assert all(p.poll() is None for p in procs), [(tmp_path / f"c{n}.log").read_text() for n in (1, 2)]
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
                     return r.status == 200
             except OSError:
                 return False
 
-        for grpc, metrics, db in ports:
+        for grpc, metrics, web, db in ports:
             wait_for(lambda m=metrics: answers(m), timeout=60, what=f"/metrics on {metrics}")
+            wait_for(lambda w=web: answers(w, "/"), timeout=60, what=f"the web pages on {web}")  # each its own
             wait_for(db.exists, timeout=30, what=f"the store {db}")
             assert cli("jobs", "--collector", f"127.0.0.1:{grpc}").returncode == 0  # its gRPC port too
     finally:
@@ -98,3 +100,4 @@ def test_two_instances_run_side_by_side_from_their_env_files(tmp_path: Path) -> 
             p.terminate()
             p.wait(timeout=30)
     assert [p.returncode for p in procs] == [0, 0]
+    assert not any("serving no web pages" in (tmp_path / f"c{n}.log").read_text() for n in (1, 2))
