@@ -108,10 +108,12 @@ class AgentRuntime:
         config, agent = self.config, self.agent
         collectors = Collectors.parse(config.collector, config.collectors_before or None)
         on_signal = signal_handler(agent)  # shared: a job's collector asks only for the processes it holds
+        on_train_request = train_asker(agent)  # likewise; None without a training socket
 
         def make(address: str, budget: BufferBudget) -> Sender:
             return Sender(address, agent.hello, config.buffer_max_samples, token=config.token,
-                          channel_credentials=self._credentials, on_signal=on_signal, budget=budget)
+                          channel_credentials=self._credentials, on_signal=on_signal, budget=budget,
+                          on_train_request=on_train_request)
 
         return ShardedSender(collectors, config.node, make, BufferBudget(config.buffer_max_samples))
 
@@ -165,6 +167,15 @@ def signal_handler(agent: Agent):
     from .signals import SignalHandler
 
     return SignalHandler(agent.procs.start_time, agent.procs.is_known)
+
+
+def train_asker(agent: Agent):
+    """Asks the training processes this agent watches what the collector asks for (agent/train_asks.py)."""
+    if agent.train_endpoint is None:
+        return None
+    from .train_asks import TrainAsker
+
+    return TrainAsker(agent.train_endpoint, agent.procs.start_time, agent.procs.is_known)
 
 
 def claim_spool(spool_dir: str) -> int | None:

@@ -15,7 +15,7 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +28,8 @@ log = logging.getLogger("clusterwatch.agent")
 
 # How long a stream whose write failed waits for the call's status (it comes with the replies' end).
 STATUS_WAIT_S = 1.0
+# Answers to TrainRequests held for the stream (a py-spy dump is at most 60000 bytes each).
+MAX_TRAIN_ANSWERS = 512
 # gRPC's own limit is 4 MiB; a batch of thousands of processes must still fit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -145,6 +147,8 @@ class Sender:
         token: shared secret sent as `authorization: Bearer …` metadata, if set.
         channel_credentials: TLS credentials; None for a plaintext channel.
         on_signal: called (on the sender's thread) with each SignalRequest the collector sends.
+        on_train_request: called (on the sender's thread; it must not block) with each TrainRequest the
+            collector sends and the function that sends its answers back on this stream (agent/train_asks.py).
     """
 
     def __init__(
@@ -155,6 +159,8 @@ class Sender:
         token: str | None = None,
         channel_credentials: grpc.ChannelCredentials | None = None,
         on_signal: Callable[[agent_pb2.SignalRequest], None] | None = None,
+        on_train_request: Callable[[agent_pb2.TrainRequest, Callable[[agent_pb2.TrainAnswer], None]], None]
+        | None = None,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         budget: BufferBudget | None = None,
@@ -164,6 +170,9 @@ class Sender:
         self._token = token
         self._creds = channel_credentials
         self._on_signal = on_signal
+        self._on_train_request = on_train_request
+        # answers to the collector's TrainRequests, written before batches; kept while the stream is down
+        self._answers: deque[agent_pb2.TrainAnswer] = deque(maxlen=MAX_TRAIN_ANSWERS)
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
         self.buffer = BatchBuffer(max_buffer_samples, budget)
@@ -213,6 +222,11 @@ class Sender:
     def send_hello(self) -> None:
         """Write a fresh Hello on the open stream (what it says changed); a new stream sends one anyway."""
         self._hello_due = True
+        self._on_loop(self._wake_writer)
+
+    def send_answer(self, answer: agent_pb2.TrainAnswer) -> None:
+        """Send an answer to a TrainRequest on the stream, from any thread (the oldest go past MAX_TRAIN_ANSWERS)."""
+        self._answers.append(answer)
         self._on_loop(self._wake_writer)
 
     def flush(self, timeout: float) -> bool:
@@ -367,6 +381,8 @@ class Sender:
                     self._cond.notify_all()
             elif kind == "signal" and self._on_signal is not None:
                 self._on_signal(reply.signal)
+            elif kind == "train_request" and self._on_train_request is not None:
+                self._on_train_request(reply.train_request, self.send_answer)
 
     async def _write(self, call) -> None:
         """The Hello, then every unacknowledged batch in order, then new ones as they come (never returns)."""
@@ -382,6 +398,8 @@ class Sender:
             if self._hello_due:
                 self._hello_due = False
                 await call.write(agent_pb2.AgentMessage(hello=self._hello()))
+            while self._answers:
+                await call.write(agent_pb2.AgentMessage(train_answer=self._answers.popleft()))
             with self._cond:
                 todo = self.buffer.after(sent_upto)
             if not todo:
