@@ -346,7 +346,7 @@ class RuleSet:
 # parsed file against it and builds the dataclasses above.
 
 _MATCH_KEYS = ("job_name", "user", "partition", "command")
-_ACTION_KINDS = ("log", "webhook", "command", "signal", "drain")
+_ACTION_KINDS = ("log", "webhook", "command", "checkpoint", "stop", "signal", "drain")
 _DEFAULTS = RuleSet()
 
 
@@ -437,7 +437,8 @@ def _step_checks(step: dict[str, Any]) -> None:
 _STEP = Table(
     {**keys_of(ActionStep, {"rules": _RULE_NAMES, "min_severity": Text(SEVERITIES),
                             "command": Strings("a non-empty list of strings (argv)", non_empty=True)}),
-     "action": Key("action", Text(_ACTION_KINDS), needs='"log", "webhook", "command", "signal" or "drain"')},
+     "action": Key("action", Text(_ACTION_KINDS),
+                   needs='"log", "webhook", "command", "checkpoint", "stop", "signal" or "drain"')},
     build=lambda v: ActionStep(**v), checks=(_step_checks,))
 _ACTIONS = Table({"allow_signals": Key("allow_signals", Bool()), "steps": Key("steps", ArrayOf(_STEP))},
                  build=lambda v: dataclasses.replace(_DEFAULTS.actions, **v))
