@@ -102,9 +102,12 @@ class Group:
     place: str
     frames: tuple[Frame, ...]
 
-    def summary(self) -> str:
-        """`62 ranks in all_reduce at train.py:212`, `rank 17 in ...`, `rank 40: no stacks: ...`."""
-        who = rank_list(self.ranks)
+    def summary(self, noun: str = "rank") -> str:
+        """`62 ranks in all_reduce at train.py:212`, `rank 17 in ...`, `rank 40: no stacks: ...`.
+
+        `noun`: what the numbers are ("pid" for the processes of a job whose ranks are not known).
+        """
+        who = rank_list(self.ranks, noun)
         return f"{who}: {self.place}" if not self.frames else f"{who} in {self.place}"
 
 
@@ -250,13 +253,13 @@ def group_ranks(dumps: Mapping[int, str | Dump]) -> list[Group]:
     return groups + errors
 
 
-def rank_list(ranks: Iterable[int]) -> str:
+def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
     """`rank 17`, `62 ranks` (more than 8), or `ranks 0-3,7` (up to 8, runs collapsed)."""
     ordered = sorted(set(ranks))
     if len(ordered) == 1:
-        return f"rank {ordered[0]}"
+        return f"{noun} {ordered[0]}"
     if len(ordered) > 8:
-        return f"{len(ordered)} ranks"
+        return f"{len(ordered)} {noun}s"
     runs: list[str] = []
     start = prev = ordered[0]
     for r in ordered[1:] + [None]:  # type: ignore[list-item]
@@ -266,9 +269,17 @@ def rank_list(ranks: Iterable[int]) -> str:
         runs.append(str(start) if start == prev else f"{start}-{prev}")
         if r is not None:
             start = prev = r
-    return "ranks " + ",".join(runs)
+    return f"{noun}s " + ",".join(runs)
 
 
-def summarize(dumps: Mapping[int, str | Dump]) -> list[str]:
+def summarize(dumps: Mapping[int, str | Dump], noun: str = "rank") -> list[str]:
     """One line per group: what `clusterwatch diagnose` prints above the stacks themselves."""
-    return [g.summary() for g in group_ranks(dumps)]
+    return [g.summary(noun) for g in group_ranks(dumps)]
+
+
+def by_rank(answers) -> tuple[dict[int, str], str]:
+    """The stacks of answers (query_pb2.TrainAnswerView) by rank, or by pid where a rank is not known; the noun."""
+    with_stacks = [a for a in answers if a.payload]
+    if with_stacks and all(a.HasField("rank") for a in with_stacks):
+        return {a.rank: a.payload for a in with_stacks}, "rank"
+    return {a.pid: a.payload for a in with_stacks}, "pid"

@@ -1,4 +1,4 @@
-"""Actions for alerts: log, webhook, command, signal, drain; and escalation over time.
+"""Actions for alerts: log, webhook, command, checkpoint, stop, signal, drain; and escalation over time.
 
 `Dispatcher` applies engine events to the `AlertStore` and runs the configured
 steps (`[actions]` in the rules file) for each transition. Steps with `after_s = 0`
@@ -20,6 +20,12 @@ since the process lives on another node; they are sent only when
 `drain_node(node, reason)` callback (`scontrol update NodeName=… State=DRAIN Reason=…`, given by a
 collector with --slurm); it is never run on resolution, and like every step it is stored as done, so a
 node an operator resumed is not drained again for the same alert, even after a restart.
+
+`checkpoint` and `stop` ask the alert's process (or, for an alert of a whole job, each of its ranks)
+through its agent and its clusterwatch.train socket (`ask_train`, collector/train_asks.py): its handler
+runs in the training loop at the next report(), so they come ahead of signals, which stay for processes
+that use no clusterwatch.train. They do not wait for the answer (it is stored and shown in `status`); a
+process that never reported answers `unreachable`. Neither runs on resolution.
 """
 from __future__ import annotations
 
@@ -42,6 +48,9 @@ log = logging.getLogger("clusterwatch.alerts")
 
 SendSignal = Callable[[str, int, float, int, str], None]
 DrainNode = Callable[[str, str], None]
+# job id, node, pid, start time, rank, kind, who asked -> how many processes were asked
+AskTrain = Callable[[str, str, int, float, "int | None", str, str], int]
+TRAIN_ACTIONS = ("checkpoint", "stop")
 
 _REASON_MAX = 200  # characters of a drain reason (sinfo -R shows it; a full description would not fit)
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]+")
@@ -81,6 +90,7 @@ class Dispatcher:
         self.config = config
         self.send_signal = send_signal
         self.drain_node = drain_node
+        self.ask_train: AskTrain | None = None  # given by the collector (TrainAsks.ask_for_alert)
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
         self.dropped = 0  # actions dropped because their lane was full
@@ -107,7 +117,8 @@ class Dispatcher:
                 self._escalate(a, now)
             elif a.state == RESOLVED:
                 for i, step in enumerate(self.config.steps):
-                    if i in a.steps_done and step.on_resolved and step.action not in ("signal", "drain"):
+                    if i in a.steps_done and step.on_resolved and step.action not in ("signal", "drain",
+                                                                                      *TRAIN_ACTIONS):
                         self._run_step(i, step, a)
         return changed
 
@@ -134,6 +145,9 @@ class Dispatcher:
         if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
             self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
             return
+        if step.action in TRAIN_ACTIONS:
+            self._ask_train(step.action, a)
+            return
         if step.action == "drain" and (self.drain_node is None or not a.node):
             self.logger.info("drain step for %s skipped (%s)", a.rule,
                              "the collector runs without --slurm" if a.node else "the alert names no node")
@@ -142,6 +156,15 @@ class Dispatcher:
             with self._count_lock:
                 self.dropped += 1
                 self.errors += 1
+
+    def _ask_train(self, kind: str, a: Alert) -> None:
+        """Queue the request on the agents' streams (no waiting: the answers are stored as they come)."""
+        if self.ask_train is None or not a.job_id:
+            self.logger.info("%s step for %s skipped (%s)", kind, a.rule,
+                             "no job" if self.ask_train is not None else "this collector asks no process")
+            return
+        asked = self.ask_train(a.job_id, a.node, a.pid, a.start_time, a.rank, kind, f"alert {a.id} {a.rule}")
+        self.logger.warning("alert %s %s: asked %d process(es) of job %s to %s", a.id, a.rule, asked, a.job_id, kind)
 
     def _deliver_counted(self, item: tuple[ActionStep, dict]) -> None:
         step, payload = item

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
@@ -72,6 +73,8 @@ class AgentOutboxes:
 
     def __init__(self) -> None:
         self.by_node: dict[str, asyncio.Queue] = {}
+        # where the agents' answers to TrainRequests go (collector/train_asks.py); None: refused
+        self.on_train_answer: Callable[[str, agent_pb2.TrainAnswer], None] | None = None
 
     def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
         """Queue a signal request for a node's agent; False when that agent is not connected."""
@@ -80,6 +83,14 @@ class AgentOutboxes:
             return False
         req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
         outbox.put_nowait(agent_pb2.CollectorMessage(signal=req))
+        return True
+
+    def send_train_request(self, node: str, req: agent_pb2.TrainRequest) -> bool:
+        """Queue a request to a training process for its node's agent; False when that agent is not connected."""
+        outbox = self.by_node.get(node)
+        if outbox is None:
+            return False
+        outbox.put_nowait(agent_pb2.CollectorMessage(train_request=req))
         return True
 
 
@@ -163,6 +174,8 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     self.core.batch(node, boot_id, msg.batch)  # a refused batch is acked too, or resent forever
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
                     self.after_flush.append((outbox, ack))
+                elif kind == "train_answer" and node is not None and self.outboxes.on_train_answer is not None:
+                    self.outboxes.on_train_answer(node, msg.train_answer)  # it checks the node is the one asked
                 else:
                     self.core.counters.rejected += 1
         finally:

@@ -6,10 +6,19 @@ from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from .core import AlertSource, CollectorCore
 from .query_auth import AuthError, Caller, NoAuth
+from .train_asks import KINDS, TrainAsks, targets
 from .views import DEFAULT_TREND_POINTS
 
 # A view's trends are drawn in a terminal: more points than a wide one has columns is wasted work.
 MAX_TREND_POINTS = 400
+def stack_groups(answers) -> list[str]:
+    """The ranks' stacks grouped (clusterwatch/stacks.py): ranks with the same stack said once, with their count."""
+    from clusterwatch.stacks import by_rank, summarize
+
+    dumps, noun = by_rank(answers)
+    return summarize(dumps, noun) if dumps else []
+
+
 # Trace lines a message: well under gRPC's message limit at the longest lines a sample makes.
 TRACE_CHUNK_LINES = 5000
 
@@ -21,12 +30,16 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         core: the collector core, asked for jobs, views and traces.
         auth: who is asking (query_auth); None: everyone sees everything.
         alerts: the alerts of jobs; None: no alerts are shown.
+        asks: requests to training processes and their answers (collector/train_asks.py); None: AskTraining
+            is refused.
     """
 
-    def __init__(self, core: CollectorCore, auth=None, alerts: AlertSource | None = None) -> None:
+    def __init__(self, core: CollectorCore, auth=None, alerts: AlertSource | None = None,
+                 asks: TrainAsks | None = None) -> None:
         self.core = core
         self.auth = auth or NoAuth()
         self.alerts = alerts
+        self.asks = asks
 
     async def _caller(self, context) -> Caller:
         try:
@@ -58,6 +71,8 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
             health = getattr(self.alerts, "health_views", None)
             if health is not None:
                 view.health.extend(health(request.job_id))
+        if self.asks is not None:
+            view.train_answers.extend(self.asks.latest(request.job_id))
         return view
 
     async def ListJobs(self, request, context):
@@ -95,6 +110,32 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         await self._check_job(context, caller, request.job_id, owner)
         for i in range(0, len(lines), TRACE_CHUNK_LINES):
             yield query_pb2.TraceChunk(lines=lines[i:i + TRACE_CHUNK_LINES])
+
+    async def AskTraining(self, request, context):
+        caller = await self._caller(context)
+        if request.kind not in KINDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unknown request {request.kind[:64]!r}; one of {', '.join(KINDS)}")
+        view = self.core.live_job_view(request.job_id, 2)  # resample needs 2 points
+        if view is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job {request.job_id} is not running on this collector; only a running job's "
+                                "processes can be asked")
+        # the stacks and snapshots are the user's data: the job's owner and admins only
+        await self._check_job(context, caller, request.job_id, view.job.user)
+        if self.asks is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this collector does not ask training processes")
+        chosen = targets(view, request.rank if request.HasField("rank") else None)
+        if not chosen:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job {request.job_id} has no live process" +
+                                (f" of rank {request.rank}" if request.HasField("rank") else ""))
+        asked_by = f"user {caller.user}" if caller.user else "user (no authentication)"
+        resp = query_pb2.AskTrainingResponse()
+        resp.answers.extend(await self.asks.ask(request.job_id, chosen, request.kind, asked_by, request.timeout_s))
+        if request.kind == "dump_stacks":
+            resp.stack_groups.extend(stack_groups(resp.answers))
+        return resp
 
     async def ListHealth(self, request, context):
         caller = await self._caller(context)
