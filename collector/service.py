@@ -95,6 +95,12 @@ class CollectorServer:
             self.alerting.dispatcher.drain_node = slurm_drain(config.slurm_timeout_s)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
         self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
+        from .train_asks import TrainAsks  # requests back to training processes (diagnose, checkpoint/stop steps)
+
+        self.train_asks = TrainAsks(conn, outboxes.send_train_request,
+                                    lambda job_id: self.core.live_job_view(job_id, 2))
+        outboxes.on_train_answer = self.train_asks.on_answer
+        self.alerting.dispatcher.ask_train = self.train_asks.ask_for_alert
         running = self.core.running_nodes()
         self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
         self.grpc_port = 0
@@ -126,7 +132,7 @@ class CollectorServer:
         server = self._main_server(main_cap)
         query = QueryServicer(self.core, await auth_from_config(
             cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
-            alerts=self.alerting)
+            alerts=self.alerting, asks=self.train_asks)
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         self.grpc_port = bind(server, cfg.listen, "--listen", creds)
