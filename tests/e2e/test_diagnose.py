@@ -1,0 +1,152 @@
+"""Requests back to a training process, end to end (issue 16 items 2-3): a real collector, a real agent and a
+real Python process using clusterwatch.train. A `checkpoint` asked through the collector reaches the
+process's handler and its answer shows in `status`; `clusterwatch diagnose` on a process blocked in a
+function prints that function in the grouped stacks; a user who does not own the job is refused."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+from clusterwatch.cli.common import MUNGE_PAYLOAD
+from clusterwatch.v1 import query_pb2, query_pb2_grpc
+
+from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TRAINER = r"""
+import sys, time
+from clusterwatch import train
+mode, marker = sys.argv[1], sys.argv[2]
+step = 0
+
+def checkpoint(request):
+    with open(marker, "a") as f:
+        f.write(f"{step}\n")
+    return f"saved checkpoint at step {step}"
+
+train.on_request("checkpoint", checkpoint)
+
+def blocked_in_collective():
+    time.sleep(3600)   # a hung all_reduce never returns
+
+while True:
+    step += 1
+    train.report(step=step, loss=1.0)
+    if mode == "stuck" and step == 30:
+        blocked_in_collective()
+    time.sleep(0.05)
+"""
+
+
+class Job:
+    def __init__(self, tmp_path, mode: str, job_id: str, *collector_args: str) -> None:
+        sock = tmp_path / "train.sock"
+        script = tmp_path / "trainer.py"
+        script.write_text(TRAINER)
+        self.marker = tmp_path / "checkpoints.txt"
+        self.job_id = job_id
+        self.collector = Collector(tmp_path, *collector_args)
+        self.rank = Proc([sys.executable, str(script), mode, str(self.marker)], tmp_path / "rank.log",
+                         env={**clean_environ(), "CLUSTERWATCH_TRAIN_SOCKET": str(sock)})
+        self.agent = Proc([*CLI, "agent", "--collector", self.collector.address, "--node", "dg-node", "--interval",
+                           "0.3", "--send-interval", "0", "--gpu-source", "none", "--no-provenance", "--pid",
+                           str(self.rank.pid), "--job-id", job_id, "--spool-dir", str(tmp_path / "spool"),
+                           "--train-socket", str(sock)], tmp_path / "agent.log")
+
+    def status(self) -> str:
+        r = cli("status", self.job_id, "--collector", self.collector.address)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def step(self) -> int | None:
+        """The rank's latest step in `status --json`; None before the job is known or a step reported."""
+        r = cli("status", self.job_id, "--collector", self.collector.address, "--json")
+        processes = json.loads(r.stdout)["processes"] if r.returncode == 0 else []
+        return processes[0].get("step") if processes else None
+
+    def ask(self, kind: str, metadata=None) -> query_pb2.AskTrainingResponse:
+        channel = grpc.insecure_channel(self.collector.address)
+        try:
+            return query_pb2_grpc.QueryStub(channel).AskTraining(
+                query_pb2.AskTrainingRequest(job_id=self.job_id, kind=kind, timeout_s=10), timeout=20,
+                metadata=metadata)
+        finally:
+            channel.close()
+
+    def stop(self) -> None:
+        for p in (self.agent, self.rank, self.collector):
+            p.stop()
+
+
+def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status(tmp_path):
+    job = Job(tmp_path, "loop", "dg-1")
+    try:
+        # the process must have reported for the agent to know where to ask it
+        wait_for(lambda: job.step() is not None, timeout=60, what="a step reported")
+        resp = job.ask("checkpoint")
+        assert len(resp.answers) == 1, resp
+        answer = resp.answers[0]
+        assert answer.status == "done", answer
+        assert answer.pid == job.rank.pid and answer.message.startswith("saved checkpoint at step ")
+        assert answer.asked_by.startswith("user ")
+        assert job.marker.read_text().strip(), "the handler did not run"
+        text = job.status()
+        assert "Requests to the training processes" in text, text
+        line = next(x for x in text.splitlines() if "checkpoint done" in x)
+        assert "saved checkpoint at step" in line, text
+        document = json.loads(cli("status", "dg-1", "--collector", job.collector.address, "--json").stdout)
+        assert [a["status"] for a in document["train_answers"]] == ["done"]
+    finally:
+        job.stop()
+
+
+def test_diagnose_prints_the_function_a_stuck_rank_is_blocked_in(tmp_path):
+    job = Job(tmp_path, "stuck", "dg-2")
+    try:
+        wait_for(lambda: job.step() == 30, timeout=60, what="the rank stuck at step 30")
+        r = cli("diagnose", "dg-2", "--collector", job.collector.address, timeout=60)
+        assert r.returncode == 0, r.stderr + r.stdout
+        stacks = r.stdout.split("Memory snapshots")[0]
+        assert "blocked_in_collective" in stacks, r.stdout
+        assert "1 rank" in stacks or "rank " in stacks or "pid " in stacks, r.stdout
+        # the stuck rank accepts the snapshot request but never runs it (its loop is stuck): said so
+        snapshots = r.stdout.split("Memory snapshots")[1]
+        assert "memory_snapshot" in snapshots and ("accepted" in snapshots or "no answer" in snapshots), r.stdout
+        js = cli("diagnose", "dg-2", "--collector", job.collector.address, "--json", "--no-snapshot", timeout=60)
+        assert js.returncode == 0, js.stderr
+        document = json.loads(js.stdout)
+        assert document["schema"] == "clusterwatch.diagnose/1"
+        assert any("blocked_in_collective" in g for g in document["stack_groups"]), document
+        assert document["stacks"][0]["status"] == "done" and document["snapshots"] == []
+    finally:
+        job.stop()
+
+
+def _munge_as(user: str, munged, *args: str) -> str:
+    return subprocess.run(["runuser", "-u", user, "--", "munge", f"--socket={munged}", *args],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+def test_a_user_who_does_not_own_the_job_is_refused(tmp_path, munged):
+    job = Job(tmp_path, "loop", "dg-3", "--query-auth", "munge", "--munge-socket", str(munged))
+    env = {"CLUSTERWATCH_MUNGE_SOCKET": str(munged)}
+    try:
+        wait_for(lambda: cli("status", "dg-3", "--collector", job.collector.address, env=env).returncode == 0,
+                 timeout=60, what="the job")
+        nobody = [("x-clusterwatch-munge", _munge_as("nobody", munged, "-s", MUNGE_PAYLOAD))]
+        with pytest.raises(grpc.RpcError) as refused:
+            job.ask("checkpoint", metadata=nobody)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+        assert "not yours" in refused.value.details()
+        assert not job.marker.exists(), "the request reached the process"
+        # its owner (root here) is answered
+        owner = [("x-clusterwatch-munge", _munge_as("root", munged, "-s", MUNGE_PAYLOAD))]
+        wait_for(lambda: job.ask("checkpoint", metadata=[("x-clusterwatch-munge", _munge_as(
+            "root", munged, "-s", MUNGE_PAYLOAD))]).answers[0].status == "done", timeout=30, what="the owner's ask")
+        assert owner and job.marker.exists()
+    finally:
+        job.stop()
