@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "record": "clusterwatch.cli.record_cmd:record",
     "alerts": "clusterwatch.cli.alerts_cmd:alerts",
     "health": "clusterwatch.cli.health_cmd:health",
+    "diagnose": "clusterwatch.cli.diagnose_cmd:diagnose",
     "provenance": "clusterwatch.cli.provenance_cmd:provenance",
     "prolog": "clusterwatch.cli.hooks_cmd:prolog",
     "epilog": "clusterwatch.cli.hooks_cmd:epilog",
