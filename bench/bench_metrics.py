@@ -43,18 +43,42 @@ def build_state(nodes: int, tmp: str):
         bb = benchlib.BatchBytes(sim, variants=2)
         for k in range(2):
             core.batch(sim.node, sim.boot_id, agent_pb2.AgentMessage.FromString(bb.next(t0 + 5 * k)[1]).batch)
+    feed_health(server)
     build_cpu = time.process_time() - c0
     return server, core, note, build_cpu
 
 
-def cluster_exposition(server):
-    """The collector's scrape path, wired as CollectorServer._start_metrics wires it."""
+def feed_health(server) -> None:
+    """Every GPU's health counters as an H100's agent reads them (no retired pages: Ampere and later remap
+    rows), through the health engine as ingest hands them on: the GPU health families have their series."""
+    from clusterwatch.v1 import agent_pb2
+
+    engine = server.alerting.health.engine
+    now = time.time()
+    for uuid, gs in server.core.state.gpus.items():
+        msg = agent_pb2.GpuHealth(time=now, uuid=uuid, ecc_corrected_volatile=3, ecc_uncorrected_volatile=0,
+                                  ecc_corrected_aggregate=12, ecc_uncorrected_aggregate=0, remapped_rows_corrected=0,
+                                  remapped_rows_uncorrected=0, remapped_rows_pending=False,
+                                  remapped_rows_failure=False, clock_event_reasons=0x4, temperature_c=61,
+                                  pcie_replays=0)
+        msg.violation_seconds.update({"power": 12.5, "thermal": 0.0, "sync_boost": 0.0, "board_limit": 0.0,
+                                      "low_utilization": 3.0, "reliability": 0.0})
+        msg.nvlink_errors.update({"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0})
+        engine.observe_counters(gs.node, msg, [])
+
+
+def cluster_exposition(server, health: str = "basic"):
+    """The collector's scrape path, wired as CollectorServer._start_metrics wires it, with its GPU health
+    families at `health` (the collector's --gpu-health-metrics: basic, full or none)."""
     from clusterwatch.collector.exporter import ClusterCollector, Exposition
+    from clusterwatch.collector.health.metrics import HealthFamilies, health_snapshot
 
     core, config = server.core, server.config
+    extra = None if health == "none" else HealthFamilies(
+        lambda: health_snapshot(server.alerting.health.engine, core.state), full=health == "full")
     return Exposition(ClusterCollector(
         core.state, core.clock, config.per_process_metrics, counters=server.counter_values,
-        alerts=server.active_alerts, after_intervals=config.agent_down_after_intervals,
+        alerts=server.active_alerts, after_intervals=config.agent_down_after_intervals, extra=extra,
     ), core.lock)
 
 
@@ -127,6 +151,8 @@ def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = Tr
     with benchlib.tmpdir("cw-bench-metrics-") as tmp:
         server, core, note, build_cpu = build_state(nodes, tmp)
         expo = cluster_exposition(server)
+        no_health = cluster_exposition(server, health="none")
+        full_health = cluster_exposition(server, health="full")
         col = expo.collector
         old = CollectorRegistry(auto_describe=False)
         old.register(col)
@@ -136,6 +162,8 @@ def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = Tr
         paths = {
             "text": lambda: expo.scrape(),
             "om": lambda: expo.scrape(openmetrics=True),
+            "nohealth": lambda: no_health.scrape(),
+            "full": lambda: full_health.scrape(),
             "http": lambda: _http_get(url, {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}),
             "old": lambda: generate_latest(old),
             "base": lambda: generate_latest(base),
@@ -181,6 +209,8 @@ def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = Tr
         ["  of which the snapshot, under the core's lock", median(snap_t) * 1000,
          spread([x * 1000 for x in snap_t]), "-", "-", "-", "-"],
         row("  same, OpenMetrics (Prometheus's default Accept)", "om", count(out["om"]), len(out["om"])),
+        row("  same, --gpu-health-metrics full", "full", count(out["full"]), len(out["full"])),
+        row("  same, --gpu-health-metrics none", "nohealth", count(out["nohealth"]), len(out["nohealth"])),
         row("  HTTP GET /metrics on loopback, OpenMetrics + gzip", "http", "-", len(out["http"])),
         row("prometheus_client generate_latest, same families", "old", count(out["old"]), len(out["old"])),
         row("baseline: prometheus_client labelled Gauges", "base", count(out["base"]), len(out["base"])),

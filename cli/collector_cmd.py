@@ -42,6 +42,11 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               help="Seconds between two history points of a process (trends and `record`; every sample still "
                    "updates the latest figures and peaks).")
 @click.option("--per-process-metrics", is_flag=True, help="Also export per-process series (label pid).")
+@click.option("--gpu-health-metrics", type=click.Choice(["basic", "full", "none"]), default="basic",
+              show_default=True, envvar="CLUSTERWATCH_GPU_HEALTH_METRICS",
+              help="GPU health series on /metrics: basic (loss, XIDs, uncorrected ECC, remaps, throttling, "
+                   "temperature: about 10 a GPU), full (also corrected ECC, row counts, violation time, PCIe "
+                   "and NVLink errors: about 24), or none.")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret agents must send.")
@@ -97,7 +102,7 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
                    "are its own.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, web_listen, db_path, history_points, history_step,
-              per_process_metrics, rules_path, token,
+              per_process_metrics, gpu_health_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
@@ -114,7 +119,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
     config = CollectorConfig(
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
-        per_process_metrics=per_process_metrics, rules_path=rules_path, token=token, ports_file=ports_file,
+        per_process_metrics=per_process_metrics, gpu_health_metrics=gpu_health_metrics, rules_path=rules_path,
+        token=token, ports_file=ports_file,
         slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,
         ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,

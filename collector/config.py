@@ -37,6 +37,8 @@ class CollectorConfig:
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
         per_process_metrics: also export per-process series (label pid) on /metrics.
+        gpu_health_metrics: GPU health series on /metrics: "basic", "full" or "none"
+            (collector/health/metrics.py).
         agent_down_after_intervals: a node is down after this many poll intervals without a batch.
         rules_path: rules file (TOML); None: the shipped defaults.
         xid_catalog_path: a site's XID catalog (TOML, the form of collector/health/xid_catalog.toml) laid
@@ -74,6 +76,7 @@ class CollectorConfig:
     history_points: int = 720
     history_step_s: float = 5.0
     per_process_metrics: bool = False
+    gpu_health_metrics: str = "basic"
     agent_down_after_intervals: float = 3.0
     rules_path: str | None = None
     xid_catalog_path: str | None = None

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -231,7 +231,7 @@ class Snapshot(NamedTuple):
     nodes: list[NodeRow]
     alerts: list[tuple[str, ...]] | None
     counters: list[tuple[str, str, float]] | None
-    extra: list[tuple[Family, list]] | None = None   # more families with their rows (the GPU health ones)
+    extra: Any = None   # the `extra` families' own snapshot (the GPU health ones), None without them
 
 
 def format_value(v) -> str:
@@ -268,7 +268,7 @@ def escape_label_value(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
-def _label_string(names: tuple[str, ...], values) -> str:
+def label_string(names: tuple[str, ...], values) -> str:
     """`{a="x",b="y"} ` with the names sorted (as prometheus_client writes them) and a trailing space."""
     if not names:
         return " "
@@ -296,8 +296,9 @@ class ClusterCollector(Collector):
         counters: ingest counters to export (name → (value, help)), read at scrape time.
         alerts: returns active alerts as dicts (rule, severity, state, job_id, node, rank).
         after_intervals: a node is down after this many of its poll intervals without a batch.
-        extra: more families with their rows, (Family, [(label names, label values, value)]), read in the
-            snapshot (under the lock): the GPU health families (collector/health/metrics.py).
+        extra: more families (collector/health/metrics.py HealthFamilies): its snapshot() is taken with the
+            state's, under the lock; its series(snap) gives their rows and write(snap, writer) their text,
+            after every family of the state's.
     """
 
     def __init__(self, state: ClusterState, clock: Callable[[], float], per_process: bool = False,
@@ -410,7 +411,7 @@ class ClusterCollector(Collector):
         counters = None
         if self.counters is not None:
             counters = [(name, help_text, value) for name, (value, help_text) in self.counters().items()]
-        extra = self.extra() if self.extra is not None else None
+        extra = self.extra.snapshot() if self.extra is not None else None
         return Snapshot(jobs, ranks, processes, gpus, nodes, alerts, counters, extra)
 
     # -- families, in exposition order -----------------------------------------------------------
@@ -462,11 +463,12 @@ class ClusterCollector(Collector):
                 if value is not None:
                     node_rows[i].append((("node",), (node,), value))
         out.extend(zip(NODE_FAMILIES, node_rows, strict=True))
-        out.extend(snap.extra or ())
         if snap.alerts is not None:
             out.append((ALERT_FAMILY, [(ALERT_FAMILY.labels, a, 1) for a in snap.alerts]))
         for name, help_text, value in snap.counters or ():
             out.append((Family(name, "counter", help_text, ()), [((), (), value)]))
+        if snap.extra is not None and self.extra is not None:
+            out.extend(self.extra.series(snap.extra))
         return out
 
     def collect(self):
@@ -502,7 +504,7 @@ class ClusterCollector(Collector):
         with self._cache_lock:
             old = self._cache
         out = _TextWriter(old, openmetrics, names)
-        groups = self.series(Snapshot(snap.jobs, [], None, [], snap.nodes, snap.alerts, snap.counters, snap.extra))
+        groups = self.series(Snapshot(snap.jobs, [], None, [], snap.nodes, snap.alerts, snap.counters))
         by_name = {fam.name: rows for fam, rows in groups}
         for fam in (JOB_INFO, JOB_CODE, *JOB_FAMILIES):
             out.generic(fam, by_name[fam.name], "job")
@@ -510,9 +512,11 @@ class ClusterCollector(Collector):
         if snap.processes is not None:
             _write_processes(out, snap.processes)
         _write_gpus(out, snap.gpus)
-        for fam, rows in groups:  # nodes, extra, alerts, counters
+        for fam, rows in groups:  # nodes, alerts, counters
             if fam.name not in _WRITTEN_APART:
                 out.generic(fam, rows, "other")
+        if snap.extra is not None and self.extra is not None:
+            self.extra.write(snap.extra, out)
         if openmetrics:
             out.parts.append("# EOF\n")
         with self._cache_lock:
@@ -553,7 +557,7 @@ class _TextWriter:
             key = (label_names, values)
             lbl = cache.get(key)
             if lbl is None:
-                lbl = _label_string(label_names, values)
+                lbl = label_string(label_names, values)
             used[key] = lbl
             lines.append(f"{sname}{lbl}{fmt(value)}\n")
         self.emit(fam, lines)
@@ -569,7 +573,7 @@ def _write_ranks(out: _TextWriter, ranks: list) -> None:
     for key, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 in ranks:
         lbl = get(key)
         if lbl is None:
-            lbl = _label_string(RANK_LABELS, key)
+            lbl = label_string(RANK_LABELS, key)
         used[key] = lbl
         if v0 is not None:
             a0(f"{p0}{lbl}{fmt(v0)}\n")
@@ -604,7 +608,7 @@ def _write_processes(out: _TextWriter, processes: list) -> None:
     for key, *values in processes:
         lbl = cache.get(key)
         if lbl is None:
-            lbl = _label_string(PROCESS_LABELS, key)
+            lbl = label_string(PROCESS_LABELS, key)
         used[key] = lbl
         for lines, prefix, value in zip(lines_by_family, prefixes, values, strict=True):
             if value is not None:
@@ -624,7 +628,7 @@ def _write_gpus(out: _TextWriter, gpus: list) -> None:
         key = (node, uuid, idx, job_id)
         pair = cache.get(key)
         if pair is None:
-            pair = (_label_string(GPU_LABELS, key), _label_string(short_labels, key[:3]))
+            pair = (label_string(GPU_LABELS, key), label_string(short_labels, key[:3]))
         used[key] = pair
         if util is not None:
             util_l.append(f"{p_util}{pair[0]}{fmt(util)}\n")

@@ -208,17 +208,21 @@ class CollectorServer:
         exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.counter_values, alerts=self.active_alerts,
-            after_intervals=self.config.agent_down_after_intervals, extra=self._health_series,
+            after_intervals=self.config.agent_down_after_intervals, extra=self.health_families(),
             owns_node=_owns_node(self.config),
         ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")
         self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
         self.metrics_port = self._httpd.server_port
 
-    def _health_series(self) -> list:
-        from .health.metrics import health_series
+    def health_families(self):
+        """The GPU health families of /metrics (collector/health/metrics.py), as the exporter takes them."""
+        from .health.metrics import HealthFamilies, health_snapshot
 
-        return health_series(self.alerting.health.engine, self.core.state)
+        if self.config.gpu_health_metrics == "none":
+            return None
+        return HealthFamilies(lambda: health_snapshot(self.alerting.health.engine, self.core.state),
+                              full=self.config.gpu_health_metrics == "full")
 
     def _start_web(self, auth) -> None:
         """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""

@@ -9,11 +9,14 @@ supported" from 0. deploy/prometheus/alerts.yml alerts on them; docs/health.md l
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from clusterwatch.collector.exporter import Family
+from clusterwatch.collector.exporter import Family, format_value, label_string
+from clusterwatch.collector.health.decisions import THROTTLE_REASONS
 
-__all__ = ["HEALTH_FAMILIES", "CLOCK_EVENT_REASONS", "health_series"]
+__all__ = ["HEALTH_FAMILIES", "CLOCK_EVENT_REASONS", "HealthFamilies", "HealthSnapshot", "health_snapshot"]
 
 GPU = ("node", "gpu", "index")
 
@@ -28,6 +31,12 @@ CLOCK_EVENT_REASONS = {
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
+# Those exported, one series each a GPU: what slows a GPU for its health, and the power cap a busy GPU
+# sits at. Idle, application clocks, sync boost and display clocks say nothing of health and would be
+# 32,000 more series at 8,000 GPUs.
+EXPORTED_REASONS = {bit: CLOCK_EVENT_REASONS[bit] for bit in (0x4, 0x8, 0x20, 0x40, 0x80)}
+# Violation policies exported (NVML's sync_boost and low_utilization time is not about health).
+EXPORTED_POLICIES = ("power", "thermal", "board_limit", "reliability")
 
 XIDS = fam("clusterwatch_gpu_xid_errors", "counter",
            "XID errors the driver reported on the GPU (NVML events and the kernel log, each once), by XID.",
@@ -51,7 +60,8 @@ REMAP_FAILED = fam("clusterwatch_gpu_remapped_rows_failure", "gauge", "1 when a 
 RETIRED = fam("clusterwatch_gpu_retired_pages", "gauge", "Memory pages retired (GPUs before Ampere), by cause.",
               *GPU, "cause")
 REASONS = fam("clusterwatch_gpu_clock_event_reason_active", "gauge",
-              "1 while the clock-event (throttle) reason holds the GPU's clocks down, 0 when not.", *GPU, "reason")
+              "1 while the clock-event (throttle) reason holds the GPU's clocks down, 0 when not (the reasons of its "
+              "health, and the power cap).", *GPU, "reason")
 VIOLATION = fam("clusterwatch_gpu_clock_event_seconds", "counter",
                 "Time the GPU's clocks were held down, by policy (NVML violation status).", *GPU, "policy")
 TEMPERATURE = fam("clusterwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", *GPU)
@@ -71,58 +81,137 @@ _ECC_FIELDS = (("ecc_corrected_volatile", "corrected", "volatile"),
                ("ecc_uncorrected_aggregate", "uncorrected", "aggregate"))
 
 
-def health_series(engine: Any, state: Any) -> list[tuple[Family, list]]:
-    """Each health family with its rows (label names, label values, value), from `engine`'s GPU views.
+@dataclass(slots=True)
+class HealthSnapshot:
+    """What a scrape exports of GPU health, copied under the core's lock (the rows are built outside it).
 
-    Args:
-        engine: the collector's HealthEngine.
-        state: the ClusterState, for each GPU's index (empty where the GPU is not in its inventory).
+    gpus: (node, UUID, index, lost, the latest GpuHealth or None); a GpuHealth the engine holds is its own
+    copy, replaced and never changed, so it can be read after the lock is let go.
     """
-    rows: dict[str, list] = {f.name: [] for f in HEALTH_FAMILIES}
+
+    gpus: list[tuple[str, str, str, bool, Any]]
+    xids: list[tuple[str, str, str, int, int]]          # node, UUID, index, XID, events
+    events: list[tuple[str, str, str, str, int]]        # node, UUID, index, kind, events
+    recovery: list[tuple[str, str, str, str]]           # node, UUID, index, action
+
+
+def health_snapshot(engine: Any, state: Any) -> HealthSnapshot:
+    """Copy the health families' figures out of `engine` (and each GPU's index out of `state`); under the lock."""
     gpus = state.gpus
 
     def index(uuid: str) -> str:
         gs = gpus.get(uuid)
         return str(gs.info.index) if gs is not None else ""
 
-    for (node, uuid, xid), n in sorted(engine.xid_counts.items()):
-        rows[XIDS.name].append((XIDS.labels, (node, uuid, index(uuid), str(xid)), n))
-    for (node, uuid, kind), n in sorted(engine.event_counts.items()):
-        rows[EVENTS.name].append((EVENTS.labels, (node, uuid, index(uuid), kind), n))
-    for (node, uuid), action in sorted(engine.recovery.items()):
-        name = RECOVERY_ACTIONS.get(action, str(action))
-        rows[RECOVERY.name].append((RECOVERY.labels, (node, uuid, index(uuid), name), 1))
-    for (node, uuid), view in sorted(engine.gpus.items()):
-        gpu = (node, uuid, index(uuid))
-        if view.lost or view.counters is not None:
-            rows[LOST.name].append((LOST.labels, gpu, 1 if view.lost else 0))
-        msg = view.counters
-        if msg is None:
-            continue
-        has = msg.HasField
-        for name, error, scope in _ECC_FIELDS:
+    return HealthSnapshot(
+        gpus=[(node, uuid, index(uuid), v.lost, v.counters) for (node, uuid), v in sorted(engine.gpus.items())
+              if v.lost or v.counters is not None],
+        xids=[(node, uuid, index(uuid), xid, n) for (node, uuid, xid), n in sorted(engine.xid_counts.items())],
+        events=[(node, uuid, index(uuid), kind, n) for (node, uuid, kind), n in sorted(engine.event_counts.items())],
+        recovery=[(node, uuid, index(uuid), RECOVERY_ACTIONS.get(a, str(a)))
+                  for (node, uuid), a in sorted(engine.recovery.items())])
+
+
+_FAMILY = {f.name: i for i, f in enumerate(HEALTH_FAMILIES)}
+_I_XIDS, _I_EVENTS, _I_RECOVERY, _I_LOST = (_FAMILY[f.name] for f in (XIDS, EVENTS, RECOVERY, LOST))
+_I_ECC, _I_REMAPPED, _I_PENDING, _I_FAILED, _I_RETIRED, _I_REASONS, _I_VIOLATION, _I_TEMP, _I_PCIE, _I_NVLINK = (
+    _FAMILY[f.name] for f in (ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS, VIOLATION, TEMPERATURE,
+                              PCIE_REPLAYS, NVLINK))
+_UNCORRECTED_FIELDS = tuple(f for f in _ECC_FIELDS if f[1] == "uncorrected")
+THROTTLE_REASON_NAMES = {bit: CLOCK_EVENT_REASONS[bit] for bit in THROTTLE_REASONS}
+_REMAP_FIELDS = (("remapped_rows_corrected", "correctable"), ("remapped_rows_uncorrected", "uncorrectable"))
+_RETIRED_FIELDS = (("retired_pages_sbe", "single_bit_ecc"), ("retired_pages_dbe", "double_bit_ecc"))
+
+
+def _counter_rows(msg: Any, full: bool):
+    """(family index, extra label values, value) of one GPU's counters, in family order within the GPU."""
+    has = msg.HasField
+    for name, error, scope in (_ECC_FIELDS if full else _UNCORRECTED_FIELDS):
+        if has(name):
+            yield _I_ECC, (error, scope), getattr(msg, name)
+    if full:
+        for name, cause in _REMAP_FIELDS:
             if has(name):
-                rows[ECC.name].append((ECC.labels, (*gpu, error, scope), getattr(msg, name)))
-        for name, cause in (("remapped_rows_corrected", "correctable"), ("remapped_rows_uncorrected", "uncorrectable")):
-            if has(name):
-                rows[REMAPPED.name].append((REMAPPED.labels, (*gpu, cause), getattr(msg, name)))
-        if has("remapped_rows_pending"):
-            rows[REMAP_PENDING.name].append((REMAP_PENDING.labels, gpu, int(msg.remapped_rows_pending)))
-        if has("remapped_rows_failure"):
-            rows[REMAP_FAILED.name].append((REMAP_FAILED.labels, gpu, int(msg.remapped_rows_failure)))
-        for name, cause in (("retired_pages_sbe", "single_bit_ecc"), ("retired_pages_dbe", "double_bit_ecc")):
-            if has(name):
-                rows[RETIRED.name].append((RETIRED.labels, (*gpu, cause), getattr(msg, name)))
-        if has("clock_event_reasons"):
-            bits = msg.clock_event_reasons
-            for bit, reason in CLOCK_EVENT_REASONS.items():
-                rows[REASONS.name].append((REASONS.labels, (*gpu, reason), 1 if bits & bit else 0))
-        for policy, seconds in sorted(msg.violation_seconds.items()):
-            rows[VIOLATION.name].append((VIOLATION.labels, (*gpu, policy), seconds))
-        if has("temperature_c"):
-            rows[TEMPERATURE.name].append((TEMPERATURE.labels, gpu, msg.temperature_c))
-        if has("pcie_replays"):
-            rows[PCIE_REPLAYS.name].append((PCIE_REPLAYS.labels, gpu, msg.pcie_replays))
-        for counter, n in sorted(msg.nvlink_errors.items()):
-            rows[NVLINK.name].append((NVLINK.labels, (*gpu, counter), n))
-    return [(f, rows[f.name]) for f in HEALTH_FAMILIES]
+                yield _I_REMAPPED, (cause,), getattr(msg, name)
+    if has("remapped_rows_pending"):
+        yield _I_PENDING, (), int(msg.remapped_rows_pending)
+    if has("remapped_rows_failure"):
+        yield _I_FAILED, (), int(msg.remapped_rows_failure)
+    for name, cause in _RETIRED_FIELDS:
+        if has(name):
+            yield _I_RETIRED, (cause,), getattr(msg, name)
+    if has("clock_event_reasons"):
+        bits = msg.clock_event_reasons
+        for bit, reason in (EXPORTED_REASONS if full else THROTTLE_REASON_NAMES).items():
+            yield _I_REASONS, (reason,), 1 if bits & bit else 0
+    if has("temperature_c"):
+        yield _I_TEMP, (), msg.temperature_c
+    if not full:
+        return
+    violation = msg.violation_seconds
+    for policy in EXPORTED_POLICIES:
+        if policy in violation:
+            yield _I_VIOLATION, (policy,), violation[policy]
+    if has("pcie_replays"):
+        yield _I_PCIE, (), msg.pcie_replays
+    for counter, n in sorted(msg.nvlink_errors.items()):
+        yield _I_NVLINK, (counter,), n
+
+
+def _rows(snap: HealthSnapshot, full: bool):
+    """(family index, GPU labels, extra label values, value) of every series, in no family order."""
+    for node, uuid, idx, xid, n in snap.xids:
+        yield _I_XIDS, (node, uuid, idx), (str(xid),), n
+    for node, uuid, idx, kind, n in snap.events:
+        yield _I_EVENTS, (node, uuid, idx), (kind,), n
+    for node, uuid, idx, action in snap.recovery:
+        yield _I_RECOVERY, (node, uuid, idx), (action,), 1
+    for node, uuid, idx, lost, msg in snap.gpus:
+        gpu = (node, uuid, idx)
+        yield _I_LOST, gpu, (), 1 if lost else 0
+        if msg is not None:
+            for i, extra, value in _counter_rows(msg, full):
+                yield i, gpu, extra, value
+
+
+class HealthFamilies:
+    """The exporter's `extra` for GPU health: a snapshot under the lock, then the rows (for registries) or the
+    text (the scrape path, with each series' label string kept from one scrape to the next, as the exporter
+    keeps its own).
+
+    Args:
+        take: the snapshot, called under the core's lock (`health_snapshot` bound to the engine and state).
+        full: every figure (about 24 series a GPU); else the basic set (about 10): loss, XIDs and events,
+            uncorrected ECC, remaps pending or failed, retired pages, the throttle reasons of health,
+            temperature. bench/bench_metrics.py measures both.
+    """
+
+    def __init__(self, take: Callable[[], HealthSnapshot], full: bool = False) -> None:
+        self._take = take
+        self.full = full
+
+    def snapshot(self) -> HealthSnapshot:
+        return self._take()
+
+    def series(self, snap: HealthSnapshot) -> list[tuple[Family, list]]:
+        """Each family with its rows (label names, label values, value), as the exporter's series() has them."""
+        rows: list[list] = [[] for _ in HEALTH_FAMILIES]
+        for i, gpu, extra, value in _rows(snap, self.full):
+            rows[i].append((HEALTH_FAMILIES[i].labels, (*gpu, *extra), value))
+        return list(zip(HEALTH_FAMILIES, rows, strict=True))
+
+    def write(self, snap: HealthSnapshot, out: Any) -> None:
+        """The families' text into the exporter's writer (its `caches` and `emit`): the lines series() gives."""
+        cache, used = out.caches("health")
+        lines: list[list[str]] = [[] for _ in HEALTH_FAMILIES]
+        names = [f.sample_name for f in HEALTH_FAMILIES]
+        labels = [f.labels for f in HEALTH_FAMILIES]
+        for i, gpu, extra, value in _rows(snap, self.full):
+            key = (i, gpu, extra)
+            lbl = cache.get(key)
+            if lbl is None:
+                lbl = label_string(labels[i], (*gpu, *extra))
+            used[key] = lbl
+            lines[i].append(f"{names[i]}{lbl}{format_value(value)}\n")
+        for fam, fam_lines in zip(HEALTH_FAMILIES, lines, strict=True):
+            out.emit(fam, fam_lines)

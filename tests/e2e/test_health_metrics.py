@@ -54,7 +54,7 @@ def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Pat
     kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
                     kmsg_record(2, f"NVRM: Xid (PCI:0000:3b:00): 13, pid={rank.pid}, name=sleep, Graphics Exception") +
                     kmsg_record(3, "NVRM: Xid (PCI:0000:3c:00): 48, An uncorrectable double bit error"))
-    collector = Collector(tmp_path)
+    collector = Collector(tmp_path, "--gpu-health-metrics", "full")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "hm-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance",
                   "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock"),
