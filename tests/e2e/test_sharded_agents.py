@@ -139,6 +139,9 @@ def test_agents_keep_a_stream_per_collector_and_every_job_whole(tmp_path):
             except AssertionError:
                 raise AssertionError(f"job {job}: ranks {ranks[job]} expected; status said {seen}") from None
             assert {n["node"] for n in doc["nodes"]} >= set(jobs[job])
+            # the readings of the GPUs its ranks use reach the job's collector too, whichever node collector
+            read = {g["node"] for g in doc["gpus"] if g.get("utilization") is not None}
+            assert read >= set(jobs[job]), (job, doc["gpus"])
             for address in addresses:  # the job is on its own collector, on no other
                 alone = cli("status", job, "--collector", address)
                 assert (alone.returncode == 0) == (address == listed.for_job(job)), (job, address, alone.stderr)
