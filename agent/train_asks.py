@@ -168,7 +168,9 @@ class TrainAsker:
         return done.stdout.decode("utf-8", "replace"), ""
 
     def _forward(self, req: agent_pb2.TrainRequest, reply: Reply) -> None:
-        args = dict(list(req.args.items())[:MAX_ARGS])
+        # the collector's args are strings; a step number (at_step) goes as the number the handlers read
+        args = {k: int(v) if v.isascii() and v.isdigit() and len(v) <= 18 else v
+                for k, v in list(req.args.items())[:MAX_ARGS]}
         sent_id = req.id if 1 <= len(req.id) <= MAX_NAME and req.id.isprintable() else uuid.uuid4().hex
         data = json.dumps({"v": 1, "request": req.kind, "id": sent_id, "pid": req.pid, "args": args}).encode()
         now = self.clock()

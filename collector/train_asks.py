@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 import time
 import uuid
@@ -43,6 +44,12 @@ MAX_PAYLOAD = 60000       # bytes; the agent cuts a dump at a thread within it
 MAX_MESSAGE = 1024
 MAX_ROWS_PER_JOB = 2000   # beyond it the oldest answers of a job go
 MAX_WAITING = 10000       # requests waiting for an answer; the oldest are forgotten past it
+# A checkpoint or stop asked of several ranks names one step for all (`at_step`): saving is collective under
+# FSDP or DeepSpeed, and a rank saving alone would leave the others waiting. It is the furthest step seen
+# plus the steps of this long at the fastest rate (the steps seen are a few seconds old; the request takes
+# a moment to arrive): a rank already past it refuses rather than save alone.
+AT_STEP_AHEAD_S = 15.0
+COLLECTIVE = frozenset({"checkpoint", "stop"})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS train_answers (
@@ -76,6 +83,8 @@ class Target:
     pid: int
     start_time: float
     rank: int | None
+    step: int | None = None
+    steps_per_s: float | None = None
 
 
 @dataclass
@@ -91,8 +100,18 @@ def targets(view: query_pb2.JobView, rank: int | None) -> list[Target]:
     alive = [p for p in view.processes if p.alive]
     ranked = [p for p in alive if p.HasField("rank")]
     chosen = [p for p in ranked if rank is None or p.rank == rank] if ranked or rank is not None else alive
-    return [Target(p.node, p.pid, p.start_time, p.rank if p.HasField("rank") else None)
+    return [Target(p.node, p.pid, p.start_time, p.rank if p.HasField("rank") else None,
+                   p.step if p.HasField("step") else None, p.steps_per_s if p.HasField("steps_per_s") else None)
             for p in sorted(chosen, key=lambda p: (p.rank if p.HasField("rank") else 1 << 31, p.node, p.pid))]
+
+
+def collective_args(chosen: list[Target], kind: str) -> dict[str, str]:
+    """`at_step` for a checkpoint or stop asked of several ranks whose steps are known; else nothing."""
+    steps = [t.step for t in chosen if t.step is not None]
+    if kind not in COLLECTIVE or len(chosen) < 2 or not steps:
+        return {}
+    rate = max((t.steps_per_s or 0.0) for t in chosen)
+    return {"at_step": str(max(steps) + max(2, math.ceil(rate * AT_STEP_AHEAD_S)))}
 
 
 def _view(row: tuple, with_payload: bool = True) -> query_pb2.TrainAnswerView:
@@ -171,15 +190,17 @@ class TrainAsks:
         else:
             view = self.job_view(job_id) if self.job_view is not None else None
             chosen = targets(view, None) if view is not None else []
+        args = collective_args(chosen, kind)
         for target in chosen:
-            self.send_to(job_id, target, kind, asked_by)
+            self.send_to(job_id, target, kind, asked_by, args=args)
         return len(chosen)
 
     async def ask(self, job_id: str, chosen: list[Target], kind: str, asked_by: str,
                   wait_s: float = DEFAULT_WAIT_S) -> list[query_pb2.TrainAnswerView]:
         """Ask each process and wait (at most `wait_s`, capped) until every one has answered finally."""
         wait_s = min(wait_s or DEFAULT_WAIT_S, MAX_WAIT_S)
-        events = {self.send_to(job_id, t, kind, asked_by, asyncio.Event()): None for t in chosen}
+        args = collective_args(chosen, kind)
+        events = {self.send_to(job_id, t, kind, asked_by, asyncio.Event(), args): None for t in chosen}
         waits = [w.done.wait() for rid in events if (w := self._waiting.get(rid)) is not None and w.done]
         if waits:
             try:

@@ -22,7 +22,7 @@ from clusterwatch import train
 mode = sys.argv[1]
 
 def checkpoint(request):
-    return f"saved to /ckpt/step-{step} ({request.args.get('why', '')})"
+    return f"saved to /ckpt/step-{step} ({request.args.get('why', '')}, at_step {request.args.get('at_step')!r})"
 
 train.on_request("checkpoint", checkpoint)
 
@@ -119,12 +119,13 @@ def test_a_checkpoint_request_reaches_the_handler_and_its_answer_comes_back(endp
     proc = trainer("loop")
     start = _reported(endpoint, proc.pid)
     asker = TrainAsker(endpoint, _start_time, lambda pid: pid == proc.pid)
-    answers = _ask(asker, "checkpoint", proc.pid, start, why="leak")
+    answers = _ask(asker, "checkpoint", proc.pid, start, why="leak", at_step="120")
     first = answers.get(timeout=20)
     assert first.status == "accepted" and first.id == "r1"
     final = _final(answers)
     assert final.status == "done" and final.pid == proc.pid and final.start_time == start
-    assert final.message.startswith("saved to /ckpt/step-") and "(leak)" in final.message
+    # a step number goes as the number the callbacks' at_step wants (clusterwatch/integrations/_progress.py)
+    assert final.message.startswith("saved to /ckpt/step-") and "(leak, at_step 120)" in final.message
     # a request the process has no handler for is said so
     assert _final(_ask(asker, "stop", proc.pid, start, "r2")).status == "no_handler"
 

@@ -10,7 +10,7 @@ from clusterwatch.collector.actions import Dispatcher
 from clusterwatch.collector.alerts import AlertStore
 from clusterwatch.collector.rules.config import ActionsConfig, ActionStep, parse_rules
 from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
-from clusterwatch.collector.train_asks import MAX_PAYLOAD, Target, TrainAsks, targets
+from clusterwatch.collector.train_asks import MAX_PAYLOAD, Target, TrainAsks, collective_args, targets
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 
@@ -114,16 +114,20 @@ def test_checkpoint_then_stop_steps_ask_the_alerts_process_in_turn_and_not_on_re
     assert len(agents.sent) == 2
 
 
-def test_a_job_wide_alert_asks_every_rank_of_its_job():
+def test_a_job_wide_alert_asks_every_rank_of_its_job_to_save_at_one_step_ahead_of_all():
     agents = Agents()
     view = query_pb2.JobView()
-    view.processes.add(node="n1", pid=1, start_time=1.0, alive=True, rank=0)
-    view.processes.add(node="n2", pid=2, start_time=2.0, alive=True, rank=1)
+    view.processes.add(node="n1", pid=1, start_time=1.0, alive=True, rank=0, step=1200, steps_per_s=2.0)
+    view.processes.add(node="n2", pid=2, start_time=2.0, alive=True, rank=1, step=1198, steps_per_s=2.0)
     asks = TrainAsks(sqlite3.connect(":memory:"), agents, job_view=lambda job_id: view if job_id == "j1" else None)
     dispatcher = Dispatcher(AlertStore(sqlite3.connect(":memory:")), ActionsConfig(steps=(ActionStep("checkpoint"),)))
     dispatcher.ask_train = asks.ask_for_alert
     dispatcher.process([_event(FIRING, pid=-1)], 1.0)
     assert sorted((n, r.pid) for n, r in agents.sent) == [("n1", 1), ("n2", 2)]
+    # saving is collective (FSDP, DeepSpeed): every rank is asked for the same step, past the furthest one
+    assert [dict(r.args) for _, r in agents.sent] == [{"at_step": "1230"}] * 2
+    assert collective_args([Target("n1", 1, 1.0, 0, step=5)], "checkpoint") == {}  # one rank: its next step
+    assert collective_args([Target("n1", 1, 1.0, 0, step=5), Target("n1", 2, 1.0, 1)], "dump_stacks") == {}
 
 
 def test_the_rules_file_takes_checkpoint_and_stop_steps():
