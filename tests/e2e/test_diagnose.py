@@ -150,3 +150,54 @@ def test_a_user_who_does_not_own_the_job_is_refused(tmp_path, munged):
         assert owner and job.marker.exists()
     finally:
         job.stop()
+
+
+LEAKING_TRAINER = r"""
+import sys, time
+from clusterwatch import train
+marker = sys.argv[1]
+step = 0
+
+def checkpoint(request):
+    open(marker, "w").write(f"checkpoint at step {step}")
+    return f"saved checkpoint at step {step}"
+
+train.on_request("checkpoint", checkpoint)
+hoard = []
+for i in range(2000):
+    step = i
+    block = bytearray(4 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    hoard.append(block)
+    train.report(step=step, loss=1.0)
+    time.sleep(0.25)
+"""
+
+
+def test_an_alerts_checkpoint_step_reaches_the_handler_ahead_of_signals_and_shows_in_status(tmp_path):
+    from importlib import resources
+
+    demo = (resources.files("clusterwatch.collector.rules") / "demo_rules.toml").read_text()
+    rules = tmp_path / "rules.toml"
+    rules.write_text(demo + '\n[actions]\n\n[[actions.steps]]\naction = "checkpoint"\nrules = ["host_memory_leak"]\n')
+    marker = tmp_path / "checkpointed"
+    sock = tmp_path / "train.sock"
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    leaker = Proc([sys.executable, "-c", LEAKING_TRAINER, str(marker)], tmp_path / "leaker.log",
+                  env={**clean_environ(), "CLUSTERWATCH_TRAIN_SOCKET": str(sock)})
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
+                  "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-2", "--no-provenance",
+                  "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(sock)], tmp_path / "agent.log")
+    try:
+        wait_for(marker.exists, timeout=150, what="the alert's checkpoint step to reach the handler")
+        assert marker.read_text().startswith("checkpoint at step ")
+
+        def line() -> str | None:
+            r = cli("status", "leak-2", "--collector", collector.address)
+            return next((x for x in r.stdout.splitlines() if "checkpoint done" in x), None)
+
+        shown = wait_for(line, timeout=30, what="the answer in status")
+        assert "host_memory_leak" in shown and "asked by alert " in shown and "saved checkpoint at step" in shown
+    finally:
+        for p in (agent, leaker, collector):
+            p.stop()
