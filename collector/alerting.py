@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from clusterwatch.humanize import duration
 from clusterwatch.model import ProcessKey
 
 from .actions import Dispatcher
@@ -19,6 +20,7 @@ from .core import CoreListener
 from .rules import Engine, RuleSet
 from .rules.engine import ENDED_WHILE_FIRING
 from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
+from .stall_causes import HealthCauses
 from .state import ClusterState, JobState, ProcessSeries
 
 log = logging.getLogger("clusterwatch.collector")
@@ -26,6 +28,13 @@ log = logging.getLogger("clusterwatch.collector")
 #: How often the alerts held are brought up to date (their text and figures, as of the latest samples).
 #: Every rule works in minutes and every text in minutes at the finest, so a few seconds late is current.
 REFRESH_EVERY_S = 10.0
+#: A health alert that names no job (gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle on a GPU no job's
+#: process used) has no job end to resolve it: it resolves once its GPU has answered healthy (its counters
+#: read, not lost, no memory errors over the thresholds, not throttled) for this long after its last finding,
+#: or, for a GPU that sends no health counters (or one not heard of since a restart), this long after the
+#: alert was last raised. A GPU that stays lost keeps its alert.
+HEALTH_CLEAR_S = 600.0
+HEALTH_CLEAR_UNREAD_S = 3600.0
 
 
 class Alerting(CoreListener):
@@ -46,7 +55,8 @@ class Alerting(CoreListener):
         self.rules = rules
         self.state = state
         self.store = store
-        self.engine = Engine(rules)
+        # a stall names its likely cause: what the engine holds, and the health findings on the job's GPUs
+        self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine))
         self.dispatcher = Dispatcher(store, rules.actions, send_signal=send_signal)
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
@@ -149,10 +159,11 @@ class Alerting(CoreListener):
         for uuid in ns.gpus:
             gs = st.gpus.get(uuid)
             reading = gs.latest if gs is not None else None
-            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index
+            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index, power
             found = observe(GpuObservation(now, node, uuid, owner.get(uuid, ""),
                                            reading.utilization if reading else None, users.get(uuid, 0),
-                                           gs.info.index if gs is not None else None))
+                                           gs.info.index if gs is not None else None,
+                                           reading.power_watts if reading else None))
             if found:
                 out.extend(found)
         return out
@@ -214,6 +225,7 @@ class Alerting(CoreListener):
         """Bring every alert the engine holds up to date: its text and figures as of the latest samples
         (status, /alerts and a later escalation step read them from the table). Returns the rows changed."""
         self._refreshed = now
+        self._clear_jobless_health(now)
         changed = 0
         for ev in self.engine.refresh(now):
             try:
@@ -222,6 +234,32 @@ class Alerting(CoreListener):
                 log.exception("alert refresh failed")
                 break
         return changed
+
+    def _clear_jobless_health(self, now: float) -> None:
+        """Resolve the health alerts that name no job once their GPU has answered healthy (HEALTH_CLEAR_S)."""
+        from .health.engine import HEALTH_RULES
+
+        engine = self.health.engine
+        events = []
+        for a in self.store.active():
+            if a.job_id or a.rule not in HEALTH_RULES:
+                continue
+            view = engine.gpus.get((a.node, a.gpu))
+            last = max([a.started_at, *(t for t, _ in view.findings)] if view is not None else [a.started_at])
+            msg = view.counters if view is not None else None
+            if msg is not None:
+                if view.lost or view.memory_signature or view.throttling or msg.time - last < HEALTH_CLEAR_S:
+                    continue
+                why = f"GPU {a.gpu} on {a.node} has answered healthy for {duration(msg.time - last)}"
+            elif (view is not None and view.lost) or now - (a.updated_at or a.started_at) < HEALTH_CLEAR_UNREAD_S:
+                continue
+            else:
+                why = f"nothing new on GPU {a.gpu} of {a.node} for {duration(now - (a.updated_at or a.started_at))}"
+            events.append(AlertEvent(t=msg.time if msg is not None else now, rule=a.rule, state=RESOLVED,
+                                     severity=a.severity, node=a.node, job_id="", pid=a.pid,
+                                     start_time=a.start_time, gpu=a.gpu, rank=a.rank,
+                                     description=f"{a.description} (resolved: {why})", figures=dict(a.figures)))
+        self._handle(events, now)
 
     def restore_nodes(self, nodes: list[tuple[str, float, bool]]) -> None:
         """After a restart: nodes as last seen, so a node whose agent never comes back raises agent_down."""
@@ -269,6 +307,7 @@ class Alerting(CoreListener):
                 av.rank = a.rank
             if a.state == RESOLVED and a.figures.get("ended_while_firing"):
                 av.ended_while_firing = True
+            _cause_into(av, a.figures)
             out.append((a.job_id, av))
         return out
 
@@ -280,6 +319,20 @@ class Alerting(CoreListener):
 
     def close(self) -> None:
         self.dispatcher.close()
+
+
+def _cause_into(av, figures: dict) -> None:
+    """A stall's likely cause (rules/causes.py's figures) into its AlertView."""
+    cause = figures.get("cause")
+    if not isinstance(cause, str) or not cause:
+        return
+    av.cause = cause
+    av.cause_node = str(figures.get("cause_node") or "")
+    av.cause_gpu = str(figures.get("cause_gpu") or "")
+    for name in ("cause_rank", "cause_xid"):
+        value = figures.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(av, name, value)
 
 
 def _resolved(a: Alert, t: float, why: str) -> AlertEvent:

@@ -18,6 +18,8 @@ from typing import Any
 
 from clusterwatch.humanize import duration, size
 
+from . import causes as _causes
+from .causes import CAUSE_LOOKBACK_S, Cause, CauseSource, RankFigures
 from .config import RuleSet
 from .leak import LeakFinding, LeakSeries
 from .model import FIRING, PENDING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
@@ -99,6 +101,8 @@ class _GpuState:
     idle_since: float | None = None
     state: str | None = None  # PENDING | FIRING, None while nothing is raised
     last: GpuObservation | None = None  # the latest observation while idle (the alert's refreshed text)
+    power: float | None = None  # the latest power draw, and the highest in this allocation (a stall's cause)
+    power_peak: float = 0.0
 
 
 @dataclass(slots=True)
@@ -117,13 +121,19 @@ class Engine:
 
     Args:
         rules: The rule set (see `load_rules`).
+        causes: What the caller knows of a stall's causes that the engine cannot (health events on the
+            job's GPUs, see rules/causes.py); None: only what the engine holds.
 
     Every method returns the alert events its input caused, oldest first (often none).
     """
 
-    def __init__(self, rules: RuleSet) -> None:
+    def __init__(self, rules: RuleSet, causes: CauseSource | None = None) -> None:
         self.rules = rules
+        self.causes = causes
         self._procs: dict[tuple[str, int, float], _Proc] = {}
+        self._by_job: dict[str, set[tuple[str, int, float]]] = {}  # job id → its processes (a stall's odd rank)
+        self._gone: dict[str, list[tuple[float, int | None, str, int]]] = {}  # job id → (t, rank, node, pid) ended
+        self._cause_memo: dict[str, tuple[float, Cause | None]] = {}  # job id → (t, its stall's likely cause)
         self._label_cache: dict[tuple[str, str, str, str], tuple[RuleSet, frozenset[str]]] = {}
         self._gpus: dict[tuple[str, str], _GpuState] = {}  # (node, gpu) → its state
         self._nodes: dict[str, _NodeState] = {}
@@ -191,7 +201,11 @@ class Engine:
         if p is None:
             p = _Proc(key[0], key[1], key[2], t)
             self._procs[key] = p
+        elif p.job_id:
+            self._by_job.get(p.job_id, set()).discard(key)
         p.job_id, p.gpu, p.rank = job_id or "", gpu or "", rank
+        if p.job_id:
+            self._by_job.setdefault(p.job_id, set()).add(key)
         p.user, p.command, p.job_name, p.partition = user or "", command or "", job_name or "", partition or ""
         labels = (p.job_name, p.user, p.partition, p.command)
         found = self._label_cache.get(labels)
@@ -356,9 +370,9 @@ class Engine:
         new = FIRING if idle >= r.for_s else PENDING if idle >= r.pending_after_s else None
         if new is None or new == state:
             return out
-        desc = _gpu_stall_text(p, util, idle)
-        ev = self._event(p, t, "gpu_stall", new, r.severity, desc,
-                         {"idle_for_s": round(idle, 1), "util_percent": util})
+        desc, figures = self._with_cause(p, p.idle_since, t, _gpu_stall_text(p, util, idle),
+                                         {"idle_for_s": round(idle, 1), "util_percent": util})
+        ev = self._event(p, t, "gpu_stall", new, r.severity, desc, figures)
         return [ev] if out is None else [*out, ev]
 
     def _training_stall(self, p: _Proc, t: float, step: int, util: Any, out: list[AlertEvent] | None
@@ -382,10 +396,61 @@ class Engine:
         new = FIRING if frozen >= r.for_s else PENDING if frozen >= r.pending_after_s else None
         if new is None or new == state:
             return out
-        desc = _training_stall_text(p, step, frozen, util)
-        ev = self._event(p, t, "training_stall", new, r.severity, desc,
-                         {"step": step, "stalled_for_s": round(frozen, 1), "util_percent": util})
+        desc, figures = self._training_stall_said(p, step, frozen, util, t)
+        ev = self._event(p, t, "training_stall", new, r.severity, desc, figures)
         return [ev] if out is None else [*out, ev]
+
+    # ---- a stall's likely cause ---------------------------------------------------------------
+
+    def _training_stall_said(self, p: _Proc, step: int, frozen: float, util: Any, t: float
+                             ) -> tuple[str, dict[str, Any]]:
+        figures = {"step": step, "stalled_for_s": round(frozen, 1), "util_percent": util}
+        return self._with_cause(p, p.step_t, t, _training_stall_text(p, step, frozen, util), figures)
+
+    def _with_cause(self, p: _Proc, began: float, t: float, desc: str, figures: dict[str, Any]
+                    ) -> tuple[str, dict[str, Any]]:
+        """A stall's description and figures with its likely cause, where there is one."""
+        cause = self._job_cause(p.job_id, began - CAUSE_LOOKBACK_S, t) if p.job_id else None
+        if cause is None:
+            cause = _causes.hung_collective(self._figures_of(p))
+        if cause is None:
+            return desc, figures
+        if cause.kind == "hung_collective":
+            desc = desc.replace(" (hung collective?)", "")
+        return f"{desc}; likely cause: {cause.text}", {**figures, **cause.figures}
+
+    def _figures_of(self, p: _Proc) -> RankFigures:
+        g = self._gpus.get((p.node, p.gpu)) if p.gpu else None
+        return RankFigures(p.rank, p.node, p.pid, p.gpu, p.step, p.last_util,
+                           g.power if g is not None else None, g.power_peak if g is not None else None)
+
+    def _job_cause(self, job_id: str, since: float, t: float) -> Cause | None:
+        """The job's most likely stall cause as of `t`: a health event on its GPUs since `since` (from the
+        caller's source), a rank gone, a node's agent down, the odd rank out. Worked out once in a few
+        seconds a job: every rank of a hung job stalls at once, and each alert's refresh asks."""
+        if not job_id:
+            return None
+        memo = self._cause_memo.get(job_id)
+        if memo is not None and abs(t - memo[0]) < 5.0:
+            return memo[1]
+        cause = self._find_cause(job_id, since, t)
+        self._cause_memo[job_id] = (t, cause)
+        return cause
+
+    def _find_cause(self, job_id: str, since: float, t: float) -> Cause | None:
+        if self.causes is not None:
+            found = self.causes(job_id, since, t)
+            if found:
+                return found[0]
+        gone = [g for g in self._gone.get(job_id, ()) if g[0] >= since]
+        if gone:
+            gt, rank, node, pid = gone[-1]
+            return _causes.gone_rank(gt, rank, node, pid, t)
+        for node, st in self._nodes.items():
+            if st.state == FIRING and job_id in st.job_ids:
+                return _causes.agent_down(node, t - st.last_t)
+        ranks = [self._figures_of(self._procs[k]) for k in self._by_job.get(job_id, ()) if k in self._procs]
+        return _causes.odd_rank_out(ranks)
 
     def forget_process(self, node: str, pid: int, start_time: float, t: float) -> list[AlertEvent]:
         """The process is gone: drop its state and resolve its alerts.
@@ -402,6 +467,11 @@ class Engine:
         p = self._procs.pop((node, pid, start_time), None)
         if p is None:
             return []
+        if p.job_id:
+            self._by_job.get(p.job_id, set()).discard((node, pid, start_time))
+            if self._by_job.get(p.job_id):  # others of its job run on: it may be what they wait for
+                self._gone.setdefault(p.job_id, []).append((t, p.rank, node, pid))
+                del self._gone[p.job_id][:-8]
         out = []
         for rule, state in list(p.alerts.items()):
             severity = getattr(p.rules, rule).severity
@@ -429,6 +499,9 @@ class Engine:
         out: list[AlertEvent] = []
         for key in [k for k, p in self._procs.items() if p.job_id == job_id]:
             out += self.forget_process(*key, t)
+        self._by_job.pop(job_id, None)
+        self._gone.pop(job_id, None)
+        self._cause_memo.pop(job_id, None)
         for gkey, st in list(self._gpus.items()):
             if st.job_id == job_id:
                 if st.state == FIRING and st.last is not None:
@@ -455,12 +528,15 @@ class Engine:
         st = self._gpus.get(gkey)
         if st is None:
             st = self._gpus[gkey] = _GpuState(obs.job_id)
-        if not r.enabled:
-            return []
         out: list[AlertEvent] = []
         if st.job_id != obs.job_id:
             out += self._gpu_resolve(gkey, st, obs.t, "allocation changed")
-            st.job_id, st.idle_since = obs.job_id, None
+            st.job_id, st.idle_since, st.power_peak = obs.job_id, None, 0.0
+        st.power = obs.power_watts
+        if obs.power_watts is not None and obs.power_watts > st.power_peak:
+            st.power_peak = obs.power_watts
+        if not r.enabled:
+            return out
         if not obs.job_id:
             return out
         no_procs = obs.processes == 0
@@ -489,6 +565,11 @@ class Engine:
         desc = f"GPU {label} on {obs.node}, allocated to job {obs.job_id}, {why} for {_hours(dur)}"
         figures: dict[str, Any] = {"idle_for_s": round(dur, 1), "processes": obs.processes,
                                    "util_percent": obs.utilization}
+        if state != RESOLVED:
+            cause = self._job_cause(obs.job_id, st.idle_since - CAUSE_LOOKBACK_S, t)
+            if cause is not None:
+                desc += f"; likely cause: {cause.text}"
+                figures.update(cause.figures)
         if ended:
             desc += f"; {ENDED_WHILE_FIRING}: job {obs.job_id} ended"
             figures["ended_while_firing"] = True
@@ -608,13 +689,13 @@ class Engine:
                     return _handle_text(p, name, f), said[1], figures
             return said
         if rule == "training_stall" and p.step is not None:
-            frozen = p.last_t - p.step_t
-            return (_training_stall_text(p, p.step, frozen, p.last_util), said[1],
-                    {"step": p.step, "stalled_for_s": round(frozen, 1), "util_percent": p.last_util})
+            desc, figures = self._training_stall_said(p, p.step, p.last_t - p.step_t, p.last_util, p.last_t)
+            return desc, said[1], figures
         if rule == "gpu_stall" and p.idle_since is not None and p.idle_util is not None:
             idle = p.last_t - p.idle_since
-            return (_gpu_stall_text(p, p.idle_util, idle), said[1],
-                    {"idle_for_s": round(idle, 1), "util_percent": p.idle_util})
+            desc, figures = self._with_cause(p, p.idle_since, p.last_t, _gpu_stall_text(p, p.idle_util, idle),
+                                             {"idle_for_s": round(idle, 1), "util_percent": p.idle_util})
+            return desc, said[1], figures
         return said
 
     def forget_node(self, node: str, t: float) -> list[AlertEvent]:

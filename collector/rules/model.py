@@ -89,6 +89,8 @@ class GpuObservation:
         utilization: GPU utilisation in percent, None when unknown.
         processes: Number of processes using the GPU, None when unknown.
         index: GPU index, for display only.
+        power_watts: Power draw, None when unknown (a stall's cause: a hung collective reads ~100 %
+            utilisation at near-idle power).
     """
 
     t: float
@@ -98,6 +100,7 @@ class GpuObservation:
     utilization: float | None = None
     processes: int | None = None
     index: int | None = None
+    power_watts: float | None = None
 
 
 @dataclass(slots=True)  # not frozen, as GpuObservation

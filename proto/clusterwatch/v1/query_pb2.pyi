@@ -155,7 +155,7 @@ class GpuView(_message.Message):
     def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ...) -> None: ...
 
 class AlertView(_message.Message):
-    __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing")
+    __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing", "cause", "cause_node", "cause_rank", "cause_gpu", "cause_xid")
     RULE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,11 @@ class AlertView(_message.Message):
     RESOLVED_AT_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ENDED_WHILE_FIRING_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_NODE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_RANK_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_GPU_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_XID_FIELD_NUMBER: _ClassVar[int]
     rule: str
     state: str
     severity: str
@@ -180,7 +185,12 @@ class AlertView(_message.Message):
     resolved_at: float
     description: str
     ended_while_firing: bool
-    def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ..., ended_while_firing: _Optional[bool] = ...) -> None: ...
+    cause: str
+    cause_node: str
+    cause_rank: int
+    cause_gpu: str
+    cause_xid: int
+    def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ..., ended_while_firing: _Optional[bool] = ..., cause: _Optional[str] = ..., cause_node: _Optional[str] = ..., cause_rank: _Optional[int] = ..., cause_gpu: _Optional[str] = ..., cause_xid: _Optional[int] = ...) -> None: ...
 
 class NodeView(_message.Message):
     __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes", "gpu_pids_note")

@@ -1,0 +1,183 @@
+"""The likely cause of a stall: what `training_stall`, `gpu_stall` and `idle_gpu` name when they fire.
+
+Pure, like the engine: the engine hands in what it holds (the job's ranks with their step, utilisation
+and GPU power; the job's ranks whose process is gone; its nodes whose agent is silent), and what it
+cannot know (health events on the job's GPUs, from collector/health) comes from a `CauseSource` the
+caller gives: the live collector one over its HealthEngine, replay one over the trace's health records,
+or none.
+
+The most likely cause first: a health event on one of the job's GPUs in the minutes before (a GPU that
+faults stops its rank, and the others wait for it in the next collective), a rank whose process is gone,
+a node whose agent is down, the odd rank out (the one whose step, power or utilisation differs from the
+others'), and last the shape of a hung collective on the rank itself: its GPU busy at near-idle power
+(NCCL's kernel spins at ~100 % utilisation while it waits, drawing little).
+
+Uninterruptible sleep (state D) is not among them: the agent does not send a process's state.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from clusterwatch.humanize import duration
+
+__all__ = ["Cause", "CauseSource", "RankFigures", "CAUSE_LOOKBACK_S", "HUNG_POWER_SHARE", "from_health",
+           "gone_rank", "agent_down", "odd_rank_out", "hung_collective"]
+
+#: How far before a stall began a health event still counts as its cause ("in the minutes before").
+CAUSE_LOOKBACK_S = 600.0
+#: A GPU at or above this utilisation drawing at most this share of the highest power it drew in the job
+#: is waiting, not working (a hung collective).
+HUNG_UTIL_PERCENT = 50.0
+HUNG_POWER_SHARE = 0.5
+#: A rank's utilisation this many points from the others' median (theirs within UTIL_TOGETHER of it)
+#: makes it the odd one out; its power this share from theirs (theirs within POWER_TOGETHER).
+UTIL_APART = 40.0
+UTIL_TOGETHER = 15.0
+POWER_APART = 0.4
+POWER_TOGETHER = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """The likely cause of a stall.
+
+    Attributes:
+        kind: gpu_health, process_gone, agent_down, odd_rank, hung_collective.
+        text: What the alert says after "likely cause: ".
+        figures: The alert's figures for it: cause, and where known cause_node, cause_rank, cause_gpu,
+            cause_xid, cause_rule.
+    """
+
+    kind: str
+    text: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+#: (job id, since, now) → the causes the caller knows of in that span (health events on the job's GPUs),
+#: most likely first. Called on a stall's transitions and when its figures are refreshed, never per sample.
+CauseSource = Callable[[str, float, float], Sequence[Cause]]
+
+
+@dataclass(frozen=True, slots=True)
+class RankFigures:
+    """One rank of a job as the engine last saw it."""
+
+    rank: int | None
+    node: str
+    pid: int
+    gpu: str = ""
+    step: int | None = None
+    util: float | None = None
+    power_watts: float | None = None
+    power_peak_watts: float | None = None
+
+
+def _rank(rank: int | None, node: str, pid: int | None = None) -> str:
+    where = f"pid {pid} on {node}" if pid is not None else node
+    return f"rank {rank} ({where})" if rank is not None else where
+
+
+def from_health(t: float, rule: str, node: str, gpu: str, description: str, now: float, *,
+                rank: int | None = None, xid: int | None = None, gpu_index: int | None = None) -> Cause:
+    """A health finding on one of the job's GPUs as a stall's cause."""
+    what = f"XID {xid}" if xid is not None else rule
+    label = gpu if gpu_index is None else f"{gpu_index} ({gpu})"
+    whose = f" of rank {rank}" if rank is not None else ""
+    ago = max(0.0, now - t)
+    text = f"{what} on GPU {label}{whose} on {node}, {duration(ago)} before: {description}"
+    figures: dict[str, Any] = {"cause": "gpu_health", "cause_rule": rule, "cause_node": node, "cause_gpu": gpu}
+    if rank is not None:
+        figures["cause_rank"] = rank
+    if xid is not None:
+        figures["cause_xid"] = xid
+    return Cause("gpu_health", text, figures)
+
+
+def gone_rank(t: float, rank: int | None, node: str, pid: int, now: float) -> Cause:
+    """A rank of the job whose process ended while the others run."""
+    figures: dict[str, Any] = {"cause": "process_gone", "cause_node": node}
+    if rank is not None:
+        figures["cause_rank"] = rank
+    return Cause("process_gone", f"{_rank(rank, node, pid)} is gone ({duration(max(0.0, now - t))} ago)", figures)
+
+
+def agent_down(node: str, silent_s: float) -> Cause:
+    """A node of the job whose agent is silent: its ranks' figures are not known."""
+    return Cause("agent_down", f"the agent on {node} is down (silent for {duration(silent_s)})",
+                 {"cause": "agent_down", "cause_node": node})
+
+
+def _odd(values: Sequence[tuple[RankFigures, float]], apart: Callable[[float, float], bool],
+         together: Callable[[float, float], bool]) -> tuple[RankFigures, float, float] | None:
+    """The one rank whose value is apart from the median, every other's together with it; None if not one.
+
+    Of three or more, one value apart does not move the median: one pass, however many ranks.
+    """
+    if len(values) < 3:
+        return None
+    m = median(v for _, v in values)
+    off = [(r, v) for r, v in values if not together(v, m)]
+    if len(off) != 1 or not apart(off[0][1], m):
+        return None
+    return off[0][0], off[0][1], m
+
+
+def odd_rank_out(ranks: Sequence[RankFigures]) -> Cause | None:
+    """The one rank whose step, power or utilisation differs from the others' (None when none, or several do).
+
+    Steps first: in a hung job the ranks that reached the collective wait at one step and the one that did
+    not is behind (of two ranks, the one behind); then power and utilisation, of three ranks or more.
+    """
+    stepped = [r for r in ranks if r.step is not None]
+    if len(stepped) >= 2:
+        steps = sorted({r.step for r in stepped})  # type: ignore[type-var]
+        if len(steps) == 2:
+            lone = [s for s in steps if sum(r.step == s for r in stepped) == 1]
+            if len(stepped) == 2:
+                lone = [steps[0]]
+            if len(lone) == 1:
+                odd = next(r for r in stepped if r.step == lone[0])
+                rest = next(s for s in steps if s != lone[0])
+                return Cause("odd_rank", f"{_rank(odd.rank, odd.node, odd.pid)} is at step {odd.step}, "
+                             f"the others at step {rest}", _odd_figures(odd, "step"))
+    powered = [(r, r.power_watts) for r in ranks if r.power_watts is not None]
+    hit = _odd(powered, lambda v, m: abs(v - m) >= POWER_APART * max(m, 1.0),
+               lambda w, m: abs(w - m) <= POWER_TOGETHER * max(m, 1.0))
+    if hit is not None:
+        r, v, m = hit
+        return Cause("odd_rank", f"{_rank(r.rank, r.node, r.pid)} draws {v:.0f} W, the others ~{m:.0f} W",
+                     _odd_figures(r, "power"))
+    used = [(r, r.util) for r in ranks if r.util is not None]
+    hit = _odd(used, lambda v, m: abs(v - m) >= UTIL_APART, lambda w, m: abs(w - m) <= UTIL_TOGETHER)
+    if hit is not None:
+        r, v, m = hit
+        return Cause("odd_rank", f"{_rank(r.rank, r.node, r.pid)} has its GPU at {v:.0f} %, the others ~{m:.0f} %",
+                     _odd_figures(r, "utilization"))
+    return None
+
+
+def _odd_figures(r: RankFigures, by: str) -> dict[str, Any]:
+    figures: dict[str, Any] = {"cause": "odd_rank", "cause_by": by, "cause_node": r.node}
+    if r.rank is not None:
+        figures["cause_rank"] = r.rank
+    if r.gpu:
+        figures["cause_gpu"] = r.gpu
+    return figures
+
+
+def hung_collective(r: RankFigures) -> Cause | None:
+    """The rank's own GPU busy at near-idle power: a collective waiting for a peer that never comes."""
+    if r.util is None or r.power_watts is None or not r.power_peak_watts or r.util < HUNG_UTIL_PERCENT:
+        return None
+    if r.power_watts > HUNG_POWER_SHARE * r.power_peak_watts:
+        return None
+    figures: dict[str, Any] = {"cause": "hung_collective", "cause_node": r.node,
+                               "power_watts": round(r.power_watts, 1), "power_peak_watts": round(r.power_peak_watts, 1)}
+    if r.gpu:
+        figures["cause_gpu"] = r.gpu
+    return Cause("hung_collective", f"a hung collective: its GPU reads {r.util:.0f} % at {r.power_watts:.0f} W, "
+                 f"{r.power_watts / r.power_peak_watts:.0%} of the {r.power_peak_watts:.0f} W it drew at work",
+                 figures)

@@ -1,0 +1,59 @@
+"""The live collector's source of stall causes (rules/causes.py's CauseSource): health findings on a job's GPUs.
+
+The rule engine knows the job's ranks, the ranks gone and the agents down; what it cannot know are the
+health events the HealthEngine took from the agents' health records. This gives them, for the job's
+GPUs (those Slurm allocated it and those its processes use), from `since` to `now`, worst first.
+The caller holds the core's lock (the engine asks while it handles a batch or a tick).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from clusterwatch.collector.rules.causes import Cause, from_health
+
+__all__ = ["HealthCauses"]
+
+
+class HealthCauses:
+    """A CauseSource over the collector's state and its HealthEngine.
+
+    Args:
+        state: the collector's ClusterState.
+        health: a callable returning the HealthEngine (Alerting builds it after the rule engine).
+    """
+
+    def __init__(self, state: Any, health: Any) -> None:
+        self.state = state
+        self.health = health
+
+    def __call__(self, job_id: str, since: float, now: float) -> list[Cause]:
+        job = self.state.jobs.get(job_id)
+        engine = self.health()
+        if job is None or engine is None:
+            return []
+        gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
+        for key in job.processes:
+            series = self.state.processes.get(key)
+            if series is not None:
+                gpus.update((key.node, g.gpu_uuid) for g in series.latest.gpus)
+        out = []
+        for t, f in engine.findings(sorted(gpus), since=since):
+            if t > now + 1.0:
+                continue
+            rank = f.labels.get("rank", "")
+            xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
+            gs = self.state.gpus.get(f.uuid)
+            out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
+                                   rank=int(rank) if rank and "," not in rank else None,
+                                   xid=int(xid) if xid else None, gpu_index=gs.info.index if gs else None))
+        return out
+
+
+def _xid_of(description: str) -> str | None:
+    """gpu_lost names its XID in its text only ("fell off the bus (XID 79)")."""
+    mark = "(XID "
+    at = description.find(mark)
+    if at < 0:
+        return None
+    digits = description[at + len(mark):].split(")")[0]
+    return digits if digits.isdigit() else None
