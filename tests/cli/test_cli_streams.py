@@ -65,17 +65,33 @@ def running_job(tmp_path):
         proc.wait(60)
 
 
+def _faulthandler_env() -> dict[str, str]:
+    # a watch that outlives its SIGINT prints where each thread is when _ended aborts it
+    return dict(clean_environ(), PYTHONFAULTHANDLER="1")
+
+
+def _ended(proc: subprocess.Popen) -> str:
+    """The stderr of a `status --watch` sent SIGINT, once it has exited; a failure with its threads' stacks
+    (SIGABRT, faulthandler) if it is still there after 30 s."""
+    try:
+        return proc.communicate(timeout=30)[1].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        stacks = proc.communicate(timeout=30)[1].decode(errors="replace")
+        raise AssertionError(f"status --watch still running 30 s after SIGINT; its threads:\n{stacks}") from None
+
+
 def _watch(tmp_path, *args: str) -> str:
     out = tmp_path / "watch.out"
     with open(out, "wb") as f:  # a file, as in `status --watch > f`
         proc = subprocess.Popen([*CLI, "status", *args, "--watch", "-n", "0.5"], stdout=f,
-                                stderr=subprocess.PIPE, env=clean_environ())
+                                stderr=subprocess.PIPE, env=_faulthandler_env())
     try:
         wait_for(lambda: out.read_bytes().count(b"local-") >= 3 or proc.poll() is not None, timeout=30,
                  what="three refreshes")
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        err = _ended(proc)
     assert proc.returncode == 0, err
     return out.read_text()
 
@@ -100,14 +116,14 @@ def test_status_watch_does_not_take_the_job_id_for_its_interval(tmp_path, runnin
     out = tmp_path / "watch.out"
     with open(out, "wb") as f:
         proc = subprocess.Popen([*CLI, "status", "--watch", job, "--collector", address], stdout=f,
-                                stderr=subprocess.PIPE, text=True, env=clean_environ())
+                                stderr=subprocess.PIPE, env=_faulthandler_env())
     try:
         wait_for(lambda: f"job {job}" in out.read_text() or proc.poll() is not None, timeout=30,
                  what="the first report")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        err = _ended(proc)
     assert f"job {job}" in out.read_text(), err
 
 
