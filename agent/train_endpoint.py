@@ -52,8 +52,8 @@ _MAX_INT = 2**63 - 1
 MAX_SOCKET_PATH_BYTES = 107
 # Reply addresses kept (one per reporting process); beyond it the longest silent goes.
 MAX_ADDRESSES = 4096
-# clusterwatch/train_requests.py reply_datagram starts '{"v": 1, "reply": '; a report has no "reply"
-_REPLY_KEY = b'"reply"'
+# clusterwatch/train_requests.py reply_datagram's first bytes (json.dumps' spacing); a report is compact
+_REPLY_PREFIX = b'{"v": 1, "reply": '
 
 
 def _number(value: object) -> float | None:
@@ -367,7 +367,7 @@ class TrainEndpoint:
             except (BlockingIOError, InterruptedError):
                 return
             self.received += 1
-            if _REPLY_KEY in data[:24] and self.on_reply is not None:
+            if data.startswith(_REPLY_PREFIX) and self.on_reply is not None:
                 pid = self._sender(ancdata, flags & socket.MSG_CTRUNC)
                 if pid is None:
                     self.rejected += 1

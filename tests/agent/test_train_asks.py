@@ -48,7 +48,7 @@ s.bind("")
 big = json.dumps({"v": 1, "reply": ident, "request": "checkpoint", "status": "done",
                   "message": "", "data": "x" * 70000}).encode()
 for data in (big,
-             b'{"v":1,"reply":"' + ident.encode() + b'","status":"done","message":"\xff\xfe"}',
+             b'{"v": 1, "reply": "' + ident.encode() + b'", "status": "done", "message": "\xff\xfe"}',
              json.dumps({"v": 1, "reply": ident, "request": "checkpoint", "status": "done",
                          "message": "forged: I am not the pid asked"}).encode()):
     s.sendto(data, path)
@@ -186,3 +186,13 @@ def test_stacks_are_cut_at_a_thread_start_within_the_bound():
     cut, truncated = cut_stacks(text)
     assert truncated and len(cut.encode()) <= MAX_REPLY and cut.endswith("\n")
     assert cut_stacks("short") == ("short", False)
+
+
+def test_a_report_with_a_metric_named_reply_is_still_a_report(endpoint):
+    import socket
+
+    TrainAsker(endpoint, _start_time, lambda pid: True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b'{"v":1,"m":{"reply":1.5}}', endpoint.path)
+    reports = wait_for(endpoint.drain, timeout=10, what="the report")
+    assert reports[0].metrics == {"reply": 1.5}
