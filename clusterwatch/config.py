@@ -23,7 +23,9 @@ import sys
 from .errors import ConfigError
 
 SYSTEM_CONFIG = "/etc/clusterwatch/config.toml"
-SECTIONS = {"agent": ("agent",), "collector": ("collector",), "cli": ("status", "jobs", "alerts", "record")}
+# [cli]: the commands that ask a collector (each takes --collector, --collectors-before and --tls-ca)
+SECTIONS = {"agent": ("agent",), "collector": ("collector",),
+            "cli": ("status", "jobs", "alerts", "record", "health", "diagnose")}
 # Top-level keys: the collectors list, in the one order every host uses
 TOP_LEVEL = ("collectors", "collectors_before")
 

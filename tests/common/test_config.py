@@ -21,7 +21,7 @@ def test_sections_become_each_commands_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, '[cli]\ncollector = "cw.example.org:50051"\n[agent]\ninterval = 2.5\n'
                            'send-interval = 10\n[collector]\nhistory_points = 100\n')
     got = load_default_map(str(path))
-    for cmd in ("status", "jobs", "alerts", "record"):
+    for cmd in ("status", "jobs", "alerts", "record", "health", "diagnose"):
         assert got[cmd] == {"collector": "cw.example.org:50051"}
     assert got["agent"] == {"interval": 2.5, "send_interval": 10}  # dashes as click's parameter names
     assert got["collector"] == {"history_points": 100}
@@ -76,3 +76,17 @@ def test_a_broken_file_stops_a_command_with_one_line_but_never_a_hook(tmp_path: 
     proc = cli("--config", str(path), "epilog", env=env)
     assert proc.returncode == 0
     assert "the hook goes on with defaults" in proc.stderr
+
+
+def test_every_command_that_asks_a_collector_takes_the_cli_section() -> None:
+    # a command that asks a collector and is missing from [cli] would ignore the file's collectors list
+    import click
+    from clusterwatch.cli.main import COMMANDS
+    from clusterwatch.cli.main import cli as group
+
+    from clusterwatch.config import SECTIONS
+
+    ctx = click.Context(group)
+    asking = {name for name in COMMANDS
+              if any(p.name == "tls_ca" for p in group.get_command(ctx, name).params) and name != "agent"}
+    assert asking == set(SECTIONS["cli"])
