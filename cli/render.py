@@ -439,22 +439,29 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
         out.append("  no process of this job has been reported yet")
         return out
     has_steps = any(p.HasField("step") for p in view.processes)
+    # the allocator's own figures, where a process reports them (clusterwatch.train): beside NVML's
+    has_alloc = any(p.HasField("gpu_allocated_bytes") or p.HasField("gpu_reserved_bytes") for p in view.processes)
     # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first
-    columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9),
-               Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
-               Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
+    columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9)]
+    if has_alloc:
+        columns += [Col("ALLOC", 9), Col("RESERVED", 9)]
+    columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
+                Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
     if has_steps:
         columns += [Col("STEP", 7), Col("STEP/S", 6)]
     rows, tails = [], []
     for p in view.processes:
         row = [str(p.rank) if p.HasField("rank") else "-", p.node, str(p.pid), p.command,
-               human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-",
-               human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-",
-               sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else "",
-               f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-",
-               f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
-               human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
-               sparkline(list(p.rss_trend), 8)]
+               human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"]
+        if has_alloc:
+            row += [human_bytes(p.gpu_allocated_bytes) if p.HasField("gpu_allocated_bytes") else "-",
+                    human_bytes(p.gpu_reserved_bytes) if p.HasField("gpu_reserved_bytes") else "-"]
+        row += [human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-",
+                sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else "",
+                f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-",
+                f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
+                human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
+                sparkline(list(p.rss_trend), 8)]
         if has_steps:
             row += [str(p.step) if p.HasField("step") else "-",
                     f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"]
@@ -466,6 +473,9 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
                 tail += f" ({duration(now - p.stalled_since)})"
         tails.append(tail)
     out.extend(table(columns, rows, width, tails))
+    if has_alloc:
+        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors) "
+                   "and RESERVED are the allocator's own")
     rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
     if len(rates) > 1:
         slow_rate, slow = min(rates, key=lambda r: r[0])
@@ -659,6 +669,10 @@ _ALERT_ADVICE = {
                  "DataLoader workers, pinned memory, or `py-spy dump --pid PID` shows where it spends its time.",
     "idle_gpu": "GPUs allocated to this job are idle ({who}). If the code uses fewer GPUs than requested, ask "
                 "for fewer (--gres=gpu:N).",
+    "gpu_memory_fragmentation": "The allocator of {who} holds more and more free cache it cannot reuse (allocations "
+                                "retry after freeing it): fragmentation. Start it with "
+                                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; varying tensor shapes "
+                                "(padding to fixed sizes helps) are the usual cause.",
     "handle_leak": "Threads or open files of {who} keep growing: something opened each step is never closed "
                    "(files, sockets, DataLoader iterators recreated). `ls /proc/PID/fd` shows what.",
     "agent_down": "The agent on {who} is not reporting: that node's figures are old. Tell the cluster's "

@@ -21,7 +21,7 @@ from .rules import Engine, RuleSet
 from .rules.engine import ENDED_WHILE_FIRING
 from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
 from .stall_causes import HealthCauses
-from .state import ClusterState, JobState, ProcessSeries
+from .state import ClusterState, JobState, ProcessSeries, allocator_totals
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -124,9 +124,16 @@ class Alerting(CoreListener):
                 # this process's ceiling: its own RSS plus the room the job has left on the node
                 ntotal = max(0, share - job_rss.get(s.job_id, 0)) + s.rss_bytes
                 host_full = "the job's memory allocation"
-            found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user, s.command,
-                            job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
-                            s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full)
+            if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
+                allocated, reserved, retries = allocator_totals(series, s.time)
+                found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user,
+                                s.command, job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
+                                s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full,
+                                allocated=allocated, reserved=reserved, retries=retries)
+            else:
+                found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user,
+                                s.command, job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
+                                s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full)
             if found:
                 events.extend(found)
         # processes of this node that were watched and are gone now

@@ -95,6 +95,10 @@ class ProcessSeries:
     # been: a rank that stops reporting would otherwise keep the rate of its last reports for good.
     step_stale_s: float = DEFAULT_STEP_STALE_S
     stalled_since: float | None = None
+    # The framework's allocator, as the process last reported it (clusterwatch.train): one AllocatorFigures per
+    # device it uses, and when (the process's clock, as its samples'); () until a report carries them.
+    allocator: tuple = ()
+    allocator_time: float = 0.0
     # Whole-life accumulators, every sample from the first (the history holds only the last hour or so):
     # CPU time from each poll's CPU percent over the time since the poll before (gaps over MAX_GAP_S count
     # MAX_GAP_S: an agent away must not credit the process with an hour at its last rate).
@@ -116,8 +120,6 @@ class GpuSeries:
     memory_peak: int = 0
     history: deque = field(default_factory=lambda: deque(maxlen=720))
     last_time: float = 0.0
-    # (t, watts) beside history, not in its points: history's (t, util, mem) is unpacked as three elsewhere
-    power_history: deque = field(default_factory=lambda: deque(maxlen=720))
 
 
 @dataclass(slots=True)
@@ -227,8 +229,7 @@ class ClusterState:
         for g in gpus:
             gs = self.gpus.get(g.uuid)
             if gs is None:
-                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points),
-                                              power_history=deque(maxlen=self.history_points))
+                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points))
             else:
                 gs.node, gs.info = node, g
         return ns
@@ -437,16 +438,13 @@ class ClusterState:
             if gs is None:
                 r = gpu_reading_from_proto(m)
                 info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
-                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points),
-                                            power_history=deque(maxlen=self.history_points))
+                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points))
             if t < gs.last_time:
                 continue
             mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
             util = m.utilization if m.HasField("utilization") else None
             gs.last_time = t
             gs.history.append((t, util, mem))
-            if m.HasField("power_watts"):
-                gs.power_history.append((t, m.power_watts))
             if mem is not None and mem > gs.memory_peak:
                 gs.memory_peak = mem
             job_id = users.get(uuid)
@@ -494,6 +492,9 @@ class ClusterState:
                 series.step_stale_s = stale_after(series.step_history, ns.interval_s if ns is not None else 5.0)
             series.step = report.step
             step_stalled(series, max(report.time, series.latest.time))
+        if report.gpu_memory:
+            series.allocator = tuple(report.gpu_memory)
+            series.allocator_time = report.time
         if report.loss is not None:
             series.loss = report.loss
         if report.lr is not None:
@@ -689,6 +690,23 @@ def _point(cols: ProcessColumns, i: int, g: int) -> Point:
     """
     s = cols.sample(i, "", g)
     return Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads, s.open_fds)
+
+
+#: Allocator figures older than this (a process that stopped sending them) are not its figures now.
+ALLOCATOR_FRESH_S = 120.0
+
+
+def allocator_totals(series: ProcessSeries, now: float) -> tuple[int | None, int | None, int | None]:
+    """(allocated, reserved, allocation retries) over the process's devices as its allocator last said, each
+    None where no device said it or the figures are older than ALLOCATOR_FRESH_S at `now`."""
+    if not series.allocator or now - series.allocator_time > ALLOCATOR_FRESH_S:
+        return None, None, None
+
+    def total(name: str) -> int | None:
+        vals = [getattr(a, name) for a in series.allocator if getattr(a, name) is not None]
+        return sum(vals) if vals else None
+
+    return total("allocated_bytes"), total("reserved_bytes"), total("alloc_retries")
 
 
 def stale_after(points: deque, poll_interval_s: float) -> float:

@@ -11,7 +11,7 @@ from clusterwatch.v1 import query_pb2
 
 from clusterwatch.wire import gpu_reading_from_proto
 
-from .state import ClusterState, JobState, ProcessSeries
+from .state import ClusterState, JobState, ProcessSeries, allocator_totals
 
 DEFAULT_TREND_POINTS = 40
 
@@ -55,6 +55,12 @@ def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessV
     ):
         if value is not None:
             setattr(pv, name, value)
+    if series.allocator:
+        allocated, reserved, retries = allocator_totals(series, s.time)
+        for name, value in (("gpu_allocated_bytes", allocated), ("gpu_reserved_bytes", reserved),
+                            ("gpu_alloc_retries", retries)):
+            if value is not None:
+                setattr(pv, name, value)
     hist = series.history
     pv.gpu_memory_trend.extend(resample([float(p.gpu_memory_bytes or 0) for p in hist], trend_points))
     pv.rss_trend.extend(resample([float(p.rss_bytes or 0) for p in hist], trend_points))

@@ -309,6 +309,8 @@ class RuleSet:
     idle_gpu: IdleGpuRule = field(default_factory=IdleGpuRule)
     agent_down: AgentDownRule = field(default_factory=AgentDownRule)
     handle_leak: LeakRule = field(default_factory=_default_handle_rule)
+    # reserved minus allocated (the allocator's figures) growing while allocation retries rise
+    gpu_memory_fragmentation: LeakRule = field(default_factory=LeakRule)
     code_mismatch: CodeMismatchRule = field(default_factory=CodeMismatchRule)
     overrides: tuple[Override, ...] = ()
     allow: tuple[AllowEntry, ...] = ()
@@ -393,7 +395,7 @@ _RULE_KEYS: dict[str, dict[str, Key]] = {
     "agent_down": keys_of(AgentDownRule, _SEVERITY),
     "code_mismatch": keys_of(CodeMismatchRule, _SEVERITY),
 }
-_RULE_KEYS["host_memory_leak"] = _RULE_KEYS["gpu_memory_leak"]
+_RULE_KEYS["host_memory_leak"] = _RULE_KEYS["gpu_memory_fragmentation"] = _RULE_KEYS["gpu_memory_leak"]
 _MATCH = {k: Key(k, Converted(_pattern)) for k in _MATCH_KEYS}
 
 

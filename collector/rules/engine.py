@@ -12,6 +12,7 @@ its condition clears, or when its process, job or node is forgotten.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ class _Proc:
                  "partition", "rules", "silenced", "gpu_leak", "host_leak", "thr_leak", "fd_leak",
                  "idle_since", "seen_busy", "step", "step_t", "step_moved", "alerts", "handle_firing",
                  "t0", "util_quiet", "step_quiet", "step_wait", "last_t", "idle_util", "last_util", "texts",
-                 "host_full")
+                 "host_full", "alloc_leak", "alloc_seen", "frag_leak", "frag_growing", "frag_retries")
 
     def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
         self.node = node
@@ -85,6 +86,13 @@ class _Proc:
         # rule → (description, severity, figures) as last said while pending or firing
         self.texts: dict[str, tuple[str, str, dict[str, Any]]] = {}
         self.host_full = "node memory"  # what the host total given is: the node's RAM, or the job's allocation
+        # The allocator's figures (clusterwatch.train): once a process gives allocated bytes, gpu_memory_leak
+        # judges them, not NVML's figure (which holds the allocator's cache: it rises in steps, never shrinks).
+        self.alloc_leak: LeakSeries | None = None
+        self.alloc_seen = False
+        self.frag_leak: LeakSeries | None = None  # reserved minus allocated
+        self.frag_growing = False  # that series fires: gpu_memory_fragmentation once retries rise too
+        self.frag_retries: deque[tuple[float, int]] = deque(maxlen=256)  # (t, retries) where they changed
 
     def who(self) -> str:
         where = f"pid {self.pid} on {self.node}"
@@ -153,23 +161,31 @@ class Engine:
         return self.observe_fields(obs.node, obs.pid, obs.start_time, obs.t, obs.job_id, obs.gpu, obs.rank,
                                    obs.user, obs.command, obs.job_name, obs.partition, obs.gpu_mem_bytes,
                                    obs.gpu_mem_total_bytes, obs.gpu_util, obs.rss_bytes, obs.node_mem_total_bytes,
-                                   obs.threads, obs.open_fds, obs.step)
+                                   obs.threads, obs.open_fds, obs.step, allocated=obs.gpu_allocated_bytes,
+                                   reserved=obs.gpu_reserved_bytes, retries=obs.gpu_alloc_retries)
 
     def observe_fields(self, node: str, pid: int, start_time: float, t: float, job_id: str, gpu: str,
                        rank: int | None, user: str, command: str, job_name: str, partition: str, gmem: Any,
                        gtotal: Any, util: Any, rss: Any, ntotal: Any, threads: Any, fds: Any, step: Any,
-                       host_full: str = "node memory") -> list[AlertEvent] | tuple[AlertEvent, ...]:
+                       host_full: str = "node memory", *, allocated: Any = None, reserved: Any = None,
+                       retries: Any = None) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """observe() with the observation's fields as arguments, in ProcessObservation's order
         (cpu_percent aside, which no rule reads): the collector calls it for every process of
         every batch, and building an object each time would cost as much as the rules' common path.
         `host_full` names what `ntotal` is, for the alert's text: the collector gives the room left in the
-        job's memory allocation where Slurm says it ("the job's memory allocation"), else the node's RAM."""
+        job's memory allocation where Slurm says it ("the job's memory allocation"), else the node's RAM.
+        `allocated`, `reserved`, `retries`: the allocator's figures where the process reports them."""
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
             p = self._labels(key, p, t, job_id, gpu, rank, user, command, job_name, partition)
         p.host_full = host_full
-        return self._ingest(p, t, gmem, gtotal, util, rss, ntotal, threads, fds, step)
+        out = self._ingest(p, t, gmem, gtotal, util, rss, ntotal, threads, fds, step, allocated is not None)
+        if allocated is not None:
+            found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
+            if found:
+                out = [*out, *found]
+        return out
 
     def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """Take one process observation given as a mapping with ProcessObservation's field names.
@@ -193,8 +209,15 @@ class Engine:
             gpu = g("gpu", "")
             p = self._labels(key, p, t, job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
-        return self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), g("rss_bytes"),
-                            g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"))
+        allocated = g("gpu_allocated_bytes")
+        out = self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), g("rss_bytes"),
+                           g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"), allocated is not None)
+        if allocated is not None:
+            found = self._allocator(p, t, allocated, g("gpu_reserved_bytes"), g("gpu_alloc_retries"),
+                                    g("gpu_mem_bytes"), g("gpu_mem_total_bytes"))
+            if found:
+                out = [*out, *found]
+        return out
 
     def _labels(self, key: tuple[str, int, float], p: _Proc | None, t: float, job_id: str, gpu: str,
                 rank: int | None, user: str, command: str, job_name: str, partition: str) -> _Proc:
@@ -217,6 +240,10 @@ class Engine:
             p.rules, p.silenced = found
             r = p.rules
             p.gpu_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, "gpu_memory_leak") else None
+            p.alloc_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, "gpu_memory_leak") else None
+            on_f = self._on(p, "gpu_memory_fragmentation")
+            p.frag_leak = LeakSeries(r.gpu_memory_fragmentation, p.t0) if on_f else None
+            p.frag_growing = False
             p.host_leak = LeakSeries(r.host_memory_leak, p.t0) if self._on(p, "host_memory_leak") else None
             on_h = self._on(p, "handle_leak")
             p.thr_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
@@ -250,7 +277,8 @@ class Engine:
         return getattr(p.rules, rule).enabled and rule not in p.silenced
 
     def _ingest(self, p: _Proc, t: float, gmem: Any, gtotal: Any, util: Any, rss: Any, ntotal: Any,
-                threads: Any, fds: Any, step: Any) -> list[AlertEvent] | tuple[AlertEvent, ...]:
+                threads: Any, fds: Any, step: Any, allocator: bool = False
+                ) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         # The common cases are inlined, each one or two comparisons: a leak sample inside its
         # open bucket only lowers the bucket's minimum; a busy GPU with no stall pending, and a
         # step that moved with no stall alert, change nothing else. The full logic sits in the
@@ -259,8 +287,10 @@ class Engine:
         p.last_t = t
         if util is not None:
             p.last_util = util
+        if allocator and not p.alloc_seen:
+            p.alloc_seen = True  # from now on the allocator's allocated bytes are what a GPU leak is judged on
         s = p.gpu_leak
-        if gmem is not None and s is not None:
+        if gmem is not None and s is not None and not p.alloc_seen:
             if t < s.b_end:
                 if gmem < s.cur_min:
                     s.cur_min = gmem
@@ -299,6 +329,50 @@ class Engine:
                 out = self._training_stall(p, t, step, util, out)
         return _NO_EVENTS if out is None else out
 
+    def _allocator(self, p: _Proc, t: float, allocated: Any, reserved: Any, retries: Any, gmem: Any, gtotal: Any
+                   ) -> list[AlertEvent] | None:
+        """The allocator's figures: allocated bytes for gpu_memory_leak; reserved minus allocated, with the
+        allocation retries, for gpu_memory_fragmentation. The cache (reserved rising in steps, then level,
+        allocated flat) raises neither."""
+        out: list[AlertEvent] | None = None
+        s = p.alloc_leak
+        if s is not None:
+            # full when allocated reaches what the GPU has beside the process's CUDA context (NVML's figure
+            # over the reserve) and the other processes on it are not known: the GPU's size less that
+            total = gtotal
+            if gtotal is not None and gmem is not None and reserved is not None:
+                total = gtotal - max(0, gmem - reserved)
+            f = s.add(t, allocated, total)
+            if f is not None:
+                out = [self._leak_event(p, "gpu_memory_leak", f, _ALLOCATED, "GPU")]
+        s = p.frag_leak
+        if s is None or reserved is None:
+            return out
+        if retries is not None and (not p.frag_retries or p.frag_retries[-1][1] != retries):
+            p.frag_retries.append((t, retries))
+            changed = True
+        else:
+            changed = False
+        f = s.add(t, max(0, reserved - allocated), None)
+        r = p.rules.gpu_memory_fragmentation  # type: ignore[union-attr]
+        if f is not None and not f.firing:
+            p.frag_growing = False
+            if "gpu_memory_fragmentation" in p.alerts:
+                ev = self._event(p, f.t, "gpu_memory_fragmentation", RESOLVED, r.severity,
+                                 f"GPU memory of {p.who()}: the allocator's free cache stopped growing",
+                                 _leak_figures(f))
+                out = [ev] if out is None else [*out, ev]
+            return out
+        if f is not None:
+            p.frag_growing = True
+        if p.frag_growing and "gpu_memory_fragmentation" not in p.alerts and (f is not None or changed):
+            cur = f or s.current(t)
+            said = _fragmentation_said(p, cur) if cur is not None else None
+            if said is not None:
+                ev = self._event(p, t, "gpu_memory_fragmentation", FIRING, r.severity, *said)
+                out = [ev] if out is None else [*out, ev]
+        return out
+
     def _event(self, p: _Proc, t: float, rule: str, state: str, severity: str, description: str,
                figures: dict[str, Any]) -> AlertEvent:
         if state == RESOLVED:
@@ -316,6 +390,8 @@ class Engine:
     def _leak_event(self, p: _Proc, rule: str, f: LeakFinding, what: str, full: str) -> AlertEvent:
         r = getattr(p.rules, rule)
         figures = _leak_figures(f)
+        if what is _ALLOCATED:
+            figures["source"] = "allocator"
         if not f.firing:
             desc = f"{what} of {p.who()} stopped growing ({_mb(f.rate_per_h)}/h now)"
             return self._event(p, f.t, rule, RESOLVED, r.severity, desc, figures)
@@ -671,14 +747,22 @@ class Engine:
         was last said where the figures cannot be worked out afresh."""
         said = p.texts.get(rule) or (f"{rule} of {p.who()}", getattr(p.rules, rule).severity, {})
         if rule in ("gpu_memory_leak", "host_memory_leak") and p.alerts.get(rule) == FIRING:
-            series = p.gpu_leak if rule == "gpu_memory_leak" else p.host_leak
+            gpu_what = _ALLOCATED if p.alloc_seen else "GPU memory"
+            series = (p.alloc_leak if p.alloc_seen else p.gpu_leak) if rule == "gpu_memory_leak" else p.host_leak
             f = series.current(p.last_t) if series is not None else None
             if f is None:
                 return said
-            what, full = (("GPU memory", "GPU") if rule == "gpu_memory_leak"
+            what, full = ((gpu_what, "GPU") if rule == "gpu_memory_leak"
                           else ("Host memory (RSS)", p.host_full))
             desc, severity = _leak_text(p, what, full, f, getattr(p.rules, rule).severity)
-            return desc, severity, _leak_figures(f)
+            figures = _leak_figures(f)
+            if what is _ALLOCATED:
+                figures["source"] = "allocator"
+            return desc, severity, figures
+        if rule == "gpu_memory_fragmentation" and p.frag_leak is not None:
+            f = p.frag_leak.current(p.last_t)
+            now_said = _fragmentation_said(p, f, rose_only=False) if f is not None else None
+            return (now_said[0], said[1], now_said[1]) if now_said is not None else said
         if rule == "handle_leak" and p.alerts.get(rule) == FIRING:
             for name, series in (("threads", p.thr_leak), ("open_fds", p.fd_leak)):
                 f = series.current(p.last_t) if series is not None and name in p.handle_firing else None
@@ -730,9 +814,39 @@ def _leak_figures(f: LeakFinding) -> dict[str, Any]:
             "level_bytes": round(f.level), "window_s": f.window_s}
 
 
+#: What a GPU leak judged on the allocator's figures is said to be (compared by identity in the engine).
+_ALLOCATED = "Allocated tensors"
+
+
+def _fragmentation_said(p: _Proc, f: LeakFinding, rose_only: bool = True) -> tuple[str, dict[str, Any]] | None:
+    """gpu_memory_fragmentation's text and figures: the free cache's growth, with the retries over its span;
+    None (with `rose_only`) while the retries have not risen over it (a cache that grows is no fault)."""
+    hist = p.frag_retries
+    if not hist:
+        return None
+    start = f.t - f.growth_for_s
+    before = hist[0][1]
+    for t, n in hist:
+        if t > start:
+            break
+        before = n
+    now = hist[-1][1]
+    if rose_only and now <= before:
+        return None
+    desc = (f"GPU memory of {p.who()} fragments: reserved minus allocated grows {_mb(f.rate_per_h)}/h for "
+            f"{_hours(f.growth_for_s)} (now {_mb(f.level)}) while allocation retries rose from {before} to {now}; "
+            f"try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    figures = {**_leak_figures(f), "alloc_retries": now, "alloc_retries_before": before, "source": "allocator"}
+    return desc, figures
+
+
 def _leak_text(p: _Proc, what: str, full: str, f: LeakFinding, severity: str) -> tuple[str, str]:
     """A firing leak's description and severity (critical when full within two hours)."""
-    desc = f"{what} of {p.who()} grows {_mb(f.rate_per_h)}/h for {_hours(f.growth_for_s)}"
+    if what is _ALLOCATED:
+        desc = (f"GPU memory of {p.who()}: allocated tensors grow {_mb(f.rate_per_h)}/h for "
+                f"{_hours(f.growth_for_s)} (the allocator's figure, its cache aside)")
+    else:
+        desc = f"{what} of {p.who()} grows {_mb(f.rate_per_h)}/h for {_hours(f.growth_for_s)}"
     if f.time_to_full_s is not None:
         desc += f"; {full} full in ~{_hours(f.time_to_full_s)}"
         if f.time_to_full_s < 2 * 3600:

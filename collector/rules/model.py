@@ -19,6 +19,7 @@ RULE_NAMES: tuple[str, ...] = (
     "idle_gpu",
     "agent_down",
     "handle_leak",
+    "gpu_memory_fragmentation",  # from the allocator's figures (clusterwatch.train), where a process reports them
     "code_mismatch",  # raised by the collector from provenance, not by this engine
     # raised by the collector from the agents' GPU health records (collector/health), not by this engine
     "gpu_xid",
@@ -53,6 +54,10 @@ class ProcessObservation:
         node_mem_total_bytes: Node memory, for the time until it is full.
         threads, open_fds: Handle counts.
         step: Training step the process last reported.
+        gpu_allocated_bytes, gpu_reserved_bytes: What the framework's allocator holds in live tensors and
+            from the driver (its cache too), over the process's GPUs, where the process reports them
+            (clusterwatch.train); gpu_memory_leak judges allocated bytes where they are given.
+        gpu_alloc_retries: Allocations that freed the allocator's cache and retried (gpu_memory_fragmentation).
     """
 
     t: float
@@ -75,6 +80,9 @@ class ProcessObservation:
     threads: int | None = None
     open_fds: int | None = None
     step: int | None = None
+    gpu_allocated_bytes: float | None = None
+    gpu_reserved_bytes: float | None = None
+    gpu_alloc_retries: int | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs three times as much to build, every GPU every batch

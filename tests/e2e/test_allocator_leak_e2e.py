@@ -1,0 +1,132 @@
+"""The allocator's figures end to end (issue 16 part 1): two real Python processes report them through
+clusterwatch.train to a real agent over the real pynvml and the C stand-in, and a real collector judges them.
+Rank 0's allocated tensors grow while its NVML figure stays flat: gpu_memory_leak, naming the allocator. Rank 1's
+reserve steps up and levels off (NVML's figure with it) while its allocated bytes stay flat: the cache, nothing
+raised. `status` shows allocated, reserved and NVML's figure per rank."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.helpers import CLI, Collector, Proc, cli, wait_for
+
+pytestmark = pytest.mark.e2e
+stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
+
+MIB, GIB = 1 << 20, 1 << 30
+CONTEXT = 500 * MIB
+
+# rank 0: the reserve fixed at 20 GiB, live tensors growing 5 MiB/s inside it (a leak the cache hides from NVML)
+LEAKING = """
+import time
+from clusterwatch import train
+t0, step = time.time(), 0
+while True:
+    step += 1
+    train.report(step=step, gpu_allocated_bytes=(4 << 30) + int((time.time() - t0) * 5 * 2**20),
+                 gpu_reserved_bytes=20 << 30)
+    time.sleep(0.5)
+"""
+# rank 1: allocated flat at 2 GiB, the reserve what the test writes in the file (its cache warming up)
+CACHING = """
+import sys, time
+from clusterwatch import train
+step = 0
+while True:
+    step += 1
+    with open(sys.argv[1]) as f:
+        reserved = int(f.read() or 0)
+    train.report(step=step, gpu_allocated_bytes=2 << 30, gpu_reserved_bytes=reserved)
+    time.sleep(0.5)
+"""
+
+
+def _alerts(collector: Collector) -> list[dict]:
+    r = cli("alerts", "--collector", collector.address, "--json", "--all")
+    return json.loads(r.stdout).get("alerts", []) if r.returncode == 0 else []
+
+
+def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_and_a_warming_cache_is_none(stub_lib: Path,
+                                                                                        tmp_path: Path) -> None:
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    state = tmp_path / "nvml-state.txt"
+    sock = tmp_path / "train.sock"
+    reserve = tmp_path / "reserve"
+    reserve.write_text(str(2 * GIB))
+    env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    write_state(state, "")
+
+    def rank_env(r: int) -> dict[str, str]:
+        return {**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": "801", "SLURM_PROCID": str(r),
+                "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
+
+    (tmp_path / "leaking.py").write_text(LEAKING)
+    (tmp_path / "caching.py").write_text(CACHING)
+    leaking = Proc([sys.executable, str(tmp_path / "leaking.py")], tmp_path / "rank0.log", env=rank_env(0))
+    caching = Proc([sys.executable, str(tmp_path / "caching.py"), str(reserve)], tmp_path / "rank1.log",
+                   env=rank_env(1))
+
+    def nvml(reserved1: int) -> None:
+        """NVML's per-process figures: the context plus the reserve (rank 0's flat at 20 GiB)."""
+        write_state(state, f"gpu GPU-al0 total={80 * GIB} used={30 * GIB} util=95 power=300000 name=NVIDIA H100\n"
+                           f"gpu GPU-al1 total={80 * GIB} used={30 * GIB} util=95 power=300000 name=NVIDIA H100\n"
+                           f"proc GPU-al0 {leaking.pid} {CONTEXT + 20 * GIB}\n"
+                           f"proc GPU-al1 {caching.pid} {CONTEXT + reserved1}\n"
+                           f"sample GPU-al0 {leaking.pid} 95 age_us=100000\n"
+                           f"sample GPU-al1 {caching.pid} 95 age_us=100000\n")
+
+    nvml(2 * GIB)
+    spool = tmp_path / "spool"
+    write_event(str(spool), JobEvent("start", "801", time.time(), gpu_indexes="0,1"))
+    # the demo rules: a 35 s window, so that a leak fires within a minute (never on a cluster)
+    rules = resources.files("clusterwatch.collector.rules") / "demo_rules.toml"
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "al-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
+                  "--train-socket", str(sock), "--kmsg", "none"],
+                 tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "al-node"})
+    try:
+        # rank 1's cache warms up: four steps of 1 GiB, 6 s apart, then level (NVML's figure with it)
+        for k in range(1, 5):
+            time.sleep(6)
+            reserve.write_text(str((2 + k) * GIB))
+            nvml((2 + k) * GIB)
+
+        def leak() -> dict | None:
+            return next((a for a in _alerts(collector) if a["rule"] == "gpu_memory_leak" and a["state"] == "firing"),
+                        None)
+
+        found = wait_for(leak, timeout=120, interval=1.0, what="gpu_memory_leak of rank 0")
+        assert found["rank"] == 0 and found["job_id"] == "801", found
+        assert "allocated tensors grow" in found["description"], found
+        assert "the allocator's figure" in found["description"], found
+        # rank 1's reserve has been level for a whole window and more: still nothing about it
+        time.sleep(45)
+        about1 = [a for a in _alerts(collector) if a["rank"] == 1 and a["rule"] in
+                  ("gpu_memory_leak", "gpu_memory_fragmentation")]
+        assert about1 == [], about1
+        status = cli("status", "801", "--collector", collector.address, "--json")
+        assert status.returncode == 0, status.stderr
+        procs = {p["rank"]: p for p in json.loads(status.stdout)["processes"]}
+        assert procs[1]["gpu_allocated_bytes"] == 2 * GIB and procs[1]["gpu_reserved_bytes"] == 6 * GIB
+        assert procs[1]["gpu_memory_bytes"] == CONTEXT + 6 * GIB
+        assert procs[0]["gpu_reserved_bytes"] == 20 * GIB and procs[0]["gpu_allocated_bytes"] > 4 * GIB
+        text = cli("status", "801", "--collector", collector.address).stdout
+        assert "ALLOC" in text and "RESERVED" in text and "NVML's figure" in text, text
+        row = next(x for x in text.splitlines() if f" {caching.pid} " in x)
+        assert "6.0 GiB" in row and "2.0 GiB" in row and "6.5 GiB" in row, row
+    finally:
+        agent_code = agent.stop()
+        collector.stop()
+        for p in (leaking, caching):
+            p.stop()
+    assert agent_code == 0, agent.text()
