@@ -120,6 +120,8 @@ class GpuSeries:
     memory_peak: int = 0
     history: deque = field(default_factory=lambda: deque(maxlen=720))
     last_time: float = 0.0
+    # (t, watts) beside history, not in its points: history's (t, util, mem) is unpacked as three elsewhere
+    power_history: deque = field(default_factory=lambda: deque(maxlen=720))
 
 
 @dataclass(slots=True)
@@ -229,7 +231,8 @@ class ClusterState:
         for g in gpus:
             gs = self.gpus.get(g.uuid)
             if gs is None:
-                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points))
+                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points),
+                                              power_history=deque(maxlen=self.history_points))
             else:
                 gs.node, gs.info = node, g
         return ns
@@ -438,13 +441,16 @@ class ClusterState:
             if gs is None:
                 r = gpu_reading_from_proto(m)
                 info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
-                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points))
+                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points),
+                                            power_history=deque(maxlen=self.history_points))
             if t < gs.last_time:
                 continue
             mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
             util = m.utilization if m.HasField("utilization") else None
             gs.last_time = t
             gs.history.append((t, util, mem))
+            if m.HasField("power_watts"):
+                gs.power_history.append((t, m.power_watts))
             if mem is not None and mem > gs.memory_peak:
                 gs.memory_peak = mem
             job_id = users.get(uuid)
