@@ -92,11 +92,14 @@ class BatchBuffer:
             budget.streams += 1
         self._batches: OrderedDict[int, tuple[agent_pb2.Batch, int]] = OrderedDict()
         self.samples = 0
+        # What the bound counts: a batch weighs its samples, and at least 1, so that batches without a process
+        # (a node stream's GPU readings, a node with no job) are bounded too while their collector is away.
+        self.weight = 0
 
     def _over(self) -> bool:
-        if self.samples > self.max_samples:
+        if self.weight > self.max_samples:
             return True
-        return self._budget is not None and self._budget.over(self.samples)
+        return self._budget is not None and self._budget.over(self.weight)
 
     def add(self, seq: int, batch: agent_pb2.Batch, samples: int) -> int:
         """Keep a batch; return how many samples had to be dropped (oldest batches first)."""
@@ -105,21 +108,24 @@ class BatchBuffer:
         dropped = 0
         while len(self._batches) > 1 and self._over():
             _, (_, n) = self._batches.popitem(last=False)
-            self._count(-n)
+            self._count(n, -1)
             dropped += n
         return dropped
 
-    def _count(self, n: int) -> None:
-        self.samples += n
+    def _count(self, n: int, sign: int = 1) -> None:
+        """Count a batch of `n` samples in (sign 1) or out (sign -1)."""
+        w = sign * max(n, 1)
+        self.samples += sign * n
+        self.weight += w
         if self._budget is not None:
-            self._budget.change(n)
+            self._budget.change(w)
 
     def ack(self, seq: int) -> int:
         """Forget an acknowledged batch; return its sample count (0 if unknown or already gone)."""
         item = self._batches.pop(seq, None)
         if item is None:
             return 0
-        self._count(-item[1])
+        self._count(item[1], -1)
         return item[1]
 
     def after(self, seq: int) -> list[tuple[int, agent_pb2.Batch]]:

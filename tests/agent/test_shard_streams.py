@@ -90,3 +90,12 @@ def test_the_streams_share_one_bound_and_a_healthy_stream_never_drops_for_anothe
     assert healthy.ack(1) == 10 and healthy.ack(2) == 10
     assert down.add(12, agent_pb2.Batch(), 10) == 10  # the bound again, on the stream that holds it
     assert budget.samples == down.samples + healthy.samples <= 100
+
+
+def test_batches_without_a_process_are_bounded_too():
+    """A node stream's batches carry GPU readings and no process: each weighs 1 against the bound."""
+    buffer = BatchBuffer(10)
+    for seq in range(1, 26):
+        buffer.add(seq, agent_pb2.Batch(), 0)
+    assert len(buffer) == 10 and buffer.first_seq() == 16
+    assert buffer.ack(16) == 0 and len(buffer) == 9 and buffer.weight == 9
