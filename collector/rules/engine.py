@@ -289,6 +289,11 @@ class Engine:
             p.last_util = util
         if allocator and not p.alloc_seen:
             p.alloc_seen = True  # from now on the allocator's allocated bytes are what a GPU leak is judged on
+            if p.alerts.get("gpu_memory_leak") == FIRING:  # raised on NVML's figure, no longer watched
+                r = p.rules.gpu_memory_leak  # type: ignore[union-attr]
+                out = [self._event(p, t, "gpu_memory_leak", RESOLVED, r.severity,
+                                   f"GPU memory of {p.who()}: judged on the allocator's figures from now on",
+                                   {"source": "allocator"})]
         s = p.gpu_leak
         if gmem is not None and s is not None and not p.alloc_seen:
             if t < s.b_end:

@@ -87,3 +87,18 @@ def test_fragmentation_is_a_rule_of_the_rules_file():
         evs += eng.observe(ProcessObservation(t=t, node="n1", pid=7, gpu_mem_bytes=CONTEXT + r, gpu_allocated_bytes=a,
                                               gpu_reserved_bytes=r, gpu_alloc_retries=n))
     assert _firing(evs) == []
+
+
+def test_a_leak_raised_on_nvmls_figure_resolves_once_the_allocators_figures_arrive():
+    eng = Engine(load_rules())
+    evs = []
+    for t in _hours(4):  # NVML's figure grows 1 GiB/h, no allocator figures: a leak, as today
+        evs += eng.observe(ProcessObservation(t=t, node="n1", pid=7, gpu_mem_bytes=4 * GIB + GIB * t / 3600,
+                                              gpu_mem_total_bytes=80 * GIB))
+    assert [e.rule for e in _firing(evs)] == ["gpu_memory_leak"] and "source" not in _firing(evs)[0].figures
+    evs = eng.observe(ProcessObservation(t=4 * 3600.0, node="n1", pid=7, gpu_mem_bytes=8 * GIB,
+                                         gpu_mem_total_bytes=80 * GIB, gpu_allocated_bytes=3 * GIB,
+                                         gpu_reserved_bytes=7 * GIB))
+    assert [(e.rule, e.state) for e in evs] == [("gpu_memory_leak", "resolved")]
+    assert "judged on the allocator's figures from now on" in evs[0].description
+    assert eng.active() == []
