@@ -64,3 +64,27 @@ def test_a_list_streams_a_job_to_its_collector_and_the_node_to_its_own(tmp_path,
     finally:
         for p in reversed(started):
             p.stop()
+
+
+def test_a_job_below_collectors_before_streams_to_the_collector_it_started_on(tmp_path):
+    """The list grew from [A] to [A, B]; a job numbered below the new list's first job stays on A though the
+    new list picks B for it."""
+    collectors = [Collector(tmp_path, name=f"b{i}", db=tmp_path / f"b{i}.db") for i in range(2)]
+    work = Proc([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "bwork.log")
+    started = [*collectors, work]
+    try:
+        old, new = collectors[0].address, collectors[1].address
+        job = next(str(j) for j in range(3000, 4000) if pick(str(j), (old, new)) == new)
+        agent = Proc([*CLI, "agent", "--collector", f"{old},{new}", "--collectors-before", f"{int(job) + 1}={old}",
+                      "--node", "bnode", "--gpu-source", "none", "--pid", str(work.pid), "--job-id", job,
+                      "--interval", "0.3", "--send-interval", "0", "--train-socket", "",
+                      "--spool-dir", str(tmp_path / "bspool")], tmp_path / "bagent.log")
+        started.append(agent)
+        wait_for(lambda: cli("status", job, "--collector", old).returncode == 0, timeout=60,
+                 what="the job on the collector it started on")
+        assert cli("status", job, "--collector", new).returncode == 1
+        both = cli("status", job, "--collector", f"{old},{new}", "--collectors-before", f"{int(job) + 1}={old}")
+        assert both.returncode == 0, both.stderr  # the CLI agrees with the agent
+    finally:
+        for p in reversed(started):
+            p.stop()
