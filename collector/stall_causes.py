@@ -37,6 +37,8 @@ class HealthCauses:
             if series is not None:
                 gpus.update((key.node, g.gpu_uuid) for g in series.latest.gpus)
         out = []
+        # not before the job: an earlier job's fault on the GPU is not what stalls this one
+        since = max(since, job.start_time or 0.0)
         for t, f in engine.findings(sorted(gpus), since=since):
             if t > now + 1.0:
                 continue

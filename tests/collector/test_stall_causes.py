@@ -176,6 +176,8 @@ def test_the_live_source_names_health_findings_on_the_jobs_gpus_in_the_span():
     assert cause.text.startswith("XID 79 on GPU GPU-b on n1, 2 min before: GPU GPU-b of n1 fell off the bus")
     assert causes("9", 90.0, 200.0) == []     # before the span asked for
     assert causes("8", 0.0, 200.0) == []      # another job's GPUs
+    st.jobs["9"].start_time = 85.0
+    assert causes("9", 0.0, 200.0) == []      # before the job started: another job's trouble
 
 
 def _alerting() -> tuple[Alerting, AlertStore]:
