@@ -88,22 +88,28 @@ def agent_command(
     gpu_source: str | None = None,
     interval_s: float | None = None,
     python: str = sys.executable,
+    collectors_before: str | None = None,
 ) -> list[str]:
     """The command line of a detached agent for this node.
 
     Args:
-        collector: the collector address HOST:PORT.
+        collector: the collector address HOST:PORT, or the deployment's collectors list.
         node: the node name the agent reports as.
         spool_dir: the node's spool folder (events, pid file).
         gpu_source: ``auto``, ``nvml``, ``sim`` or ``none``; None: the agent's default.
         interval_s: poll interval; None: the agent's default.
         python: the interpreter (the one running this code, so the agent is the same install).
+        collectors_before: ``JOB=HOST:PORT,...`` after a change of the list: passed on, so the jobs numbered
+            below JOB still stream to the collector they started on (without it the agent sends them to the
+            new list's collector, where status with both lists does not look).
 
     Returns:
         The argv list.
     """
     argv = [python, "-m", "clusterwatch.cli.main", "agent", "--collector", collector, "--node", node,
             "--spool-dir", spool_dir]
+    if collectors_before:
+        argv += ["--collectors-before", collectors_before]
     if gpu_source:
         argv += ["--gpu-source", gpu_source]
     if interval_s:

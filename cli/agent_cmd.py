@@ -93,7 +93,7 @@ def agent(collector, collectors_before, node, interval, send_interval, gpu_sourc
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     spool_dir = spool_dir_for(spool_dir, node)
     if ensure:
-        sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token))
+        sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token, collectors_before))
     config = AgentConfig(
         collector=collector, node=node, interval_s=interval, send_interval_s=send_interval, gpu_source=gpu_source,
         sim_scenario=sim_scenario, sim_run=sim_run,
@@ -146,13 +146,13 @@ def print_one_poll(runtime, as_json: bool) -> None:
                    f"rss={s.rss_bytes} gpu_mem={s.gpu_memory_bytes}")
 
 
-def ensure_running(collector, node, spool_dir, gpu_source, interval, token) -> int:
+def ensure_running(collector, node, spool_dir, gpu_source, interval, token, collectors_before="") -> int:
     """`agent --ensure`: start this node's agent detached unless one runs; say which; return 0."""
     import os
 
     from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
 
-    argv = agent_command(collector, node, spool_dir, gpu_source, interval)
+    argv = agent_command(collector, node, spool_dir, gpu_source, interval, collectors_before=collectors_before)
     try:
         result = ensure_agent(spool_dir, argv, agent_environment(os.environ, token), lock_wait_s=5.0)
     except OSError as exc:

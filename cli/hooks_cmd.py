@@ -22,7 +22,7 @@ import click
 #: hook delays every job start).
 HOOK_DEADLINE_S = 0.9
 #: Agent settings a hook reads from the config file's [agent] section.
-_AGENT_KEYS = ("collector", "token", "gpu_source", "spool_dir", "interval", "node")
+_AGENT_KEYS = ("collector", "collectors_before", "token", "gpu_source", "spool_dir", "interval", "node")
 
 
 def _say(hook: str, message: str) -> None:
@@ -145,7 +145,8 @@ def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
         gpu_source = settings.get("gpu_source")
         if gpu_source not in (None, "auto", "nvml", "sim", "none"):
             raise ValueError(f"gpu source {str(gpu_source)[:20]!r} is not auto, nvml, sim or none")
-        argv = agent_command(collector, node, spool, gpu_source, interval)
+        argv = agent_command(collector, node, spool, gpu_source, interval,
+                             collectors_before=settings.get("collectors_before"))
         result = ensure_agent(spool, argv, agent_environment(os.environ, settings.get("token")))
     except (OSError, ValueError) as exc:
         _say("prolog", f"cannot start the agent for {node} in {spool}: {exc}")
