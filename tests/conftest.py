@@ -3,12 +3,30 @@ the real git repositories of the provenance tests (tests/git_repos.py)."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge",
                   "tests.git_repos"]
+
+
+#: What a runner started in the background ignores (`cmd &` in a script: SIGINT, SIGQUIT; nohup: SIGHUP).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
+def _ignore(signum, frame) -> None:
+    """Ignores a signal as SIG_IGN did, but, being a handler, is reset to the default across exec."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An ignored signal is inherited across exec: under `bash scripts/test.sh &` every process a test starts
+    ignored SIGINT, and the tests that stop `status --watch` or `run` with it waited on it for ever. The
+    runner goes on ignoring them (a handler that does nothing); the children start with the default."""
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, _ignore)
 
 
 def _drop_clusterwatch_settings(patch: pytest.MonkeyPatch) -> None:
