@@ -81,7 +81,8 @@ class CollectorServer:
         state = new_cluster_state(config)
         outboxes = AgentOutboxes()
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
-        buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s)
+        buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s,
+                   rules.gpu_memory_fragmentation.bucket_s)
         look_s = min(config.rules_interval_s, min(buckets) / 3)
         # `record` writes the history as the trace `replay` runs the rules over: a point less often than the
         # rules look leaves buckets without a sample there, and the replay misses leaks raised here
