@@ -227,7 +227,7 @@ class CollectorServer:
 
     def _start_web(self, auth) -> None:
         """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""
-        from .web.access import browser_caller
+        from .web.access import BrowserAccess, parse_proxies
         from .web.app import WebApp, is_loopback
         from .web.server import serve_web
 
@@ -238,8 +238,12 @@ class CollectorServer:
             return
         host, _, port = cfg.web_listen.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
-        self._web = serve_web(WebApp(self.core, self.alerting, browser_caller(auth), loopback=is_loopback(host)),
-                              host, int(port))
+        access = BrowserAccess(auth, cfg.web_user_header, parse_proxies(cfg.web_trusted_proxies),
+                               frozenset(cfg.query_admins), cfg.show_all_jobs)
+        # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives
+        self._web = serve_web(WebApp(self.core, self.alerting, access, loopback=is_loopback(host),
+                                     asks=self.train_asks if cfg.web_actions else None,
+                                     loop=asyncio.get_running_loop()), host, int(port))
         self.web_port = self._web.server_port
 
     def active_alerts(self):
