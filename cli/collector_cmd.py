@@ -12,6 +12,25 @@ from .common import fail, setup_logging
 DEFAULT_WEB_LISTEN = "127.0.0.1:9752"
 
 
+def _check_web_proxy(header: str | None, proxies) -> tuple[str, ...]:
+    """--web-user-header needs --web-trusted-proxy (a header anyone could write is worth nothing), and the
+    reverse; each proxy an address or network."""
+    import re
+
+    from clusterwatch.collector.web.access import parse_proxies
+
+    if bool(header) != bool(proxies):
+        fail("--web-user-header and --web-trusted-proxy go together: the header is taken only from the proxy's "
+             "addresses; give both, or neither")
+    if header and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
+        fail(f"--web-user-header {header!r}: give a header name (letters, digits and dashes), e.g. X-Remote-User")
+    try:
+        parse_proxies(proxies)
+    except ValueError as exc:
+        fail(f"--web-trusted-proxy: {exc}")
+    return tuple(p.strip() for v in proxies for p in v.split(",") if p.strip())
+
+
 def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--web-listen: HOST:PORT or 'none' (browsers reach pages over TCP)."""
     if value is not None and value.startswith("unix:"):
@@ -33,6 +52,14 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--web-listen", default=None, envvar="CLUSTERWATCH_WEB_LISTEN", callback=_web_listen_callback,
               help=f"Address of the jobs' web pages (HOST:PORT; default {DEFAULT_WEB_LISTEN}, where a port already "
                    "taken only warns); 'none' to switch them off. See docs/operators.md before leaving loopback.")
+@click.option("--web-actions/--no-web-actions", default=False, envvar="CLUSTERWATCH_WEB_ACTIONS", show_default=True,
+              help="Offer Diagnose, Request checkpoint and Stop on the job pages, to the job's owner and admins "
+                   "as --web-user-header names them (without a proxy: only when queries are unauthenticated).")
+@click.option("--web-user-header", default=None, envvar="CLUSTERWATCH_WEB_USER_HEADER", metavar="NAME",
+              help="The authenticating reverse proxy's header naming the user (e.g. X-Remote-User); taken only "
+                   "from --web-trusted-proxy addresses.")
+@click.option("--web-trusted-proxy", "web_trusted_proxies", multiple=True, envvar="CLUSTERWATCH_WEB_TRUSTED_PROXY",
+              metavar="ADDR[/BITS]", help="Address or network of the proxy (repeatable, or comma separated).")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
                    "else ~/.local/state/clusterwatch/clusterwatch.db).")
@@ -101,7 +128,8 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               help="This collector's own entry in --collectors: its registry takes only the Slurm jobs that "
                    "are its own.")
 @click.option("-v", "--verbose", count=True)
-def collector(listen, query_listen, metrics_listen, web_listen, db_path, history_points, history_step,
+def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_trusted_proxies,
+              db_path, history_points, history_step,
               per_process_metrics, gpu_health_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
@@ -115,6 +143,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
 
     _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key)
     pairs = _ssh_addresses(ssh_address)
+    proxies = _check_web_proxy(web_user_header, web_trusted_proxies)
     _check_shard(collectors, collectors_before, shard)
     config = CollectorConfig(
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
@@ -127,7 +156,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, db_path, history
         query_auth=query_auth, munge_socket=munge_socket, query_admins=tuple(query_admins),
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
-        web_listen_required=web_listen is not None,
+        web_listen_required=web_listen is not None, web_actions=web_actions,
+        web_user_header=web_user_header or None, web_trusted_proxies=proxies,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
     )
 

@@ -91,7 +91,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
         try:
             rules = _demo_rules()
             try:
-                stack.start_collector(["--rules", rules] if rules else [], metrics=True)
+                # the demo's page is the user's own, on loopback, with no query authentication: it may act
+                stack.start_collector(["--web-actions", *(["--rules", rules] if rules else [])], metrics=True)
             except ClusterwatchError as exc:
                 fail(str(exc))
             now = time.time()

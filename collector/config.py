@@ -33,6 +33,11 @@ class CollectorConfig:
         web_listen: HTTP address of the jobs' web pages (collector/web/), HOST:PORT; None: no pages.
         web_listen_required: a taken web_listen stops the start; False (the CLI's default address): a
             warning, and no pages (a second collector on a workstation, or tests, must still start).
+        web_actions: the job pages offer Diagnose, Request checkpoint and Stop to the job's owner and admins
+            (collector/web/access.py says who a browser is); False: the pages are read-only.
+        web_user_header: the authenticating reverse proxy's header naming the user (e.g. X-Remote-User);
+            taken only from web_trusted_proxies; None: no proxy.
+        web_trusted_proxies: addresses or networks (text, e.g. "10.1.2.3", "10.1.0.0/16") of the proxy.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
@@ -72,6 +77,9 @@ class CollectorConfig:
     metrics_listen: str | None = "127.0.0.1:9750"
     web_listen: str | None = None
     web_listen_required: bool = True
+    web_actions: bool = False
+    web_user_header: str | None = None
+    web_trusted_proxies: tuple[str, ...] = ()
     db_path: str = ":memory:"
     history_points: int = 720
     history_step_s: float = 5.0

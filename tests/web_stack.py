@@ -117,3 +117,106 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
         stack.stop()
         raise AssertionError(f"{exc}\n{stack.logs()}") from None
     return stack
+
+
+# -- the job page's actions: a collector with --web-actions and two real trainers using clusterwatch.train --
+
+ACTION_TRAINER = r"""
+import sys, time
+from clusterwatch import train
+mode, marker = sys.argv[1], sys.argv[2]
+step = 0
+
+def checkpoint(request):
+    with open(marker, "a") as f:
+        f.write(f"{step} {request.args}\n")
+    return f"saved checkpoint at step {step}"
+
+train.on_request("checkpoint", checkpoint)
+
+def blocked_in_collective():
+    time.sleep(3600)   # a hung all_reduce never returns
+
+while True:
+    step += 1
+    train.report(step=step, loss=1.0)
+    if mode == "stuck" and step == 30:
+        blocked_in_collective()
+    time.sleep(0.05)
+"""
+RUNNING_JOB, STUCK_JOB = "act-run", "act-stuck"
+
+
+@dataclass
+class ActionsStack:
+    """A collector serving pages with actions; job RUNNING_JOB (a trainer with a checkpoint handler on a
+    simulated GPU, whose handler appends to `marker`) and STUCK_JOB (a trainer blocked in
+    blocked_in_collective from step 30), each with its own real agent."""
+
+    collector: Collector
+    procs: list
+    web_port: int
+    marker: Path
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.web_port}{path}"
+
+    def request(self, path: str, data: dict | None = None, headers: dict | None = None,
+                timeout: float = 60) -> tuple[int, str]:
+        """GET, or POST `data` urlencoded; (status, body)."""
+        from urllib.parse import urlencode
+
+        body = urlencode(data).encode() if data is not None else None
+        req = urllib.request.Request(self.url(path), data=body, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def status_json(self, job_id: str) -> dict | None:
+        r = cli("status", job_id, "--json", "--collector", self.collector.address)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def step(self, job_id: str) -> int | None:
+        s = self.status_json(job_id)
+        return s["processes"][0].get("step") if s and s.get("processes") else None
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log.name}\n{p.text()[-2000:]}" for p in (self.collector, *self.procs))
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.collector.stop()
+
+
+def start_actions_stack(tmp: Path, *collector_args: str) -> ActionsStack:
+    collector = Collector(tmp, "--web-listen", "127.0.0.1:0", *collector_args)
+    script = tmp / "trainer.py"
+    script.write_text(ACTION_TRAINER)
+    marker = tmp / "checkpoints.txt"
+    procs = []
+    stack = ActionsStack(collector, procs, json.loads(collector.ports_file.read_text())["web"], marker)
+    for job_id, mode, node, gpu in ((RUNNING_JOB, "loop", "act-node1", True), (STUCK_JOB, "stuck", "act-node2", False)):
+        spool = tmp / f"spool-{node}"
+        spool.mkdir()
+        sock = spool / "train.sock"
+        env = dict(clean_environ(), CLUSTERWATCH_TRAIN_SOCKET=str(sock))
+        if gpu:
+            env.update(RANK="0", WORLD_SIZE="1", CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_NODE=node,
+                       CLUSTERWATCH_SIM_PROFILE="steady", CLUSTERWATCH_SIM_RUN=SIM_RUN)
+        rank = Proc([sys.executable, str(script), mode, str(marker)], tmp / f"{job_id}.log", env=env)
+        procs.append(rank)
+        source = ["--gpu-source", "sim", "--sim-run", SIM_RUN] if gpu else ["--gpu-source", "none"]
+        procs.append(Proc([*CLI, "agent", "--collector", collector.address, "--node", node, *source,
+                           "--interval", "0.5", "--send-interval", "0", "--no-provenance", "--spool-dir", str(spool),
+                           "--train-socket", str(sock), "--job-id", job_id, "--pid", str(rank.pid)],
+                          tmp / f"agent-{node}.log"))
+    try:
+        wait_for(lambda: stack.step(RUNNING_JOB) is not None and stack.step(STUCK_JOB) == 30, timeout=90,
+                 interval=0.5, what="both trainers reporting, the stuck one at step 30")
+    except AssertionError as exc:
+        stack.stop()
+        raise AssertionError(f"{exc}\n{stack.logs()}") from None
+    return stack

@@ -1,20 +1,151 @@
-"""Who a browser is: it cannot present a munge credential, so it is nobody in particular.
+"""Who a browser is, and what it may do: see a job's page, act on the job (diagnose, checkpoint, stop).
 
-Without query authentication (--query-auth none, or auto where munge is not installed: a workstation,
-`clusterwatch run`) everyone who reaches the page sees every job, as with `status`. Under munge the
-browser is an unidentified caller: it sees every job only where every identified user would
-(--show-all-jobs); otherwise each job page is refused, as `status` refuses a job not the caller's.
-Pages then say to use `clusterwatch status`, which proves who is asking.
+A browser cannot present a munge credential, so by itself it is nobody in particular. Without query
+authentication (--query-auth none, or auto where munge is not installed: a workstation, `clusterwatch
+run`) everyone who reaches the page sees every job, as with `status`. Under munge the browser sees every
+job only where every identified user would (--show-all-jobs); otherwise each job page is refused.
+
+Behind the site's authenticating reverse proxy (--web-user-header NAME --web-trusted-proxy ADDR), the
+header names the user, but only on a request from a configured proxy address: from anywhere else a
+request carrying the header is refused, since anyone could write it. The user then sees their own jobs
+(and every job as an admin, --query-admins, or with --show-all-jobs), as the query service shows them.
+
+Actions (--web-actions, off by default) need the job's owner or an admin as the header names them; with
+no proxy configured, only where queries are unauthenticated (the page is then the user's own, on their
+workstation's loopback): a browser that is nobody in particular acts on nothing.
 """
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
+
 from ..query_auth import Caller, NoAuth
+
+HEADER_FROM_ELSEWHERE = ("this request names its user in the proxy header but does not come from a configured "
+                         "proxy address (--web-trusted-proxy): it is refused; reach the pages through the proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class Browser:
+    """One request's browser: whom it counts as (`caller`, for seeing) and whether it may act on all jobs.
+
+    Attributes:
+        caller: the query service's Caller it counts as (may_see).
+        acts_on_all: may act on every job (no authentication at all, or an admin behind the proxy).
+        refused: why the request is refused whole (a forged proxy header), else "".
+        via_proxy: the request came from a trusted proxy (its X-Forwarded-Host counts as the page's host).
+    """
+
+    caller: Caller
+    acts_on_all: bool = False
+    refused: str = ""
+    via_proxy: bool = False
+
+    @property
+    def user(self) -> str:
+        return self.caller.user
+
+    def may_see(self, owner: str) -> bool:
+        return not self.refused and self.caller.may_see(owner)
+
+    def why_not_act(self, owner: str, actions_on: bool) -> str:
+        """Why this browser may not act on a job of `owner`; "" when it may."""
+        if not actions_on:
+            return ("this page is read-only: the collector was started without --web-actions; use clusterwatch "
+                    "diagnose on a login node")
+        if self.refused:
+            return self.refused
+        if self.acts_on_all or (self.caller.user and self.caller.user == owner):
+            return ""
+        if not self.caller.user:
+            return ("this browser is not identified (no authenticating proxy in front of these pages, and queries "
+                    "need munge): only the job's owner or an admin may act on a job")
+        return f"you are {self.caller.user}: only the job's owner or an admin may act on it"
+
+    def asked_by(self) -> str:
+        """How the answers table records who asked."""
+        return f"web user {self.caller.user}" if self.caller.user else "web (no authentication)"
 
 
 def browser_caller(auth) -> Caller:
-    """The caller a browser counts as under the query service's `auth` (query_auth's NoAuth, MungeAuth,
-    AwaitingMunge)."""
+    """The caller a browser with no proxy header counts as under the query service's `auth` (query_auth's
+    NoAuth, MungeAuth, AwaitingMunge)."""
     if auth is None or isinstance(auth, NoAuth):
         return Caller(None, "", admin=True)
     munge = getattr(auth, "munge", auth)  # AwaitingMunge wraps the MungeAuth it hands over to
     return Caller(None, "", admin=bool(getattr(munge, "show_all", False)))
+
+
+def parse_proxies(values) -> tuple:
+    """--web-trusted-proxy values (addresses or networks, comma separated too) as ip networks.
+
+    Raises:
+        ValueError: one is not an address or network; the message names it.
+    """
+    nets = []
+    for value in values:
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                nets.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ValueError(f"{part!r} is not an IP address or network (e.g. 10.1.2.3 or 10.1.0.0/16)") from None
+    return tuple(nets)
+
+
+class BrowserAccess:
+    """Who each request's browser is.
+
+    Args:
+        auth: the query service's authenticator (who an unproxied browser counts as).
+        user_header: the proxy's header naming the authenticated user (e.g. X-Remote-User); None: no proxy.
+        trusted_proxies: addresses/networks (ipaddress) the header is taken from.
+        admins: users (names) who see and act on every job behind the proxy (--query-admins; root too).
+        show_all: every identified user sees every job (--show-all-jobs); acting still needs owner or admin.
+    """
+
+    def __init__(self, auth, user_header: str | None = None, trusted_proxies: tuple = (),
+                 admins: frozenset[str] = frozenset(), show_all: bool = False) -> None:
+        self.base = browser_caller(auth)
+        self.unauthenticated = auth is None or isinstance(auth, NoAuth)
+        self.environ_key = "HTTP_" + user_header.upper().replace("-", "_") if user_header else None
+        self.trusted_proxies = trusted_proxies
+        self.admins = frozenset(admins) | {"root"}
+        self.show_all = show_all or self.base.admin and not self.unauthenticated
+        self.forged = 0  # requests with the header from elsewhere: counted, not logged
+
+    def _trusted(self, addr: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr.split("%")[0])
+        except ValueError:
+            return False
+        if getattr(ip, "ipv4_mapped", None) is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in net for net in self.trusted_proxies)
+
+    def browser(self, environ) -> Browser:
+        """The browser of one WSGI request."""
+        if self.environ_key is None:
+            return Browser(self.base, acts_on_all=self.unauthenticated)
+        named = environ.get(self.environ_key, "").strip()
+        if not self._trusted(environ.get("REMOTE_ADDR", "")):
+            if named:
+                self.forged += 1
+                return Browser(Caller(None, "", admin=False), refused=HEADER_FROM_ELSEWHERE)
+            return Browser(self.base, acts_on_all=self.unauthenticated)
+        if not named:  # the proxy let it through unauthenticated: nobody in particular
+            return Browser(Caller(None, "", admin=self.show_all), via_proxy=True)
+        admin = named in self.admins
+        return Browser(Caller(None, named, admin=admin or self.show_all), acts_on_all=admin, via_proxy=True)
+
+
+class FixedAccess:
+    """Every request's browser is the same caller (tests, and a WebApp built without BrowserAccess)."""
+
+    def __init__(self, caller: Caller, acts_on_all: bool = False) -> None:
+        self.fixed = Browser(caller, acts_on_all=acts_on_all)
+
+    def browser(self, environ) -> Browser:
+        return self.fixed

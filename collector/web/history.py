@@ -26,11 +26,12 @@ class RankCharts:
 
 @dataclass(slots=True)
 class GpuCharts:
-    """One GPU's series (power is held only as its latest reading)."""
+    """One GPU's series (an ended job's summary holds its power only as the latest reading)."""
 
     label: str
     utilization: Series = field(default_factory=list)
     memory_used: Series = field(default_factory=list)
+    power: Series = field(default_factory=list)
     power_watts: float | None = None
 
 
@@ -80,6 +81,7 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
                     gc.utilization.append((t, float(util)))
                 if mem is not None:
                     gc.memory_used.append((t, float(mem)))
+            gc.power = [(t, float(w)) for t, w in getattr(gs, "power_history", ())]
             if gs.latest is not None and gs.latest.power_watts is not None:
                 gc.power_watts = float(gs.latest.power_watts)
             gpus.append(gc)

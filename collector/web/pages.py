@@ -38,6 +38,8 @@ figure.chart svg{width:100%;height:160px;display:block}
 pre{background:#fff;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:12px}
 .alert{margin:6px 0;padding:6px;background:#fff;border-left:4px solid #bf8700}
 .alert.critical{border-color:#cf222e}.alert.resolved{border-color:#888}
+.actions form{display:inline-block;margin:4px 8px 4px 0}.actions button{padding:4px 12px}
+.refused{padding:6px;background:#fff;border-left:4px solid #cf222e}
 """.strip()
 
 MAX_ENDED_LISTED = 100
@@ -52,11 +54,23 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def counts_as_firing(a) -> bool:
+    """Firing, or resolved only because its process or job ended while it fired (status's "ended": it
+    never cleared, the process took it along)."""
+    return a.state == "firing" or (a.state == "resolved" and a.ended_while_firing)
+
+
+def alert_state(a) -> str:
+    """An alert's state as `status` says it: "ended" for one that ended while firing."""
+    return "ended" if a.state == "resolved" and a.ended_while_firing else a.state
+
+
 def badge(alerts) -> str:
-    """normal, warning or critical: the worst severity among the firing alerts (info counts as normal)."""
+    """normal, warning or critical: the worst severity among the alerts firing or ended while firing (info
+    counts as normal)."""
     worst = "normal"
     for a in alerts:
-        if a.state != "firing":
+        if not counts_as_firing(a):
             continue
         level = "critical" if a.severity == "critical" else "warning" if a.severity != "info" else "normal"
         if SEVERITY_ORDER[level] > SEVERITY_ORDER[worst]:
@@ -64,16 +78,19 @@ def badge(alerts) -> str:
     return worst
 
 
-def page(title: str, body: str) -> str:
+def page(title: str, body: str, refresh: bool = True) -> str:
+    """A whole page; `refresh`: it refetches itself every 15 s (not a confirmation, an action's answer or
+    an error page: those would lose their form or answer, or ask again for what is not there)."""
+    script = f"<script>{REFRESH_JS}</script>" if refresh else ""
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
             "<header><a href=\"/\">clusterwatch</a></header>"
-            f"<main>{body}</main><script>{REFRESH_JS}</script></body></html>")
+            f"<main>{body}</main>{script}</body></html>")
 
 
 def message_page(title: str, text: str) -> str:
-    return page(title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p>")
+    return page(title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p>", refresh=False)
 
 
 def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_note: str = "") -> str:
@@ -107,8 +124,9 @@ def _when(t: float) -> str:
 
 
 def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts], gpus: list[GpuCharts],
-             stored: bool) -> str:
-    """One job: header, badge, alerts with their explanation, charts, then the status report whole."""
+             stored: bool, actions: str = "") -> str:
+    """One job: header, badge, actions (actions_section), alerts with their explanation, charts, then the
+    status report whole."""
     job = view.job
     level = badge(view.alerts)
     head = (f'<h1>Job {escape(job.job_id)} <span class="name">{escape(job.name)}</span> '
@@ -119,7 +137,7 @@ def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts],
     if view.tags:
         head += "<p>Tags: " + ", ".join(f"{escape(k)}={escape(v)}" for k, v in sorted(view.tags.items())) + "</p>"
     return page(f"clusterwatch: job {job.job_id}",
-                head + _alerts(view) + _health(view) + _charts(ranks, gpus, stored)
+                head + actions + _alerts(view) + _health(view) + _charts(ranks, gpus, stored)
                 + f"<h2>Report (as <code>clusterwatch status</code> prints it)</h2><pre id=\"status\">"
                 f"{escape(status_text)}</pre>")
 
@@ -127,13 +145,16 @@ def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts],
 def _alerts(view: query_pb2.JobView) -> str:
     if not view.alerts:
         return "<h2>Alerts</h2><p>None.</p>"
-    order = {"firing": 0, "pending": 1, "resolved": 2}
+    order = {"firing": 0, "pending": 1, "ended": 2, "resolved": 3}
     items = []
-    for a in sorted(view.alerts, key=lambda a: (order.get(a.state, 3), -a.since)):
+    for a in sorted(view.alerts, key=lambda a: (order.get(alert_state(a), 4), -a.since)):
+        state = alert_state(a)
         where = ", ".join(x for x in (f"rank {a.rank}" if a.HasField("rank") else "", a.node,
                                       f"pid {a.pid}" if a.pid else "", a.gpu) if x)
-        items.append(f'<div class="alert {escape(a.severity)} {escape(a.state)}" data-rule="{escape(a.rule)}">'
-                     f"<b>{escape(a.state.upper())}</b> {escape(a.rule)} ({escape(a.severity)}; {escape(where)}"
+        shown = "ENDED WHILE FIRING" if state == "ended" else state.upper()
+        items.append(f'<div class="alert {escape(a.severity)} {escape(state)}" data-rule="{escape(a.rule)}" '
+                     f'data-state="{escape(state)}">'
+                     f"<b>{escape(shown)}</b> {escape(a.rule)} ({escape(a.severity)}; {escape(where)}"
                      f", since {escape(_when(a.since))})<br>{escape(a.description)}</div>")
     return "<h2>Alerts</h2>" + "".join(items)
 
@@ -165,6 +186,7 @@ def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> str
         charts.append(line_chart("CPU per rank", [(r.label, r.cpu_percent) for r in ranks], lambda v: f"{v:.0f}%"))
         charts.append(line_chart("Steps per second per rank", [(r.label, r.steps_per_s) for r in ranks]))
         charts.append(line_chart("GPU memory used per GPU", [(g.label, g.memory_used) for g in gpus], human_bytes))
+        charts.append(line_chart("GPU power per GPU", [(g.label, g.power) for g in gpus], lambda v: f"{v:.0f} W"))
     charts.append(line_chart("GPU utilisation" + axis, [(g.label, g.utilization) for g in gpus],
                              lambda v: f"{v:.0f}%", timed))
     power = [f"<td>{escape(g.label)}</td><td>{g.power_watts:.0f} W</td>" for g in gpus if g.power_watts is not None]
