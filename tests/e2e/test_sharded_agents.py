@@ -9,7 +9,6 @@ is lost, the other collectors go on meanwhile.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -18,73 +17,17 @@ import time
 import pytest
 
 from clusterwatch.shards import Collectors
-from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, metric_value, popen_exec_done, wait_for
+from tests.helpers import SIM_RUN, Collector, clean_environ, cli, metric_value, popen_exec_done, wait_for
 from tests.services.procs import free_port
 from tests.services.prometheus import running_prometheus
+from tests.shard_stack import SCENARIO, agent, choose, counts, rank_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
-SCENARIO = """
-[gpus]
-count = 4
-name = "Test GPU"
-memory_mib = 16384
-
-[defaults]
-profile = "steady"
-
-[profiles.steady]
-kind = "steady"
-memory_mib = 2048
-utilization = 60
-"""
 NODE_FAMILIES = ("clusterwatch_node_up", "clusterwatch_node_memory_total_bytes", "clusterwatch_gpu_memory_total_bytes",
                  "clusterwatch_gpu_utilization_ratio")
 JOB_FAMILIES = ("clusterwatch_rank_rss_bytes", "clusterwatch_rank_gpu_memory_used_bytes", "clusterwatch_job_processes")
-
-
-def choose(listed: Collectors) -> tuple[list[str], dict[str, list[str]]]:
-    """Four nodes, one on each node collector and one more, and three numbered jobs over them, each on its own
-    collector and spanning a node whose node collector is another."""
-    by_collector: dict[str, str] = {}
-    i = 0
-    while len(by_collector) < len(listed.current):
-        by_collector.setdefault(listed.for_node(f"sh{i}"), f"sh{i}")
-        i += 1
-    nodes = [*by_collector.values(), f"sh{i}"]
-    spans = [[nodes[0], nodes[1]], [nodes[1], nodes[2], nodes[3]], [nodes[0], nodes[2], nodes[3]]]
-    jobs: dict[str, list[str]] = {}
-    owners: set[str] = set()
-    j = 7000
-    for span in spans:
-        while listed.for_job(str(j)) in owners or all(listed.for_node(n) == listed.for_job(str(j)) for n in span):
-            j += 1
-        owners.add(listed.for_job(str(j)))
-        jobs[str(j)] = span
-    return nodes, jobs
-
-
-def rank_env(node: str, job: str, rank: int, gpu: int) -> dict[str, str]:
-    return {**clean_environ(), "CLUSTERWATCH_SIM_RUN": f"{SIM_RUN}-{node}", "CLUSTERWATCH_SIM_GPU": str(gpu),
-            "SLURM_JOB_ID": job, "RANK": str(rank), "LOCAL_RANK": str(gpu), "SLURMD_NODENAME": node}
-
-
-def agent(tmp, collector: str, node: str, tag: str, scenario) -> Proc:
-    return Proc([*CLI, "agent", "--collector", collector, "--node", node, "--gpu-source", "sim",
-                 "--sim-scenario", str(scenario), "--sim-run", f"{SIM_RUN}-{node}", "--interval", "0.5",
-                 "--send-interval", "1", "--no-provenance", "--kmsg", "none", "--train-socket", "",
-                 "--spool-dir", str(tmp / f"spool-{tag}-{node}")], tmp / f"agent-{tag}-{node}.log")
-
-
-def counts(text: str) -> dict[str, tuple[int, int, int]]:
-    """The agent's exit lines: collector (or 'all') → (sent, acked, dropped)."""
-    out = {}
-    for line in text.splitlines():
-        m = re.search(r"(?:collector (\S+): )?samples_sent=(\d+) samples_acked=(\d+) samples_dropped=(\d+)", line)
-        if m:
-            out[m.group(1) or "all"] = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
-    return out
 
 
 def test_agents_keep_a_stream_per_collector_and_every_job_whole(tmp_path):
