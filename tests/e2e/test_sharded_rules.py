@@ -103,13 +103,13 @@ def test_code_mismatch_and_training_stall_see_every_rank_across_node_collectors(
         never = tmp_path / "never"
         for r, (node, repo) in enumerate(zip(nodes[:2], repos, strict=True)):
             env = {**rank_env(node, code_job, r, 0), "CLUSTERWATCH_TRAIN_SOCKET": str(sockets[node])}
-            ranks.append(InFolder(repo, [sys.executable, "train.py", str(never)], tmp_path / f"rank-{code_job}-{r}.log",
-                             env))
+            ranks.append(InFolder(repo, [sys.executable, "train.py", str(never)],
+                                  tmp_path / f"rank-{code_job}-{r}.log", env))
         stops = [tmp_path / f"stop-{r}" for r in range(3)]
         for r, node in enumerate(nodes):
             env = {**rank_env(node, stall_job, r, 1), "CLUSTERWATCH_TRAIN_SOCKET": str(sockets[node])}
             ranks.append(InFolder(tmp_path, [sys.executable, str(plain), str(stops[r])],
-                             tmp_path / f"rank-{stall_job}-{r}.log", env))
+                                  tmp_path / f"rank-{stall_job}-{r}.log", env))
 
         (mismatch,) = wait_for(lambda: alerts_of(everyone, code_job, "code_mismatch"), timeout=90,
                                what=f"code_mismatch of job {code_job}")
@@ -127,6 +127,7 @@ def test_code_mismatch_and_training_stall_see_every_rank_across_node_collectors(
 
         wait_for(lambda: stepping(20), timeout=60, interval=0.5, what="the three ranks stepping")
         stops[1].write_text("0")  # rank 1 stops at its next step
+
         def rank1_held() -> int | None:
             first = stepping(0)
             time.sleep(1.5)
