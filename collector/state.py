@@ -99,6 +99,10 @@ class ProcessSeries:
     # device it uses, and when (the process's clock, as its samples'); () until a report carries them.
     allocator: tuple = ()
     allocator_time: float = 0.0
+    # (t, allocated, reserved, retries) as allocator_totals gave them at each report, at most one a history
+    # step (a deque bounded as history, () until a report carries them): what `record` writes on each history
+    # point, as the live rules saw it then
+    allocator_history: deque | tuple = ()
     # Whole-life accumulators, every sample from the first (the history holds only the last hour or so):
     # CPU time from each poll's CPU percent over the time since the poll before (gaps over MAX_GAP_S count
     # MAX_GAP_S: an agent away must not credit the process with an hour at its last rate).
@@ -501,6 +505,11 @@ class ClusterState:
         if report.gpu_memory:
             series.allocator = tuple(report.gpu_memory)
             series.allocator_time = report.time
+            ah = series.allocator_history
+            if not ah or report.time >= ah[-1][0] + self.history_step_s:
+                if not ah:
+                    ah = series.allocator_history = deque(maxlen=self.history_points)
+                ah.append((report.time, *allocator_totals(series, report.time)))
         if report.loss is not None:
             series.loss = report.loss
         if report.lr is not None:
