@@ -5,7 +5,8 @@ file is the only I/O here; everything else is the same engine the collector runs
 Lines that are not JSON objects with `t`, `node` and `pid` are counted and
 skipped, not fatal: a trace cut off by a crash still replays. GPU health records
 go to a HealthEngine (collector/health/), with the GPU's users taken from the
-trace's process lines, as the collector takes them from its state.
+trace's process lines, as the collector takes them from its state; its findings
+are the engine's source of a stall's causes, as the collector's HealthEngine is.
 """
 from __future__ import annotations
 
@@ -89,6 +90,10 @@ class _Health:
         # (and its lines are in time order, not the order they came in, which that rule depends on)
         self.engine = HealthEngine(catalog if catalog is not None else load_catalog(), same_xid_s=0.0)
         self.procs: dict[str, dict[tuple[Any, Any], tuple[dict[str, Any], str | None]]] = {}
+        # a stall's causes (see `causes`): each job's GPUs and its first process's start, each GPU's index
+        self.job_gpus: dict[str, set[tuple[str, str]]] = {}
+        self.job_start: dict[str, float] = {}
+        self.gpu_index: dict[str, int] = {}
 
     def process(self, d: dict[str, Any]) -> None:
         procs = self.procs.get(d["node"])
@@ -96,9 +101,58 @@ class _Health:
             procs = self.procs[d["node"]] = {}
         key = (d["pid"], d.get("start_time", 0.0))
         command = d.get("command")
-        if command is None and key in procs:
-            command = procs[key][1]
+        held = procs.get(key)
+        if held is None or held[0].get("gpu") != d.get("gpu") or held[0].get("job_id") != d.get("job_id"):
+            self._joined(d)
+        if command is None and held is not None:
+            command = held[1]
         procs[key] = (d, command)
+
+    def _joined(self, d: dict[str, Any]) -> None:
+        """A process first seen (or moved to another job or GPU): its job's GPUs and start."""
+        job_id = d.get("job_id")
+        if not job_id:
+            return
+        job_id = str(job_id)
+        start = float(d.get("start_time") or 0.0)
+        if start and start < self.job_start.get(job_id, float("inf")):
+            self.job_start[job_id] = start
+        gpu = d.get("gpu")
+        if gpu:
+            self.job_gpus.setdefault(job_id, set()).add((str(d["node"]), str(gpu)))
+            if d.get("gpu_index") is not None:
+                self.gpu_index[str(gpu)] = d["gpu_index"]
+
+    def gpu(self, d: dict[str, Any]) -> None:
+        """A GPU record: the job it is allocated to has it among its GPUs."""
+        job_id = d.get("job_id")
+        if job_id:
+            self.job_gpus.setdefault(str(job_id), set()).add((str(d["node"]), str(d["gpu"])))
+        if d.get("index") is not None:
+            self.gpu_index[str(d["gpu"])] = d["index"]
+
+    def causes(self, job_id: str, since: float, now: float) -> list:
+        """A stall's causes the health records give (rules/causes.py's CauseSource), as the collector's
+        HealthCauses gives them (collector/stall_causes.py): the health findings on the job's GPUs (those
+        allocated to it and those its processes used) from `since`, not before the job, worst first. The
+        job's start is its first process's (a trace holds no Slurm start time)."""
+        from .rules.causes import from_health
+        from .stall_causes import _xid_of
+
+        gpus = self.job_gpus.get(job_id)
+        if not gpus:
+            return []
+        since = max(since, self.job_start.get(job_id, 0.0))
+        out = []
+        for t, f in self.engine.findings(sorted(gpus), since=since):
+            if t > now + 1.0:
+                continue
+            rank = f.labels.get("rank", "")
+            xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
+            out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
+                                   rank=int(rank) if rank and "," not in rank else None,
+                                   xid=int(xid) if xid else None, gpu_index=self.gpu_index.get(f.uuid)))
+        return out
 
     def end(self, node: str, pid: int, start_time: float) -> None:
         (self.procs.get(node) or {}).pop((pid, start_time), None)
@@ -161,6 +215,8 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
     owners: dict[bytes, int] = {}
     health = _Health(catalog)
     track = health.process
+    if eng.causes is None:  # a stall names the health finding that caused it, as the collector's does
+        eng.causes = health.causes
     for lineno, line in enumerate(lines, 1):
         if share > 1:
             i = line.find(b'"pid":')
@@ -188,9 +244,11 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                 track(d)
             elif kind == "gpu":
                 st.records += 1
+                health.gpu(d)
                 events = eng.observe_gpu(GpuObservation(
                     t=float(t), node=str(d["node"]), gpu=str(d["gpu"]), job_id=str(d.get("job_id", "")),
-                    utilization=d.get("utilization"), processes=d.get("processes"), index=d.get("index")))
+                    utilization=d.get("utilization"), processes=d.get("processes"), index=d.get("index"),
+                    power_watts=d.get("power_watts")))
             elif kind == "node":
                 st.records += 1
                 hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)),
@@ -233,8 +291,12 @@ def _observe_allocated(eng: Engine, d: dict[str, Any]) -> Any:
                               "" if gpu is None else str(gpu), g("rank"), g("user", ""), g("command", ""),
                               g("job_name", ""), g("partition", ""), g("gpu_mem_bytes"), g("gpu_mem_total_bytes"),
                               g("gpu_util"), g("rss_bytes"), g("job_mem_total_bytes"), g("threads"), g("open_fds"),
-                              g("step"), "the job's memory allocation")
+                              g("step"), "the job's memory allocation", allocated=g("gpu_allocated_bytes"),
+                              reserved=g("gpu_reserved_bytes"), retries=g("gpu_alloc_retries"))
 
+
+#: The rules whose alerts name a stall's likely cause, worked out over the job's ranks and GPUs (rules/causes.py).
+_CAUSED = frozenset({"training_stall", "gpu_stall", "idle_gpu"})
 
 #: Traces at least this large are replayed by several processes (when the machine has the cores).
 PARALLEL_MIN_BYTES = 16 * 1024 * 1024
@@ -270,7 +332,8 @@ def replay_file(path: str | Path, rules: RuleSet, stats: ReplayStats | None = No
     engines' rules are per process, GPU and node, so series do not interact; GPU and
     node records all go to the first worker. Should a series still land in two workers
     (a trace that spells one pid two ways), the trace is replayed again in one process;
-    so is one with health records, whose GPU users come from every process line.
+    so is one with health records, whose GPU users come from every process line, and one that raises a
+    stall (`_CAUSED`), whose likely cause is judged over the whole job.
 
     Args:
         path: Trace file (JSON lines).
@@ -354,10 +417,12 @@ def _replay_parallel(path: str | Path, rules: RuleSet, k: int, catalog: XidCatal
     if not ok:
         return None
     seen: set[tuple[Any, ...]] = set()
-    for i, (_, part, series) in enumerate(results):
-        if (i > 0 and part.records) or part.health or not seen.isdisjoint(series):
+    for i, (events, part, series) in enumerate(results):
+        if (i > 0 and part.records) or part.health or not seen.isdisjoint(series) \
+                or any(ev.rule in _CAUSED for _, ev in events):
             # GPU or node records outside reader 0, or a series split: not one engine's result; health
-            # records: reader 0 saw only its share of the processes, the GPUs' users
+            # records: reader 0 saw only its share of the processes, the GPUs' users; a stall: its cause is
+            # judged over the whole job (its other ranks, its GPUs' power), which each reader holds a share of
             return None
         seen |= series
     merged = heapq.merge(*(ev for ev, _, _ in results), key=lambda x: x[0])

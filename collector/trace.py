@@ -10,7 +10,9 @@ replay with the same rules raises the same alerts:
   memory the room its allocation leaves the process);
 - the labels rule overrides match (user, command, job name, partition), where each
   process first appears;
-- a `gpu` record per reading of each GPU of the job (`idle_gpu`), a `node` record
+- the allocator's figures where the process reports them (`gpu_memory_leak` judges allocated bytes then),
+  as the collector held them at each line's time;
+- a `gpu` record per reading of each GPU of the job (`idle_gpu`; its power, a hung collective's sign), a `node` record
   at every time the job's nodes reported (`agent_down`), and an `end` record where a
   process was found gone (its alerts end as they did in the collector);
 - with the health engine, the health events of the job's GPUs (XIDs, ECC events, a lost GPU) and
@@ -27,7 +29,7 @@ import bisect
 import json
 from typing import Any
 
-from .state import ClusterState, JobState, ProcessSeries
+from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
 # processes found gone, the node's GPUs, the node's heartbeat; then the batch's health records,
@@ -145,6 +147,8 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
         points.append((s.time, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
     steps = list(series.step_history)
     step_times = [t for t, _ in steps]
+    alloc = list(series.allocator_history)
+    alloc_times = [a[0] for a in alloc]
     out = []
     for t, cpu, rss, gmem, gutil, threads, fds in points:
         row = {"t": t, **same, "gpu_mem_bytes": gmem, "gpu_util": gutil, "cpu_percent": cpu, "rss_bytes": rss,
@@ -152,6 +156,8 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
         i = bisect.bisect_right(step_times, t)
         if i:
             row["step"] = steps[i - 1][1]
+        if alloc:
+            _allocator_fields(row, series, alloc, alloc_times, t, t == s.time)
         out.append(row)
     labels = {"user": s.user or None, "command": s.command or None, "job_name": job.name or None,
               "partition": job.partition or None}
@@ -162,6 +168,21 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
         out.insert(0, {"t": s.start_time, **{k: v for k, v in same.items() if not k.endswith("_bytes")}})
     out[0].update(labels)
     return out
+
+
+def _allocator_fields(row: dict[str, Any], series: ProcessSeries, alloc: list[tuple], alloc_times: list[float],
+                      t: float, latest: bool) -> None:
+    """The allocator's figures on a process line, as the live rules took them at `t` (collector/alerting.py:
+    `allocator_totals` at the sample's time, None where absent or stale): the latest sample's from the
+    process's current figures, a history point's from the report held for it (state.allocator_history)."""
+    if latest:
+        allocated, reserved, retries = allocator_totals(series, t)
+    else:
+        i = bisect.bisect_right(alloc_times, t)
+        if not i or t - alloc[i - 1][0] > ALLOCATOR_FRESH_S:
+            return
+        _, allocated, reserved, retries = alloc[i - 1]
+    row["gpu_allocated_bytes"], row["gpu_reserved_bytes"], row["gpu_alloc_retries"] = allocated, reserved, retries
 
 
 def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, list[tuple[float, float]]]
@@ -177,8 +198,9 @@ def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, li
         spans = users.get(uuid, [])
         base = {"kind": "gpu", "node": node, "gpu": uuid, "index": gs.info.index,
                 "job_id": job.job_id if uuid in allocated else ""}
+        power = dict(gs.power_history)  # appended beside history, at the same reading's time (state.py)
         for t, util, _mem in gs.history:
-            out.append({**base, "t": t, "utilization": util,
+            out.append({**base, "t": t, "utilization": util, "power_watts": power.get(t),
                         "processes": sum(1 for a, b in spans if a <= t <= b)})
     return out
 
