@@ -13,11 +13,11 @@ from tests.helpers import CLI, clean_environ
 
 pytestmark = pytest.mark.e2e
 
+# 3 s of CPU, however long a loaded machine takes to give them: the figure checked is the CPU time
 BURNER = """
 import time
-end = time.monotonic() + 6
 x = 0
-while time.monotonic() < end:
+while time.process_time() < 3:
     x += 1
 """
 
@@ -34,7 +34,8 @@ def test_run_reports_the_cpu_time_of_the_whole_job(tmp_path):
     assert cpu is not None, report
     found = re.search(r"CPU\s+(\d+\.\d) cores busy on average \((\d+) s CPU time\); allocated cores unknown", cpu)
     assert found, cpu
-    # one busy core for about 6 s (generous: the machine is shared, the first poll comes late)
-    assert 0.2 <= float(found.group(1)) <= 1.6 and 1 <= int(found.group(2)) <= 8, cpu
+    # one busy core for 3 s of CPU time (generous: the first poll comes late, the last may miss a little); its
+    # share of the wall time is whatever the machine's load left it, at most about one core
+    assert 0 < float(found.group(1)) <= 1.6 and 2 <= int(found.group(2)) <= 5, cpu
     host = next(x for x in report.splitlines() if x.startswith("  Host memory"))
     assert "allocation unknown" in host and "of node RAM" not in host, host
