@@ -214,7 +214,7 @@ def start_actions_stack(tmp: Path, *collector_args: str) -> ActionsStack:
                            "--train-socket", str(sock), "--job-id", job_id, "--pid", str(rank.pid)],
                           tmp / f"agent-{node}.log"))
     try:
-        wait_for(lambda: stack.step(RUNNING_JOB) is not None and stack.step(STUCK_JOB) == 30, timeout=90,
+        wait_for(lambda: stack.step(STUCK_JOB) == 30 and stack.step(RUNNING_JOB) is not None, timeout=180,
                  interval=0.5, what="both trainers reporting, the stuck one at step 30")
     except AssertionError as exc:
         stack.stop()
