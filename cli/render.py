@@ -179,13 +179,8 @@ def human_bytes(n: float | None) -> str:
 
 
 def human_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    return f"{h:02d}:{m:02d}:{s:02d}"
+    """A span of time as every report and alert writes one ("45 s", "6 min", "1 h 24 min": clusterwatch.humanize)."""
+    return duration(seconds)
 
 
 def sparkline(values: list[float], width: int = 12) -> str:
@@ -468,7 +463,7 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
         rows.append(row)
         tail = "  (gone)" if not p.alive and not view.job.end_time else ""
         if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
-            tail += f"  stalled since {time.strftime('%H:%M:%S', time.localtime(p.stalled_since))}"
+            tail += f"  stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
             if p.alive and not view.job.end_time:
                 tail += f" ({duration(now - p.stalled_since)})"
         tails.append(tail)
@@ -615,7 +610,7 @@ def _notes(view: query_pb2.JobView, run_time: float) -> list[str]:
         if not job.end_time and p.alive and p.HasField("stalled_since") and (p.node, p.pid) not in stalled_alerted:
             who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
             notes.append(f"The step of {who} on {p.node} has not moved since "
-                         f"{time.strftime('%H:%M:%S', time.localtime(p.stalled_since))} (step {p.step}). "
+                         f"{time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))} (step {p.step}). "
                          f"`py-spy dump --pid {p.pid}` on {p.node} shows where it waits.")
     # ranks only: a job's short-lived helpers (a shell, git) come and go without harm
     gone = [p for p in view.processes if not p.alive and not job.end_time and p.HasField("rank")]

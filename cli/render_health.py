@@ -18,7 +18,7 @@ def health_section(view, width: int | None) -> list[str]:
     out = ["", "Health", f"{RULE}─"]
     # the collector sends them worst first; kept so for a view from an older collector too
     for h in sorted(view.health, key=lambda h: (_RANK.get(h.severity, 3), -h.time)):
-        when = time.strftime("%H:%M:%S", time.localtime(h.time)) if h.time else "--:--:--"
+        when = time.strftime("%H:%M:%S %Z", time.localtime(h.time)) if h.time else "-"
         head = f"  {_MARK.get(h.severity, '?')} {h.severity.upper():<8} {when} {h.rule:<17} "
         text = printable(h.description)
         if width is None or len(head) + len(text) <= width:

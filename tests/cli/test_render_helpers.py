@@ -6,7 +6,9 @@ from clusterwatch.cli.render import exit_text, human_bytes, human_duration, spar
 
 def test_rendering_helpers():
     assert human_bytes(None) == "-" and human_bytes(512) == "512 B" and human_bytes(3 * 1024**3) == "3.0 GiB"
-    assert human_duration(3725) == "01:02:05" and human_duration(90061) == "1-01:01:01"
+    # one format for every span, the alerts' too (clusterwatch.humanize.duration)
+    assert human_duration(3725) == "1 h 2 min" and human_duration(90061) == "25 h 1 min"
+    assert human_duration(45) == "45 s"
     assert sparkline([1, 1, 1]) == "▁▁▁"
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert len(sparkline(list(range(100)), width=12)) == 12
