@@ -122,7 +122,7 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
 # -- the job page's actions: a collector with --web-actions and two real trainers using clusterwatch.train --
 
 ACTION_TRAINER = r"""
-import sys, time
+import os, sys, time
 from clusterwatch import train
 mode, marker = sys.argv[1], sys.argv[2]
 step = 0
@@ -139,8 +139,12 @@ def blocked_in_collective():
 
 while True:
     step += 1
-    train.report(step=step, loss=1.0)
-    if mode == "stuck" and step == 30:
+    if mode == "stuck":
+        train.report(step=step, loss=1.0)
+    else:  # its allocator's figures too, moving but not growing (no leak rule's business)
+        train.report(step=step, loss=1.0, gpu_allocated_bytes=(2 << 30) + (step % 50) * 2**20,
+                     gpu_reserved_bytes=6 << 30)
+    if mode == "stuck" and os.path.exists(marker + ".block"):  # once the agent has seen it report
         blocked_in_collective()
     time.sleep(0.05)
 """
@@ -151,7 +155,7 @@ RUNNING_JOB, STUCK_JOB = "act-run", "act-stuck"
 class ActionsStack:
     """A collector serving pages with actions; job RUNNING_JOB (a trainer with a checkpoint handler on a
     simulated GPU, whose handler appends to `marker`) and STUCK_JOB (a trainer blocked in
-    blocked_in_collective from step 30), each with its own real agent."""
+    blocked_in_collective once its agent has seen it report), each with its own real agent."""
 
     collector: Collector
     procs: list
@@ -214,8 +218,14 @@ def start_actions_stack(tmp: Path, *collector_args: str) -> ActionsStack:
                            "--train-socket", str(sock), "--job-id", job_id, "--pid", str(rank.pid)],
                           tmp / f"agent-{node}.log"))
     try:
-        wait_for(lambda: stack.step(STUCK_JOB) == 30 and stack.step(RUNNING_JOB) is not None, timeout=180,
-                 interval=0.5, what="both trainers reporting, the stuck one at step 30")
+        # the trainers report before their agents listen (those reports are lost): the stuck one blocks
+        # only once its agent has passed one on, and is stuck once its step no longer moves
+        wait_for(lambda: stack.step(STUCK_JOB) is not None and stack.step(RUNNING_JOB) is not None, timeout=180,
+                 interval=0.5, what="both trainers' steps at the collector")
+        Path(str(marker) + ".block").touch()
+        seen: list = []
+        wait_for(lambda: seen.append(stack.step(STUCK_JOB)) or len(seen) > 2 and seen[-1] == seen[-2] == seen[-3],
+                 timeout=180, interval=1.0, what="the stuck trainer's step to stop moving")
     except AssertionError as exc:
         stack.stop()
         raise AssertionError(f"{exc}\n{stack.logs()}") from None

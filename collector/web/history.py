@@ -22,6 +22,9 @@ class RankCharts:
     cpu_percent: Series = field(default_factory=list)
     rss: Series = field(default_factory=list)
     steps_per_s: Series = field(default_factory=list)
+    # the framework's allocator as the process reported it (clusterwatch.train); empty where it does not
+    gpu_allocated: Series = field(default_factory=list)
+    gpu_reserved: Series = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -67,6 +70,11 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
                 if pt.rss_bytes is not None:
                     rc.rss.append((pt.t, float(pt.rss_bytes)))
             rc.steps_per_s = _rates(p.step_history)
+            for t, allocated, reserved, *_ in getattr(p, "allocator_history", ()):
+                if allocated is not None:
+                    rc.gpu_allocated.append((t, float(allocated)))
+                if reserved is not None:
+                    rc.gpu_reserved.append((t, float(reserved)))
             ranks.append(rc)
             uuids += [g.gpu_uuid for g in p.latest.gpus]
         uuids = list(dict.fromkeys([u for us in job.gpus_by_node.values() for u in us] + uuids))

@@ -181,6 +181,10 @@ def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> str
         line_chart("Host memory (RSS) per rank" + axis, [(r.label, r.rss) for r in ranks], human_bytes, timed),
     ]
     if not stored:
+        allocator = [(f"{r.label} {name}", pts) for r in ranks
+                     for name, pts in (("allocated", r.gpu_allocated), ("reserved", r.gpu_reserved)) if pts]
+        if allocator:  # only where a process reports its allocator (clusterwatch.train)
+            charts.append(line_chart("GPU memory as the allocator sees it per rank", allocator, human_bytes))
         charts.append(line_chart("GPU utilisation per rank", [(r.label, r.gpu_utilization) for r in ranks],
                                  lambda v: f"{v:.0f}%"))
         charts.append(line_chart("CPU per rank", [(r.label, r.cpu_percent) for r in ranks], lambda v: f"{v:.0f}%"))

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
@@ -40,7 +41,9 @@ def _binary(name: str) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = start_actions_stack(tmp_path_factory.mktemp("web-actions-browser"), "--web-actions", "--web-user-header",
-                            HEADER, "--web-trusted-proxy", "127.0.0.1", "--show-all-jobs")
+                            HEADER, "--web-trusted-proxy", "127.0.0.1", "--show-all-jobs",
+                            # every report a history point: the allocator chart's latest is status's latest
+                            "--history-step", "0")
     s.owner = s.status_json(RUNNING_JOB)["job"]["user"]
     yield s
     s.stop()
@@ -87,7 +90,11 @@ def _fits(browser) -> None:
 
 
 def _main(browser) -> str:
-    return browser.find_element(By.TAG_NAME, "main").text
+    """The page's text; "" while the browser is between pages (an action's answer takes seconds to come)."""
+    try:
+        return browser.find_element(By.TAG_NAME, "main").text
+    except (StaleElementReferenceException, NoSuchElementException):
+        return ""
 
 
 @pytest.mark.parametrize("width", [1280, 390])
@@ -214,3 +221,29 @@ def test_the_power_chart_is_drawn_with_the_collectors_figures(stack, browser):
     _fits(browser)
     assert not _severe(browser)
     browser.set_window_size(1280, 900)
+
+
+def _chart_line(browser, title: str, label: str) -> list[float]:
+    fig = browser.find_element(By.XPATH, f'//figure[figcaption="{title}"]')
+    line = fig.find_element(By.CSS_SELECTOR, f'polyline.series[data-label="{label}"]')
+    assert line.size["width"] > 0
+    return [float(v) for v in line.get_attribute("data-values").split()]
+
+
+def test_the_allocator_chart_is_drawn_with_the_figures_the_process_reported(stack, browser):
+    _as(browser, stack.owner)
+    title = "GPU memory as the allocator sees it per rank"
+
+    def agreed():
+        browser.get(stack.url(f"/jobs/{RUNNING_JOB}"))
+        before = _chart_line(browser, title, "rank 0 allocated")
+        proc = stack.status_json(RUNNING_JOB)["processes"][0]
+        browser.get(stack.url(f"/jobs/{RUNNING_JOB}"))
+        after = _chart_line(browser, title, "rank 0 allocated")
+        return before[-1] == after[-1] and (before, proc)
+
+    allocated, proc = wait_for(agreed, timeout=60, interval=0.5, what="two reads of one latest allocator point")
+    assert allocated[-1] == int(proc["gpu_allocated_bytes"])
+    assert all(2 << 30 <= v < (2 << 30) + 50 * 2**20 for v in allocated)
+    assert set(_chart_line(browser, title, "rank 0 reserved")) == {float(6 << 30)}
+    assert not _severe(browser)
