@@ -69,6 +69,7 @@ def spool(tmp_path: Path):
     assert not agents_of(root)
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_prolog_with_collector_down_and_no_agent_returns_0_fast_and_starts_the_agent(spool: Path) -> None:
     proc, took = run_hook("prolog", hook_env(spool))
     assert proc.returncode == 0, proc.stderr
@@ -93,6 +94,7 @@ def test_prolog_with_collector_down_and_no_agent_returns_0_fast_and_starts_the_a
     assert agents_of(spool) == [pid]
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_two_prologs_at_once_start_one_agent(spool: Path) -> None:
     env = hook_env(spool)
     procs = [subprocess.Popen([*CLI, "prolog"], env=dict(env, SLURM_JOB_ID=str(100 + i)),
@@ -106,6 +108,7 @@ def test_two_prologs_at_once_start_one_agent(spool: Path) -> None:
     assert agents_of(spool) == [read_pid(str(spool / "hk1" / "agent.pid"))]
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_epilog_with_an_unwritable_spool_returns_0(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
@@ -117,6 +120,7 @@ def test_epilog_with_an_unwritable_spool_returns_0(tmp_path: Path) -> None:
     assert len(lines) == 1 and "cannot write its event" in lines[0], proc.stderr
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_prolog_with_an_unwritable_spool_returns_0_and_starts_nothing(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
@@ -126,6 +130,7 @@ def test_prolog_with_an_unwritable_spool_returns_0_and_starts_nothing(tmp_path: 
     assert not agents_of(blocker)
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 @pytest.mark.parametrize("garbage", [
     {"SLURM_JOB_ID": "12; rm -rf /"},
@@ -143,6 +148,7 @@ def test_garbage_environment_exits_0_with_one_line(tmp_path: Path, kind: str, ga
     assert not (tmp_path / "spool").exists()
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_bad_agent_settings_say_so_and_exit_0(tmp_path: Path) -> None:
     proc, _ = run_hook("prolog", hook_env(tmp_path / "spool", CLUSTERWATCH_GPU_SOURCE="bogus"))
     assert proc.returncode == 0
@@ -151,6 +157,7 @@ def test_bad_agent_settings_say_so_and_exit_0(tmp_path: Path) -> None:
     assert not agents_of(tmp_path / "spool")
 
 
+@pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
 def test_epilog_writes_the_exit_code(tmp_path: Path) -> None:
     env = hook_env(tmp_path / "spool", SLURM_JOB_EXIT_CODE2="3:0", SLURM_SCRIPT_CONTEXT="epilog_slurmd")
     proc, _ = run_hook("epilog", env)
