@@ -21,6 +21,7 @@ from .rules import Engine, RuleSet
 from .rules.engine import ENDED_WHILE_FIRING
 from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
 from .stall_causes import HealthCauses
+from .stall_stacks import StallStacks
 from .state import ClusterState, JobState, ProcessSeries, allocator_totals
 
 log = logging.getLogger("clusterwatch.collector")
@@ -58,6 +59,8 @@ class Alerting(CoreListener):
         # a stall names its likely cause: what the engine holds, and the health findings on the job's GPUs
         self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine))
         self.dispatcher = Dispatcher(store, rules.actions, send_signal=send_signal)
+        # a stalled job's stacks, once, through the process asker the collector gives the dispatcher
+        self.stall_stacks = StallStacks(store, lambda: self.dispatcher.ask_train, rules.training_stall.take_stacks)
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
         self.min_interval_s = min_interval_s
@@ -192,6 +195,7 @@ class Alerting(CoreListener):
                 events.append(_resolved(a, now, f"job {job.job_id} ended"))
         self._mismatch.pop(job.job_id, None)
         self._handle(events, now)
+        self.stall_stacks.forget_job(job.job_id)
 
     def on_provenance(self, job: JobState, now: float) -> None:
         """Ranks of a job reported their code: raise code_mismatch when they differ."""
@@ -234,7 +238,7 @@ class Alerting(CoreListener):
         self._refreshed = now
         self._clear_jobless_health(now)
         changed = 0
-        for ev in self.engine.refresh(now):
+        for ev in self.stall_stacks.merge(self.engine.refresh(now)):
             try:
                 changed += self.store.refresh(ev)
             except Exception:  # a refresh that fails must not stop the tick; the next one tries again
@@ -277,12 +281,16 @@ class Alerting(CoreListener):
         if not events:
             return
         try:
-            changed = self.dispatcher.process(events, now)
+            changed = self.dispatcher.process(self.stall_stacks.merge(events), now)
         except Exception:  # an action that fails must not stop ingest
             log.exception("alert actions failed")
             return
         for a in changed:
             log.info("alert %s %s: %s", a.rule, a.state, a.description)
+        try:
+            self.stall_stacks.on_changed(changed, now)
+        except Exception:  # as an action: never in the way of ingest
+            log.exception("stall stacks failed")
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -326,6 +334,7 @@ class Alerting(CoreListener):
 
     def close(self) -> None:
         self.dispatcher.close()
+        self.stall_stacks.close()
 
 
 def _cause_into(av, figures: dict) -> None:

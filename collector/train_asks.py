@@ -44,6 +44,7 @@ MAX_PAYLOAD = 60000       # bytes; the agent cuts a dump at a thread within it
 MAX_MESSAGE = 1024
 MAX_ROWS_PER_JOB = 2000   # beyond it the oldest answers of a job go
 MAX_WAITING = 10000       # requests waiting for an answer; the oldest are forgotten past it
+MAX_COLLECTIONS = 64      # requests asked together for a callback (a stall's stacks); the oldest answered past it
 # A checkpoint or stop asked of several ranks names one step for all (`at_step`): saving is collective under
 # FSDP or DeepSpeed, and a rank saving alone would leave the others waiting. It is the furthest step seen
 # plus the steps of this long at the fastest rate (the steps seen are a few seconds old; the request takes
@@ -93,6 +94,16 @@ class _Waiting:
     pid: int
     start_time: float
     done: asyncio.Event | None
+
+
+@dataclass
+class _Collection:
+    """Requests asked together whose answers go to one callback, once all are final or at the deadline."""
+
+    request_ids: list[str]
+    waiting: set[str]
+    answered: Callable[[list[query_pb2.TrainAnswerView]], None]
+    wait_s: float
 
 
 def targets(view: query_pb2.JobView, rank: int | None) -> list[Target]:
@@ -150,6 +161,8 @@ class TrainAsks:
         self.answers_refused = 0
         self.asked = 0
         self._waiting: dict[str, _Waiting] = {}
+        self._collections: dict[str, _Collection] = {}  # first request id → its collection
+        self._collected: dict[str, str] = {}  # request id → its collection's first request id
         conn.executescript(_SCHEMA)
         conn.commit()
 
@@ -183,17 +196,59 @@ class TrainAsks:
         return request_id
 
     def ask_for_alert(self, job_id: str, node: str, pid: int, start_time: float, rank: int | None, kind: str,
-                      asked_by: str) -> int:
-        """An alert's checkpoint/stop step: its process, or every rank of its job (an alert of the whole job)."""
+                      asked_by: str, *, answered: Callable[[list[query_pb2.TrainAnswerView]], None] | None = None,
+                      wait_s: float = MAX_WAIT_S) -> int:
+        """An alert's step: its process, or every rank of its job (an alert of the whole job, or a pid < 0).
+
+        `answered`, when given, is called once with every request's answer (payloads included) when all are
+        final, or after `wait_s` with what came (the rest marked no_answer), on the collector's loop; at once
+        when none could be sent. It never waits here: the alerts are handled on the ingest path.
+        """
         if pid >= 0 and node:
             chosen = [Target(node, pid, start_time, rank)]
         else:
             view = self.job_view(job_id) if self.job_view is not None else None
             chosen = targets(view, None) if view is not None else []
         args = collective_args(chosen, kind)
-        for target in chosen:
-            self.send_to(job_id, target, kind, asked_by, args=args)
+        ids = [self.send_to(job_id, target, kind, asked_by, args=args) for target in chosen]
+        if answered is not None:
+            self._collect(ids, answered, min(wait_s, MAX_WAIT_S))
         return len(chosen)
+
+    def _collect(self, ids: list[str], answered: Callable[[list[query_pb2.TrainAnswerView]], None],
+                 wait_s: float) -> None:
+        waiting = {rid for rid in ids if rid in self._waiting}
+        if not ids:
+            answered([])
+            return
+        cid = ids[0]
+        self._collections[cid] = _Collection(ids, waiting, answered, wait_s)
+        if not waiting:
+            self._finish(cid)
+            return
+        for rid in waiting:
+            self._collected[rid] = cid
+        while len(self._collections) > MAX_COLLECTIONS:  # bounded: the oldest is answered with what came
+            self._finish(next(iter(self._collections)))
+        try:
+            asyncio.get_running_loop().call_later(wait_s, self._finish, cid)
+        except RuntimeError:  # no loop (a test's core driven by hand): answered when the answers are in
+            pass
+
+    def _finish(self, cid: str) -> None:
+        col = self._collections.pop(cid, None)
+        if col is None:
+            return
+        now = self.clock()
+        for rid in col.request_ids:
+            self._collected.pop(rid, None)
+            if self._waiting.pop(rid, None) is not None:
+                self._no_answer(rid, col.wait_s, now)
+        self.conn.commit()
+        try:
+            col.answered([self._get(rid) for rid in col.request_ids])
+        except Exception:  # the taker's fault must not break the agent's stream of answers
+            log.exception("answers' callback failed")
 
     async def ask(self, job_id: str, chosen: list[Target], kind: str, asked_by: str,
                   wait_s: float = DEFAULT_WAIT_S) -> list[query_pb2.TrainAnswerView]:
@@ -210,12 +265,15 @@ class TrainAsks:
         now = self.clock()
         for rid in events:
             if self._waiting.pop(rid, None) is not None:  # no final answer in time
-                self.conn.execute("UPDATE train_answers SET status=CASE status WHEN ? THEN ? ELSE status END, "
-                                  "message=CASE status WHEN ? THEN ? ELSE message END, answered_at=? "
-                                  "WHERE request_id=?",
-                                  (SENT, NO_ANSWER, SENT, f"no answer within {wait_s:g} s", now, rid))
+                self._no_answer(rid, wait_s, now)
         self.conn.commit()
         return [self._get(rid) for rid in events]
+
+    def _no_answer(self, rid: str, wait_s: float, now: float) -> None:
+        self.conn.execute("UPDATE train_answers SET status=CASE status WHEN ? THEN ? ELSE status END, "
+                          "message=CASE status WHEN ? THEN ? ELSE message END, answered_at=? "
+                          "WHERE request_id=?",
+                          (SENT, NO_ANSWER, SENT, f"no answer within {wait_s:g} s", now, rid))
 
     # -- answers ------------------------------------------------------------------------------------
 
@@ -242,6 +300,12 @@ class TrainAsks:
             self._waiting.pop(answer.id, None)
             if waiting.done is not None:
                 waiting.done.set()
+            cid = self._collected.pop(answer.id, None)
+            col = self._collections.get(cid) if cid is not None else None
+            if col is not None:
+                col.waiting.discard(answer.id)
+                if not col.waiting:
+                    self._finish(cid)
 
     def _update(self, request_id: str, status: str, message: str, payload: str, truncated: bool, now: float) -> None:
         self.conn.execute("UPDATE train_answers SET status=?, message=?, payload=CASE WHEN ?='' THEN payload "

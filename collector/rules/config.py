@@ -130,12 +130,16 @@ class TrainingStallRule:
         severity: Severity of its alerts.
         for_s: No new step for this long fires.
         pending_after_s: No new step for this long raises a pending alert.
+        take_stacks: When it fires, the collector takes the job's Python stacks once (through the agents' py-spy,
+            collector/stall_stacks.py) and adds the grouped summary to the alert. The file's top level only: it
+            is the collector's, not a process's, so overrides do not take it.
     """
 
     enabled: bool = True
     severity: str = "critical"
     for_s: float = 360.0
     pending_after_s: float = 120.0
+    take_stacks: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,8 +417,11 @@ def _rule_table(name: str) -> Table:
     return Table(_RULE_KEYS[name], build=lambda changes: dataclasses.replace(getattr(_DEFAULTS, name), **changes))
 
 
+# what an override may change: a rule's keys, less those the collector acts on once for a job (not per process)
+_OVERRIDE_KEYS = {**_RULE_KEYS, "training_stall": {k: v for k, v in _RULE_KEYS["training_stall"].items()
+                                                   if k != "take_stacks"}}
 _OVERRIDE = Table(
-    {**_MATCH, **{name: Key(name, Table(keys)) for name, keys in _RULE_KEYS.items()}},
+    {**_MATCH, **{name: Key(name, Table(keys)) for name, keys in _OVERRIDE_KEYS.items()}},
     # changes in file order: a later override wins on the same field
     build=lambda v: Override(_match_of(v), tuple((k, tuple(ch.items())) for k, ch in v.items()
                                                  if k not in _MATCH_KEYS)),
