@@ -37,6 +37,9 @@ def test_the_demo_prints_its_job_page_and_serves_it(tmp_path):
         # samples: waited for whole, since on a loaded machine the page answered once before they came
         wait_for(lambda: (page := _page(url)) and 'id="badge"' in page and "<svg" in page and "demo-node1" in page,
                  timeout=30, what="the job's page with its badge, charts and node")
+        # the demo's page is the user's own, on loopback, without query authentication: it offers the actions
+        page = _page(url)
+        assert 'id="action-diagnose"' in page and 'id="action-stop"' in page, page[:2000]
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
