@@ -269,14 +269,15 @@ def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples) -> None:
     sender.submit(batch, samples, read_errors=agent.read_errors)
 
 
-def batch_as_json(batch: agent_pb2.Batch, hello: agent_pb2.Hello) -> str:
-    """One batch as a JSON document (for `agent --once --json`)."""
-    from google.protobuf.json_format import MessageToDict
+AGENT_POLL_SCHEMA = "clusterwatch.agent-poll/1"
 
-    doc = {
-        "hello": MessageToDict(hello, preserving_proto_field_name=True),
-        "batch": MessageToDict(batch, preserving_proto_field_name=True),
-    }
+
+def batch_as_json(batch: agent_pb2.Batch, hello: agent_pb2.Hello) -> str:
+    """One batch as a JSON document (for `agent --once --json`): the wire's messages as the --json documents
+    write messages (clusterwatch.json_view: numbers as numbers, null for unset), `schema` naming it."""
+    from clusterwatch.json_view import message_to_json
+
+    doc = {"schema": AGENT_POLL_SCHEMA, "hello": message_to_json(hello), "batch": message_to_json(batch)}
     # the wire's columns, as one object a process, for people to read
     doc["batch"]["processes"] = [_sample_dict(s) for s in processes_from_table(batch.processes, hello.node)]
     return json.dumps(doc, indent=2, sort_keys=True)

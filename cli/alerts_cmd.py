@@ -58,7 +58,7 @@ def alerts(collector: str, collectors_before: str, tls_ca: str | None, job_id: s
     if job_id and not resp.alerts:
         _check_job_known(collector, tls_ca, job_id)
     if as_json:  # docs/json.md: the alert object status has too
-        from .json_view import alerts_document, dumps
+        from clusterwatch.json_view import alerts_document, dumps
 
         click.echo(dumps(alerts_document(resp)), nl=False)
     else:

@@ -59,7 +59,7 @@ def render_diagnosis(stacks, snapshots) -> str:
 
 
 def diagnosis_document(job_id: str, stacks, snapshots) -> dict:
-    from .json_view import message_to_json
+    from clusterwatch.json_view import message_to_json
 
     return {"schema": "clusterwatch.diagnose/1", "job_id": job_id,
             "stack_groups": list(stacks.stack_groups),
@@ -89,7 +89,7 @@ def diagnose(job_id: str, rank: int | None, no_snapshot: bool, collector: str, c
     except grpc.RpcError as exc:
         fail(_explain(exc, address, f"diagnose {job_id}"), code=1)
     if as_json:
-        from .json_view import dumps
+        from clusterwatch.json_view import dumps
 
         click.echo(dumps(diagnosis_document(job_id, stacks, snapshots)), nl=False)
     else:

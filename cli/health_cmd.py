@@ -80,7 +80,7 @@ def health(node: str, collector: str, collectors_before: str, tls_ca: str | None
                                lambda stub, metadata: stub.ListHealth(request, timeout=5.0, metadata=metadata))
     rows = merge_rows([r for a in answers for r in a.gpus])
     if as_json:
-        from .json_view import dumps, message_to_json
+        from clusterwatch.json_view import dumps, message_to_json
 
         click.echo(dumps({"schema": HEALTH_SCHEMA, "gpus": [message_to_json(r) for r in rows]}), nl=False)
     else:

@@ -151,7 +151,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
 def _report(view, as_json: bool, output: str | None) -> None:
     """The final report: to `output`, else JSON to stdout (machine output) or text to stderr."""
     if as_json:  # the document status --json prints (docs/json.md)
-        from .json_view import dumps, status_document
+        from clusterwatch.json_view import dumps, status_document
 
         text = dumps(status_document(view))
     else:

@@ -132,7 +132,7 @@ def status(job_id: str, collector: str, collectors_before: str, tls_ca: str | No
         finally:
             credential = None  # used: a later refresh makes a fresh one
         if as_json:  # docs/json.md
-            from .json_view import dumps, status_document
+            from clusterwatch.json_view import dumps, status_document
 
             # a stream a script reads: one document a line
             return dumps(status_document(view), one_line=watch and not tty)
@@ -181,7 +181,7 @@ def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_end
         for job_id, firing in a.firing_alerts.items():
             resp.firing_alerts[job_id] = resp.firing_alerts[job_id] + firing
     if as_json:  # docs/json.md
-        from .json_view import dumps, jobs_document
+        from clusterwatch.json_view import dumps, jobs_document
 
         click.echo(dumps(jobs_document(resp)), nl=False)
     else:

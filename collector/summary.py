@@ -9,7 +9,12 @@ import json
 import os
 
 from clusterwatch.v1 import query_pb2
-from google.protobuf.json_format import MessageToDict
+
+from clusterwatch.json_view import message_to_json
+
+# 2: the job and its alerts as the --json documents have them (docs/json.md: numbers as numbers, null for
+# unknown); 1 had protobuf's mapping (64-bit integers as strings, 0 for unset times)
+SUMMARY_VERSION = 2
 
 
 def summary_of(view: query_pb2.JobView) -> dict:
@@ -43,8 +48,8 @@ def summary_of(view: query_pb2.JobView) -> dict:
     cpu_s = sum(p.cpu_seconds for p in view.processes)
     command = provenance[0].get("cmdline") if provenance else None
     return {
-        "version": 1,
-        "job": MessageToDict(job, preserving_proto_field_name=True),
+        "version": SUMMARY_VERSION,
+        "job": message_to_json(job),
         "command": command,
         "hardware": {"nodes": list(job.nodes), "gpus": gpus},
         # whole-job figures, as jobstats gives them: CPU efficiency = CPU time / (run time × allocated cores)
@@ -56,7 +61,7 @@ def summary_of(view: query_pb2.JobView) -> dict:
         "ranks": ranks,
         "provenance": provenance,
         "tags": dict(view.tags),
-        "alerts": [MessageToDict(a, preserving_proto_field_name=True) for a in view.alerts],
+        "alerts": [message_to_json(a) for a in view.alerts],
     }
 
 

@@ -47,7 +47,9 @@ def test_run_records_progress_provenance_and_a_summary(tmp_path):
     assert "experiment=lr-sweep" in r.stderr
     (path,) = out.glob("clusterwatch-local-*.json")
     summary = json.loads(path.read_text())
-    assert summary["job"]["state"] == "COMPLETED"
+    assert summary["version"] == 2 and summary["job"]["state"] == "COMPLETED"
+    # numbers as numbers, null for unknown (version 1 had "1796..." strings and 0 for unset times)
+    assert isinstance(summary["job"]["start_time"], float) and summary["job"]["memory_bytes"] is None
     assert summary["provenance"][0]["git"]["commit"] == commit
     assert summary["tags"] == {"experiment": "lr-sweep", "dataset": "c4"}
     (rank,) = [r for r in summary["ranks"] if r["command"].startswith("python")]

@@ -1,5 +1,5 @@
-"""The --json conversion (cli/json_view.py) against its schema (docs/json/clusterwatch.schema.json), the
-query messages and docs/json.md: a field added to query.proto, the schema or the docs alone fails here."""
+"""The --json conversion (clusterwatch/json_view.py) against its schema (docs/json/clusterwatch.schema.json),
+the query messages and docs/json.md: a field added to query.proto, the schema or the docs alone fails here."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import re
 
 import jsonschema
 import pytest
-from clusterwatch.cli import json_view
 from clusterwatch.v1 import query_pb2
 from google.protobuf.descriptor import FieldDescriptor as F
 
+from clusterwatch import json_view
 from tests.helpers import ROOT
 
 SCHEMA = json.loads((ROOT / "docs" / "json" / "clusterwatch.schema.json").read_text())

@@ -1,4 +1,5 @@
-"""The `--json` documents of `status`, `jobs`, `alerts` and `run`: query views turned into plain JSON objects.
+"""The `--json` documents of `status`, `jobs`, `alerts`, `run`, `health` and `diagnose`, and the other JSON
+clusterwatch writes for scripts (`agent --once --json`, the job summaries): protobuf messages as plain JSON.
 
 One place decides how a view looks to a script (docs/json.md; the schema: docs/json/clusterwatch.schema.json).
 Most fields are mapped by their protobuf type, so a field added to query.proto appears with the right JSON
@@ -12,7 +13,7 @@ type without code here:
 - a repeated field is a list, a map an object.
 
 What the type cannot say is listed here: the numbers whose 0 means "unknown" or "not yet"
-(`ZERO_IS_UNSET`, checked against the .proto comments by tests/cli/test_json_view.py), the trends in
+(`ZERO_IS_UNSET`, checked against the .proto comments by tests/common/test_json_view.py), the trends in
 bytes carried as floats (`BYTE_TRENDS`), and the objects with a shape of their own (`_SHAPES`): the
 provenance records as objects, one alert object everywhere, the job's GPU count as its header shows it.
 """
