@@ -15,8 +15,11 @@ from clusterwatch.v1 import query_pb2
 from .charts import line_chart
 from .history import GpuCharts, RankCharts
 
-# Every 15 s the page fetches itself and swaps its <main> in place (scroll position kept).
-REFRESH_JS = ("setInterval(function(){fetch(location.href).then(function(r){return r.ok?r.text():null})"
+# Every 15 s the page fetches itself and swaps its <main> in place (scroll position kept), until the user
+# changes a form field on it (the swap would undo an unticked "with memory snapshots").
+REFRESH_JS = ("var changed=false;document.addEventListener('change',function(){changed=true;});"
+              "setInterval(function(){if(changed)return;"
+              "fetch(location.href).then(function(r){return r.ok?r.text():null})"
               ".then(function(t){if(!t)return;var d=new DOMParser().parseFromString(t,'text/html');"
               "var m=d.querySelector('main');if(m)document.querySelector('main').replaceWith(m);})"
               ".catch(function(){});},15000);")

@@ -247,3 +247,18 @@ def test_the_allocator_chart_is_drawn_with_the_figures_the_process_reported(stac
     assert all(2 << 30 <= v < (2 << 30) + 50 * 2**20 for v in allocated)
     assert set(_chart_line(browser, title, "rank 0 reserved")) == {float(6 << 30)}
     assert not _severe(browser)
+
+
+def test_an_unticked_snapshot_box_is_not_undone_by_the_pages_refresh(stack, browser):
+    _as(browser, stack.owner)
+    browser.get(stack.url(f"/jobs/{STUCK_JOB}"))
+    browser.execute_script("document.querySelector('main').dataset.first = '1'")
+    box = browser.find_element(By.CSS_SELECTOR, 'input[name="snapshot"]')
+    box.click()
+    # the page refreshes its <main> every 15 s: once the user changed a field it no longer does
+    import time
+
+    time.sleep(20)
+    assert browser.execute_script("return document.querySelector('main').dataset.first") == "1"
+    assert not browser.find_element(By.CSS_SELECTOR, 'input[name="snapshot"]').is_selected()
+    assert not _severe(browser)
