@@ -1,0 +1,121 @@
+"""`record` then `replay` of the allocator's figures (issue 16 part 1, issue 17 item 7), end to end: the two real
+processes of tests/e2e/test_allocator_leak_e2e.py (rank 0's allocated tensors grow under a flat NVML figure, rank
+1's reserve steps up and levels off) watched by a real agent over the real pynvml and the C stand-in and a real
+collector; the job recorded and replayed with the same rules raises what the collector raised: gpu_memory_leak of
+rank 0 naming the allocator, nothing of rank 1."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.helpers import CLI, Collector, Proc, cli, wait_for
+
+pytestmark = pytest.mark.e2e
+stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
+
+MIB, GIB = 1 << 20, 1 << 30
+CONTEXT = 500 * MIB
+
+# rank 0: the reserve fixed at 20 GiB, live tensors growing 5 MiB/s inside it (a leak the cache hides from NVML)
+LEAKING = """
+import time
+from clusterwatch import train
+t0, step = time.time(), 0
+while True:
+    step += 1
+    train.report(step=step, gpu_allocated_bytes=(4 << 30) + int((time.time() - t0) * 5 * 2**20),
+                 gpu_reserved_bytes=20 << 30)
+    time.sleep(0.5)
+"""
+# rank 1: allocated flat at 2 GiB, the reserve what the test writes in the file (its cache warming up)
+CACHING = """
+import sys, time
+from clusterwatch import train
+step = 0
+while True:
+    step += 1
+    with open(sys.argv[1]) as f:
+        reserved = int(f.read() or 0)
+    train.report(step=step, gpu_allocated_bytes=2 << 30, gpu_reserved_bytes=reserved)
+    time.sleep(0.5)
+"""
+
+
+def _alerts(collector: Collector) -> list[dict]:
+    r = cli("alerts", "--collector", collector.address, "--json", "--all")
+    return json.loads(r.stdout).get("alerts", []) if r.returncode == 0 else []
+
+
+def test_a_recorded_allocator_leak_and_warming_cache_replay_as_live(stub_lib: Path, tmp_path: Path) -> None:
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    state = tmp_path / "nvml-state.txt"
+    sock = tmp_path / "train.sock"
+    reserve = tmp_path / "reserve"
+    reserve.write_text(str(2 * GIB))
+    env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    write_state(state, "")
+
+    def rank_env(r: int) -> dict[str, str]:
+        return {**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": "811", "SLURM_PROCID": str(r),
+                "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
+
+    (tmp_path / "leaking.py").write_text(LEAKING)
+    (tmp_path / "caching.py").write_text(CACHING)
+    leaking = Proc([sys.executable, str(tmp_path / "leaking.py")], tmp_path / "rank0.log", env=rank_env(0))
+    caching = Proc([sys.executable, str(tmp_path / "caching.py"), str(reserve)], tmp_path / "rank1.log",
+                   env=rank_env(1))
+
+    def nvml(reserved1: int) -> None:
+        write_state(state, f"gpu GPU-ar0 total={80 * GIB} used={30 * GIB} util=95 power=300000 name=NVIDIA H100\n"
+                           f"gpu GPU-ar1 total={80 * GIB} used={30 * GIB} util=95 power=300000 name=NVIDIA H100\n"
+                           f"proc GPU-ar0 {leaking.pid} {CONTEXT + 20 * GIB}\n"
+                           f"proc GPU-ar1 {caching.pid} {CONTEXT + reserved1}\n"
+                           f"sample GPU-ar0 {leaking.pid} 95 age_us=100000\n"
+                           f"sample GPU-ar1 {caching.pid} 95 age_us=100000\n")
+
+    nvml(2 * GIB)
+    spool = tmp_path / "spool"
+    write_event(str(spool), JobEvent("start", "811", time.time(), gpu_indexes="0,1"))
+    rules = resources.files("clusterwatch.collector.rules") / "demo_rules.toml"
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "ar-node", "--interval", "0.5",
+                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
+                  "--train-socket", str(sock), "--kmsg", "none"],
+                 tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "ar-node"})
+    trace = tmp_path / "trace.jsonl"
+    try:
+        for k in range(1, 5):  # rank 1's cache warms up, then stays level
+            time.sleep(6)
+            reserve.write_text(str((2 + k) * GIB))
+            nvml((2 + k) * GIB)
+        wait_for(lambda: any(a["rule"] == "gpu_memory_leak" and a["state"] == "firing" for a in _alerts(collector)),
+                 timeout=120, interval=1.0, what="gpu_memory_leak of rank 0")
+        time.sleep(45)  # rank 1's reserve level for a whole window and more
+        live = {(a["rule"], a["rank"]) for a in _alerts(collector) if a["rule"] in
+                ("gpu_memory_leak", "gpu_memory_fragmentation")}
+        assert live == {("gpu_memory_leak", 0)}, live
+        recorded = cli("record", "811", "--collector", collector.address, "-o", str(trace))
+        assert recorded.returncode == 0, recorded.stderr
+    finally:
+        agent.stop()
+        collector.stop()
+        for p in (leaking, caching):
+            p.stop()
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert any("gpu_allocated_bytes" in r for r in lines if r.get("rank") == 0), "no allocator figures in the trace"
+    replayed = cli("replay", str(trace), "--rules", str(rules), "--format", "jsonl")
+    assert replayed.returncode == 0, replayed.stderr
+    firing = [e for e in map(json.loads, replayed.stdout.splitlines()) if e["state"] == "firing"
+              and e["rule"] in ("gpu_memory_leak", "gpu_memory_fragmentation")]
+    assert [(e["rule"], e["rank"]) for e in firing] == [("gpu_memory_leak", 0)], replayed.stdout
+    assert "allocated tensors grow" in firing[0]["description"], firing[0]
+    assert "the allocator's figure" in firing[0]["description"], firing[0]
