@@ -72,8 +72,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
 
     from clusterwatch.errors import ClusterwatchError
     from clusterwatch.model import JobEvent
+    from clusterwatch.render import render
 
-    from .render import render
     from .run_cmd import _final_view
     from .stack import Stack, make_workdir
     from .status_cmd import fetch_job

@@ -35,7 +35,7 @@ def replay(trace: str, rules_path: str | None, fmt: str, xid_catalog_path: str |
     from clusterwatch.collector.replay import ReplayStats, event_human, event_json, replay_file
     from clusterwatch.collector.rules import load_rules
 
-    from .render import printable
+    from clusterwatch.render import printable
 
     try:
         rules = load_rules(rules_path)

@@ -32,7 +32,7 @@ REAP_EVERY_S = 2.0  # orphans that exit become our zombies (we are their subreap
 
 
 def _status_line(view) -> str:
-    from .render import human_bytes, human_duration, printable_message
+    from clusterwatch.render import human_bytes, human_duration, printable_message
 
     view = printable_message(view)
     procs = [p for p in view.processes if p.alive]
@@ -120,7 +120,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             # one machine, a few processes: every poll goes out, so what is shown is never behind
             stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
                                      "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run])
-            from .render import printable
+            from clusterwatch.render import printable
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
             code = _supervise(command_tree, signals, status_every,
@@ -155,7 +155,7 @@ def _report(view, as_json: bool, output: str | None) -> None:
 
         text = dumps(status_document(view))
     else:
-        from .render import render
+        from clusterwatch.render import render
 
         text = render(view)
     if output:

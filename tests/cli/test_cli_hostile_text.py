@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 from clusterwatch.cli.alerts_cmd import render_alerts
-from clusterwatch.cli.render import printable, render, render_jobs
 from clusterwatch.v1 import query_pb2
 
+from clusterwatch.render import printable, render, render_jobs
 from tests.helpers import cli
 
 pytestmark = pytest.mark.e2e

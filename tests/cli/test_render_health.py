@@ -1,8 +1,9 @@
 """status's Health section, rendered from a JobView."""
 from __future__ import annotations
 
-from clusterwatch.cli.render_health import health_section
 from clusterwatch.v1 import query_pb2
+
+from clusterwatch.render_health import health_section
 
 
 def test_health_findings_worst_first_with_their_advice() -> None:

@@ -5,9 +5,9 @@ import json
 import time
 
 import pytest
-from clusterwatch.cli.render import describe_code, fit, render
 from clusterwatch.v1 import query_pb2
 
+from clusterwatch.render import describe_code, fit, render
 from tests.helpers import cli
 
 from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)

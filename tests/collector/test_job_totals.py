@@ -5,7 +5,6 @@ allocation, QOS and cluster, and notes. A real CollectorCore fed numbered batche
 its views."""
 from __future__ import annotations
 
-from clusterwatch.cli.render import render
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.store import Store, open_db
@@ -13,6 +12,7 @@ from clusterwatch.collector.views import job_view
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.model import GpuUse, ProcessSample
+from clusterwatch.render import render
 from clusterwatch.wire import processes_to_table
 
 T0 = 1_800_000_000.0

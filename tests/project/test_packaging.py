@@ -39,6 +39,8 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("folder,forbidden", [
     ("agent", "clusterwatch.collector"), ("collector", "clusterwatch.agent"),
     ("clusterwatch", "clusterwatch.agent"), ("clusterwatch", "clusterwatch.collector"),
+    # the commands sit on top: what the collector's pages and the agent share with them is in clusterwatch/
+    ("agent", "clusterwatch.cli"), ("collector", "clusterwatch.cli"), ("clusterwatch", "clusterwatch.cli"),
 ])
 def test_layering(folder, forbidden):
     offenders = [

@@ -295,7 +295,7 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     from .render_health import health_section  # it draws with this module's helpers
 
     lines.extend(health_section(view, width))
-    from .render_requests import requests_section  # requests back to the ranks (cli/render_requests.py)
+    from .render_requests import requests_section  # requests back to the ranks (render_requests.py)
 
     lines.extend(requests_section(view, now))
     lines.extend(_provenance(view))
