@@ -123,7 +123,7 @@ def _quote(job_id: str) -> str:
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t)) if t else "-"  # with its zone, as status
 
 
 def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts], gpus: list[GpuCharts],
