@@ -2,10 +2,12 @@
 memory errors, clock-event reasons, temperature, loss.
 
 Per GPU (labels node, gpu (UUID), index), never per process: a health signal is the GPU's, and its job is
-on the GPU's other series (clusterwatch_gpu_memory_used_bytes' job_id). Built from the HealthEngine's per-GPU
-views at scrape time, under the core's lock, like every family (collector/exporter.py). A figure the GPU
-does not report (NVML NOT_SUPPORTED: the agent sends no field) has no series, so `absent()` tells "not
-supported" from 0. deploy/prometheus/alerts.yml alerts on them; docs/health.md lists them.
+on the GPU's other series (clusterwatch_gpu_memory_used_bytes' job_id). At each scrape the HealthEngine's
+per-GPU figures are copied under the core's lock (`health_snapshot`) and the rows or text built outside it
+(`HealthFamilies`), as the exporter does its own families. A figure the GPU does not report (NVML
+NOT_SUPPORTED: the agent sends no field) has no series, so `absent()` tells "not supported" from 0. The
+collector's --gpu-health-metrics picks the basic set or the full one. deploy/prometheus/alerts.yml alerts on
+them; docs/health.md lists them.
 """
 from __future__ import annotations
 
