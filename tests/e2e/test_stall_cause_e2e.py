@@ -94,7 +94,9 @@ def test_a_stalled_jobs_training_stall_names_the_xid_on_one_ranks_gpu(stub_lib: 
         wait_for(lambda: "gpu_xid" in cli("alerts", "--collector", collector.address).stdout, timeout=60,
                  what="gpu_xid of rank 1's GPU")
         stop.write_text("")
-        stall = wait_for(lambda: _stall_of_rank(collector, 0), interval=0.5, timeout=90, what="rank 0's training_stall")
+        # the cause is worked out per job every few seconds and kept current: a first read may precede it
+        stall = wait_for(lambda: (a := _stall_of_rank(collector, 0)) and "likely cause" in a["description"] and a,
+                         interval=0.5, timeout=90, what="rank 0's training_stall with its cause")
         desc = stall["description"]
         assert "likely cause: XID 48 on GPU 1 (GPU-st1) of rank 1 on st-node" in desc, desc
         assert "Double bit ECC error" in desc, desc
