@@ -50,11 +50,17 @@ class SignalHandler:
     def _refusal(self, req) -> str:
         if req.signal not in ALLOWED:
             return f"only {', '.join(sorted(s.name for s in ALLOWED))} may be sent by an alert"
-        if req.pid <= 1 or not self.watched(req.pid):
-            return "not a process this agent watches"
-        st = self.start_time(req.pid)
-        if st is None:
-            return "the process is gone"
-        if abs(st - req.start_time) > 0.05:
-            return "the pid now belongs to another process"
-        return ""
+        return identity_refusal(req.pid, req.start_time, self.watched, self.start_time)
+
+
+def identity_refusal(pid: int, start_time: float, watched, start_time_of) -> str:
+    """Why a request from the collector names no process of this agent's ("" when it does): the pid is one the
+    agent watches and still the process that started at `start_time` (a reused pid is left alone)."""
+    if pid <= 1 or not watched(pid):
+        return "not a process this agent watches"
+    st = start_time_of(pid)
+    if st is None:
+        return "the process is gone"
+    if abs(st - start_time) > 0.05:
+        return "the pid now belongs to another process"
+    return ""

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clusterwatch.agent.signals import identity_refusal
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.train_requests import ACCEPTED, DONE, FAILED, MAX_MESSAGE, MAX_NAME, MAX_REPLY, NO_HANDLER, REFUSED
@@ -143,14 +144,7 @@ class TrainAsker:
     def _refusal(self, req: agent_pb2.TrainRequest) -> str:
         if req.kind not in KINDS:
             return "kind"
-        if req.pid <= 1 or not self.watched(req.pid):
-            return "not a process this agent watches"
-        st = self.start_time(req.pid)
-        if st is None:
-            return "the process is gone"
-        if abs(st - req.start_time) > 0.05:
-            return "the pid now belongs to another process"
-        return ""
+        return identity_refusal(req.pid, req.start_time, self.watched, self.start_time)
 
     def _py_spy(self, pid: int) -> tuple[str | None, str]:
         if self.py_spy is None:
