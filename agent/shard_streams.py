@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import fields
 
 from clusterwatch.v1 import agent_pb2
 
@@ -176,13 +177,8 @@ class ShardedSender:
         """The streams' counters added up."""
         total = SenderCounters()
         for sender in list(self.senders.values()):
-            c = sender.counters
-            total.samples_sent += c.samples_sent
-            total.samples_acked += c.samples_acked
-            total.samples_dropped += c.samples_dropped
-            total.reconnects += c.reconnects
-            total.batches_resent += c.batches_resent
-            total.streams_refused += c.streams_refused
+            for f in fields(SenderCounters):
+                setattr(total, f.name, getattr(total, f.name) + getattr(sender.counters, f.name))
         return total
 
 

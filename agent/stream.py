@@ -28,6 +28,8 @@ log = logging.getLogger("clusterwatch.agent")
 
 # How long a stream whose write failed waits for the call's status (it comes with the replies' end).
 STATUS_WAIT_S = 1.0
+# While a flush waits (the agent is stopping), the stream retries this often at most.
+FLUSH_RETRY_S = 0.5
 # Answers to TrainRequests held for the stream (a py-spy dump is at most 60000 bytes each).
 MAX_TRAIN_ANSWERS = 512
 # gRPC's own limit is 4 MiB; a batch of thousands of processes must still fit.
@@ -44,6 +46,7 @@ class SenderCounters:
     reconnects: int = 0
     batches_resent: int = 0
     streams_refused: int = 0  # streams the collector refused (wrong token, a certificate for another node)
+    samples_unsent: int = 0  # samples still unacknowledged when the sender stopped (lost with the agent)
 
 
 # The collector refuses who is sending, not what: said as such, and tried again (it may be fixed).
@@ -194,6 +197,9 @@ class Sender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None  # set (on the loop) when a batch is submitted
+        # set (on the loop) to end a reconnect backoff early: a flush at stop must not wait out 30 s
+        self._retry: asyncio.Event | None = None
+        self._flushing = False  # while a flush waits, reconnect at the initial backoff
         self._hello_due = False  # a fresh Hello is to be written on the open stream
         self._started = threading.Event()
 
@@ -238,13 +244,18 @@ class Sender:
     def flush(self, timeout: float) -> bool:
         """Wait until every batch is acknowledged or timeout; True when none is left."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self.buffer):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.1))
-        return True
+        self._flushing = True
+        self._on_loop(self._retry_now)
+        try:
+            with self._cond:
+                while len(self.buffer):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.1))
+            return True
+        finally:
+            self._flushing = False
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the stream (after the batches already sent) and end the thread."""
@@ -253,6 +264,8 @@ class Sender:
             self._cond.notify_all()
         self._on_loop(self._cancel_main)
         self._thread.join(timeout)
+        with self._cond:
+            self.counters.samples_unsent = self.buffer.samples
 
     # -- the sender's thread and its loop -----------------------------------------------------------
 
@@ -269,6 +282,10 @@ class Sender:
     def _wake_writer(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def _retry_now(self) -> None:
+        if self._retry is not None:
+            self._retry.set()
 
     def _cancel_main(self) -> None:
         if self._main_task is not None:
@@ -290,6 +307,7 @@ class Sender:
         self._loop = asyncio.get_running_loop()
         self._main_task = asyncio.current_task()
         self._wake = asyncio.Event()
+        self._retry = asyncio.Event()
         self._started.set()
         delay = self._backoff_initial
         while not self._stopping:
@@ -311,7 +329,13 @@ class Sender:
                 break
             if time.monotonic() - started > 10:
                 delay = self._backoff_initial  # the stream lived a while: start backing off afresh
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            if self._flushing:
+                delay = min(self._backoff_initial, FLUSH_RETRY_S)
+            self._retry.clear()
+            try:
+                await asyncio.wait_for(self._retry.wait(), delay * random.uniform(0.8, 1.2))
+            except TimeoutError:
+                pass
             delay = min(delay * 1.6, self._backoff_max)
             self.counters.reconnects += 1
 
@@ -344,6 +368,9 @@ class Sender:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.max_pings_without_data", 0),
+            # a fresh subchannel each (re)connection: gRPC's shared one keeps its own backoff (up to
+            # 120 s) from the failures before, and would fail a flush's retry fast while the collector is up
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if self._creds is not None:
             channel = grpc.aio.secure_channel(self.target, self._creds, options=options)

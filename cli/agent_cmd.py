@@ -124,9 +124,11 @@ def agent(collector, collectors_before, node, interval, send_interval, gpu_sourc
         for address, sender in streams.items():
             c = sender.counters
             click.echo(f"collector {address}: samples_sent={c.samples_sent} samples_acked={c.samples_acked} "
-                       f"samples_dropped={c.samples_dropped} streams_refused={c.streams_refused}")
+                       f"samples_dropped={c.samples_dropped} samples_unsent={c.samples_unsent} "
+                       f"streams_refused={c.streams_refused}")
     click.echo(f"samples_sent={counters.samples_sent} samples_acked={counters.samples_acked} "
-               f"samples_dropped={counters.samples_dropped} streams_refused={counters.streams_refused}")
+               f"samples_dropped={counters.samples_dropped} samples_unsent={counters.samples_unsent} "
+               f"streams_refused={counters.streams_refused}")
 
 
 def print_one_poll(runtime, as_json: bool) -> None:
