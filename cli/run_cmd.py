@@ -10,6 +10,12 @@ Ctrl-C), it passes the signal on, stops the command's whole tree, the collector 
 removes its temporary folder, prints the report and exits 128+N, as a shell reports a command
 signal N ended. Whatever the command leaves running when it ends is stopped too, as Slurm does
 at a job's end.
+
+The job's page in a browser is opt-in (--web-listen): the embedded collector otherwise opens no TCP
+port. The page has no login (the collector's queries are unauthenticated: its socket is private), so it
+is served on loopback only, read-only unless --web-actions: anyone who reaches it sees the job, and with
+actions may stop it. Off loopback that would be anyone on the network, so such an address is refused,
+whatever else is said: a page for another host goes through an SSH tunnel.
 """
 from __future__ import annotations
 
@@ -29,6 +35,36 @@ from .common import fail
 # (30 s by default), after which scancel kills us too and no report is printed
 GRACE_S = 5.0
 REAP_EVERY_S = 2.0  # orphans that exit become our zombies (we are their subreaper)
+
+
+def _loopback_web_listen(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
+    """--web-listen of `run`: 'none' (no page: None), or a loopback HOST:PORT; anything else one line, exit 2."""
+    import ipaddress
+
+    from .addresses import AddressError, split_host_port
+
+    if value is None or value.strip().lower() == "none":
+        return None
+    try:
+        host, port = split_host_port(value, port_zero=True)
+    except AddressError as exc:
+        raise click.BadParameter(str(exc)) from None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host.lower() == "localhost"  # a name resolving elsewhere: the collector binds what it says
+    if not loopback:
+        raise click.BadParameter(
+            f"{value!r}: the page of `run` has no login, so it is served on loopback only (anyone who reached "
+            f"{host} would see your command, and with --web-actions stop it); give 127.0.0.1:PORT and, from "
+            f"another host, tunnel to it: ssh -L PORT:127.0.0.1:PORT THIS-HOST")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _page_url(listen: str, port: int, job_id: str) -> str:
+    """The job page's address on the port the collector bound (listen may ask for port 0)."""
+    host = listen.rpartition(":")[0]
+    return f"http://{host}:{port}/jobs/{job_id}"
 
 
 def _status_line(view) -> str:
@@ -67,7 +103,14 @@ def _status_line(view) -> str:
               help="Also write the job's JSON summary (clusterwatch-local-PID.json) into this folder.")
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="Keep the store and logs in this folder instead of a temporary one.")
-def run(command, interval, status_every, gpu_source, rules, as_json, output, summary_dir, keep) -> None:
+@click.option("--web-listen", default="none", show_default=True, metavar="HOST:PORT", callback=_loopback_web_listen,
+              help="Serve the job's page here, on loopback only (127.0.0.1:0: a free port; the address is "
+                   "printed at start). It has no login: every user of this machine can open it.")
+@click.option("--web-actions", is_flag=True,
+              help="Offer Diagnose, Request checkpoint and Stop on the page (with --web-listen): whoever "
+                   "opens it may stop your command.")
+def run(command, interval, status_every, gpu_source, rules, as_json, output, summary_dir, keep, web_listen,
+        web_actions) -> None:
     """Run COMMAND and watch its whole process tree (use `--` before the command)."""
     from clusterwatch.agent.spool import write_event
 
@@ -82,6 +125,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
     # absolute: the embedded processes run in it, not in the caller's folder
     if output and not os.access(os.path.dirname(os.path.abspath(output)), os.W_OK):
         fail(f"cannot write the report to {output}: its folder does not exist or is not writable")
+    if web_actions and web_listen is None:
+        fail("--web-actions offers its buttons on the job's page: give --web-listen 127.0.0.1:0 too")
     workdir = make_workdir(keep, "clusterwatch-run-")
     stack = Stack(workdir)
     node = socket.gethostname().split(".")[0]
@@ -97,6 +142,11 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 extra = ["--rules", os.path.abspath(rules)] if rules else []
                 if summary_dir:
                     extra += ["--summary-dir", os.path.abspath(summary_dir)]
+                if web_listen is not None:
+                    # after the stack's own --web-listen none (the last one counts); actions said either way,
+                    # so that a CLUSTERWATCH_WEB_ACTIONS meant for the cluster's collector does not switch
+                    # them on here
+                    extra += ["--web-listen", web_listen, "--web-actions" if web_actions else "--no-web-actions"]
                 stack.start_collector(extra)
             except ClusterwatchError as exc:
                 fail(str(exc))
@@ -123,6 +173,10 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             from clusterwatch.render import printable
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
+            if web_listen is not None:  # a --web-listen given is bound or the collector did not start
+                who = "every user of this machine can open it" + (", and stop the command" if web_actions else "")
+                url = _page_url(web_listen, stack.web_port, job_id)
+                _say(f"[clusterwatch] the job's page: {url} (no login: {who})")
             code = _supervise(command_tree, signals, status_every,
                               lambda: _status_line(fetch_job(stack.address, job_id)))
             if signals.received:  # what a shell reports for a command a signal ended
