@@ -65,18 +65,27 @@ def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], f
         start, rate = p.get("leak_start", math.inf), p.get("rate", 0.0)
         if t < start:
             return 0.0
-        if kind == "staircase_leak":
+        if kind in ("staircase_leak", "long_tread_staircase"):
             per = p["period"]
             return math.floor((t - start) / per + 1) * rate * per / H
         return rate * (t - start) / H
 
+    def tail(t: float) -> float:
+        # A warm-up that does not stop at once: after its steps the reserve creeps up a little
+        # more, ever slower (an exponential approach to its final size).
+        if "tail_bytes" not in p or t < p["warm_s"]:
+            return 0.0
+        return p["tail_bytes"] * (1.0 - math.exp(-(t - p["warm_s"]) / p["tail_tau"]))
+
     def gpu_mem(t: float) -> float:
-        v = base + warm(t) + rng.gauss(0, noise)
+        v = base + warm(t) + tail(t) + rng.gauss(0, noise)
         if kind in ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
-                    "rank_leak"):
+                    "rank_leak", "slow_noisy_leak", "long_tread_staircase"):
             v += leak(t)
-        if kind == "one_step" and t >= p["step_at"]:
+        if kind in ("one_step", "small_step") and t >= p["step_at"]:
             v += p["step_bytes"]
+        if kind == "two_steps":
+            v += p["step_bytes"] * (t >= p["step_at"]) + p["step2_bytes"] * (t >= p["step2_at"])
         if kind == "eval_sawtooth" and (t % p["period"]) >= p["period"] - p["eval_s"]:
             v += p["eval_bytes"]
         if kind == "ckpt_spikes" and (t % p["period"]) < p["ckpt_s"] and rng.random() < 0.3:
@@ -110,9 +119,10 @@ def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], f
     return gpu_mem, rss, util, step
 
 
-KINDS_BENIGN = ("flat", "warmup_plateau", "eval_sawtooth", "one_step", "noisy_flat", "ckpt_spikes")
+KINDS_BENIGN = ("flat", "warmup_plateau", "eval_sawtooth", "one_step", "noisy_flat", "ckpt_spikes",
+                "small_step", "warmup_long_tail", "two_steps")
 KINDS_LEAK = ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
-              "host_leak", "rank_leak", "handle_leak")
+              "host_leak", "rank_leak", "handle_leak", "slow_noisy_leak", "long_tread_staircase")
 KINDS_STALL = ("util_stall", "nccl_hang")
 KINDS = KINDS_BENIGN + KINDS_LEAK + KINDS_STALL
 
@@ -128,7 +138,12 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     Returns:
         The trace and the alerts it must raise.
     """
-    iv = interval if interval is not None else rng.choice([1, 5, 10, 15, 20, 30, 45, 60])
+    if interval is not None:
+        iv = interval
+    elif kind == "slow_noisy_leak":  # the hard case: few samples a bucket, so little to average the noise over
+        iv = rng.choice([30, 45, 60])
+    else:
+        iv = rng.choice([1, 5, 10, 15, 20, 30, 45, 60])
     p: dict = {
         "interval": iv,
         "base": rng.uniform(15, 60) * GB,
@@ -148,6 +163,21 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
         p.update(period=rng.uniform(25, 120) * 60, eval_s=rng.uniform(3, 20) * 60, eval_bytes=rng.uniform(1, 5) * GB)
     elif kind == "one_step":
         p.update(step_at=rng.uniform(1.5, 5) * H, step_bytes=rng.uniform(1, 8) * GB)
+    elif kind == "small_step":
+        # One step of the size of a staircase's steps (below): one step, then flat, is no leak.
+        p.update(step_at=rng.uniform(1.5, 5) * H, step_bytes=rng.uniform(150, 600) * MB)
+    elif kind == "two_steps":
+        # Two unrelated steps hours apart (a larger batch, later a larger eval set): two is not a
+        # staircase; the staircase's treads (below) are at most 2 h, these gaps at least 3 h.
+        p.update(step_at=rng.uniform(1, 2) * H, step_bytes=rng.uniform(150, 2000) * MB,
+                 step2_bytes=rng.uniform(150, 2000) * MB)
+        p["step2_at"] = p["step_at"] + rng.uniform(3, 6) * H
+        duration = 10 * H
+    elif kind == "warmup_long_tail":
+        # After the warm-up's steps the reserve creeps on, ever slower (time constant 6-15 min), for
+        # up to an hour: still growing at up to a few GB/h when the rule's 30 min warm-up ends, but
+        # bending over, visibly, within any window.
+        p.update(tail_bytes=rng.uniform(0.3, 1.5) * GB, tail_tau=rng.uniform(6, 15) * 60)
     elif kind == "ckpt_spikes":
         p.update(period=rng.uniform(30, 90) * 60, ckpt_s=rng.uniform(60, 300), spike_bytes=rng.uniform(0.5, 5) * GB)
     elif kind in ("linear_leak", "rank_leak"):
@@ -159,6 +189,17 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
         p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(120, 400) * MB,
                  period=rng.uniform(20, 60) * 60)
         duration = 10 * H
+    elif kind == "slow_noisy_leak":
+        # A slow leak under heavy noise (drawn above at 30-60 s polls): 60-150 MB/h under 80-200 MB.
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(60, 150) * MB,
+                 noise=rng.uniform(80, 200) * MB)
+        duration = p["leak_start"] + 7 * H
+    elif kind == "long_tread_staircase":
+        # Steps of 150-600 MB every 45-120 min, flat in between; the first at leak_start.
+        period = rng.uniform(45, 120) * 60
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, period=period,
+                 rate=rng.uniform(150, 600) * MB * H / period)
+        duration = p["leak_start"] + 2 * period + 2 * H
     elif kind == "fast_leak":
         p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(2, 6) * GB)
         duration = p["leak_start"] + 2 * H
@@ -178,7 +219,8 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     else:
         raise ValueError(f"unknown kind {kind!r}")
     if iv <= 5:  # keep the test suite quick: fine polls, shorter traces
-        duration = min(duration, 6 * H if kind != "staircase_leak" else 8 * H)
+        duration = min(duration, 6 * H if kind not in ("staircase_leak", "long_tread_staircase", "two_steps")
+                       else 8 * H)
 
     nranks = 4 if kind == "rank_leak" else 1
     leaker = rng.randrange(nranks)
@@ -212,6 +254,15 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 5 * H))
     elif kind == "staircase_leak":
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 6 * H))
+    elif kind == "slow_noisy_leak":
+        # What the noise allows (see docs/rules.md, "How fast a leak can be told"): one reading a
+        # minute at noise s, a slope r is 4 standard errors above zero after about
+        # (4 s sqrt(12 / 60) / r) ** (2 / 3) hours: 3.3 h at 60 MB/h under 200 MB. Six hours.
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 6 * H))
+    elif kind == "long_tread_staircase":
+        # A careful reader calls a staircase at its third step (two steps could be two unrelated
+        # events, as in two_steps): the third comes 2 periods after the first; an hour's grace.
+        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 2 * p["period"] + 1 * H))
     elif kind == "fast_leak":
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 0.5 * H))
     elif kind == "oom_leak":
