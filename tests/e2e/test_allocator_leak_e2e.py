@@ -2,7 +2,8 @@
 clusterwatch.train to a real agent over the real pynvml and the C stand-in, and a real collector judges them.
 Rank 0's allocated tensors grow while its NVML figure stays flat: gpu_memory_leak, naming the allocator. Rank 1's
 reserve steps up and levels off (NVML's figure with it) while its allocated bytes stay flat: the cache, nothing
-raised. `status` shows allocated, reserved and NVML's figure per rank."""
+raised. `status` shows allocated, reserved and NVML's figure per rank. The job recorded then replayed with the
+same rules raises what the collector raised (issue 17 item 7): one stack for both, it takes two minutes."""
 from __future__ import annotations
 
 import json
@@ -52,8 +53,8 @@ def _alerts(collector: Collector) -> list[dict]:
     return json.loads(r.stdout).get("alerts", []) if r.returncode == 0 else []
 
 
-def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_and_a_warming_cache_is_none(stub_lib: Path,
-                                                                                        tmp_path: Path) -> None:
+def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_none_and_a_record_replays_so(
+        stub_lib: Path, tmp_path: Path) -> None:
     from clusterwatch.agent.spool import write_event
 
     from clusterwatch.model import JobEvent
@@ -94,6 +95,7 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_and_a_warming_cache
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
                   "--train-socket", str(sock), "--kmsg", "none"],
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "al-node"})
+    trace = tmp_path / "trace.jsonl"
     try:
         # rank 1's cache warms up: four steps of 1 GiB, 6 s apart, then level (NVML's figure with it)
         for k in range(1, 5):
@@ -111,9 +113,9 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_and_a_warming_cache
         assert "the allocator's figure" in found["description"], found
         # rank 1's reserve has been level for a whole window and more: still nothing about it
         time.sleep(45)
-        about1 = [a for a in _alerts(collector) if a["rank"] == 1 and a["rule"] in
-                  ("gpu_memory_leak", "gpu_memory_fragmentation")]
-        assert about1 == [], about1
+        live = {(a["rule"], a["rank"]) for a in _alerts(collector) if a["rule"] in
+                ("gpu_memory_leak", "gpu_memory_fragmentation")}
+        assert live == {("gpu_memory_leak", 0)}, live
         status = cli("status", "801", "--collector", collector.address, "--json")
         assert status.returncode == 0, status.stderr
         procs = {p["rank"]: p for p in json.loads(status.stdout)["processes"]}
@@ -124,9 +126,20 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_and_a_warming_cache
         assert "ALLOC" in text and "RESERVED" in text and "NVML's figure" in text, text
         row = next(x for x in text.splitlines() if f" {caching.pid} " in x)
         assert "6.0 GiB" in row and "2.0 GiB" in row and "6.5 GiB" in row, row
+        recorded = cli("record", "801", "--collector", collector.address, "-o", str(trace))
+        assert recorded.returncode == 0, recorded.stderr
     finally:
         agent_code = agent.stop()
         collector.stop()
         for p in (leaking, caching):
             p.stop()
     assert agent_code == 0, agent.text()
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert any("gpu_allocated_bytes" in r for r in lines if r.get("rank") == 0), "no allocator figures in the trace"
+    replayed = cli("replay", str(trace), "--rules", str(rules), "--format", "jsonl")
+    assert replayed.returncode == 0, replayed.stderr
+    firing = [e for e in map(json.loads, replayed.stdout.splitlines()) if e["state"] == "firing"
+              and e["rule"] in ("gpu_memory_leak", "gpu_memory_fragmentation")]
+    assert [(e["rule"], e["rank"]) for e in firing] == [("gpu_memory_leak", 0)], replayed.stdout
+    assert "allocated tensors grow" in firing[0]["description"], firing[0]
+    assert "the allocator's figure" in firing[0]["description"], firing[0]
