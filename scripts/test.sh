@@ -2,8 +2,8 @@
 # The test command: set up everything on a fresh machine, then run every test.
 # The tests start (and stop, by pid) the real services they need: a two-node Slurm cluster with munge,
 # an OpenSSH server, Prometheus, and clusterwatch's own processes; each pytest-xdist worker starts its own.
-# Two passes, both always run: the tests in parallel (they mostly wait on processes and sockets), on as
-# many workers as the CI machine has cores, then, alone, those marked `serial` (they measure CPU or time,
+# Two passes, both always run: the tests in parallel (they mostly wait on processes and sockets), on two
+# workers (the CI machine's cores), then, alone, those marked `serial` (they measure CPU or time,
 # which other tests on the machine would skew). Non-zero if either fails.
 # Extra arguments go to both passes, e.g. `bash scripts/test.sh -m slurm` or `bash scripts/test.sh -x`;
 # a -m expression is joined to each pass's own; a later `-n N` sets the parallel pass's workers.
@@ -26,7 +26,8 @@ with() { if [ -n "$marks" ]; then echo "($marks) and $1"; else echo "$1"; fi; }
 
 # pytest's exit status 5 is "no tests collected": a selection may leave one pass empty
 parallel=0 serial=0
-.venv/bin/python -m pytest -n 2 -m "$(with "not serial")" ${args[@]+"${args[@]}"} || parallel=$?
+# --durations: each run's slowest tests in its log, where the suite's time goes
+.venv/bin/python -m pytest -n 2 --durations=20 -m "$(with "not serial")" ${args[@]+"${args[@]}"} || parallel=$?
 .venv/bin/python -m pytest -m "$(with serial)" ${args[@]+"${args[@]}"} -n 0 || serial=$?
 echo "test.sh: parallel pass exit $parallel, serial pass exit $serial" >&2
 if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
