@@ -8,7 +8,9 @@ owned by collector/alerts.py, in the same database.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -93,6 +95,66 @@ _SAVE_NODE = ("INSERT INTO nodes VALUES (?,?,?,?,?,?) ON CONFLICT(node) DO UPDAT
               " gpus=excluded.gpus, last_seen=excluded.last_seen")
 _SAVE_SUMMARY = ("INSERT INTO job_summaries VALUES (?,?,?) ON CONFLICT(job_id) DO UPDATE SET view=excluded.view,"
                  " written=excluded.written")
+
+
+WEB_SECRET_BYTES = 32
+
+
+def web_token_secret(db_path: str) -> bytes:
+    """The key of the web pages' form tokens (collector/web/actions.py), kept beside the store, in
+    DB.web-secret, so that a confirmation page opened before a restart still works after it.
+
+    Made once, mode 0600 and whole (written aside, then linked into place: a collector starting at the
+    same moment reads all of it or makes its own). One readable by others, not ours, a link or of the
+    wrong size may be known to someone else: it is replaced by a new one (open pages then ask again). A
+    store in memory, or a folder that takes no file, gets a key of this run only, as before.
+    """
+    fresh = secrets.token_bytes(WEB_SECRET_BYTES)
+    if db_path == ":memory:":
+        return fresh
+    path = os.path.abspath(db_path) + ".web-secret"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            st, key = os.fstat(fd), os.read(fd, WEB_SECRET_BYTES + 1)
+        finally:
+            os.close(fd)
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o077 and len(key) == WEB_SECRET_BYTES:
+            return key
+        replace = True
+    except FileNotFoundError:
+        replace = False
+    except OSError:  # a link (ELOOP), or unreadable: a new one in its place
+        replace = True
+    aside = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, fresh)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(aside, path)
+            logging.getLogger("clusterwatch.collector").warning(
+                "%s was not this collector's alone (its mode, owner or size): replaced by a new key; open "
+                "confirmation pages ask again", path)
+            return fresh
+        try:
+            os.link(aside, path)
+        except FileExistsError:  # another collector of this store made it first: its key
+            os.unlink(aside)
+            return web_token_secret(db_path)
+        os.unlink(aside)
+    except OSError as exc:
+        try:
+            os.unlink(aside)
+        except OSError:
+            pass
+        logging.getLogger("clusterwatch.collector").warning(
+            "cannot keep the web pages' key in %s (%s): confirmation pages opened before a restart will ask "
+            "again", path, exc.strerror or exc)
+    return fresh
 
 
 def open_db(path: str) -> sqlite3.Connection:

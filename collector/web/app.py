@@ -10,6 +10,7 @@ import time
 from urllib.parse import parse_qs, unquote
 
 from ..query_auth import Caller
+from ..store import web_token_secret
 from .access import FixedAccess
 from .action_pages import actions_section, confirm_page, outcome_page, refused_page
 from .actions import ACTIONS, MAX_FORM, Tokens, run_action, why_not_same_site
@@ -63,7 +64,10 @@ class WebApp:
         self.loopback = loopback
         self.asks = asks
         self.loop = loop
-        self.tokens = Tokens()
+        # the key beside the store: a confirmation page opened before a restart works after it (a stand-in
+        # core without a config, in tests: a key of its own)
+        config = getattr(core, "config", None)
+        self.tokens = Tokens(web_token_secret(config.db_path) if config is not None else None)
         self.errors = 0
         self.refused_actions = 0  # actions refused (cross-site, no token, not the owner): counted, not logged
 
@@ -196,9 +200,9 @@ class WebApp:
         view, refused = self._actionable(job_id, browser)
         if refused is not None:
             return refused
-        if not self.tokens.check((form.get("token") or [""])[0], browser.user, job_id):
-            return self._refuse(job_id, "the form's token is missing or is not this page's: open the job's page "
-                                "and ask again from it")
+        why = self.tokens.refusal((form.get("token") or [""])[0], browser.user, job_id)
+        if why:
+            return self._refuse(job_id, why)
         from ..train_asks import targets
 
         if not targets(view, None):
