@@ -74,17 +74,24 @@ class LeakRule:
             window fires at `min_rate_per_h` (a fast leak near the limit fires early).
         resolve_fraction: A firing leak resolves when the slope over its window falls
             below this fraction of that window's rate floor.
+        bend_ratio: A window whose last third rose clearly less than this fraction of what its
+            middle third rose (medians; clearly: beyond the noise) is bending over, a warm-up's
+            tail, not a leak; 0 turns the test off.
     """
 
     enabled: bool = True
     severity: str = "warning"
     min_rate_per_h: float = 50 * MB
-    min_growth: float = 64 * MB
+    min_growth: float = 32 * MB
     warmup_s: float = 1800.0
     bucket_s: float = 60.0
+    # Windows from 15 min to 4 h: the noise decides which fires first (a slope's standard error
+    # falls as the window's length to the power 1.5), the floors keep short windows to fast growth.
     windows: tuple[LeakWindow, ...] = (
         LeakWindow(900.0, 500 * MB),
-        LeakWindow(2700.0, 100 * MB),
+        LeakWindow(1200.0, 100 * MB),
+        LeakWindow(1800.0, 70 * MB),
+        LeakWindow(2700.0, 50 * MB),
         LeakWindow(7200.0, 50 * MB),
         LeakWindow(14400.0, 50 * MB),
     )
@@ -95,6 +102,7 @@ class LeakRule:
     max_jump_fraction: float = 0.6
     urgent_time_to_full_s: float = 6 * 3600.0
     resolve_fraction: float = 0.5
+    bend_ratio: float = 0.8
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,9 @@ NOISE_HISTORY_WINDOWS = 8
 #: gives over a third (besides `rise_fraction` of the fitted rise): growth at the floor rate
 #: shows in the minima, and most analyses of a healthy series end at this test, unfitted.
 RISE_AT_FLOOR = 0.5
+#: Standard errors by which a window's growth must slow down (see `_bends_over`) to count as a warm-up's
+#: tail: 1.5 keeps a leak's own wobble (about one analysis in twenty) from delaying it more than once.
+BEND_Z = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,11 +431,13 @@ class LeakSeries:
         need = max(rule.rise_fraction * slope * w.length / 3.0, RISE_AT_FLOOR * floor * w.length / 3600.0 / 3.0)
         if l1 - l0 < need or l2 - l1 < need:
             return None
-        sigma, sigma_d = self._point_noise(w, diffs, xs, ys, slope, icpt)
+        sigma, sigma_d, sigma_free = self._point_noise(w, diffs, xs, ys, slope, icpt)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
         if se > 0 and slope < rule.min_t_stat * se:
             return None
         if _one_step(ys, rule.max_jump_fraction, sigma_d):
+            return None
+        if rule.bend_ratio > 0 and _bends_over(w, first_k, ks, ys, sigma_free, rule.bend_ratio):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
         # so it needs no noise scale and holds where the scales above came out small by chance;
@@ -452,8 +457,8 @@ class LeakSeries:
         return [bv[j] - bv[j - 1] for j in range(i + 1, len(bb)) if bb[j] == bb[j - 1] + 1]
 
     def _point_noise(self, w: _Window, diffs: list[float], xs: list[float], ys: list[float], slope: float,
-                     icpt: float) -> tuple[float, float]:
-        """(noise of one point, the part of it from point-to-point differences).
+                     icpt: float) -> tuple[float, float, float]:
+        """(noise of one point, the part of it from point-to-point differences, the trend-free part).
 
         The larger of the long-run scale of point-to-point differences (a difference of two points
         has sqrt(2) times a point's noise) and the scale of this window's residuals: either alone
@@ -469,7 +474,9 @@ class LeakSeries:
         sigma_b = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= w.n else 0.0
         if w.wb > 1:
             sigma_b *= math.sqrt(math.pi / (2 * w.wb + 1))
-        return max(sigma_d, sigma_r, sigma_b), sigma_d
+        # For tests of the trend's shape, the bucket scale alone: the residuals from a line, and the
+        # spread of point-to-point differences, grow with the very curvature `_bends_over` looks for.
+        return max(sigma_d, sigma_r, sigma_b), sigma_d, sigma_b if sigma_b > 0 else sigma_d
 
     def _resolution(self, w: _Window, now: float, rate_h: float, level: float, ttf: float | None
                     ) -> LeakFinding | None:
@@ -520,6 +527,36 @@ def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> t
     if math.inf in lows:
         return None
     return lows[0], lows[1], lows[2]
+
+
+def _bends_over(w: _Window, first_k: int, ks: list[int], ys: list[float], sigma: float, ratio: float) -> bool:
+    """Whether the window's growth slows down clearly: the slope at its end, from a quadratic fit, is
+    under `ratio` times the slope at its start, by more than BEND_Z standard errors of the curvature.
+
+    A warm-up's tail (the reserve creeping on ever slower, an exponential approach) bends over; a
+    leak grows as fast at the end of its window as at the start or, in a window that holds its start
+    (flat, then rising), faster. Least squares on orthogonal polynomials of the points' times (centred
+    x, and x^2 less its mean), so that the curvature's estimate does not lean on the slope's; its
+    standard error from `sigma`, the trend-free noise of a point.
+    """
+    xs = [(k - first_k + 0.5) for k in ks]
+    n = len(xs)
+    mx = sum(xs) / n
+    us = [x - mx for x in xs]
+    mu2 = sum(u * u for u in us) / n
+    qs = [u * u - mu2 for u in us]
+    suu = sum(u * u for u in us)
+    sqq = sum(q * q for q in qs)
+    if suu <= 0 or sqq <= 0:
+        return False
+    b = sum(u * y for u, y in zip(us, ys, strict=True)) / suu
+    c = sum(q * y for q, y in zip(qs, ys, strict=True)) / sqq
+    half = 0.5 * w.n  # in points
+    start, end = b - 2.0 * c * half, b + 2.0 * c * half
+    if start <= 0:
+        return False
+    se_gap = (1.0 + ratio) * 2.0 * half * sigma / math.sqrt(sqq)  # of ratio * start - end, through c
+    return ratio * start - end > BEND_Z * se_gap
 
 
 def _time_to_full(total: float | None, level: float, slope: float) -> float | None:
