@@ -15,7 +15,7 @@ from .access import FixedAccess
 from .action_pages import actions_section, confirm_page, outcome_page, refused_page
 from .actions import ACTIONS, MAX_FORM, Tokens, run_action, why_not_same_site
 from .history import live_history, stored_history
-from .pages import REFRESH_JS_HASH, index_page, job_page, message_page
+from .pages import REFRESH_JS_HASH, counts_as_firing, index_page, job_page, listed, message_page
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -116,13 +116,15 @@ class WebApp:
         return "404 Not Found", message_page("Not found", "No such page: try / for the jobs.")
 
     def index(self, browser) -> str:
-        jobs = self.core.job_infos(True, browser.may_see)
-        visible = {j.job_id for j in jobs}
+        jobs = listed(self.core.job_infos(True, browser.may_see))
         firing: dict[str, int] = {}
         if self.alerts is not None:
-            for job_id, view in self.alerts.alert_list(None, False, 10_000):
-                if view.state == "firing" and job_id in visible:
-                    firing[job_id] = firing.get(job_id, 0) + 1
+            # what each job's page shows of its alerts, counted as its badge counts them: an alert that ended
+            # while firing (its process took it along) still counts; one query a listed job, on its index
+            for job in jobs:
+                n = sum(1 for view in self.alerts.alert_views(job.job_id) if counts_as_firing(view))
+                if n:
+                    firing[job.job_id] = n
         note = "" if browser.caller.admin or browser.user else (
             "This collector identifies its users with munge, which a browser cannot present: no job is shown "
             "here. Use clusterwatch status JOBID, or ask the operator about --show-all-jobs.")

@@ -96,12 +96,18 @@ def message_page(title: str, text: str) -> str:
     return page(title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p>", refresh=False)
 
 
-def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_note: str = "") -> str:
-    """Running jobs first, then the recent ended ones, newest first, with their firing alerts."""
+def listed(jobs: list[query_pb2.JobInfo]) -> list[query_pb2.JobInfo]:
+    """The jobs the index lists: running ones first, then the recent ended ones, newest first."""
     jobs = sorted(jobs, key=lambda j: (j.end_time > 0, -(j.start_time or j.submit_time)))
     running = [j for j in jobs if not j.end_time]
     ended = [j for j in jobs if j.end_time][:MAX_ENDED_LISTED]  # a store holds months of jobs
-    jobs = running + ended
+    return running + ended
+
+
+def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_note: str = "") -> str:
+    """The listed jobs (listed()), each with how many of its alerts count as firing (counts_as_firing, as
+    its page's badge counts them)."""
+    jobs = listed(jobs)
     rows = []
     for j in jobs:
         n = firing.get(j.job_id, 0)
