@@ -11,6 +11,12 @@ asks ``scontrol listpids`` on that node (over SSH) and keeps those pids, shown a
 Slurm calls are subprocesses or SSH sessions with timeouts (see collector/jobmap), so the loop never
 blocks. When slurmctld does not answer, every job says so in its note and the registry retries with
 exponential backoff; nothing waits on it.
+
+One shard of N (clusterwatch/shards.py) takes its turn: its passes fall in every Nth slot of the interval
+on the wall clock, the slots of shard i those numbered i modulo N, so the deployment lists Slurm's jobs once
+an interval in all, as one collector does, and not N times. Every listing prints every job, and Slurm
+22.05's ``scontrol show job`` takes one job id, not a list: asking by id for a shard's own jobs would cost a
+call a job. Each shard's jobs are then refreshed every N intervals (``listpids`` too, for its own jobs only).
 """
 from __future__ import annotations
 
@@ -59,6 +65,9 @@ class JobRegistry(CoreListener):
         listpids_concurrency: at most this many listpids calls at once.
         close_grace_s: see CLOSE_GRACE_S.
         clock: Unix time (tests pass their own).
+        owns: whether a job id is this shard's; None for a collector that is not a shard.
+        turn: (this shard's index, the number of collectors) for a shard: its passes take their turn (see
+            the module's docstring); None passes every interval.
     """
 
     def __init__(
@@ -72,12 +81,16 @@ class JobRegistry(CoreListener):
         close_grace_s: float = CLOSE_GRACE_S,
         clock: Callable[[], float] = time.time,
         owns: Callable[[str], bool] | None = None,
+        turn: tuple[int, int] | None = None,
     ) -> None:
         self.core = core
         # One shard of several: a Slurm job this collector neither holds nor owns is its own collector's,
         # or every shard would list (and export) every job.
         self.owns = owns
         self.mapper = mapper
+        if turn is not None and not 0 <= turn[0] < turn[1]:
+            raise ValueError(f"turn {turn}: the index must be below the number of collectors")
+        self.turn = turn if turn is not None and turn[1] > 1 else None
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
         self.fill_in = fill_in
@@ -141,11 +154,27 @@ class JobRegistry(CoreListener):
         if close is not None:
             await close()
 
+    @property
+    def period_s(self) -> float:
+        """Seconds between two passes of this registry while Slurm answers: N intervals for a shard of N."""
+        return self.interval_s * (self.turn[1] if self.turn else 1)
+
     def next_delay(self) -> float:
-        """Seconds to the next pass: the interval, doubled per consecutive failure up to the cap."""
-        if not self.failures:
+        """Seconds to the next pass: the interval (a shard: to the start of its next turn), doubled per
+        consecutive failure up to the cap (a shard: never below its period)."""
+        if self.failures:
+            return min(self.period_s * 2 ** self.failures, max(self.max_backoff_s, self.period_s))
+        if self.turn is None:
             return self.interval_s
-        return min(self.interval_s * 2 ** self.failures, self.max_backoff_s)
+        index, _ = self.turn
+        now = self.clock()
+        # Half an interval ahead: a sleep that wakes a little early, at the end of the slot before its
+        # turn, must not count that turn as still to come and pass twice in it.
+        ahead = now + self.interval_s / 2
+        start = (ahead // self.period_s) * self.period_s + index * self.interval_s
+        if start < ahead:
+            start += self.period_s
+        return start - now
 
     async def run(self) -> None:
         """Refresh until cancelled."""
@@ -359,7 +388,7 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
         mapper = SshJobMapper(jobs, SshListpids(Path(config.ssh_known_hosts), [Path(config.ssh_key)],
                                                 username=config.ssh_user, address=address))
     return JobRegistry(core, mapper, interval_s=config.slurm_refresh_s, fill_in=fill_in,
-                       owns=_owns(config))
+                       owns=_owns(config), turn=_turn(config))
 
 
 def _owns(config) -> Callable[[str], bool] | None:
@@ -370,6 +399,16 @@ def _owns(config) -> Callable[[str], bool] | None:
 
     deployment = Collectors.parse(config.collectors, config.collectors_before or None)
     return lambda job_id: deployment.for_job(job_id) == config.shard
+
+
+def _turn(config) -> tuple[int, int] | None:
+    """(this shard's place in the deployment's list, the list's length), None when it is not a shard."""
+    if not config.shard:
+        return None
+    from clusterwatch.shards import Collectors
+
+    members = Collectors.parse(config.collectors, config.collectors_before or None).all
+    return members.index(config.shard), len(members)
 
 
 def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[int, str] | None]) -> None:
