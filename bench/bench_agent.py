@@ -334,7 +334,8 @@ def nvml_child(spec_path: str) -> None:
     print(json.dumps(res))
 
 
-def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, gap: float) -> dict:
+def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, gap: float,
+                 profile: bool = False) -> dict:
     """The NVML rows: a child process over the real pynvml and the C stand-in (built here with cc)."""
     import json
     from pathlib import Path
@@ -347,12 +348,33 @@ def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, 
     write_state(state, nvml_state(pids))
     spec = Path(tmp) / "nvml-spec.json"
     spec.write_text(json.dumps({"node": node, "spool": os.path.join(tmp, "spool-nvml"), "pids": pids,
-                                "rounds": rounds, "polls": polls, "gap": gap}))
+                                "rounds": rounds, "polls": polls, "gap": gap, "profile": profile}))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--nvml-child", str(spec)],
                          capture_output=True, text=True, timeout=600, env=child_env(lib, state))
     if out.returncode != 0:
         raise RuntimeError(f"the NVML rows failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.splitlines()[-1])
+
+
+def run_nvml_only(rounds: int, polls: int, procs: int, profile: bool) -> dict:
+    """`--nvml-only`: the two NVML rows (agent and psutil + pyNVML seed) and the agent's parts, nothing else."""
+    node = f"bench-agent-{os.getpid()}"
+    with benchlib.tmpdir("cw-bench-agent-") as tmp, Children() as children:
+        pids = start_workers(children, procs, node)
+        time.sleep(1.0)  # the busy children's interpreters are up
+        nvml = measure_nvml(pids, node, tmp, rounds, polls, 0.1, profile)
+    na, ns = median(nvml["agent"]), median(nvml["seed"])
+    rows = [["clusterwatch Agent.poll + serialise (NVML: real pynvml, C stand-in)", na, spread(nvml["agent"]), "1.0×"],
+            ["seed: psutil ×64 + pyNVML per GPU (real pynvml, C stand-in)", ns, spread(nvml["seed"]),
+             f"{ns / na:.1f}×"]]
+    notes = [f"{nvml['samples']} processes, {nvml['gpu_procs']} listed on 8 GPUs; {rounds} rounds × {polls} polls; "
+             f"target ≥ 10× → {verdict(ns / na >= 10)}",
+             "parts, ms: " + ", ".join(f"{name} {ms:.2f}" for name, ms in nvml["parts"].items())]
+    print(table("Agent: CPU ms per poll over NVML (real pynvml, C stand-in), 64 processes, 8 GPUs",
+                ["monitor", "CPU ms/poll", "runs", "vs agent"], rows, notes), flush=True)
+    if nvml.get("profile"):
+        print(nvml["profile"])
+    return nvml
 
 
 def profile_agent(node: str, spool: str, polls: int) -> str:
@@ -526,10 +548,14 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=64, help="watched processes")
     ap.add_argument("--seconds", type=float, default=10.0, help="how long the real agent runs for its RSS")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of Agent.poll")
+    ap.add_argument("--nvml-only", action="store_true", help="only the NVML rows (agent, psutil + pyNVML seed)")
     ap.add_argument("--nvml-child", metavar="SPEC", help=argparse.SUPPRESS)  # the NVML rows' own process
     args = ap.parse_args()
     if args.nvml_child:
         nvml_child(args.nvml_child)
+        return
+    if args.nvml_only:
+        run_nvml_only(1 if args.quick else args.rounds, 3 if args.quick else args.polls, args.procs, args.profile)
         return
     run(args.quick, args.rounds, args.polls, args.procs, args.seconds, args.profile)
 

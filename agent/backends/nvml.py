@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from clusterwatch.agent.backends.gpu import GpuPoll
+from clusterwatch.agent.backends.nvml_calls import calls_for
 from clusterwatch.agent.backends.nvml_rounds import Rounds
 from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
 from clusterwatch.agent.backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE, PidListings, proc_pid_namespace
@@ -48,7 +49,6 @@ from clusterwatch.model import GpuInfo, GpuReading, GpuUse
 __all__ = ["NvmlGpuSource", "open_nvml_source", "host_pid_visible"]
 
 # NVML return codes (nvml.h); stable across driver versions.
-_NO_PROCESSES = 0  # pynvml raises a bare NVMLError(NVML_SUCCESS) when a size query finds nothing
 _NO_PERMISSION = 4
 _NOT_SUPPORTED = 3
 _NOT_FOUND = 6
@@ -116,6 +116,7 @@ class _Device:
 
     info: GpuInfo
     handle: Any
+    calls: Any  # nvml_calls.DirectCalls or BindingCalls of `handle`: what a poll reads it through
     is_mig: bool = False
     # fields NVML said it cannot give for this device: never asked again
     unsupported: set[str] = field(default_factory=set)
@@ -232,7 +233,8 @@ class NvmlGpuSource:
             nvml.nvmlInit()
         except self._nvml_error as exc:
             raise SourceUnavailable(_init_line(exc)) from None
-        self._proc_getters = {kind: self._getters(base) for kind, base in _GETTER_BASES.items()}
+        self._calls, getters = calls_for(nvml)
+        self._proc_getters = {kind: getters(base) for kind, base in _GETTER_BASES.items()}
         self._gpus: list[_Gpu] = []
         self._startup_errors = 0
         try:
@@ -392,7 +394,7 @@ class NvmlGpuSource:
                 # parent has no utilisation or process figures of its own in MIG mode.
                 return instances
         uuid = _text(nv.nvmlDeviceGetUUID(handle))
-        return [_Device(GpuInfo(uuid, index, name, self._total_memory(handle)), handle)]
+        return [_Device(GpuInfo(uuid, index, name, self._total_memory(handle)), handle, self._calls(handle))]
 
     def _total_memory(self, handle: Any) -> int:
         try:
@@ -441,16 +443,10 @@ class NvmlGpuSource:
                 name = f"{parent_name} MIG {slot}"
             total = self._total_memory(handle)
             # NVML documents device and process utilisation as not supported on MIG.
-            dev = _Device(GpuInfo(uuid, index, name, total), handle, is_mig=True)
+            dev = _Device(GpuInfo(uuid, index, name, total), handle, self._calls(handle), is_mig=True)
             dev.unsupported.update({"utilization", "process_util"})
             out.append(dev)
         return out
-
-    def _getters(self, base: str) -> list[Callable[[Any], list[Any]]]:
-        # Versioned first: an unversioned wrapper follows the bindings' newest struct,
-        # which an older driver may lack. Each one the library lacks is dropped for good.
-        names = (base + "_v3", base, base + "_v2")
-        return [getattr(self._nv, n) for n in names if hasattr(self._nv, n)]
 
     # --- one GPU, on a read thread -------------------------------------------------------
 
@@ -494,7 +490,7 @@ class NvmlGpuSource:
     def _handle_moved(self, dev: _Device) -> bool:
         """Whether the handle now names another device; raises _GpuGone for a lost one."""
         try:
-            uuid = _text(self._nv.nvmlDeviceGetUUID(dev.handle))
+            uuid = _text(dev.calls.uuid())
         except self._nvml_error as exc:
             if getattr(exc, "value", None) in _GPU_GONE:
                 raise _GpuGone(str(exc)) from None
@@ -514,16 +510,17 @@ class NvmlGpuSource:
             )
 
     def _read_device(self, dev: _Device, now: float, out: _Result) -> tuple[GpuReading, dict[int, GpuUse]]:
-        nv, h = self._nv, dev.handle
-        util = self._field(dev, "utilization", nv.nvmlDeviceGetUtilizationRates, h, out)
-        mem = self._field(dev, "memory", nv.nvmlDeviceGetMemoryInfo, h, out)
-        power_mw = self._field(dev, "power", nv.nvmlDeviceGetPowerUsage, h, out)
+        c = dev.calls
+        util = self._field(dev, "utilization", c.utilization, out)
+        mem = self._field(dev, "memory", c.memory, out)
+        power_mw = self._field(dev, "power", c.power, out)
+        # positional, in GpuReading's field order: uuid, utilization, memory used, total, power
         reading = GpuReading(
-            uuid=dev.info.uuid,
-            utilization=float(util.gpu) if util is not None else None,
-            memory_used_bytes=int(mem.used) if mem is not None else None,
-            memory_total_bytes=int(mem.total) if mem is not None else None,
-            power_watts=power_mw / 1000.0 if power_mw is not None else None,
+            dev.info.uuid,
+            float(util) if util is not None else None,
+            int(mem[0]) if mem is not None else None,
+            int(mem[1]) if mem is not None else None,
+            power_mw / 1000.0 if power_mw is not None else None,
         )
         memory_by_pid: dict[int, int | None] = {}
         seen, visible = dev.visible, set()
@@ -538,8 +535,7 @@ class NvmlGpuSource:
                     memory_by_pid.setdefault(pid, None)
                 continue
             pids = []
-            for proc in procs:
-                pid, used = int(proc.pid), proc.usedGpuMemory
+            for pid, used in procs:
                 if pid in seen:  # (never set while pids_hidden)
                     out.present += 1
                 elif not self._visible(pid, dev, out):
@@ -557,10 +553,8 @@ class NvmlGpuSource:
         sm = self._process_util(dev, now, memory_by_pid.keys(), out)
         if not listed_ok:
             sm = dict.fromkeys(sm)  # figures of a list that failed are not known
-        uses = {
-            pid: GpuUse(gpu_uuid=dev.info.uuid, used_memory_bytes=used, sm_utilization=sm.get(pid))
-            for pid, used in memory_by_pid.items()
-        }
+        uuid = dev.info.uuid
+        uses = {pid: GpuUse(uuid, used, sm.get(pid)) for pid, used in memory_by_pid.items()}
         return reading, uses
 
     def _visible(self, pid: int, dev: _Device, out: _Result) -> bool:
@@ -575,12 +569,12 @@ class NvmlGpuSource:
             self._once("foreign-pid", _FOREIGN_PID_LINE, pid, dev.info.uuid)
         return False
 
-    def _field(self, dev: _Device, name: str, fn: Callable[..., Any], handle: Any, out: _Result) -> Any:
+    def _field(self, dev: _Device, name: str, fn: Callable[[], Any], out: _Result) -> Any:
         """One NVML query for one field: its value, or None with the error mapped."""
         if name in dev.unsupported:
             return None
         try:
-            return fn(handle)
+            return fn()
         except self._mismatch:
             dev.unsupported.add(name)
             return None
@@ -604,7 +598,7 @@ class NvmlGpuSource:
         getters = self._proc_getters[kind]
         while getters:
             try:
-                return list(getters[0](dev.handle))
+                return getters[0](dev.calls)
             except self._mismatch:
                 getters.pop(0)
             except self._nvml_error as exc:
@@ -631,15 +625,13 @@ class NvmlGpuSource:
         since = query_since(dev.util_last_ts, now, self._window_s, slack_s=self._window_s)
         answered = True
         try:
-            samples = self._nv.nvmlDeviceGetProcessUtilization(dev.handle, since)
+            # none newer than `since` is [] (the GPU answered: its listed processes are idle)
+            samples = dev.calls.process_samples(since)
         except self._nvml_error as exc:
-            # value 0: the wrapper's size query found no samples at all; NotFound: nothing
-            # newer than `since`. Either way the GPU answered: its listed processes are idle.
-            if getattr(exc, "value", None) not in (_NO_PROCESSES, _NOT_FOUND):
-                self._on_error(dev, "process_util", exc, out)
-                if "process_util" in dev.unsupported:
-                    return {}
-                answered = False
+            self._on_error(dev, "process_util", exc, out)
+            if "process_util" in dev.unsupported:
+                return {}
+            answered = False
             samples = []
         fresh, dev.util_last_ts = newest_by_pid(samples, live, since, now, slack_s=self._window_s,
                                                 oldest_s=self._hold_s)

@@ -16,7 +16,6 @@ source keeps the state between polls.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 __all__ = ["query_since", "newest_by_pid", "process_util"]
 
@@ -42,12 +41,12 @@ def query_since(last_seen_us: int, now: float, window_s: float, slack_s: float =
     return last_seen_us
 
 
-def newest_by_pid(samples: Iterable[Any], live: set[int], since_us: int, now: float,
+def newest_by_pid(samples: Iterable[tuple[int, int, int]], live: set[int], since_us: int, now: float,
                   slack_s: float, oldest_s: float) -> tuple[dict[int, float], int]:
     """The newest sample of each listed process, and the newest stamp taken.
 
     Args:
-        samples: NVML's samples (`pid`, `timeStamp` µs, `smUtil` %).
+        samples: NVML's samples as (pid, timeStamp µs, smUtil %).
         live: the pids NVML lists on the GPU now (the buffer also holds processes gone).
         since_us: the stamp the query asked from (the result when nothing is taken).
         now: the poll's wall-clock time (Unix seconds).
@@ -61,14 +60,13 @@ def newest_by_pid(samples: Iterable[Any], live: set[int], since_us: int, now: fl
     floor = int((now - oldest_s) * _US)
     newest: dict[int, tuple[int, float]] = {}
     last = since_us
-    for s in samples:
-        ts = int(s.timeStamp)
+    for pid, ts, sm in samples:
         if ts <= since_us or ts > limit or ts < floor:
             continue  # older than asked (a driver that ignores the stamp), or from before a clock step
-        last = max(last, ts)
-        pid = int(s.pid)
+        if ts > last:
+            last = ts
         if pid in live and (pid not in newest or ts >= newest[pid][0]):
-            newest[pid] = (ts, min(100.0, max(0.0, float(s.smUtil))))
+            newest[pid] = (ts, min(100.0, max(0.0, float(sm))))
     return {pid: value for pid, (_ts, value) in newest.items()}, last
 
 

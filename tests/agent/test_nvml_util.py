@@ -1,15 +1,13 @@
 """Which utilisation samples a poll takes (pure functions), across driver sample periods and clock steps."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
 
 T0 = 1_700_000_000.0
 
 
-def sample(pid: int, t: float, sm: int) -> SimpleNamespace:
-    return SimpleNamespace(pid=pid, timeStamp=int(t * 1e6), smUtil=sm)
+def sample(pid: int, t: float, sm: int) -> tuple[int, int, int]:
+    return (pid, int(t * 1e6), sm)  # (pid, timeStamp µs, smUtil %), as the source hands them over
 
 
 def run(polls: list[float], visible, interval: float, hold: float = 10.0) -> list[float | None]:
@@ -17,7 +15,7 @@ def run(polls: list[float], visible, interval: float, hold: float = 10.0) -> lis
     last, seen, out = 0, {}, []
     for now in polls:
         since = query_since(last, now, interval, slack_s=interval)
-        buffer = [s for s in visible(now) if s.timeStamp > since]
+        buffer = [s for s in visible(now) if s[1] > since]
         fresh, last = newest_by_pid(buffer, {7}, since, now, slack_s=interval, oldest_s=hold)
         out.append(process_util({7}, fresh, seen, now, hold, answered=True)[7])
     return out
