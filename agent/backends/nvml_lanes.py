@@ -8,14 +8,48 @@ daemon threads: a C call that never returns cannot keep the agent from stopping.
 """
 from __future__ import annotations
 
+import _thread
 import queue
 import threading
-from concurrent.futures import Future
 from typing import Any, Callable
 
 from clusterwatch.agent.thread_names import name_os_thread
 
-__all__ = ["Lane"]
+__all__ = ["Lane", "Job"]
+
+
+class Job:
+    """One call given to a lane: waited for through one lock, the lightest hand-off there is.
+
+    (A concurrent.futures Future and `wait` cost a few times the hand-off itself: a poll makes one
+    a round, bench/bench_agent.py's NVML rows.)
+    """
+
+    __slots__ = ("fn", "args", "value", "error", "_done")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._done = _thread.allocate_lock()
+        self._done.acquire()  # released once, when the call has returned or raised
+
+    def done(self) -> bool:
+        return not self._done.locked()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the call finished within `timeout` seconds (0 or less: whether it has)."""
+        if self._done.acquire(timeout=timeout) if timeout > 0 else self._done.acquire(False):
+            self._done.release()
+            return True
+        return False
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn(*self.args)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the poll, which counts it
+            self.error = exc
+        self._done.release()
 
 
 class Lane:
@@ -26,8 +60,8 @@ class Lane:
     """
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple] | None] = queue.SimpleQueue()
-        self._pending: Future | None = None
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._pending: Job | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -36,14 +70,14 @@ class Lane:
         """Whether the last job given is still running (or waiting to)."""
         return self._pending is not None and not self._pending.done()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future | None:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Job | None:
         """Give the lane a job; None (and nothing queued) while the last one has not finished."""
         if self.busy:
             return None
-        future: Future = Future()
-        self._pending = future
-        self._jobs.put((future, fn, args))
-        return future
+        job = Job(fn, args)
+        self._pending = job
+        self._jobs.put(job)
+        return job
 
     def stop(self) -> None:
         """Let the thread end after the job in flight (it is a daemon: nobody waits for it)."""
@@ -52,13 +86,7 @@ class Lane:
     def _run(self) -> None:
         name_os_thread(self._thread.name)
         while True:
-            item = self._jobs.get()
-            if item is None:
+            job = self._jobs.get()
+            if job is None:
                 return
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 -- handed to the poll, which counts it
-                future.set_exception(exc)
+            job.run()

@@ -11,12 +11,12 @@ few rounds in a row. No GPU is ever read by two threads at once.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterwatch.agent.backends.nvml_lanes import Lane
+from clusterwatch.agent.backends.nvml_lanes import Job, Lane
 
 __all__ = ["Rounds", "RoundResult"]
 
@@ -41,7 +41,7 @@ class _Progress:
 @dataclass(slots=True)
 class _Apart:
     lane: Lane
-    blocker: Future | None  # the shared round still inside this GPU's call
+    blocker: Job | None  # the shared round still inside this GPU's call
     in_time: int = 0
 
 
@@ -73,7 +73,7 @@ class Rounds:
         shared = [k for k in keys if k not in self._apart]
         progress = _Progress()
         shared_future = self._shared.submit(self._in_turn, fn, shared, args, progress) if shared else None
-        own: dict[int, Future] = {}
+        own: dict[int, Job] = {}
         for k in keys:
             apart = self._apart.get(k)
             if apart is None or (apart.blocker is not None and not apart.blocker.done()):
@@ -84,7 +84,10 @@ class Rounds:
                 own[k] = future
         waiting = [f for f in (shared_future, *own.values()) if f is not None]
         if waiting:
-            wait(waiting, timeout=self.deadline_s)
+            end = time.monotonic() + self.deadline_s
+            for job in waiting:  # all of them by the one deadline
+                if not job.wait(end - time.monotonic()):
+                    break
         if shared_future is not None and not shared_future.done():
             progress.cancelled = True  # the shared thread stops after the GPU it is inside
             stuck = progress.current
@@ -103,8 +106,7 @@ class Rounds:
                 continue
             future = own.get(k)
             if future is not None and future.done():
-                exc = future.exception()
-                out.done[k] = (False, exc) if exc is not None else (True, future.result())
+                out.done[k] = (False, future.error) if future.error is not None else (True, future.value)
                 apart.in_time += 1
                 if apart.in_time >= self._back_after:
                     apart.lane.stop()
