@@ -18,6 +18,7 @@ from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
 from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
+from tests.trainers import start_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_RULES = ROOT / "collector" / "rules" / "demo_rules.toml"
@@ -121,44 +122,18 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
 
 # -- the job page's actions: a collector with --web-actions and two real trainers using clusterwatch.train --
 
-ACTION_TRAINER = r"""
-import os, sys, time
-from clusterwatch import train
-mode, marker = sys.argv[1], sys.argv[2]
-step = 0
-
-def checkpoint(request):
-    with open(marker, "a") as f:
-        f.write(f"{step} {request.args}\n")
-    return f"saved checkpoint at step {step}"
-
-train.on_request("checkpoint", checkpoint)
-
-def blocked_in_collective():
-    time.sleep(3600)   # a hung all_reduce never returns
-
-while True:
-    step += 1
-    if mode == "stuck":
-        train.report(step=step, loss=1.0)
-    else:  # its allocator's figures too, moving but not growing (no leak rule's business)
-        train.report(step=step, loss=1.0, gpu_allocated_bytes=(2 << 30) + (step % 50) * 2**20,
-                     gpu_reserved_bytes=6 << 30)
-    if mode == "stuck" and os.path.exists(marker + ".block"):  # once the agent has seen it report
-        blocked_in_collective()
-    time.sleep(0.05)
-"""
 RUNNING_JOB, STUCK_JOB = "act-run", "act-stuck"
 
 
 @dataclass
 class ActionsStack:
-    """A collector serving pages with actions; job RUNNING_JOB (a trainer with a checkpoint handler on a
-    simulated GPU, whose handler appends to `marker`) and STUCK_JOB (a trainer blocked in
-    blocked_in_collective once its agent has seen it report), each with its own real agent."""
+    """A collector serving pages with actions; job RUNNING_JOB (a "loop" trainer on a simulated GPU, whose
+    checkpoint handler appends to `marker`) and STUCK_JOB (a "stuck" trainer, blocked in
+    blocked_in_collective once the collector has seen its step move), each with its own real agent
+    (tests/trainers.py)."""
 
     collector: Collector
-    procs: list
+    trainers: list
     web_port: int
     marker: Path
 
@@ -182,50 +157,28 @@ class ActionsStack:
         r = cli("status", job_id, "--json", "--collector", self.collector.address)
         return json.loads(r.stdout) if r.returncode == 0 else None
 
-    def step(self, job_id: str) -> int | None:
-        s = self.status_json(job_id)
-        return s["processes"][0].get("step") if s and s.get("processes") else None
-
     def logs(self) -> str:
-        return "\n".join(f"--- {p.log.name}\n{p.text()[-2000:]}" for p in (self.collector, *self.procs))
+        return "\n".join([f"--- {self.collector.log.name}\n{self.collector.text()[-2000:]}",
+                          *(t.logs() for t in self.trainers)])
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
+        for t in reversed(self.trainers):
+            t.stop()
         self.collector.stop()
 
 
 def start_actions_stack(tmp: Path, *collector_args: str) -> ActionsStack:
     collector = Collector(tmp, "--web-listen", "127.0.0.1:0", *collector_args)
-    script = tmp / "trainer.py"
-    script.write_text(ACTION_TRAINER)
     marker = tmp / "checkpoints.txt"
-    procs = []
-    stack = ActionsStack(collector, procs, json.loads(collector.ports_file.read_text())["web"], marker)
-    for job_id, mode, node, gpu in ((RUNNING_JOB, "loop", "act-node1", True), (STUCK_JOB, "stuck", "act-node2", False)):
-        spool = tmp / f"spool-{node}"
-        spool.mkdir()
-        sock = spool / "train.sock"
-        env = dict(clean_environ(), CLUSTERWATCH_TRAIN_SOCKET=str(sock))
-        if gpu:
-            env.update(RANK="0", WORLD_SIZE="1", CLUSTERWATCH_SIM_GPU="0", CLUSTERWATCH_SIM_NODE=node,
-                       CLUSTERWATCH_SIM_PROFILE="steady", CLUSTERWATCH_SIM_RUN=SIM_RUN)
-        rank = Proc([sys.executable, str(script), mode, str(marker)], tmp / f"{job_id}.log", env=env)
-        procs.append(rank)
-        source = ["--gpu-source", "sim", "--sim-run", SIM_RUN] if gpu else ["--gpu-source", "none"]
-        procs.append(Proc([*CLI, "agent", "--collector", collector.address, "--node", node, *source,
-                           "--interval", "0.5", "--send-interval", "0", "--no-provenance", "--spool-dir", str(spool),
-                           "--train-socket", str(sock), "--job-id", job_id, "--pid", str(rank.pid)],
-                          tmp / f"agent-{node}.log"))
+    stack = ActionsStack(collector, [], json.loads(collector.ports_file.read_text())["web"], marker)
     try:
-        # the trainers report before their agents listen (those reports are lost): the stuck one blocks
-        # only once its agent has passed one on, and is stuck once its step no longer moves
-        wait_for(lambda: stack.step(STUCK_JOB) is not None and stack.step(RUNNING_JOB) is not None, timeout=180,
-                 interval=0.5, what="both trainers' steps at the collector")
-        Path(str(marker) + ".block").touch()
-        seen: list = []
-        wait_for(lambda: seen.append(stack.step(STUCK_JOB)) or len(seen) > 2 and seen[-1] == seen[-2] == seen[-3],
-                 timeout=180, interval=1.0, what="the stuck trainer's step to stop moving")
+        for job_id, mode, node, gpu in ((RUNNING_JOB, "loop", "act-node1", True),
+                                        (STUCK_JOB, "stuck", "act-node2", False)):
+            stack.trainers.append(start_trainer(tmp, collector.address, job_id, mode, node, gpu=gpu, marker=marker))
+        running, stuck = stack.trainers
+        running.stepping()
+        stuck.stepping()
+        stuck.stuck()
     except AssertionError as exc:
         stack.stop()
         raise AssertionError(f"{exc}\n{stack.logs()}") from None

@@ -11,31 +11,20 @@ from __future__ import annotations
 import html
 import http.server
 import re
-import shutil
 import threading
 import urllib.request
-from urllib.parse import urlsplit
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from tests.helpers import wait_for
+from tests.web_browser import LOOPBACK, fits, resource_hosts, severe
 from tests.web_stack import RUNNING_JOB, STUCK_JOB, start_actions_stack
 
 pytestmark = pytest.mark.e2e
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 HEADER = "X-Remote-User"
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:  # fail, never skip: scripts/setup.sh installs it
-        raise AssertionError(f"{name} is not installed: run scripts/setup.sh (Debian's chromium, chromium-driver)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -49,44 +38,9 @@ def stack(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = _binary("chromium")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}", "--window-size=1280,900"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(_binary("chromedriver")))
-    driver.set_page_load_timeout(60)
-    driver.execute_cdp_cmd("Network.enable", {})
-    yield driver
-    driver.quit()
-
-
 def _as(browser, user: str) -> None:
     """Every request the browser sends from now on names `user` in the proxy's header."""
     browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {HEADER: user}})
-
-
-def _severe(browser, allowed: str | None = None) -> list[dict]:
-    """The console's errors since the last call (less a refused page's own status, where one is expected)."""
-    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
-            and not (allowed and allowed in e["message"])]
-
-
-def _resource_hosts(browser) -> set[str]:
-    names = browser.execute_script(
-        "return [location.href].concat(performance.getEntriesByType('resource').map(function(e){return e.name}))")
-    return {urlsplit(n).hostname or "" for n in names}
-
-
-def _fits(browser) -> None:
-    inner = browser.execute_script("return window.innerWidth")
-    assert browser.execute_script("return document.documentElement.scrollWidth") <= inner
-    for e in browser.find_elements(By.CSS_SELECTOR, "figure.chart, .actions button, pre, h1"):
-        assert e.location["x"] + e.size["width"] <= inner + 1, e.tag_name
 
 
 def _main(browser) -> str:
@@ -101,31 +55,31 @@ def _main(browser) -> str:
 def test_diagnose_shows_the_function_a_stuck_rank_is_blocked_in(stack, browser, width, tmp_path):
     _as(browser, stack.owner)
     browser.set_window_size(width, 900)
-    _severe(browser)
+    severe(browser)
     browser.get(stack.url(f"/jobs/{STUCK_JOB}"))
-    _fits(browser)
+    fits(browser)
     browser.save_screenshot(str(tmp_path / f"job-{width}.png"))
     if width == 390:  # the smaller run asks for the stacks alone
         browser.find_element(By.CSS_SELECTOR, 'input[name="snapshot"]').click()
     browser.find_element(By.ID, "action-diagnose").click()
     assert "Diagnose: job" in _main(browser)  # the confirmation, not the answer yet
-    _fits(browser)
+    fits(browser)
     browser.find_element(By.ID, "confirm").click()
     wait_for(lambda: "Stacks (main thread" in _main(browser), timeout=60, what="the diagnosis")
     text = _main(browser)
     stacks = text.split("Memory snapshots")[0]
     assert "blocked_in_collective" in stacks, text
     assert ("Memory snapshots" in text) == (width == 1280), text
-    _fits(browser)
+    fits(browser)
     browser.save_screenshot(str(tmp_path / f"diagnosis-{width}.png"))
-    assert _resource_hosts(browser) <= LOOPBACK
-    assert not _severe(browser)
+    assert resource_hosts(browser) <= LOOPBACK
+    assert not severe(browser)
 
 
 def test_a_checkpoint_from_the_page_reaches_the_trainers_handler(stack, browser):
     _as(browser, stack.owner)
     browser.set_window_size(1280, 900)
-    _severe(browser)
+    severe(browser)
     before = stack.marker.read_text().splitlines() if stack.marker.exists() else []
     browser.get(stack.url(f"/jobs/{RUNNING_JOB}"))
     browser.find_element(By.ID, "action-checkpoint").click()
@@ -136,7 +90,7 @@ def test_a_checkpoint_from_the_page_reaches_the_trainers_handler(stack, browser)
     assert [(a["kind"], a["status"], a["asked_by"]) for a in answers][-1:] == [
         ("checkpoint", "done", f"web user {stack.owner}")]
     assert f"web user {stack.owner}" in _main(browser)
-    assert not _severe(browser)
+    assert not severe(browser)
 
 
 def test_another_user_sees_why_they_may_not_act(stack, browser):
@@ -147,7 +101,7 @@ def test_another_user_sees_why_they_may_not_act(stack, browser):
     browser.get(stack.url(f"/jobs/{RUNNING_JOB}/confirm?action=stop"))
     assert "you are mallory" in browser.find_element(By.ID, "refused").text
     assert not browser.find_elements(By.ID, "confirm")
-    assert not _severe(browser, "status of 403")
+    assert not severe(browser, "status of 403")
 
 
 def _token_as(stack, user: str) -> str:
@@ -192,7 +146,7 @@ def test_a_cross_site_post_and_a_post_without_the_token_are_refused(stack, brows
     wait_for(lambda: browser.find_elements(By.ID, "refused"), timeout=30, what="the refusal")
     assert "token is missing" in browser.find_element(By.ID, "refused").text
     assert (len(stack.marker.read_text().splitlines()) if stack.marker.exists() else 0) == checkpoints
-    assert not _severe(browser, "status of 403")
+    assert not severe(browser, "status of 403")
 
 
 def _power_line(browser) -> list[float]:
@@ -218,8 +172,8 @@ def test_the_power_chart_is_drawn_with_the_collectors_figures(stack, browser):
     values, gpu = wait_for(agreed, timeout=60, interval=1.0, what="two reads of one latest power point")
     assert values[-1] == pytest.approx(gpu["power_watts"], rel=1e-6)
     assert len(values) >= 2 and all(70.0 <= v <= 700.0 for v in values)  # the simulated GPU's range
-    _fits(browser)
-    assert not _severe(browser)
+    fits(browser)
+    assert not severe(browser)
     browser.set_window_size(1280, 900)
 
 
@@ -246,7 +200,7 @@ def test_the_allocator_chart_is_drawn_with_the_figures_the_process_reported(stac
     assert allocated[-1] == int(proc["gpu_allocated_bytes"])
     assert all(2 << 30 <= v < (2 << 30) + 50 * 2**20 for v in allocated)
     assert set(_chart_line(browser, title, "rank 0 reserved")) == {float(6 << 30)}
-    assert not _severe(browser)
+    assert not severe(browser)
 
 
 def test_an_unticked_snapshot_box_is_not_undone_by_the_pages_refresh(stack, browser):
@@ -261,4 +215,4 @@ def test_an_unticked_snapshot_box_is_not_undone_by_the_pages_refresh(stack, brow
     time.sleep(20)
     assert browser.execute_script("return document.querySelector('main').dataset.first") == "1"
     assert not browser.find_element(By.CSS_SELECTOR, 'input[name="snapshot"]').is_selected()
-    assert not _severe(browser)
+    assert not severe(browser)

@@ -6,27 +6,14 @@ hostile names run no script, that the page fetches nothing but from the collecto
 """
 from __future__ import annotations
 
-import shutil
-from urllib.parse import urlsplit
-
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
+from tests.web_browser import LOOPBACK, fits, resource_hosts, severe
 from tests.web_stack import HOSTILE_TAG, JOB_ID, start_web_stack
 
 pytestmark = pytest.mark.e2e
-
-LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:  # fail, never skip: scripts/setup.sh installs it
-        raise AssertionError(f"{name} is not installed: run scripts/setup.sh (Debian's chromium, chromium-driver)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -36,33 +23,12 @@ def stack(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = _binary("chromium")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}", "--window-size=1280,900"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(_binary("chromedriver")))
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
-
-
 def _no_dialog(driver) -> bool:
     try:
         _ = driver.switch_to.alert
     except NoAlertPresentException:
         return True
     return False
-
-
-def _resource_hosts(driver) -> set[str]:
-    names = driver.execute_script(
-        "return [location.href].concat(performance.getEntriesByType('resource').map(function(e){return e.name}))")
-    return {urlsplit(n).hostname or "" for n in names}
 
 
 def test_the_job_page_draws_its_charts_and_fetches_nothing_from_elsewhere(stack, browser):
@@ -75,9 +41,8 @@ def test_the_job_page_draws_its_charts_and_fetches_nothing_from_elsewhere(stack,
     memory = [e for e in lines if e.get_attribute("data-label") == "rank 0"][0]
     points = memory.get_attribute("points").split()
     assert len(points) >= 2 and memory.size["width"] > 0  # drawn, with a width on the screen
-    assert _resource_hosts(browser) <= LOOPBACK
-    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert not severe, severe  # a script refused by the page's policy, or a resource not found, would be here
+    assert resource_hosts(browser) <= LOOPBACK
+    assert not severe(browser)
 
 
 def test_hostile_text_is_shown_literally_and_runs_nothing(stack, browser):
@@ -94,11 +59,7 @@ def test_the_page_fits_the_window(stack, browser, width, tmp_path):
     browser.set_window_size(width, 900)
     browser.get(stack.url(f"/jobs/{JOB_ID}"))
     browser.save_screenshot(str(tmp_path / f"job-{width}.png"))
-    inner = browser.execute_script("return window.innerWidth")
-    # wide tables and the report scroll inside their own boxes; the page itself never scrolls sideways
-    assert browser.execute_script("return document.documentElement.scrollWidth") <= inner
-    for chart in browser.find_elements(By.CSS_SELECTOR, "figure.chart"):
-        assert chart.location["x"] + chart.size["width"] <= inner
+    fits(browser)
 
 
 def test_the_badge_turns_from_normal_to_the_leak_alerts_severity_when_it_fires(stack, browser):

@@ -1,7 +1,7 @@
 """The index's "Alerts firing" counts a job's alerts as its page's badge does: one that ended while firing (its
 process died with it, never cleared) still counts, while the job runs and once it has ended.
 
-A real collector with short training_stall rules, a real agent and a real trainer (tests/web_stack.py's) that
+A real collector with short training_stall rules, a real agent and a real trainer (tests/trainers.py) that
 stops stepping: training_stall fires, then the trainer is killed.
 """
 from __future__ import annotations
@@ -10,18 +10,16 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
-from tests.web_stack import ACTION_TRAINER
+from tests.helpers import Collector, cli, wait_for
+from tests.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
 
@@ -69,45 +67,27 @@ def test_an_alert_that_ended_while_firing_is_counted_on_the_index_as_on_the_badg
     rules.write_text(RULES)
     collector = Collector(tmp_path, "--web-listen", "127.0.0.1:0", "--rules", str(rules), "--rules-interval", "0.5")
     web = json.loads(collector.ports_file.read_text())["web"]
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    sock, marker = spool / "train.sock", tmp_path / "marker"
-    (tmp_path / "trainer.py").write_text(ACTION_TRAINER)
-    trainer = Proc([sys.executable, str(tmp_path / "trainer.py"), "stuck", str(marker)], tmp_path / "trainer.log",
-                   env=dict(clean_environ(), CLUSTERWATCH_TRAIN_SOCKET=str(sock)))
-    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "index-node", "--gpu-source", "none",
-                  "--interval", "0.5", "--send-interval", "0", "--no-provenance", "--spool-dir", str(spool),
-                  "--train-socket", str(sock), "--job-id", JOB, "--pid", str(trainer.pid)], tmp_path / "agent.log")
+    trainer = start_trainer(tmp_path, collector.address, JOB, "stuck")
     try:
-        seen = set()
-
-        def stepping():  # training_stall waits for a step that moved before it judges one that stops
-            r = cli("status", JOB, "--json", "--collector", collector.address)
-            procs = json.loads(r.stdout).get("processes") if r.returncode == 0 else None
-            if procs and procs[0].get("step"):
-                seen.add(procs[0]["step"])
-            return len(seen) >= 2
-
-        wait_for(stepping, timeout=120, interval=0.5, what="the trainer's step moving at the collector")
-        Path(str(marker) + ".block").touch()  # it stops stepping: training_stall
+        trainer.stepping()  # training_stall judges a step that moved before
+        trainer.block()
         wait_for(lambda: (a := _stall(collector)) and a["state"] == "firing", timeout=90, interval=0.5,
                  what="training_stall firing")
         assert _index_count(web) == 1 and _page_counts(web) == ("critical", 1)
 
-        trainer.stop(signal.SIGKILL)  # it dies stalled: the alert never cleared
+        trainer.rank.stop(signal.SIGKILL)  # it dies stalled: the alert never cleared
         wait_for(lambda: (a := _stall(collector)) and a.get("ended_while_firing"), timeout=60, interval=0.5,
                  what="training_stall ended while firing")
         assert _page_counts(web) == ("critical", 1)
         assert _index_count(web) == 1, "the index leaves out the alert the badge counts"
 
         # once the job has ended, from its stored summary: the same
-        write_event(str(spool), JobEvent("end", JOB, time.time(), os.getuid(), exit_code=137))
+        write_event(str(trainer.spool), JobEvent("end", JOB, time.time(), os.getuid(), exit_code=137))
         wait_for(lambda: "from the summary stored when the job ended" in _get(web, f"/jobs/{JOB}"), timeout=60,
                  interval=0.5, what="the job's page from its summary")
         assert _page_counts(web) == ("critical", 1) and _index_count(web) == 1
     except AssertionError as exc:
-        logs = "\n".join(f"--- {p.log.name}\n{p.text()[-2000:]}" for p in (collector, agent, trainer))
-        raise AssertionError(f"{exc}\n{logs}") from None
+        raise AssertionError(f"{exc}\n--- collector\n{collector.text()[-2000:]}\n{trainer.logs()}") from None
     finally:
-        for p in (trainer, agent, collector):
-            p.stop()
+        trainer.stop()
+        collector.stop()

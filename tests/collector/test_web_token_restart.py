@@ -2,7 +2,8 @@
 stay bound to the user and the job, and expire.
 
 End to end: a real collector with --web-actions, a real agent and a real trainer with a checkpoint handler;
-the confirmation page is opened, the collector restarted on the same store, and the page's "Yes" still works.
+(tests/trainers.py); the confirmation page is opened, the collector restarted on the same store, and the page's
+"Yes" still works.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import os
 import re
 import stat
-import sys
 import urllib.error
 import urllib.request
 from urllib.parse import urlencode
@@ -19,8 +19,8 @@ import pytest
 from clusterwatch.collector.store import web_token_secret
 from clusterwatch.collector.web.actions import TOKEN_TTL_S, Tokens
 
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
-from tests.web_stack import ACTION_TRAINER
+from tests.helpers import Collector
+from tests.trainers import start_trainer
 
 JOB = "token-restart"
 
@@ -36,30 +36,15 @@ def _request(port: int, path: str, data: dict | None = None) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _live_step(collector: Collector) -> int | None:
-    r = cli("status", JOB, "--json", "--collector", collector.address)
-    procs = json.loads(r.stdout).get("processes") if r.returncode == 0 else None
-    return procs[0].get("step") if procs and procs[0].get("alive", True) else None
-
-
 @pytest.mark.e2e
 def test_a_confirmation_page_opened_before_a_restart_works_after_it(tmp_path):
     db = tmp_path / "clusterwatch.db"
     args = ("--web-listen", "127.0.0.1:0", "--web-actions")
     first = Collector(tmp_path, *args, db=db)
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    sock, marker = spool / "train.sock", tmp_path / "checkpoints.txt"
-    (tmp_path / "trainer.py").write_text(ACTION_TRAINER)
-    procs = [Proc([sys.executable, str(tmp_path / "trainer.py"), "loop", str(marker)], tmp_path / "trainer.log",
-                  env=dict(clean_environ(), CLUSTERWATCH_TRAIN_SOCKET=str(sock)))]
+    trainer = start_trainer(tmp_path, first.address, JOB)
     second = None
     try:
-        procs.append(Proc([*CLI, "agent", "--collector", first.address, "--node", "token-node", "--gpu-source",
-                           "none", "--interval", "0.5", "--send-interval", "0", "--no-provenance", "--spool-dir",
-                           str(spool), "--train-socket", str(sock), "--job-id", JOB, "--pid", str(procs[0].pid)],
-                          tmp_path / "agent.log"))
-        wait_for(lambda: _live_step(first) is not None, timeout=120, interval=0.5, what="the trainer's step")
+        trainer.stepping()
         code, page = _request(json.loads(first.ports_file.read_text())["web"], f"/jobs/{JOB}/confirm?action=checkpoint")
         assert code == 200, page
         token = re.search(r'name="token" value="([0-9a-f]+)"', page).group(1)
@@ -68,17 +53,15 @@ def test_a_confirmation_page_opened_before_a_restart_works_after_it(tmp_path):
         # the same gRPC port, for the agent to come back to; the pages wherever they land
         second = Collector(tmp_path, *args, db=db, name="collector2", listen=f"127.0.0.1:{first.grpc_port}")
         web = json.loads(second.ports_file.read_text())["web"]
-        wait_for(lambda: _live_step(second) is not None, timeout=120, interval=0.5,
-                 what="the trainer's step at the restarted collector")
+        trainer.stepping()  # its agent is back: the job's process is live at the new collector
         code, page = _request(web, f"/jobs/{JOB}/act", {"action": "checkpoint", "token": token})
         assert code == 200 and "saved checkpoint at step" in page, page
-        assert len(marker.read_text().splitlines()) == 1
+        assert len(trainer.checkpoints()) == 1
         # still bound to the job: the same token does not do for another one (refused before any asking)
         code, page = _request(web, "/jobs/another-job/act", {"action": "checkpoint", "token": token})
         assert code != 200
     finally:
-        for p in reversed(procs):
-            p.stop()
+        trainer.stop()
         for c in (second, first):
             if c is not None:
                 c.stop()

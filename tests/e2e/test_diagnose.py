@@ -1,7 +1,7 @@
 """Requests back to a training process, end to end (issue 16 items 2-3): a real collector, a real agent and a
-real Python process using clusterwatch.train. A `checkpoint` asked through the collector reaches the
-process's handler and its answer shows in `status`; `clusterwatch diagnose` on a process blocked in a
-function prints that function in the grouped stacks; a user who does not own the job is refused."""
+real Python process using clusterwatch.train (tests/trainers.py). A `checkpoint` asked through the collector
+reaches the process's handler and its answer shows in `status`; `clusterwatch diagnose` on a process blocked
+in a function prints that function in the grouped stacks; a user who does not own the job is refused."""
 from __future__ import annotations
 
 import json
@@ -14,59 +14,24 @@ from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
+from tests.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
 
-TRAINER = r"""
-import sys, time
-from clusterwatch import train
-mode, marker = sys.argv[1], sys.argv[2]
-step = 0
-
-def checkpoint(request):
-    with open(marker, "a") as f:
-        f.write(f"{step}\n")
-    return f"saved checkpoint at step {step}"
-
-train.on_request("checkpoint", checkpoint)
-
-def blocked_in_collective():
-    time.sleep(3600)   # a hung all_reduce never returns
-
-while True:
-    step += 1
-    train.report(step=step, loss=1.0)
-    if mode == "stuck" and step == 30:
-        blocked_in_collective()
-    time.sleep(0.05)
-"""
-
 
 class Job:
+    """A collector (with `collector_args`) and one trainer of tests/trainers.py in `mode`, as job `job_id`."""
+
     def __init__(self, tmp_path, mode: str, job_id: str, *collector_args: str) -> None:
-        sock = tmp_path / "train.sock"
-        script = tmp_path / "trainer.py"
-        script.write_text(TRAINER)
-        self.marker = tmp_path / "checkpoints.txt"
         self.job_id = job_id
         self.collector = Collector(tmp_path, *collector_args)
-        self.rank = Proc([sys.executable, str(script), mode, str(self.marker)], tmp_path / "rank.log",
-                         env={**clean_environ(), "CLUSTERWATCH_TRAIN_SOCKET": str(sock)})
-        self.agent = Proc([*CLI, "agent", "--collector", self.collector.address, "--node", "dg-node", "--interval",
-                           "0.3", "--send-interval", "0", "--gpu-source", "none", "--no-provenance", "--pid",
-                           str(self.rank.pid), "--job-id", job_id, "--spool-dir", str(tmp_path / "spool"),
-                           "--train-socket", str(sock)], tmp_path / "agent.log")
+        self.trainer = start_trainer(tmp_path, self.collector.address, job_id, mode, node="dg-node")
+        self.rank, self.marker = self.trainer.rank, self.trainer.marker
 
     def status(self) -> str:
         r = cli("status", self.job_id, "--collector", self.collector.address)
         assert r.returncode == 0, r.stderr
         return r.stdout
-
-    def step(self) -> int | None:
-        """The rank's latest step in `status --json`; None before the job is known or a step reported."""
-        r = cli("status", self.job_id, "--collector", self.collector.address, "--json")
-        processes = json.loads(r.stdout)["processes"] if r.returncode == 0 else []
-        return processes[0].get("step") if processes else None
 
     def ask(self, kind: str, metadata=None) -> query_pb2.AskTrainingResponse:
         channel = grpc.insecure_channel(self.collector.address)
@@ -78,15 +43,15 @@ class Job:
             channel.close()
 
     def stop(self) -> None:
-        for p in (self.agent, self.rank, self.collector):
-            p.stop()
+        self.trainer.stop()
+        self.collector.stop()
 
 
 def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status(tmp_path):
     job = Job(tmp_path, "loop", "dg-1")
     try:
         # the process must have reported for the agent to know where to ask it
-        wait_for(lambda: job.step() is not None, timeout=60, what="a step reported")
+        wait_for(lambda: job.trainer.step() is not None, timeout=60, what="a step reported")
         resp = job.ask("checkpoint")
         assert len(resp.answers) == 1, resp
         answer = resp.answers[0]
@@ -107,7 +72,8 @@ def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status
 def test_diagnose_prints_the_function_a_stuck_rank_is_blocked_in(tmp_path):
     job = Job(tmp_path, "stuck", "dg-2")
     try:
-        wait_for(lambda: job.step() == 30, timeout=60, what="the rank stuck at step 30")
+        job.trainer.stepping()
+        job.trainer.stuck()  # blocked in blocked_in_collective
         r = cli("diagnose", "dg-2", "--collector", job.collector.address, timeout=60)
         assert r.returncode == 0, r.stderr + r.stdout
         stacks = r.stdout.split("Memory snapshots")[0]
