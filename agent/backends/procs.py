@@ -47,7 +47,6 @@ from clusterwatch.procfs import (
     split_stat,
     stat_comm,
 )
-from clusterwatch.procfs import stat_parent as _parent
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -310,6 +309,7 @@ class ProcSource:
         self._held: dict[int, _Held] = {}
         self._max_held = _held_budget() if max_held is None else max_held
         self._fresh: dict[int, bytes] = {}  # stat texts read by descendants() for sample() of the same poll
+        self._split: dict[int, tuple[bytes, tuple[int, list[bytes]]]] = {}  # text → split_stat of it (see _reread)
         self._roots: set[int] = set()
         self._parents: dict[int, int] = {}  # pid → parent of every process read at the last tree change
 
@@ -411,6 +411,7 @@ class ProcSource:
         """
         fresh: dict[int, bytes] = {}
         self._fresh = fresh
+        self._split = {}
         if not roots:
             self.close()
             return set()
@@ -440,6 +441,9 @@ class ProcSource:
         held_of = self._held.get
         last_of = self._known.get  # what the last poll sampled: its text, and the parent read from it
         pread = os.pread
+        # A changed text is split once, here, as far as sample() reads it: the parent for the tree, the rest
+        # for the sample of the same poll (split_stat is a third of a changed process's parsing).
+        split = self._split
         for pid in pids:
             held = held_of(pid)
             if held is not None:
@@ -460,12 +464,15 @@ class ProcSource:
                 data = self._read(pid, True)
                 if data is None:
                     continue
-            ppid = _parent(data)
-            if ppid is None:
+            try:
+                parts = split_stat(data)
+                ppid = int(parts[1][PPID - 3])
+            except (ValueError, IndexError):
                 self.read_errors += 1
                 self._release(pid)
                 continue
             fresh[pid] = data
+            split[pid] = (data, parts)
             parents[pid] = ppid
         return parents
 
@@ -572,6 +579,7 @@ class ProcSource:
             gpu_use: per pid, the GPUs it uses, from the GPU source.
         """
         fresh, self._fresh = self._fresh, {}
+        split_of, self._split = self._split.get, {}
         members = self._members
         old = self._known
         known: dict[int, _Known] = {}
@@ -593,7 +601,8 @@ class ProcSource:
                 cpu_percent = 0.0 if now > k.sampled_at else None
                 k.sampled_at = now
             else:
-                k, cpu_percent = self._update(pid, data, k, now)
+                got = split_of(pid)
+                k, cpu_percent = self._update(pid, data, k, now, got[1] if got is not None and got[0] is data else None)
                 if k is None:
                     continue
             known[pid] = k
@@ -619,14 +628,15 @@ class ProcSource:
         self._known = known
         return out
 
-    def _update(self, pid: int, data: bytes, k: _Known | None, now: float) -> tuple[_Known | None, float | None]:
+    def _update(self, pid: int, data: bytes, k: _Known | None, now: float,
+                parts: tuple[int, list[bytes]] | None = None) -> tuple[_Known | None, float | None]:
         """Parse a changed stat text into `pid`'s record (a new one at first sight or for a reused pid).
 
         Returns the record and the CPU percent since the last sample (None at first sight); (None, None) for
         a process that has exited (a zombie) or bad text.
         """
         try:
-            close, rest = split_stat(data)
+            close, rest = parts if parts is not None else split_stat(data)
             if rest[STATE - 3] in _GONE_STATES:
                 return None, None
             ppid = int(rest[PPID - 3])
