@@ -10,6 +10,10 @@ header names the user, but only on a request from a configured proxy address: fr
 request carrying the header is refused, since anyone could write it. The user then sees their own jobs
 (and every job as an admin, --query-admins, or with --show-all-jobs), as the query service shows them.
 
+With an owner uid (--web-owner-uid, what `clusterwatch run` gives its collector), the pages answer only that
+local user's connections (and root's), as the kernel's socket table names their other end (peer.py): on a
+shared host every user reaches loopback, and the run's job is its user's alone.
+
 Actions (--web-actions, off by default) need the job's owner or an admin as the header names them; with
 no proxy configured, only where queries are unauthenticated (the page is then the user's own, on their
 workstation's loopback): a browser that is nobody in particular acts on nothing.
@@ -20,7 +24,10 @@ import ipaddress
 from dataclasses import dataclass
 
 from ..query_auth import Caller, NoAuth
+from . import peer
 
+NOT_THE_OWNERS = ("these pages answer only their user's own browser (the collector's --web-owner-uid, as "
+                  "clusterwatch run starts it), and this connection comes from another user of this host")
 HEADER_FROM_ELSEWHERE = ("this request names its user in the proxy header but does not come from a configured "
                          "proxy address (--web-trusted-proxy): it is refused; reach the pages through the proxy")
 
@@ -104,10 +111,13 @@ class BrowserAccess:
         trusted_proxies: addresses/networks (ipaddress) the header is taken from.
         admins: users (names) who see and act on every job behind the proxy (--query-admins; root too).
         show_all: every identified user sees every job (--show-all-jobs); acting still needs owner or admin.
+        owner_uid: only this local user's connections (and root's) are answered; None: anyone's.
+        peer_uid: who opened a connection (peer.peer_uid), for tests to stand in.
     """
 
     def __init__(self, auth, user_header: str | None = None, trusted_proxies: tuple = (),
-                 admins: frozenset[str] = frozenset(), show_all: bool = False) -> None:
+                 admins: frozenset[str] = frozenset(), show_all: bool = False, owner_uid: int | None = None,
+                 peer_uid=peer.peer_uid) -> None:
         self.base = browser_caller(auth)
         self.unauthenticated = auth is None or isinstance(auth, NoAuth)
         self.environ_key = "HTTP_" + user_header.upper().replace("-", "_") if user_header else None
@@ -115,6 +125,9 @@ class BrowserAccess:
         self.admins = frozenset(admins) | {"root"}
         self.show_all = show_all or self.base.admin and not self.unauthenticated
         self.forged = 0  # requests with the header from elsewhere: counted, not logged
+        self.owner_uid = owner_uid
+        self.peer_uid = peer_uid
+        self.other_users = 0  # connections from another local user than owner_uid: counted, not logged
 
     def _trusted(self, addr: str) -> bool:
         try:
@@ -125,8 +138,17 @@ class BrowserAccess:
             ip = ip.ipv4_mapped
         return any(ip in net for net in self.trusted_proxies)
 
+    def _owners(self, environ) -> bool:
+        """The connection comes from owner_uid or root (unknown: not theirs)."""
+        ends = environ.get(peer.PEER_KEY)
+        uid = self.peer_uid(*ends) if ends else None
+        return uid is not None and uid in (self.owner_uid, 0)
+
     def browser(self, environ) -> Browser:
         """The browser of one WSGI request."""
+        if self.owner_uid is not None and not self._owners(environ):
+            self.other_users += 1
+            return Browser(Caller(None, "", admin=False), refused=NOT_THE_OWNERS)
         if self.environ_key is None:
             return Browser(self.base, acts_on_all=self.unauthenticated)
         named = environ.get(self.environ_key, "").strip()

@@ -6,6 +6,17 @@ import threading
 from wsgiref.simple_server import make_server
 
 from ..exporter import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, _QuietHandler, _Server
+from .peer import PEER_KEY
+
+
+class _PeerHandler(_QuietHandler):
+    """Says both ends of the connection (PEER_KEY: client, server address), for access.py to ask the kernel who
+    the client is (peer.py); a key no header can write (headers come as HTTP_*)."""
+
+    def get_environ(self):
+        env = super().get_environ()
+        env[PEER_KEY] = (self.client_address[:2], self.connection.getsockname()[:2])
+        return env
 
 
 def serve_web(app, host: str, port: int):
@@ -17,6 +28,6 @@ def serve_web(app, host: str, port: int):
         address_family = family
 
     Server.max_connections, Server.request_timeout_s = MAX_CONNECTIONS, REQUEST_TIMEOUT_S
-    httpd = make_server(sockaddr[0], port, app, Server, handler_class=_QuietHandler)
+    httpd = make_server(sockaddr[0], port, app, Server, handler_class=_PeerHandler)
     threading.Thread(target=httpd.serve_forever, name="web-http", daemon=True).start()
     return httpd
