@@ -31,6 +31,13 @@ def _check_web_proxy(header: str | None, proxies) -> tuple[str, ...]:
     return tuple(p.strip() for v in proxies for p in v.split(",") if p.strip())
 
 
+def _loopback_listen(listen: str) -> bool:
+    """Whether a HOST:PORT (or 'none') serves on loopback only."""
+    from clusterwatch.collector.web.app import is_loopback
+
+    return listen == "none" or is_loopback(listen.rpartition(":")[0].strip("[]"))
+
+
 def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--web-listen: HOST:PORT or 'none' (browsers reach pages over TCP)."""
     if value is not None and value.startswith("unix:"):
@@ -60,6 +67,9 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
                    "from --web-trusted-proxy addresses.")
 @click.option("--web-trusted-proxy", "web_trusted_proxies", multiple=True, envvar="CLUSTERWATCH_WEB_TRUSTED_PROXY",
               metavar="ADDR[/BITS]", help="Address or network of the proxy (repeatable, or comma separated).")
+@click.option("--web-owner-uid", type=click.IntRange(min=0), default=None, metavar="UID",
+              help="Answer only this local user's browsers (and root's), as the kernel names a loopback "
+                   "connection's owner; --web-listen on loopback only (what `clusterwatch run` gives its own).")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
                    "else ~/.local/state/clusterwatch/clusterwatch.db).")
@@ -129,7 +139,7 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
                    "are its own.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_trusted_proxies,
-              db_path, history_points, history_step,
+              web_owner_uid, db_path, history_points, history_step,
               per_process_metrics, gpu_health_metrics, rules_path, token,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
@@ -145,6 +155,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
     pairs = _ssh_addresses(ssh_address)
     proxies = _check_web_proxy(web_user_header, web_trusted_proxies)
     _check_shard(collectors, collectors_before, shard)
+    if web_owner_uid is not None and not _loopback_listen(web_listen or DEFAULT_WEB_LISTEN):
+        fail("--web-owner-uid knows a browser's user only on loopback: give --web-listen 127.0.0.1:PORT")
     config = CollectorConfig(
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
@@ -157,7 +169,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         show_all_jobs=show_all_jobs, summary_dir=summary_dir, agent_rate_limit=agent_rate_limit,
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
         web_listen_required=web_listen is not None, web_actions=web_actions,
-        web_user_header=web_user_header or None, web_trusted_proxies=proxies,
+        web_user_header=web_user_header or None, web_trusted_proxies=proxies, web_owner_uid=web_owner_uid,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
     )
 

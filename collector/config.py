@@ -38,6 +38,8 @@ class CollectorConfig:
         web_user_header: the authenticating reverse proxy's header naming the user (e.g. X-Remote-User);
             taken only from web_trusted_proxies; None: no proxy.
         web_trusted_proxies: addresses or networks (text, e.g. "10.1.2.3", "10.1.0.0/16") of the proxy.
+        web_owner_uid: the pages answer only this local user's loopback connections (and root's), as the
+            kernel's socket table names them (collector/web/peer.py; `clusterwatch run`); None: anyone's.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
@@ -80,6 +82,7 @@ class CollectorConfig:
     web_actions: bool = False
     web_user_header: str | None = None
     web_trusted_proxies: tuple[str, ...] = ()
+    web_owner_uid: int | None = None
     db_path: str = ":memory:"
     history_points: int = 720
     history_step_s: float = 5.0

@@ -239,7 +239,7 @@ class CollectorServer:
         host, _, port = cfg.web_listen.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         access = BrowserAccess(auth, cfg.web_user_header, parse_proxies(cfg.web_trusted_proxies),
-                               frozenset(cfg.query_admins), cfg.show_all_jobs)
+                               frozenset(cfg.query_admins), cfg.show_all_jobs, owner_uid=cfg.web_owner_uid)
         # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives
         self._web = serve_web(WebApp(self.core, self.alerting, access, loopback=is_loopback(host),
                                      asks=self.train_asks if cfg.web_actions else None,

@@ -78,3 +78,11 @@ def test_the_pages_answer_only_their_owners_connections_and_roots():
     # without an owner: anyone's, as before
     assert not BrowserAccess(NoAuth(), peer_uid=lambda c, s: 1002).browser({}).refused
 
+
+def test_an_owner_uid_off_loopback_is_refused_in_one_line(tmp_path):
+    from tests.helpers import cli
+
+    r = cli("collector", "--web-listen", "0.0.0.0:0", "--web-owner-uid", "1000", "--db", str(tmp_path / "db"),
+            timeout=30)
+    assert r.returncode == 2 and "--web-owner-uid" in r.stderr and "loopback" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
