@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 from .config import LeakRule
 from .robust import THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall_z, median, theil_sen
+from .staircase import Staircase, StepTracker
 
 #: Point-to-point differences kept per window for the noise scale, in windows.
 NOISE_HISTORY_WINDOWS = 8
@@ -55,9 +56,20 @@ NOISE_HISTORY_WINDOWS = 8
 #: gives over a third (besides `rise_fraction` of the fitted rise): growth at the floor rate
 #: shows in the minima, and most analyses of a healthy series end at this test, unfitted.
 RISE_AT_FLOOR = 0.5
-#: Standard errors by which a window's growth must slow down (see `_bends_over`) to count as a warm-up's
-#: tail: 1.5 keeps a leak's own wobble (about one analysis in twenty) from delaying it more than once.
-BEND_Z = 0.5
+#: How much better (in a point's variances) two flat levels must fit a window than a leak does for its
+#: growth to count as one step (see `_one_step`): 2 standard errors' worth, 4 variances.
+STEP_MARGIN = 4.0
+#: Standard errors by which the growth must slow down (see `LeakSeries._bends_over`) to count as a
+#: warm-up's tail: a leak's own wobble passes for one about one analysis in forty, which delays it a little.
+BEND_Z = 2.0
+#: Windows' worth of bucket minima the bend test reads (as many as are kept, at most).
+BEND_SPAN = 3
+#: The part of the warm-up (its end) whose bucket minima the bend test reads: a warm-up's tail that
+#: outlasts the warm-up shows there as the faster growth it slows down from.
+BEND_CONTEXT_FRACTION = 1.0 / 3.0
+#: A rise between consecutive bucket minima of the warm-up beyond this many standard errors is one of its
+#: steps: the bend test reads the warm-up only after its last one.
+BEND_STEP_Z = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,14 +202,19 @@ class LeakSeries:
 
     __slots__ = ("rule", "warm_end", "bucket_s", "b_end", "cur_b", "cur_min", "bb", "bv", "next_b", "windows",
                  "direct", "every", "due", "grouped", "next_g", "firing", "since", "fired_window", "span_b",
-                 "total")
+                 "total", "stairs", "in_warmup", "pre_b", "pre_v")
 
     def __init__(self, rule: LeakRule, t0: float) -> None:
         self.rule = rule
         self.warm_end = t0 + rule.warmup_s
         self.bucket_s = rule.bucket_s if rule.bucket_s > 0 else 60.0
-        # Until the warm-up ends, samples only lower `cur_min`, which the first `roll` discards.
-        self.b_end = self.warm_end
+        # Until the warm-up's last BEND_CONTEXT_FRACTION, samples only lower `cur_min`, which the first
+        # `roll` discards. From then until the warm-up ends, bucket minima go to `pre_b`/`pre_v`, read by
+        # the bend test only (a warm-up's tail shows there as the growth it slows down from).
+        self.in_warmup = rule.warmup_s > 0
+        self.b_end = self.warm_end - BEND_CONTEXT_FRACTION * rule.warmup_s if self.in_warmup else self.warm_end
+        self.pre_b: list[int] = []
+        self.pre_v: list[float] = []
         self.cur_b = -1
         self.cur_min = math.inf
         # Closed buckets over the longest window (the rank test and one-bucket points read
@@ -219,6 +236,8 @@ class LeakSeries:
         self.since = 0.0
         self.fired_window: _Window | None = None
         self.total: float | None = None  # the capacity last given, for `current`
+        # Steps seen over twice the longest window: a staircase of treads as long as half of it fits.
+        self.stairs = StepTracker(2 * self.span_b)
 
     def add(self, t: float, value: float, total: float | None = None) -> LeakFinding | None:
         """Take one reading.
@@ -242,6 +261,22 @@ class LeakSeries:
         bs = self.bucket_s
         b = int(t // bs)
         cb = self.cur_b
+        if self.in_warmup:
+            if t < self.warm_end and b <= cb:  # float rounding at a bucket edge: still the open bucket
+                if value < self.cur_min:
+                    self.cur_min = value
+                self.b_end = min((cb + 1) * bs, self.warm_end)
+                return None
+            if cb >= 0:
+                self.pre_b.append(cb)
+                self.pre_v.append(self.cur_min)
+            if t < self.warm_end:
+                self.cur_b = b
+                self.cur_min = value
+                self.b_end = min((b + 1) * bs, self.warm_end)
+                return None
+            self.in_warmup = False
+            self.cur_b = cb = -1  # the first bucket after the warm-up opens below
         if b <= cb:  # float rounding at a bucket edge: still the open bucket
             if value < self.cur_min:
                 self.cur_min = value
@@ -335,6 +370,11 @@ class LeakSeries:
                     next_g = w.pt_end
             self.next_g = next_g
         self.next_b = min(self.due, self.next_g)
+        rule = self.rule
+        if self.stairs.scan(bb, bv, rule.min_growth / 3.0) and found is None and not self.firing:
+            sc = self.stairs.staircase(rule.min_rate_per_h * self.bucket_s / 3600.0, rule.min_growth)
+            if sc is not None:
+                found = self._fire_staircase(sc, now, total)
         # Keep the buckets the windows still read (every open point starts within them).
         keep = b + 1 - self.span_b
         if bb[0] < keep:
@@ -431,13 +471,13 @@ class LeakSeries:
         need = max(rule.rise_fraction * slope * w.length / 3.0, RISE_AT_FLOOR * floor * w.length / 3600.0 / 3.0)
         if l1 - l0 < need or l2 - l1 < need:
             return None
-        sigma, sigma_d, sigma_free = self._point_noise(w, diffs, xs, ys, slope, icpt)
+        sigma, sigma_d, sigma_free, sigma_bucket = self._point_noise(w, diffs, xs, ys, slope, icpt)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
         if se > 0 and slope < rule.min_t_stat * se:
             return None
-        if _one_step(ys, rule.max_jump_fraction, sigma_d):
+        if _one_step(xs, ys, rule.max_jump_fraction, sigma_d, sigma_free):
             return None
-        if rule.bend_ratio > 0 and _bends_over(w, first_k, ks, ys, sigma_free, rule.bend_ratio):
+        if rule.bend_ratio > 0 and self._bends_over(w, last_k, sigma_bucket, rule.bend_ratio):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
         # so it needs no noise scale and holds where the scales above came out small by chance;
@@ -457,8 +497,9 @@ class LeakSeries:
         return [bv[j] - bv[j - 1] for j in range(i + 1, len(bb)) if bb[j] == bb[j - 1] + 1]
 
     def _point_noise(self, w: _Window, diffs: list[float], xs: list[float], ys: list[float], slope: float,
-                     icpt: float) -> tuple[float, float, float]:
-        """(noise of one point, the part of it from point-to-point differences, the trend-free part).
+                     icpt: float) -> tuple[float, float, float, float]:
+        """(noise of one point, the part of it from point-to-point differences, the trend-free part, the
+        trend-free noise of one bucket minimum).
 
         The larger of the long-run scale of point-to-point differences (a difference of two points
         has sqrt(2) times a point's noise) and the scale of this window's residuals: either alone
@@ -471,12 +512,71 @@ class LeakSeries:
         sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
         bb, bv = self.bb, self.bv
         bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
-        sigma_b = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= w.n else 0.0
-        if w.wb > 1:
-            sigma_b *= math.sqrt(math.pi / (2 * w.wb + 1))
+        sigma_bucket = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= w.n else 0.0
+        sigma_b = sigma_bucket * math.sqrt(math.pi / (2 * w.wb + 1)) if w.wb > 1 else sigma_bucket
         # For tests of the trend's shape, the bucket scale alone: the residuals from a line, and the
         # spread of point-to-point differences, grow with the very curvature `_bends_over` looks for.
-        return max(sigma_d, sigma_r, sigma_b), sigma_d, sigma_b if sigma_b > 0 else sigma_d
+        return (max(sigma_d, sigma_r, sigma_b), sigma_d, sigma_b if sigma_b > 0 else sigma_d,
+                sigma_bucket if sigma_bucket > 0 else sigma_d)
+
+    def _bends_over(self, w: _Window, last_k: int, sigma: float, ratio: float) -> bool:
+        """Whether the growth up to the window's end slows down clearly: over the bucket minima of the
+        last BEND_SPAN windows (as many as are kept, and the warm-up's last part), the slope at the end, from a
+        quadratic fit, is under `ratio` times the slope at the start, by more than BEND_Z standard errors.
+
+        A warm-up's tail (the reserve creeping on ever slower, an exponential approach) bends over; a
+        leak grows as fast at the end as at the start or, over a span that holds its start (flat, then
+        rising), faster. Over more than the window: a tail's last half hour may look straight, the
+        hour before it does not. Least squares on orthogonal polynomials of the buckets' times (centred
+        x, and x^2 less its mean), so that the curvature's estimate does not lean on the slope's; its
+        standard error from `sigma`, the trend-free noise of a bucket minimum.
+        """
+        end_b = (last_k + 1) * w.wb
+        begin_b = end_b - BEND_SPAN * w.n * w.wb
+        bb, bv = self.bb, self.bv
+        i = bisect_left(bb, begin_b)
+        j = bisect_left(bb, end_b)
+        xs = bb[i:j]
+        ys = bv[i:j]
+        if (self.pre_b and self.pre_b[-1] >= begin_b
+                and end_b - w.n * w.wb - self.pre_b[-1] <= self.rule.warmup_s / self.bucket_s):
+            # The warm-up's end, for a window that begins within a warm-up's length of it (the time
+            # an allocator takes to settle; an older window's slowdown is its own), from after its
+            # last step (the allocator's steps would pass for a slowdown; a tail is smooth), and only
+            # where the noise is known.
+            pb, pv = self.pre_b, self.pre_v
+            k = bisect_left(pb, begin_b)
+            jump = BEND_STEP_Z * math.sqrt(2.0) * sigma
+            rises = [pv[q] - pv[q - 1] for q in range(k + 1, len(pv))]
+            if rises:
+                # a step stands out from the other rises; a tail's rises come in a row
+                jump = max(jump, 3.0 * abs(median(rises)))
+                for m in range(len(pv) - 1, k, -1):
+                    if pv[m] - pv[m - 1] > jump:
+                        k = m
+                        break
+            if sigma > 0:
+                xs = pb[k:] + xs
+                ys = pv[k:] + ys
+        n = len(xs)
+        if n < 6:
+            return False
+        mx = sum(xs) / n
+        us = [x - mx for x in xs]
+        mu2 = sum(u * u for u in us) / n
+        qs = [u * u - mu2 for u in us]
+        suu = sum(u * u for u in us)
+        sqq = sum(q * q for q in qs)
+        if suu <= 0 or sqq <= 0:
+            return False
+        b = sum(u * y for u, y in zip(us, ys, strict=True)) / suu
+        c = sum(q * y for q, y in zip(qs, ys, strict=True)) / sqq
+        lo, hi = us[0], us[-1]
+        start, end = b + 2.0 * c * lo, b + 2.0 * c * hi
+        if start <= 0:
+            return False
+        se_gap = (ratio * -lo + hi) * 2.0 * sigma / math.sqrt(sqq)  # of ratio * start - end, through c
+        return ratio * start - end > BEND_Z * se_gap
 
     def _resolution(self, w: _Window, now: float, rate_h: float, level: float, ttf: float | None
                     ) -> LeakFinding | None:
@@ -488,6 +588,20 @@ class LeakSeries:
             self.fired_window = None
             return LeakFinding(False, now, rate_h, now - self.since, level, ttf, w.length)
         return None
+
+    def _fire_staircase(self, sc: Staircase, now: float, total: float | None) -> LeakFinding:
+        """Similar steps up at regular intervals with flat treads (see staircase.py): the leak fires.
+
+        Watched from here on (for its resolution and its figures) by the longest window, which spans
+        several treads; the rate is a step a tread.
+        """
+        w = max(self.windows, key=lambda x: x.length)
+        self.firing = True
+        self.fired_window = w
+        self.since = sc.first_b * self.bucket_s
+        rate = sc.rate_per_b / self.bucket_s
+        return LeakFinding(True, now, rate * 3600.0, max(0.0, now - self.since), sc.level,
+                           _time_to_full(total, sc.level, rate), max(0.0, now - self.since))
 
     def _fire(self, w: _Window, now: float, xs: list[float], ys: list[float], slope: float, level: float,
               end: float, total: float | None, ttf: float | None) -> LeakFinding:
@@ -529,36 +643,6 @@ def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> t
     return lows[0], lows[1], lows[2]
 
 
-def _bends_over(w: _Window, first_k: int, ks: list[int], ys: list[float], sigma: float, ratio: float) -> bool:
-    """Whether the window's growth slows down clearly: the slope at its end, from a quadratic fit, is
-    under `ratio` times the slope at its start, by more than BEND_Z standard errors of the curvature.
-
-    A warm-up's tail (the reserve creeping on ever slower, an exponential approach) bends over; a
-    leak grows as fast at the end of its window as at the start or, in a window that holds its start
-    (flat, then rising), faster. Least squares on orthogonal polynomials of the points' times (centred
-    x, and x^2 less its mean), so that the curvature's estimate does not lean on the slope's; its
-    standard error from `sigma`, the trend-free noise of a point.
-    """
-    xs = [(k - first_k + 0.5) for k in ks]
-    n = len(xs)
-    mx = sum(xs) / n
-    us = [x - mx for x in xs]
-    mu2 = sum(u * u for u in us) / n
-    qs = [u * u - mu2 for u in us]
-    suu = sum(u * u for u in us)
-    sqq = sum(q * q for q in qs)
-    if suu <= 0 or sqq <= 0:
-        return False
-    b = sum(u * y for u, y in zip(us, ys, strict=True)) / suu
-    c = sum(q * y for q, y in zip(qs, ys, strict=True)) / sqq
-    half = 0.5 * w.n  # in points
-    start, end = b - 2.0 * c * half, b + 2.0 * c * half
-    if start <= 0:
-        return False
-    se_gap = (1.0 + ratio) * 2.0 * half * sigma / math.sqrt(sqq)  # of ratio * start - end, through c
-    return ratio * start - end > BEND_Z * se_gap
-
-
 def _time_to_full(total: float | None, level: float, slope: float) -> float | None:
     """Seconds until `level` growing at `slope` a second reaches `total`; None without a total or growth."""
     if total is not None and total > 0 and slope > 0:
@@ -566,13 +650,56 @@ def _time_to_full(total: float | None, level: float, slope: float) -> float | No
     return None
 
 
-def _one_step(ys: list[float], max_jump_fraction: float, sigma_d: float) -> bool:
-    """Whether two consecutive increments carry more than `max_jump_fraction` of the window's growth.
+def _one_step(xs: list[float], ys: list[float], max_jump_fraction: float, sigma_d: float, sigma_free: float
+              ) -> bool:
+    """Whether the window's growth is one step (then flat), not a leak.
 
-    One step spreads over at most two consecutive increments (a point that straddles it sits
-    between the levels); a leak spreads over all of them. The slack is the differences' noise
-    scale: the residuals' would grow with the step itself.
+    A candidate first: two consecutive increments carry more than `max_jump_fraction` of the
+    window's growth (one step spreads over at most two, a point that straddles it sitting between
+    the levels; the slack is the differences' noise scale, since the residuals' would grow with the
+    step itself). So does a leak that began inside the window, flat then rising, in a short window
+    of few points: the candidate is one step only when two flat levels (the straddling point free)
+    fit the points better than a leak does (a line, or flat then a line over the last four points or more), by more
+    than STEP_MARGIN times a point's variance: a step is sharp, a leak's rise is spread out.
     """
     total_rise = median(ys[-3:]) - median(ys[:3])
     jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
-    return jump > max_jump_fraction * total_rise + 2.0 * sigma_d
+    if jump <= max_jump_fraction * total_rise + 2.0 * sigma_d:
+        return False
+    return _sse_step(ys) + STEP_MARGIN * sigma_free * sigma_free < _sse_leak(xs, ys)
+
+
+def _sse(vals: list[float]) -> float:
+    if not vals:
+        return 0.0
+    m = sum(vals) / len(vals)
+    return sum((v - m) ** 2 for v in vals)
+
+
+def _sse_step(ys: list[float]) -> float:
+    """Least squared residual of two flat levels, split anywhere, optionally with one point free between."""
+    n = len(ys)
+    best = math.inf
+    for j in range(1, n):
+        best = min(best, _sse(ys[:j]) + _sse(ys[j:]))
+        if j < n - 1:
+            best = min(best, _sse(ys[:j]) + _sse(ys[j + 1:]))
+    return best
+
+
+def _sse_leak(xs: list[float], ys: list[float]) -> float:
+    """Least squared residual of a leak: flat until one of the points (the first: a plain line), then a line
+    through at least four points (a rise over fewer increments is as much a step, still to be seen)."""
+    n = len(xs)
+    best = math.inf
+    for b in xs[:n - 3]:
+        hs = [x - b if x > b else 0.0 for x in xs]
+        mh = sum(hs) / n
+        my = sum(ys) / n
+        shh = sum((h - mh) ** 2 for h in hs)
+        if shh <= 0:
+            continue
+        slope = sum((h - mh) * (y - my) for h, y in zip(hs, ys, strict=True)) / shh
+        sse = sum((y - my - slope * (h - mh)) ** 2 for h, y in zip(hs, ys, strict=True))
+        best = min(best, sse)
+    return best

@@ -12,6 +12,7 @@ import pytest
 from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
 from clusterwatch.collector.rules.config import MB
 from clusterwatch.collector.rules.leak import LeakSeries
+from clusterwatch.collector.rules.staircase import STEP_HOLD
 
 from tests.synth_traces import KINDS, KINDS_BENIGN, KINDS_LEAK, check, make
 
@@ -92,11 +93,39 @@ def test_series_state_is_bounded_by_the_windows_not_the_run():
         s.add(t, 30 * GB + rng.gauss(0, 50e6) + 20e6 * t / 3600, 80 * GB)
         t += rng.uniform(0.7, 1.3)
         if int(t) % 3600 == 0:
-            sizes.append((len(s.bb), max(len(w.ks) for w in s.windows), max(len(w.diffs) for w in s.windows)))
+            sizes.append((len(s.bb), max(len(w.ks) for w in s.windows), max(len(w.diffs) for w in s.windows),
+                          len(s.stairs.steps), len(s.pre_b)))
     longest = max(w.window_s for w in rule.windows) / rule.bucket_s
     assert sizes and max(x[0] for x in sizes) <= longest + 1
     assert max(x[1] for x in sizes) <= max(w.n for w in s.windows)
     assert max(x[2] for x in sizes) <= 8 * max(w.n for w in s.windows)
+    # steps are STEP_HOLD buckets apart at least, kept over twice the span; the warm-up's end, once
+    assert max(x[3] for x in sizes) <= 2 * (longest + 1) / STEP_HOLD + 1
+    assert max(x[4] for x in sizes) <= rule.warmup_s / rule.bucket_s / 3 + 1
+
+
+def test_staircase_with_long_treads_fires_at_its_third_step_and_two_steps_do_not():
+    # Steps of 300 MB every 100 min on a quiet series, polled every 20 s: the staircase detector
+    # fires after the third step (not the second: two steps may be unrelated, as in two_steps),
+    # long before the slope windows would (each holds one step and a tread).
+    rule = RULES.gpu_memory_leak
+    rng = random.Random(3)
+
+    def run(n_steps):
+        s = LeakSeries(rule, 0.0)
+        t, fired = 0.0, None
+        while t < 12 * 3600 and fired is None:
+            k = min(n_steps, max(0, int((t - 3600) // 6000) + 1)) if t >= 3600 else 0
+            f = s.add(t, 30 * GB + k * 300 * MB + rng.gauss(0, 10 * MB), 80 * GB)
+            if f is not None and f.firing:
+                fired = f
+            t += rng.uniform(14, 26)
+        return fired
+
+    f = run(3)
+    assert f is not None and 3600 + 2 * 6000 <= f.t <= 3600 + 2 * 6000 + 1800, f
+    assert 0.5 <= f.rate_per_h / (300 * MB / (6000 / 3600)) <= 2.0
+    assert run(2) is None
 
 
 def test_benign_kinds_really_are_benign():
