@@ -2,8 +2,8 @@
 
 Everything here is plain data updated by ingest and read by the exporter and the
 query service; no I/O. A process is keyed by (node, pid, start time); a GPU by its
-UUID; a job by its id. History per series is a bounded deque, so memory stays flat
-however long a job runs.
+UUID; a job by its id. History per series is a bounded ring of columns (collector/point_ring.py: 56 bytes
+a process point, not a tuple of objects), so memory stays flat however long a job runs.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessKey, ProcessSample, TrainingReport
 from clusterwatch.wire import ProcessColumns, gpu_reading_from_proto
+
+from .point_ring import ColumnRing, GpuRing, PowerRing, ProcessRing
 
 # Job states in Slurm's words; ended ones leave /metrics.
 ENDED_STATES = frozenset(
@@ -61,8 +63,7 @@ class GpuUseTotals:
 
 
 class Point(NamedTuple):
-    """One process sample as kept in history (only what trends need); a named tuple, built once a step
-    for every process."""
+    """One process sample as kept in history (only what trends need): a row of its ring, built when read."""
 
     t: float
     cpu_percent: float | None
@@ -73,13 +74,28 @@ class Point(NamedTuple):
     open_fds: int | None
 
 
+def process_history(maxlen: int) -> ProcessRing:
+    """A process's history: its points, read back as Point."""
+    return ProcessRing(maxlen, Point._make)
+
+
+def gpu_history(maxlen: int) -> GpuRing:
+    """A GPU's readings as (t, utilisation, memory used)."""
+    return GpuRing(maxlen)
+
+
+def power_history(maxlen: int) -> PowerRing:
+    """A GPU's power draw as (t, watts)."""
+    return PowerRing(maxlen)
+
+
 @dataclass(slots=True)
 class ProcessSeries:
     """A process: its latest sample, its history and peaks, its training progress."""
 
     key: ProcessKey
     latest: ProcessSample
-    history: deque
+    history: ColumnRing  # of Point (process_history); a test's series may hold a deque of them
     rss_peak: int = 0
     gpu_memory_peak: int = 0
     samples: int = 0
@@ -122,10 +138,10 @@ class GpuSeries:
     info: GpuInfo
     latest: GpuReading | None = None
     memory_peak: int = 0
-    history: deque = field(default_factory=lambda: deque(maxlen=720))
+    history: ColumnRing = field(default_factory=lambda: gpu_history(720))  # (t, util, mem)
     last_time: float = 0.0
     # (t, watts) beside history, not in its points: history's (t, util, mem) is unpacked as three elsewhere
-    power_history: deque = field(default_factory=lambda: deque(maxlen=720))
+    power_history: ColumnRing = field(default_factory=lambda: power_history(720))
 
 
 @dataclass(slots=True)
@@ -235,8 +251,8 @@ class ClusterState:
         for g in gpus:
             gs = self.gpus.get(g.uuid)
             if gs is None:
-                self.gpus[g.uuid] = GpuSeries(node, g, history=deque(maxlen=self.history_points),
-                                              power_history=deque(maxlen=self.history_points))
+                self.gpus[g.uuid] = GpuSeries(node, g, history=gpu_history(self.history_points),
+                                              power_history=power_history(self.history_points))
             else:
                 gs.node, gs.info = node, g
         return ns
@@ -347,7 +363,7 @@ class ClusterState:
             series.samples += n_polls
             series.alive = True
             hist = series.history
-            if not hist or hist[-1].t + step <= t_last:  # usually a point a batch, at its last poll
+            if not hist or hist.last_t + step <= t_last:  # usually a point a batch, at its last poll
                 polls.extend_history(series, j, step, gpu)
             live.add(series.key)
             touched.append(series)
@@ -384,9 +400,9 @@ class ClusterState:
         series.alive = True
         series.samples += 1
         hist = series.history
-        if not hist or t >= hist[-1].t + self.history_step_s:  # the per-poll path's comparison, exactly
-            hist.append(Point(t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads,
-                              s.open_fds))
+        if not hist or t >= hist.last_t + self.history_step_s:  # the per-poll path's comparison, exactly
+            hist.append((t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads,
+                         s.open_fds))
         v = s.rss_bytes
         if v is not None and v > series.rss_peak:
             series.rss_peak = v
@@ -399,7 +415,7 @@ class ClusterState:
                     ) -> ProcessSeries:
         s = self._convert(node, sample, unlabel)
         key = ProcessKey(node, s.pid, s.start_time)
-        series = ProcessSeries(key, s, deque(maxlen=self.history_points), labels=labels, first_time=s.time)
+        series = ProcessSeries(key, s, process_history(self.history_points), labels=labels, first_time=s.time)
         series.samples = self.restored_samples.pop(key, 0)
         totals = self.restored_totals.pop(key, None)
         if totals is not None:  # stored before a restart: its CPU time counts on, from its first sample
@@ -445,8 +461,8 @@ class ClusterState:
             if gs is None:
                 r = gpu_reading_from_proto(m)
                 info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
-                gs = gpus[uuid] = GpuSeries(node, info, history=deque(maxlen=self.history_points),
-                                            power_history=deque(maxlen=self.history_points))
+                gs = gpus[uuid] = GpuSeries(node, info, history=gpu_history(self.history_points),
+                                            power_history=power_history(self.history_points))
             if t < gs.last_time:
                 continue
             mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
@@ -677,13 +693,13 @@ class _Polls:
         gpu: the last poll's GPU memory and utilisation, when known (see refresh)."""
         times, hist = self.times, series.history
         polls = len(times)
-        k = bisect_left(times, hist[-1].t + step) if hist else 0
+        k = bisect_left(times, hist.last_t + step) if hist else 0
         while k < polls:
             t = times[k]
             if k == polls - 1:
                 s = series.latest
                 gmem, gutil = gpu if gpu is not None else (s.gpu_memory_bytes, s.gpu_utilization)
-                hist.append(Point(t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+                hist.append((t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
             else:
                 row = j + k * self.width
                 hist.append(_point(self.cols, row, self.gstart[row]))
