@@ -473,16 +473,20 @@ class NvmlGpuSource:
                     if self._handle_moved(dev):
                         relisted = True  # a reset or MIG reconfiguration: list again, once
                         break
-                    reading, uses = self._read_device(dev, now, result)
+                    uses = self._read_device(dev, now, result)
                 except _GpuGone as gone:
                     self._on_gone(g, dev, gone.args[0] if gone.args else "", result)
                     continue
                 if dev.gone:
                     dev.gone = False
                     self._log.warning("GPU %s (index %d) answers again", dev.info.uuid, dev.info.index)
-                result.readings.append(reading)
-                for pid, use in uses.items():
-                    result.uses.setdefault(pid, []).append(use)
+                by_pid = result.uses
+                for pid, use in uses:
+                    got = by_pid.get(pid)
+                    if got is None:
+                        by_pid[pid] = [use]
+                    else:
+                        got.append(use)
             if not relisted:
                 return result
         return result
@@ -509,7 +513,9 @@ class NvmlGpuSource:
                 dev.info.uuid, dev.info.index, why,
             )
 
-    def _read_device(self, dev: _Device, now: float, out: _Result) -> tuple[GpuReading, dict[int, GpuUse]]:
+    def _read_device(self, dev: _Device, now: float, out: _Result) -> list[tuple[int, GpuUse]]:
+        """Read one device: its reading goes into `out` (after every call that can find it gone), and
+        its processes are returned as (pid, GpuUse)."""
         c = dev.calls
         util = self._field(dev, "utilization", c.utilization, out)
         mem = self._field(dev, "memory", c.memory, out)
@@ -526,6 +532,7 @@ class NvmlGpuSource:
         seen, visible = dev.visible, set()
         listed_ok = True
         listed: dict[str, tuple[int, ...]] = {}
+        present = 0
         for kind in _PROCESS_KINDS:
             procs = self._running(dev, kind, out)
             if procs is None:  # the list failed: its processes as last listed, figures unknown
@@ -537,7 +544,7 @@ class NvmlGpuSource:
             pids = []
             for pid, used in procs:
                 if pid in seen:  # (never set while pids_hidden)
-                    out.present += 1
+                    present += 1
                 elif not self._visible(pid, dev, out):
                     continue
                 visible.add(pid)
@@ -548,14 +555,15 @@ class NvmlGpuSource:
                 if pid not in memory_by_pid or (used is not None and (prev is None or used > prev)):
                     memory_by_pid[pid] = None if used is None else int(used)
             listed[kind] = tuple(pids)
+        out.present += present
         dev.last_listed = listed  # replaced whole: a poll past the deadline reads it from another thread
         dev.visible = frozenset(visible)
         sm = self._process_util(dev, now, memory_by_pid.keys(), out)
         if not listed_ok:
             sm = dict.fromkeys(sm)  # figures of a list that failed are not known
         uuid = dev.info.uuid
-        uses = {pid: GpuUse(uuid, used, sm.get(pid)) for pid, used in memory_by_pid.items()}
-        return reading, uses
+        out.readings.append(reading)
+        return [(pid, GpuUse(uuid, used, sm.get(pid))) for pid, used in memory_by_pid.items()]
 
     def _visible(self, pid: int, dev: _Device, out: _Result) -> bool:
         if self.pids_hidden:
