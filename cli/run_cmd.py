@@ -13,9 +13,10 @@ at a job's end.
 
 The job's page in a browser is opt-in (--web-listen): the embedded collector otherwise opens no TCP
 port. The page has no login (the collector's queries are unauthenticated: its socket is private), so it
-is served on loopback only, read-only unless --web-actions: anyone who reaches it sees the job, and with
-actions may stop it. Off loopback that would be anyone on the network, so such an address is refused,
-whatever else is said: a page for another host goes through an SSH tunnel.
+is served on loopback only, read-only unless --web-actions, and to the user's own connections only
+(--web-owner-uid: the kernel names a loopback connection's owner; every user of the host reaches
+loopback). Off loopback no connection's user is known, so such an address is refused, whatever else is
+said: a page for another host goes through an SSH tunnel (whose connection the user's sshd makes).
 """
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ def _loopback_web_listen(ctx: click.Context, param: click.Parameter, value: str)
         loopback = host.lower() == "localhost"  # a name resolving elsewhere: the collector binds what it says
     if not loopback:
         raise click.BadParameter(
-            f"{value!r}: the page of `run` has no login, so it is served on loopback only (anyone who reached "
-            f"{host} would see your command, and with --web-actions stop it); give 127.0.0.1:PORT and, from "
-            f"another host, tunnel to it: ssh -L PORT:127.0.0.1:PORT THIS-HOST")
+            f"{value!r}: the page of `run` has no login, so it is served on loopback only, to your own "
+            f"connections (on {host} anyone who reached it would see your command, and with --web-actions stop "
+            f"it); give 127.0.0.1:PORT and, from another host, tunnel to it: ssh -L PORT:127.0.0.1:PORT THIS-HOST")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -105,10 +106,9 @@ def _status_line(view) -> str:
               help="Keep the store and logs in this folder instead of a temporary one.")
 @click.option("--web-listen", default="none", show_default=True, metavar="HOST:PORT", callback=_loopback_web_listen,
               help="Serve the job's page here, on loopback only (127.0.0.1:0: a free port; the address is "
-                   "printed at start). It has no login: every user of this machine can open it.")
+                   "printed at start), to your own connections only (and root's).")
 @click.option("--web-actions", is_flag=True,
-              help="Offer Diagnose, Request checkpoint and Stop on the page (with --web-listen): whoever "
-                   "opens it may stop your command.")
+              help="Offer Diagnose, Request checkpoint and Stop on the page (with --web-listen).")
 def run(command, interval, status_every, gpu_source, rules, as_json, output, summary_dir, keep, web_listen,
         web_actions) -> None:
     """Run COMMAND and watch its whole process tree (use `--` before the command)."""
@@ -145,8 +145,9 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 if web_listen is not None:
                     # after the stack's own --web-listen none (the last one counts); actions said either way,
                     # so that a CLUSTERWATCH_WEB_ACTIONS meant for the cluster's collector does not switch
-                    # them on here
-                    extra += ["--web-listen", web_listen, "--web-actions" if web_actions else "--no-web-actions"]
+                    # them on here; the page this user's alone, as the collector's socket is
+                    extra += ["--web-listen", web_listen, "--web-actions" if web_actions else "--no-web-actions",
+                              "--web-owner-uid", str(os.getuid())]
                 stack.start_collector(extra)
             except ClusterwatchError as exc:
                 fail(str(exc))
@@ -174,9 +175,9 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
             if web_listen is not None:  # a --web-listen given is bound or the collector did not start
-                who = "every user of this machine can open it" + (", and stop the command" if web_actions else "")
+                what = "with Diagnose, Request checkpoint and Stop" if web_actions else "read-only"
                 url = _page_url(web_listen, stack.web_port, job_id)
-                _say(f"[clusterwatch] the job's page: {url} (no login: {who})")
+                _say(f"[clusterwatch] the job's page: {url} ({what}; for your own browser only)")
             code = _supervise(command_tree, signals, status_every,
                               lambda: _status_line(fetch_job(stack.address, job_id)))
             if signals.received:  # what a shell reports for a command a signal ended

@@ -5,6 +5,7 @@ Real `clusterwatch run` processes watching a real command; the page fetched over
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -28,9 +29,31 @@ def _get(url: str) -> str | None:
         return None  # 404 until the agent's first samples name the job
 
 
-def _watched_page(tmp_path, *flags: str, env: dict | None = None) -> tuple[str, str, int]:
+SYSTEM_PYTHON = "/usr/bin/python3"  # one that `nobody` may run (the venv's may sit in a folder it may not enter)
+FETCH = r"""
+import sys, urllib.error, urllib.request
+try:
+    r = urllib.request.urlopen(sys.argv[1], timeout=20)
+except urllib.error.HTTPError as exc:
+    r = exc
+print(r.status if hasattr(r, "status") else r.code, r.read().decode())
+"""
+
+
+def _fetch_as(user: str, url: str) -> tuple[int, str]:
+    """GET `url` from a process of `user` (root may act as any user: the suite runs as root)."""
+    assert os.geteuid() == 0, "this test starts a process as another user: run the suite as root, as CI does"
+    r = subprocess.run(["runuser", "-u", user, "--", SYSTEM_PYTHON, "-c", FETCH, url], capture_output=True,
+                       text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    code, _, body = r.stdout.partition(" ")
+    return int(code), body
+
+
+def _watched_page(tmp_path, *flags: str, env: dict | None = None, meanwhile=None) -> tuple[str, str, int]:
     """Run a command that waits for a file under `run --web-listen 127.0.0.1:0 FLAGS`; its page (once it
-    shows the command's process), the printed line and the command's pid. The run is ended and reaped."""
+    shows the command's process), the printed line and the command's pid. `meanwhile(url)` is called while
+    the run still runs. The run is ended and reaped."""
     done = tmp_path / "done"
     code = f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.1)"
     proc = subprocess.Popen([*CLI, "run", "--interval", "0.5", "--gpu-source", "none", "--status-every", "0",
@@ -52,6 +75,8 @@ def _watched_page(tmp_path, *flags: str, env: dict | None = None) -> tuple[str, 
             return page if report and re.search(rf"\b{pid}\b", html.unescape(report.group(1))) else None
 
         page = wait_for(shows_the_process, timeout=60, what="the job's page with the command's process")
+        if meanwhile is not None:
+            meanwhile(url)
         done.touch()
         proc.communicate(timeout=90)
         assert proc.returncode == 0
@@ -69,13 +94,25 @@ def test_the_printed_address_serves_the_jobs_page_read_only(tmp_path):
     page, line, pid = _watched_page(tmp_path, env=env)
     assert f"Job local-{pid}" in page and 'id="badge"' in page and "<svg" in page
     assert "id=\"action-" not in page, "a run's page is read-only without --web-actions"
-    assert "no login: every user of this machine can open it)" in line
+    assert "(read-only; for your own browser only)" in line
 
 
-def test_web_actions_offer_the_buttons(tmp_path):
-    page, line, _ = _watched_page(tmp_path, "--web-actions")
+def test_web_actions_offer_the_buttons_to_the_user_alone(tmp_path):
+    seen = {}
+
+    def as_others(url: str) -> None:
+        # every user of the host reaches loopback: the kernel's socket table says whose connection it is
+        seen["nobody"] = _fetch_as("nobody", url)
+        seen["nobody-stop"] = _fetch_as("nobody", url + "/confirm?action=stop")
+        seen["root"] = _fetch_as("root", url)
+
+    page, line, pid = _watched_page(tmp_path, "--web-actions", meanwhile=as_others)
     assert 'id="action-diagnose"' in page and 'id="action-stop"' in page
-    assert "and stop the command" in line
+    assert "with Diagnose, Request checkpoint and Stop" in line
+    for key in ("nobody", "nobody-stop"):
+        code, body = seen[key]
+        assert code == 403 and "another user of this host" in body and f"local-{pid}" not in body, (key, body)
+    assert seen["root"][0] == 200 and 'id="action-stop"' in seen["root"][1]
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0:0", "[::]:8080", "192.0.2.7:9752", "example.org:80"])
