@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import random
 import statistics
@@ -66,6 +67,41 @@ def _delays(events: list[dict], expect) -> list[float]:
     return out
 
 
+def _bucket_noise(rows: list[dict], x, field: str, bucket_s: float = 60.0) -> float:
+    """Trend-free noise of the series' bucket minima, as the rule measures it (MAD of consecutive ones / sqrt 2)."""
+    lows: dict[int, float] = {}
+    for r in rows:
+        if r["node"] == x.node and r["pid"] == x.pid and field in r:
+            k = int(r["t"] // bucket_s)
+            v = r[field]
+            if v < lows.get(k, math.inf):
+                lows[k] = v
+    ks = sorted(lows)
+    d = [lows[b] - lows[a] for a, b in zip(ks, ks[1:], strict=False) if b == a + 1]
+    if len(d) < 10:
+        return float("nan")
+    m = statistics.median(d)
+    return 1.4826 * statistics.median([abs(v - m) for v in d]) / math.sqrt(2.0)
+
+
+def noise_bound_min(tr, x, z: float) -> float:
+    """The least delay the noise allows, in minutes (nan where the kind has none to compute).
+
+    A slope r under bucket-minimum noise s, one minimum a minute, is z standard errors above zero after
+    D = (z s sqrt(12 / 60) / r) ** (2 / 3) hours of growth (least squares on D * 60 points: se =
+    s sqrt(12 / (60 D^3))); no slope test at that z can fire sooner. A staircase is told at its third
+    step (two can be unrelated events): two periods after the first. Stalls wait for the rule's for_s.
+    """
+    p = tr.params
+    if "period" in p and "rate" in p:
+        return 2 * p["period"] / 60.0
+    if "rate" not in p:
+        return float("nan")
+    field = "rss_bytes" if "host_memory_leak" in x.rules else "gpu_mem_bytes"
+    s = _bucket_noise(tr.rows, x, field)
+    return (z * s * math.sqrt(12 / 60) / p["rate"]) ** (2 / 3) * 60.0
+
+
 def _p(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -76,6 +112,7 @@ def _p(values: list[float], q: float) -> float:
 def run_kind(kind: str, draws: int, rules, score) -> dict:
     caught = expected = false = 0
     delays: list[float] = []
+    bounds: list[float] = []
     a_caught = a_expected = a_false = 0
     a_delays: list[float] = []
     for seed in range(draws):
@@ -87,6 +124,8 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
         caught += len(tr.expect) - len(missed)
         false += len({(r, n, p) for r, n, p, _ in fa})
         delays += _delays(ev, tr.expect)
+        bounds += [b for b in (noise_bound_min(tr, x, rules.gpu_memory_leak.min_t_stat) for x in tr.expect)
+                   if b == b]
         if score is not None and iv >= ANCHOR_MIN_INTERVAL:
             aev = score.anchor_promql(tr.rows)
             for e in aev:
@@ -96,7 +135,7 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
             a_caught += len(tr.expect) - len(am)
             a_false += len({(r, n, p) for r, n, p, _ in afa})
             a_delays += _delays(aev, tr.expect)
-    return dict(kind=kind, caught=caught, expected=expected, false=false, delays=delays,
+    return dict(kind=kind, caught=caught, expected=expected, false=false, delays=delays, bounds=bounds,
                 a_caught=a_caught, a_expected=a_expected, a_false=a_false, a_delays=a_delays)
 
 
@@ -131,20 +170,22 @@ def main() -> None:
 
     print(f"{a.draws} draws a kind, poll intervals {', '.join(map(str, INTERVALS))} s in turn")
     print()
-    print("| kind | caught | false alarms | median delay (min) | p90 delay (min) "
+    print("| kind | caught | false alarms | median delay (min) | p90 delay (min) | noise bound, median (min) "
           f"| PromQL-style (draws at >= {ANCHOR_MIN_INTERVAL} s): caught, false, median |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         anchor = "–" if score is None else (f"{r['a_caught']}/{r['a_expected']}, {r['a_false']}, "
                                              f"{fmt(_p(r['a_delays'], 0.5)) if r['a_delays'] else '–'}")
         print(f"| {r['kind']} | {r['caught']}/{r['expected']} | {r['false']} | {fmt(_p(r['delays'], 0.5))} "
-              f"| {fmt(_p(r['delays'], 0.9))} | {anchor} |")
+              f"| {fmt(_p(r['delays'], 0.9))} | {fmt(_p(r['bounds'], 0.5))} | {anchor} |")
     all_d = [d for r in rows for d in r["delays"]]
     a_all = [d for r in rows for d in r["a_delays"]]
     tot = (sum(r["caught"] for r in rows), sum(r["expected"] for r in rows), sum(r["false"] for r in rows))
     a_tot = (sum(r["a_caught"] for r in rows), sum(r["a_expected"] for r in rows), sum(r["a_false"] for r in rows))
     anchor = "–" if score is None else f"{a_tot[0]}/{a_tot[1]}, {a_tot[2]}, {fmt(_p(a_all, 0.5))}"
-    print(f"| **all** | {tot[0]}/{tot[1]} | {tot[2]} | {_p(all_d, 0.5):.1f} | {fmt(_p(all_d, 0.9))} | {anchor} |")
+    all_b = [b for r in rows for b in r["bounds"]]
+    print(f"| **all** | {tot[0]}/{tot[1]} | {tot[2]} | {_p(all_d, 0.5):.1f} | {fmt(_p(all_d, 0.9))} "
+          f"| {fmt(_p(all_b, 0.5))} (leaks) | {anchor} |")
     leak_d = [d for r in rows if "stall" not in r["kind"] and "hang" not in r["kind"] for d in r["delays"]]
     print(f"\nmedian delay, leaks only: {statistics.median(leak_d) if leak_d else float('nan'):.1f} min")
     if not a.no_dev and (TRACES / "dev").is_dir():

@@ -42,6 +42,8 @@ STAIR_SIZE_RATIO = 2.0
 STAIR_TREAD_RATIO = 1.5
 STAIR_MIN_TREAD_HOLDS = 3
 STAIR_FLAT = 0.25
+#: Buckets a noise scale is reused for.
+SIGMA_REUSE_B = 15
 
 
 class Step(NamedTuple):
@@ -67,12 +69,16 @@ def _median(vals: list[float]) -> float:
 class StepTracker:
     """Steps of one series' bucket minima, found as the buckets close; see the module's docstring."""
 
-    __slots__ = ("next_i", "steps", "keep_b")
+    __slots__ = ("next_i", "steps", "keep_b", "sigma_j", "sigma_at")
 
     def __init__(self, keep_b: int) -> None:
         self.next_i = -1         # the next boundary to score (-1: from the first bucket kept)
         self.steps: list[Step] = []
         self.keep_b = keep_b     # steps older than this many buckets are dropped
+        # The noise scale, reused for SIGMA_REUSE_B buckets: a noisy series passes the cheap size
+        # test at most boundaries, and the scale of a few hundred differences changes slowly.
+        self.sigma_j = math.inf
+        self.sigma_at = -(1 << 62)
 
     def scan(self, bb: list[int], bv: list[float], min_step: float) -> bool:
         """Score every boundary whose STEP_HOLD buckets after it have closed; True when a step up was added."""
@@ -82,19 +88,24 @@ class StepTracker:
         last = bb[-1]
         i = max(self.next_i, bb[0] + h)
         added = False
-        sigma_j = None
+        n = len(bb)
         while i + h - 1 <= last:
-            lo = bisect_left(bb, i - h)
-            mid = bisect_left(bb, i, lo)
-            hi = bisect_left(bb, i + h, mid)
+            mid = n - 1 - (last - i)  # where bucket i sits when none is missing since
+            if mid - h >= 0 and bb[mid] == i and bb[mid - h] == i - h:
+                lo, hi = mid - h, min(n, mid + h)
+            else:
+                lo = bisect_left(bb, i - h)
+                mid = bisect_left(bb, i, lo)
+                hi = bisect_left(bb, i + h, mid)
             if mid - lo >= h - 1 and hi - mid >= h - 1:
                 before = _median(bv[lo:mid])
                 after = _median(bv[mid:hi])
                 j = after - before
                 if abs(j) >= min_step:
-                    if sigma_j is None:
-                        sigma_j = self._sigma_j(bb, bv)
-                    if abs(j) >= STEP_Z * sigma_j:
+                    if last - self.sigma_at >= SIGMA_REUSE_B:
+                        self.sigma_j = self._sigma_j(bb, bv)
+                        self.sigma_at = last
+                    if abs(j) >= STEP_Z * self.sigma_j:
                         added |= self._add(Step(i, j, before, after))
             i += 1
         self.next_i = i
