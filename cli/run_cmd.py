@@ -169,7 +169,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             job_id = f"local-{child.pid}"
             write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
             # one machine, a few processes: every poll goes out, so what is shown is never behind
-            stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
+            agent = stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
                                      "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run])
             from clusterwatch.render import printable
 
@@ -189,7 +189,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                                give_up=lambda: len(signals.received) > seen)
             if view is None:
                 _say(f"[clusterwatch] no samples of {job_id} reached the collector; "
-                     f"see {workdir}/agent-{node}.log")
+                     + _agent_said(agent, stack.log_tail(f"agent-{node}", 1), keep, f"{workdir}/agent-{node}.log"))
             else:
                 _report(view, as_json, output)
         finally:
@@ -201,6 +201,16 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
 
                 shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)
+
+
+def _agent_said(agent: subprocess.Popen, last_line: str, keep: str | None, log_path: str) -> str:
+    """Why no sample came: the embedded agent's own last line where it stopped (its log goes with the run's
+    folder unless --keep)."""
+    if agent.poll() not in (None, 0) and last_line:
+        said = f"the agent stopped: {last_line.strip()}"
+    else:
+        said = "the agent sent none"
+    return f"{said} (its log: {log_path})" if keep is not None else f"{said} (--keep DIR keeps its log)"
 
 
 def _report(view, as_json: bool, output: str | None) -> None:
