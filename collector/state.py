@@ -363,7 +363,7 @@ class ClusterState:
             series.samples += n_polls
             series.alive = True
             hist = series.history
-            if not hist or hist.last_t + step <= t_last:  # usually a point a batch, at its last poll
+            if hist.last_t + step <= t_last:  # usually a point a batch, at its last poll (last_t -inf: none yet)
                 polls.extend_history(series, j, step, gpu)
             live.add(series.key)
             touched.append(series)
@@ -400,7 +400,7 @@ class ClusterState:
         series.alive = True
         series.samples += 1
         hist = series.history
-        if not hist or t >= hist.last_t + self.history_step_s:  # the per-poll path's comparison, exactly
+        if t >= hist.last_t + self.history_step_s:  # the per-poll path's comparison, exactly (-inf: none yet)
             hist.append((t, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads,
                          s.open_fds))
         v = s.rss_bytes
@@ -693,7 +693,7 @@ class _Polls:
         gpu: the last poll's GPU memory and utilisation, when known (see refresh)."""
         times, hist = self.times, series.history
         polls = len(times)
-        k = bisect_left(times, hist.last_t + step) if hist else 0
+        k = bisect_left(times, hist.last_t + step)  # 0 for an empty history (last_t -inf)
         while k < polls:
             t = times[k]
             if k == polls - 1:
