@@ -15,13 +15,21 @@ memory (VmRSS) is read every 10 s; once it levels off the history is full, and
 
 which the figures for the default step (--history-step 5, H × 5 s of history) carry over to, since the
 step changes when a point is kept, not what it holds. Printed: the RSS curve of each run and that table.
+
+Before them, the two layouts of a process's history side by side, in this process (tracemalloc, 64
+processes × the first --history): the deque of named tuples the collector kept until issue 19 (a tuple
+and a float or int object a field; built here as ingest built them, fresh objects a point) and the ring
+of columns it keeps now (collector/point_ring.py), bytes a point each.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
+import tracemalloc
+from collections import deque
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,6 +39,33 @@ from benchlib import PYTHON, Children, CollectorProc, table  # noqa: E402
 LOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "load.py")
 POLL_S = 0.2
 STEP_S = 0.15  # below the poll interval: every poll a point, whatever the floats' rounding
+
+
+def layouts(points: int, processes: int = 64) -> list[list[str]]:
+    """Bytes a point of `processes` histories of `points` each, as a deque of Points and as a ring."""
+    from clusterwatch.collector.state import Point, process_history
+
+    rng = random.Random(7)
+    rows = []
+    for name, make, row in (("deque of named tuples (until issue 19)", lambda: deque(maxlen=points), Point),
+                            ("ring of array columns (collector/point_ring.py)", lambda: process_history(points),
+                             lambda *v: v)):
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        held = [make() for _ in range(processes)]
+        for k in range(points):
+            for h in held:
+                # values as a poll brings them: a fresh float or int object a field (threads and descriptors
+                # below 257 are ints Python shares)
+                h.append(row(1.8e9 + k + rng.random(), rng.uniform(0, 800), (3 << 30) + rng.randrange(1 << 20),
+                             (20 << 30) + rng.randrange(1 << 20), rng.uniform(0, 100), rng.randrange(20, 120),
+                             rng.randrange(50, 300)))
+        grown = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        rows.append([name, f"{grown / (processes * points):.0f}", f"{grown / processes / 1024:.1f}",
+                     f"{grown / processes * 64 / benchlib.MiB:.2f}"])
+        del held
+    return rows
 
 
 def one(nodes: int, history: int, duration: float, clients: int) -> dict:
@@ -76,6 +111,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.histories, args.duration = 5, "30,10", 12.0
+    first = int(args.histories.split(",")[0])
+    print(table(f"A process's history, the two layouts: 64 processes × {first} points, in process",
+                ["layout", "B a point", "KiB a process", "MiB a node of 64"], layouts(first),
+                ["tracemalloc: the Python objects only (no allocator slack), fields as ingest fills them"]),
+          flush=True)
     runs = [one(args.nodes, int(h), args.duration, args.clients) for h in args.histories.split(",")]
     for r in runs:
         print(f"--history {r['history']}: RSS MiB every 10 s: "
