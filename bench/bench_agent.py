@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Agent CPU per poll for 64 watched processes on 8 simulated GPUs, beside a seed-style monitor.
 
-    .venv/bin/python bench/bench_agent.py [--quick] [--rounds 5] [--polls 20] [--profile]
+    .venv/bin/python bench/bench_agent.py [--quick] [--rounds 5] [--polls 20] [--profile] [--nvml-only]
+
+(`--nvml-only`: only the NVML rows below and the agent's poll taken apart, about 40 s; with
+`--profile`, a cProfile of the NVML agent's polls too.)
 
 Starts 64 child processes that keep their /proc/<pid>/stat moving, as a training node's ranks
 and data-loader workers do (BUSY_CHILD), each with CLUSTERWATCH_SIM_GPU spread over 8 simulated
