@@ -92,7 +92,8 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               help="Ask Slurm (scontrol, SLURM_CONF from the environment) about jobs: names, users, states, "
                    "allocations; close jobs Slurm says ended.")
 @click.option("--slurm-refresh", type=click.FloatRange(min=0.2), default=5.0, show_default=True,
-              help="Seconds between questions to Slurm (backs off while slurmctld does not answer).")
+              help="Seconds between the deployment's questions to Slurm (backs off while slurmctld does not "
+                   "answer); a shard of N takes its turn, asking every N times this.")
 @click.option("--ssh-known-hosts", type=click.Path(dir_okay=False), default=None,
               help="known_hosts for the nodes; with --ssh-key, nodes without an agent are asked for the "
                    "job's pids (scontrol listpids) over SSH.")
