@@ -14,7 +14,8 @@ Readers see what a deque of tuples gave them: iteration oldest first yields the 
 process, a plain tuple for a GPU), ``len``, ``maxlen``, ``ring[-1]``. An unknown value (None) is stored as
 NaN in a float column and -1 in an integer one (the wire's own "unknown" for those fields, never a real
 reading), and read back as None. Every value fits a ``q``: collector/ingest_checks.py refuses a batch with
-bytes over 2**52 or counts over 2**24 before it reaches the state.
+bytes over 2**52 or counts over 2**24 before it reaches the state; a process's GPU memory, a sum over as
+many GPU uses as a message holds, is kept as unknown past 2**63.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 _NAN = float("nan")
+_INT64_MAX = (1 << 63) - 1
 
 
 class ColumnRing:
@@ -110,7 +112,8 @@ class ProcessRing(ColumnRing):
         c_t, c_cpu, c_rss, c_gmem, c_gutil, c_thr, c_fds = self._cols
         cpu = _NAN if cpu is None else cpu
         rss = -1 if rss is None else rss
-        gmem = -1 if gmem is None else gmem
+        # a sum over the process's GPUs: each use is bounded, their number only by the message's size
+        gmem = -1 if gmem is None or gmem > _INT64_MAX else gmem
         gutil = _NAN if gutil is None else gutil
         threads = -1 if threads is None else threads
         fds = -1 if fds is None else fds

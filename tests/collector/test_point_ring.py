@@ -66,3 +66,9 @@ def test_zero_is_a_reading_not_unknown() -> None:
     gpu.append((T0, 0.0, 0))
     gpu.append((T0 + 1, None, None))
     assert list(gpu) == [(T0, 0.0, 0), (T0 + 1, None, None)]
+
+
+def test_a_gpu_memory_sum_past_int64_is_kept_as_unknown_not_raised() -> None:
+    ring = process_history(2)
+    ring.append((T0, 1.0, 5, 2048 * (1 << 52), 1.0, 3, 4))  # 2,048 GPU uses at ingest_checks' bound, summed
+    assert ring[-1] == Point(T0, 1.0, 5, None, 1.0, 3, 4)
