@@ -162,10 +162,12 @@ class JobRegistry(CoreListener):
     def next_delay(self) -> float:
         """Seconds to the next pass: the interval (a shard: to the start of its next turn), doubled per
         consecutive failure up to the cap (a shard: never below its period)."""
+        if self.turn is None:  # one collector
+            if not self.failures:
+                return self.interval_s
+            return min(self.interval_s * 2 ** self.failures, self.max_backoff_s)
         if self.failures:
             return min(self.period_s * 2 ** self.failures, max(self.max_backoff_s, self.period_s))
-        if self.turn is None:
-            return self.interval_s
         index, _ = self.turn
         now = self.clock()
         # Half an interval ahead: a sleep that wakes a little early, at the end of the slot before its
