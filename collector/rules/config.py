@@ -63,13 +63,15 @@ class LeakRule:
             independent of the poll interval.
         windows: Look-back windows, each with its own rate floor.
         sub_buckets: Points a window is reduced to (at least 6; each needs a sample).
-        min_t_stat: Least slope / standard error of the slope (noise guard).
+        min_t_stat: Least slope / standard error of the slope (noise guard), for the longest
+            window; shorter ones need more, for as few false alarms an hour (they come round more often).
         min_mk_z: Least Mann–Kendall score of the window's bucket minima (a rank test of
             rising order that needs no noise scale: a second, independent noise guard).
         rise_fraction: Each third of the window must sit above the previous third by
             this fraction of the rise the slope predicts (growth is sustained, not one step).
-        max_jump_fraction: No two consecutive sub-bucket increments may carry more than this
-            fraction of the window's growth (plus twice the noise): a one-time step does.
+        max_jump_fraction: A window whose two consecutive point increments carry more than this
+            fraction of its growth is tested for one step (two flat levels that fit its bucket
+            minima better than a leak does); 0 tests every window.
         urgent_time_to_full_s: When the series would be full sooner than this, every
             window fires at `min_rate_per_h` (a fast leak near the limit fires early).
         resolve_fraction: A firing leak resolves when the slope over its window falls
@@ -99,7 +101,7 @@ class LeakRule:
     min_t_stat: float = 4.0
     min_mk_z: float = 3.5
     rise_fraction: float = 0.25
-    max_jump_fraction: float = 0.6
+    max_jump_fraction: float = 0.0
     urgent_time_to_full_s: float = 6 * 3600.0
     resolve_fraction: float = 0.5
     bend_ratio: float = 0.8

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import NamedTuple
 
 from .config import LeakRule
@@ -56,9 +57,11 @@ NOISE_HISTORY_WINDOWS = 8
 #: gives over a third (besides `rise_fraction` of the fitted rise): growth at the floor rate
 #: shows in the minima, and most analyses of a healthy series end at this test, unfitted.
 RISE_AT_FLOOR = 0.5
-#: How much better (in a point's variances) two flat levels must fit a window than a leak does for its
-#: growth to count as one step (see `_one_step`): 2 standard errors' worth, 4 variances.
+#: How much better (in a bucket minimum's variances) two flat levels must fit a window than a leak does
+#: for its growth to count as one step (see `_one_step`).
 STEP_MARGIN = 4.0
+#: The fewest buckets a leak's rise spans (a rise over fewer is as much a step, still to be seen).
+STEP_MIN_RISE_B = 4
 #: Standard errors by which the growth must slow down (see `LeakSeries._bends_over`) to count as a
 #: warm-up's tail: a leak's own wobble passes for one about one analysis in forty, which delays it a little.
 BEND_Z = 2.0
@@ -109,6 +112,8 @@ class _WindowShape(NamedTuple):
     gate: float        # the least rise of each third's minimum that firing implies
     gate_total: float  # the same with a known total (the floor may drop to the rule's rate)
     sxx: float         # sum of squared x deviations of a full window
+    t_need: float      # the least t statistic of the slope (min_t_stat, for the window's length)
+    z_need: float      # the least Mann–Kendall score (min_mk_z, the same way)
 
 
 class _Plan(NamedTuple):
@@ -169,18 +174,33 @@ def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: L
     xs = [(k + 0.5) * width for k in range(n)]
     mx = sum(xs) / n
     sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
-    return _WindowShape(wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx)
+    longest = max(w.window_s for w in rule.windows)
+    return _WindowShape(wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx,
+                        _for_length(rule.min_t_stat, length, longest), _for_length(rule.min_mk_z, length, longest))
+
+
+def _for_length(z: float, length: float, longest: float) -> float:
+    """The score a window of `length` must reach for as few false alarms an hour as the longest window at `z`.
+
+    A window's noise-only tests come round about once a window length: a window ten times shorter gets
+    ten times the chances in an hour, so each must be ten times as unlikely (a normal tail).
+    """
+    if length >= longest or z <= 0:
+        return z
+    nd = NormalDist()
+    return nd.inv_cdf(1.0 - nd.cdf(-z) * length / longest)
 
 
 class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
-                 "gate", "gate_total", "a3", "b3")
+                 "gate", "gate_total", "a3", "b3", "t_need", "z_need")
 
     def __init__(self, shape: _WindowShape) -> None:
         # copied into slots: the analyses read them on every bucket close, an attribute each
         self.wb, self.n, self.width, self.length, self.floor = shape.wb, shape.n, shape.width, shape.length, shape.floor
         self.third, self.a3, self.b3, self.sxx = shape.third, shape.a3, shape.b3, shape.sxx
         self.gate, self.gate_total = shape.gate, shape.gate_total
+        self.t_need, self.z_need = shape.t_need, shape.z_need
         self.pt_end = 0  # first bucket index after the open point
         # Points (index on this window's grid, value = median of the point's bucket minima),
         # oldest first. A window of one-bucket points reads the series' bucket lists instead.
@@ -473,10 +493,13 @@ class LeakSeries:
             return None
         sigma, sigma_d, sigma_free, sigma_bucket = self._point_noise(w, diffs, xs, ys, slope, icpt)
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
-        if se > 0 and slope < rule.min_t_stat * se:
+        if se > 0 and slope < w.t_need * se:
             return None
-        if _one_step(xs, ys, rule.max_jump_fraction, sigma_d, sigma_free):
-            return None
+        if _step_candidate(ys, rule.max_jump_fraction, sigma_d):
+            lo = bisect_left(self.bb, first_k * w.wb)
+            hi = bisect_left(self.bb, (last_k + 1) * w.wb, lo)
+            if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket):
+                return None
         if rule.bend_ratio > 0 and self._bends_over(w, last_k, sigma_bucket, rule.bend_ratio):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
@@ -650,56 +673,52 @@ def _time_to_full(total: float | None, level: float, slope: float) -> float | No
     return None
 
 
-def _one_step(xs: list[float], ys: list[float], max_jump_fraction: float, sigma_d: float, sigma_free: float
-              ) -> bool:
-    """Whether the window's growth is one step (then flat), not a leak.
+def _step_candidate(ys: list[float], max_jump_fraction: float, sigma_d: float) -> bool:
+    """Whether two consecutive point increments carry more than `max_jump_fraction` of the window's growth.
 
-    A candidate first: two consecutive increments carry more than `max_jump_fraction` of the
-    window's growth (one step spreads over at most two, a point that straddles it sitting between
-    the levels; the slack is the differences' noise scale, since the residuals' would grow with the
-    step itself). So does a leak that began inside the window, flat then rising, in a short window
-    of few points: the candidate is one step only when two flat levels (the straddling point free)
-    fit the points better than a leak does (a line, or flat then a line over the last four points or more), by more
-    than STEP_MARGIN times a point's variance: a step is sharp, a leak's rise is spread out.
+    One step spreads over at most two (a point that straddles it sits between the levels); a leak over
+    all of them. So does a leak that began inside a short window of few points, and noise: the
+    candidate is judged by `_one_step`, on the window's bucket minima.
     """
     total_rise = median(ys[-3:]) - median(ys[:3])
     jump = max(ys[i + 2] - ys[i] for i in range(len(ys) - 2))
-    if jump <= max_jump_fraction * total_rise + 2.0 * sigma_d:
-        return False
-    return _sse_step(ys) + STEP_MARGIN * sigma_free * sigma_free < _sse_leak(xs, ys)
+    return jump > max_jump_fraction * total_rise
 
 
-def _sse(vals: list[float]) -> float:
-    if not vals:
-        return 0.0
-    m = sum(vals) / len(vals)
-    return sum((v - m) ** 2 for v in vals)
+def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float) -> bool:
+    """Whether two flat levels fit a window's bucket minima (xs, ys) better than a leak does, by more
+    than STEP_MARGIN bucket variances (`sigma`: a bucket minimum's noise).
 
-
-def _sse_step(ys: list[float]) -> float:
-    """Least squared residual of two flat levels, split anywhere, optionally with one point free between."""
+    A leak: a line, or flat and then a line over the last `min_rise_b` buckets or more (breakpoints
+    every `stride` buckets). On bucket minima a step is sharp (the bucket it falls in keeps the lower
+    level), where a point straddling it is not; a leak's rise is spread out.
+    """
     n = len(ys)
-    best = math.inf
-    for j in range(1, n):
-        best = min(best, _sse(ys[:j]) + _sse(ys[j:]))
-        if j < n - 1:
-            best = min(best, _sse(ys[:j]) + _sse(ys[j + 1:]))
-    return best
-
-
-def _sse_leak(xs: list[float], ys: list[float]) -> float:
-    """Least squared residual of a leak: flat until one of the points (the first: a plain line), then a line
-    through at least four points (a rise over fewer increments is as much a step, still to be seen)."""
-    n = len(xs)
-    best = math.inf
-    for b in xs[:n - 3]:
-        hs = [x - b if x > b else 0.0 for x in xs]
+    if n < 4:
+        return False
+    tot, tot2 = sum(ys), sum(y * y for y in ys)
+    my = tot / n
+    base = tot2 - tot * my  # centred sum of squares, computed once: the values are large, the spread small
+    ds = [y - my for y in ys]
+    best_step = math.inf
+    a = a2 = 0.0
+    for m in range(1, n):
+        d = ds[m - 1]
+        a += d
+        a2 += d * d
+        left = a2 - a * a / m
+        right = (base - a2) - a * a / (n - m)  # the right part's deviations from the mean sum to -a
+        if left + right < best_step:
+            best_step = left + right
+    best_leak = math.inf
+    for b in range(xs[0], xs[-1] - min_rise_b + 1, max(1, stride)):
+        hs = [x - b if x > b else 0 for x in xs]
         mh = sum(hs) / n
-        my = sum(ys) / n
         shh = sum((h - mh) ** 2 for h in hs)
         if shh <= 0:
             continue
-        slope = sum((h - mh) * (y - my) for h, y in zip(hs, ys, strict=True)) / shh
-        sse = sum((y - my - slope * (h - mh)) ** 2 for h, y in zip(hs, ys, strict=True))
-        best = min(best, sse)
-    return best
+        shy = sum((h - mh) * d for h, d in zip(hs, ds, strict=True))
+        sse = base - shy * shy / shh
+        if sse < best_leak:
+            best_leak = sse
+    return best_step + STEP_MARGIN * sigma * sigma < best_leak

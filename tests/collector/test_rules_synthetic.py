@@ -131,3 +131,19 @@ def test_staircase_with_long_treads_fires_at_its_third_step_and_two_steps_do_not
 def test_benign_kinds_really_are_benign():
     for kind in KINDS_BENIGN:
         assert make(kind, random.Random(0)).expect == []
+
+
+@pytest.mark.parametrize("kind, seed, interval", [
+    # a 174 MiB step under 40 MiB of noise, polled every 45 s: with the step 10 min old, the points
+    # of a short window (medians of four minima, one straddling it) rose like a young leak
+    ("small_step", 22, 45),
+    # a 167 MiB step, its flat levels tilted by noise: no two point increments carried 60 % of the rise
+    ("small_step", 30, 45),
+    # 190 MiB of noise polled every 10 s: a 24 min window of six points rose 330 MiB by chance, t = 4.1
+    # (a window that short comes round ten times as often as the 4 h one, so it must be surer)
+    ("noisy_flat", 42, 10),
+])
+def test_lookalikes_that_once_passed_for_leaks(kind, seed, interval):
+    tr = make(kind, random.Random(f"bench-{kind}-{seed}"), interval=interval)
+    missed, false = check(_run(tr), tr.expect)
+    assert not missed and not false, false
