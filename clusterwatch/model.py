@@ -50,6 +50,30 @@ class GpuReading(NamedTuple):
     power_watts: float | None = None
 
 
+#: The states of /proc/PID/stat (field 3, its main thread's) that hold a process where it is, and what each
+#: means: a rank in one of them makes no progress, and its job waits for it. The others (R running, S
+#: sleeping, I idle) are a process at work or waiting for something that comes; Z (exited) is not sampled.
+HELD_STATES = {
+    "D": "uninterruptible sleep",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+}
+#: At most this many characters of a wchan: kernel symbols are well under it.
+WCHAN_CHARS = 64
+_SYMBOL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
+
+
+def clean_wchan(text: str | bytes) -> str:
+    """A wchan as it may be shown: a kernel symbol's characters only (any other one as "?"), at most
+    WCHAN_CHARS of them; "" for none ("0" is what the kernel says of a process that does not wait)."""
+    if isinstance(text, bytes):
+        text = text[:WCHAN_CHARS * 4].decode("ascii", "replace")
+    text = text.strip()[:WCHAN_CHARS]
+    if text in ("", "0"):
+        return ""
+    return "".join(c if c in _SYMBOL_CHARS else "?" for c in text)
+
+
 @dataclass(slots=True)
 class ProcessSample:
     """One process at one poll, with its job labels where known."""
@@ -72,6 +96,10 @@ class ProcessSample:
     threads: int | None = None
     open_fds: int | None = None
     gpus: tuple[GpuUse, ...] = ()
+    # The kernel's state letter of a process held where it is (see HELD_STATES), "" while it runs or sleeps
+    # (or is not known); for one in D, the kernel function it waits in (/proc/PID/wchan), cleaned (clean_wchan).
+    state: str = ""
+    wchan: str = ""
 
     @property
     def key(self) -> ProcessKey:

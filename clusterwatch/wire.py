@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from clusterwatch.model import (
+    HELD_STATES,
     AllocatorFigures,
     GpuInfo,
     GpuReading,
@@ -15,6 +16,7 @@ from clusterwatch.model import (
     JobEvent,
     ProcessSample,
     TrainingReport,
+    clean_wchan,
 )
 from clusterwatch.v1 import agent_pb2
 
@@ -100,6 +102,10 @@ def processes_to_table(samples: list[ProcessSample], out: agent_pb2.ProcessTable
         out.gpu_memory_bytes.extend([-1 if (v := g[1]) is None else v for g in uses])
         out.gpu_sm_utilization.extend([nan if (v := g[2]) is None else v for g in uses])
         out.gpu_uuids.extend(uuid_index)
+    held = [i for i, s in enumerate(samples) if s.state]  # usually none: one pass, no message
+    for i in held:
+        s = samples[i]
+        out.states.add(row=i, state=s.state, wchan=s.wchan)
     entries = _LABEL_ENTRIES
     out.MergeFromString(b"".join([entries.get(k) or _label_entry(k) for k in label_index]))
 
@@ -117,7 +123,7 @@ class ProcessColumns:
 
     __slots__ = ("rows", "time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads",
                  "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets",
-                 "gpu_uuids")
+                 "gpu_uuids", "states")
 
     def __init__(self, t: agent_pb2.ProcessTable) -> None:
         self.pid = list(t.pid)
@@ -145,6 +151,11 @@ class ProcessColumns:
                              f"of {len(self.label_sets)}")
         if uses and max(self.gpu) >= len(self.gpu_uuids):
             raise ValueError(f"process table: a GPU use points at GPU {max(self.gpu)} of {len(self.gpu_uuids)}")
+        self.states = held_states(t, n) if len(t.states) else _NO_STATES
+
+    def state_of(self, i: int) -> tuple[str, str]:
+        """Row i's (state, wchan): ("", "") for a process that runs or sleeps."""
+        return self.states.get(i, _RUNNING)
 
     def poll_width(self) -> int:
         """Rows a poll when the table's polls list the same processes in the same order, with the same
@@ -184,12 +195,32 @@ class ProcessColumns:
         """Row i as a ProcessSample; gpu_first is where its GPU-use entries start."""
         c, r, th, fd = self.cpu_percent[i], self.rss_bytes[i], self.threads[i], self.open_fds[i]
         lab = self.label_sets[self.labels[i]]
-        return ProcessSample(
+        out = ProcessSample(
             time=self.time[i], node=node, pid=self.pid[i], start_time=self.start_time[i], ppid=lab.ppid,
             uid=lab.uid, user=lab.user, command=lab.command, job_id=lab.job_id, rank=lab.rank,
             local_rank=lab.local_rank, step_id=lab.step_id, mapped_by=lab.mapped_by,
             cpu_percent=c if c == c else None, rss_bytes=r if r >= 0 else None, threads=th if th >= 0 else None,
             open_fds=fd if fd >= 0 else None, gpus=self.gpu_uses(gpu_first, self.gpu_count[i]))
+        if self.states:
+            out.state, out.wchan = self.state_of(i)
+        return out
+
+
+_NO_STATES: dict[int, tuple[str, str]] = {}
+_RUNNING = ("", "")
+
+
+def held_states(t: agent_pb2.ProcessTable, rows: int) -> dict[int, tuple[str, str]]:
+    """A table's `states` as row → (state, wchan), checked: a state not among HELD_STATES is dropped (an
+    agent newer than this collector may send more), a wchan is cleaned (clean_wchan: an agent's text is shown
+    to people); ValueError for a row past the table's."""
+    out: dict[int, tuple[str, str]] = {}
+    for m in t.states:
+        if m.row >= rows:
+            raise ValueError(f"process table: a process state points at row {m.row} of {rows}")
+        if m.state in HELD_STATES:
+            out[m.row] = (m.state, clean_wchan(m.wchan) if m.state == "D" else "")
+    return out
 
 
 def processes_from_table(t: agent_pb2.ProcessTable, node: str) -> list[ProcessSample]:

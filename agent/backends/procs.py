@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from clusterwatch.model import GpuUse, ProcessSample
+from clusterwatch.model import GpuUse, ProcessSample, clean_wchan
 from clusterwatch.procfs import (
     NUM_THREADS,
     PPID,
@@ -54,6 +54,13 @@ _RO = os.O_RDONLY | os.O_CLOEXEC
 _RO_DIR = _RO | os.O_DIRECTORY
 _STAT_MAX = 4096  # a stat line is well under 1 KiB (comm is at most 64 bytes)
 _GONE_STATES = (b"Z", b"X")  # exited, waiting to be reaped: its figures are zeros, not readings
+# The states that hold a process where it is (clusterwatch.model.HELD_STATES), as the stat text spells them.
+_HELD_STATES = {b"D": "D", b"T": "T", b"t": "t"}
+# A process in D: where it waits (/proc/<pid>/wchan) is read when it enters D, then at most this often while
+# its stat text changes (a stuck process's text stays, and so does its wchan); at most WCHAN_READS_A_POLL a
+# poll (a hung file system puts every process that touches it in D at once): the others at the next polls.
+WCHAN_EVERY_S = 10.0
+WCHAN_READS_A_POLL = 8
 
 # List /proc at least every this many polls, whatever /proc/loadavg says (see NewPids).
 DEFAULT_FULL_EVERY = 30
@@ -254,6 +261,9 @@ class _Known:
     ppid: int = 0
     threads: int = 0
     rss_bytes: int = 0
+    state: str = ""  # a held state's letter (see _HELD_STATES), "" otherwise
+    wchan: str = ""  # in D: where it waits, as read at wchan_at
+    wchan_at: float = float("-inf")
 
 
 @dataclass(slots=True)
@@ -312,6 +322,7 @@ class ProcSource:
         self._split: dict[int, tuple[bytes, tuple[int, list[bytes]]]] = {}  # text → split_stat of it (see _reread)
         self._roots: set[int] = set()
         self._parents: dict[int, int] = {}  # pid → parent of every process read at the last tree change
+        self._wchan_left = WCHAN_READS_A_POLL  # wchan reads left in this poll
 
     # -- descriptors ----------------------------------------------------------------------
 
@@ -587,6 +598,7 @@ class ProcSource:
         count_fds, fd_dir_size, fd_every = self.count_fds, self._fd_dir_size, self.fd_count_every_s
         fstat = os.fstat
         node = self.node
+        self._wchan_left = WCHAN_READS_A_POLL
         out: list[ProcessSample] = []
         for pid in pids:
             data = fresh.get(pid)
@@ -624,7 +636,8 @@ class ProcSource:
                         k.fds_at = now
             # positional, in ProcessSample's field order (a third of the cost of keywords; tests check each field)
             out.append(ProcessSample(now, node, pid, k.start_time, k.ppid, k.uid, k.user, k.comm, "", None, None, "",
-                                     "", cpu_percent, k.rss_bytes, k.threads, open_fds, tuple(gpu_use.get(pid, ()))))
+                                     "", cpu_percent, k.rss_bytes, k.threads, open_fds, tuple(gpu_use.get(pid, ())),
+                                     k.state, k.wchan))
         self._known = known
         return out
 
@@ -644,6 +657,7 @@ class ProcSource:
             threads = int(rest[NUM_THREADS - 3])
             rss_pages = int(rest[RSS - 3])
             start = rest[STARTTIME - 3]
+            state = _HELD_STATES.get(rest[STATE - 3], "")
         except (ValueError, IndexError):
             self.read_errors += 1
             return None, None
@@ -661,7 +675,24 @@ class ProcSource:
                 k.close, k.head = close, data[:close]
                 k.comm = stat_comm(data, close)
         k.text, k.ppid, k.threads, k.rss_bytes = data, ppid, threads, rss_pages * _PAGE_SIZE
+        if state != k.state:
+            k.state, k.wchan, k.wchan_at = state, "", float("-inf")
+        if state == "D" and not 0.0 <= now - k.wchan_at < WCHAN_EVERY_S:
+            self._read_wchan(pid, k, now)
         return k, cpu_percent
+
+    def _read_wchan(self, pid: int, k: _Known, now: float) -> None:
+        """Where a process in D waits: the kernel function /proc/<pid>/wchan names (root reads every one's)."""
+        if self._wchan_left <= 0:
+            k.text = b""  # its text is parsed again at the next poll, and its wchan read then
+            return
+        self._wchan_left -= 1
+        try:
+            with open(f"{self.proc}/{pid}/wchan", "rb", buffering=0) as f:
+                k.wchan = clean_wchan(f.read(256))
+        except OSError:
+            k.wchan = ""  # gone, or another user's process to an agent that is not root
+        k.wchan_at = now
 
     def _first_sight(self, pid: int, data: bytes, close: int, start: bytes, cpu_ticks: int,
                      now: float) -> _Known | None:

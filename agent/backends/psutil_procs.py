@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from clusterwatch.model import GpuUse, ProcessSample
+from clusterwatch.model import GpuUse, ProcessSample, clean_wchan
+
+# psutil's names of the states that hold a process where it is (clusterwatch.model.HELD_STATES).
+_HELD_STATUSES = {psutil.STATUS_DISK_SLEEP: "D", psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t"}
 
 # The command as the /proc reader reports it (Linux's comm is at most 15 bytes): the same
 # series names whichever source a node runs.
@@ -116,7 +119,8 @@ class PsutilProcSource:
     def _sample_one(self, pid: int, p: psutil.Process, now: float, seen: dict[int, _Seen],
                     gpu_use: dict[int, list[GpuUse]]) -> ProcessSample | None:
         with p.oneshot():
-            if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            status = p.status()
+            if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                 return None
             start = round(p.create_time(), 2)
             times = p.cpu_times()
@@ -132,7 +136,17 @@ class PsutilProcSource:
                 time=now, node=self.node, pid=pid, start_time=start, ppid=p.ppid(), uid=uid,
                 user=self._user(p, uid), command=p.name()[:COMMAND_CHARS], cpu_percent=cpu_percent,
                 rss_bytes=p.memory_info().rss, threads=p.num_threads(), open_fds=open_fds,
-                gpus=tuple(gpu_use.get(pid, ())))
+                gpus=tuple(gpu_use.get(pid, ())), state=_HELD_STATUSES.get(status, ""),
+                wchan=self._wchan(pid) if status == psutil.STATUS_DISK_SLEEP else "")
+
+    @staticmethod
+    def _wchan(pid: int) -> str:
+        """Where a process in D waits (psutil does not say): /proc/<pid>/wchan, cleaned."""
+        try:
+            with open(f"/proc/{pid}/wchan", "rb", buffering=0) as f:
+                return clean_wchan(f.read(256))
+        except OSError:
+            return ""
 
     def _open_fds(self, p: psutil.Process) -> int | None:
         try:

@@ -75,7 +75,7 @@ class ProcessLabels(_message.Message):
     def __init__(self, ppid: _Optional[int] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step_id: _Optional[str] = ..., mapped_by: _Optional[str] = ...) -> None: ...
 
 class ProcessTable(_message.Message):
-    __slots__ = ("time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets", "gpu_uuids")
+    __slots__ = ("time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads", "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets", "gpu_uuids", "states")
     TIME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ProcessTable(_message.Message):
     GPU_SM_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     LABEL_SETS_FIELD_NUMBER: _ClassVar[int]
     GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     time: _containers.RepeatedScalarFieldContainer[float]
     pid: _containers.RepeatedScalarFieldContainer[int]
     start_time: _containers.RepeatedScalarFieldContainer[float]
@@ -104,7 +105,18 @@ class ProcessTable(_message.Message):
     gpu_sm_utilization: _containers.RepeatedScalarFieldContainer[float]
     label_sets: _containers.RepeatedCompositeFieldContainer[ProcessLabels]
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time: _Optional[_Iterable[float]] = ..., pid: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[int]] = ..., cpu_percent: _Optional[_Iterable[float]] = ..., rss_bytes: _Optional[_Iterable[int]] = ..., threads: _Optional[_Iterable[int]] = ..., open_fds: _Optional[_Iterable[int]] = ..., gpu_count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., gpu_memory_bytes: _Optional[_Iterable[int]] = ..., gpu_sm_utilization: _Optional[_Iterable[float]] = ..., label_sets: _Optional[_Iterable[_Union[ProcessLabels, _Mapping]]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
+    states: _containers.RepeatedCompositeFieldContainer[ProcessState]
+    def __init__(self, time: _Optional[_Iterable[float]] = ..., pid: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[int]] = ..., cpu_percent: _Optional[_Iterable[float]] = ..., rss_bytes: _Optional[_Iterable[int]] = ..., threads: _Optional[_Iterable[int]] = ..., open_fds: _Optional[_Iterable[int]] = ..., gpu_count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[int]] = ..., gpu_memory_bytes: _Optional[_Iterable[int]] = ..., gpu_sm_utilization: _Optional[_Iterable[float]] = ..., label_sets: _Optional[_Iterable[_Union[ProcessLabels, _Mapping]]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., states: _Optional[_Iterable[_Union[ProcessState, _Mapping]]] = ...) -> None: ...
+
+class ProcessState(_message.Message):
+    __slots__ = ("row", "state", "wchan")
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WCHAN_FIELD_NUMBER: _ClassVar[int]
+    row: int
+    state: str
+    wchan: str
+    def __init__(self, row: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts")
