@@ -128,6 +128,10 @@ class ProcessSeries:
     rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
     # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
     seen: float = 0.0
+    # its latest sample's held state (D, T, t; "" while it runs or sleeps) and since when, as of the first
+    # batch that showed it there (a stall's cause: collector/stall_causes.py)
+    state: str = ""
+    state_since: float = 0.0
 
 
 @dataclass(slots=True)
@@ -305,6 +309,8 @@ class ClusterState:
             if series.step is not None:  # time passes for its step rate too (a stalled rank sends no reports)
                 step_stalled(series, series.latest.time)
             s = series.latest
+            if s.state != series.state:
+                series.state, series.state_since = s.state, s.time
             if s.gpus and s.job_id and series.key in live:
                 for g in s.gpus:
                     users[g.gpu_uuid] = s.job_id
@@ -663,6 +669,8 @@ class _Polls:
             s.threads = v if v >= 0 else None
             v = self.fd[j]
             s.open_fds = v if v >= 0 else None
+            if s.state or self.cols.states:
+                s.state, s.wchan = self.cols.state_of(self.last + j)
             if gcount == 1:
                 g = self.gstart[j]
                 m, u = self.gmem[g], self.gsm[g]
