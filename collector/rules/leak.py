@@ -4,7 +4,8 @@ How it decides, in the series' own time (seconds, never sample counts, so poll
 intervals of 1–60 s, jitter and missing polls do not matter):
 
 1. Samples in the first `warmup_s` after the process appears are ignored: the
-   caching allocator grows in steps while it warms up.
+   caching allocator grows in steps while it warms up. The bucket minima of its last
+   third are kept for the bend test only.
 2. Each sample only lowers the minimum of its `bucket_s` bucket (one comparison: this
    is all most samples cost). The minimum ignores upward spikes (checkpoint saves).
 3. Every window W is cut into about `sub_buckets` points on a fixed grid whose width is
@@ -16,7 +17,8 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    minimum of each third of the window must rise). The full test asks for:
    - a Theil–Sen slope at or above the window's rate floor and the rule's minimum rate;
    - growth over the window (slope * W) of at least `min_growth`;
-   - a slope at least `min_t_stat` standard errors above zero, where the noise of a
+   - a slope at least `min_t_stat` standard errors above zero for the longest window, more
+     for shorter ones (as few noise-only chances an hour: `_for_length`), where the noise of a
      point is the largest of a robust scale of the point-to-point differences over the
      last eight windows (trend-free: centred on their median), the robust scale of the
      window's own residuals, and the scale of consecutive bucket minima over all the
@@ -24,20 +26,24 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    - a Mann–Kendall score of at least `min_mk_z`: rank-based, so it needs no noise
      scale and holds when the scale above came out small by chance;
    - the minimum of each third of the window above the previous third's by at least
-     `rise_fraction` of the predicted rise (and half the floor's), and no two consecutive increments carrying
-     more than `max_jump_fraction` of the growth: growth that goes on, where one step
-     followed by a plateau, or an evaluation phase that comes and goes, does not.
+     `rise_fraction` of the predicted rise (and half the floor's): growth that goes on;
+   - not one step: two flat levels do not fit the window's bucket minima better than a
+     leak does (`_one_step`), where a step is sharp and a leak's rise spread out;
+   - no bend (`_bends_over`): the growth over the last three windows, and the warm-up's
+     end after its last step, does not clearly slow down (a warm-up's long tail).
    Short windows have high rate floors (a fast leak fires within minutes), long ones
    the rule's own (a slow leak fires within hours). When the series would be full
    within `urgent_time_to_full_s`, every window uses the rule's own minimum rate.
    The alert reports the later half's slope when that is steeper (a short window that
    fires soon after the leak began still holds flat time) and projects the time to full
    from it.
-4. A firing leak resolves when the slope over the window that fired (and every longer
+4. Staircases (staircase.py): three similar steps up at regular intervals with flat treads
+   fire at the third step, where each window sees one step and a plateau.
+5. A firing leak resolves when the slope over the window that fired (and every longer
    one) falls below `resolve_fraction` of the rule's minimum rate.
 
-State per series is a handful of short lists, bounded by the windows, never by how
-long the process runs.
+State per series is a handful of short lists, bounded by the windows (the steps of twice the
+longest, the warm-up's last third), never by how long the process runs.
 """
 from __future__ import annotations
 
