@@ -55,6 +55,8 @@ def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessV
     ):
         if value is not None:
             setattr(pv, name, value)
+    if series.state and series.alive:  # held where it is (D, T, t): a stall's likely cause
+        pv.state, pv.wchan, pv.state_since = series.state, s.wchan, series.state_since
     if series.allocator:
         allocated, reserved, retries = allocator_totals(series, s.time)
         for name, value in (("gpu_allocated_bytes", allocated), ("gpu_reserved_bytes", reserved),

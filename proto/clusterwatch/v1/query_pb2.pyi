@@ -65,7 +65,7 @@ class JobInfo(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., user: _Optional[str] = ..., account: _Optional[str] = ..., partition: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., time_limit_s: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., source: _Optional[str] = ..., ranks_expected: _Optional[int] = ..., note: _Optional[str] = ..., exit_code: _Optional[int] = ..., qos: _Optional[str] = ..., cluster: _Optional[str] = ...) -> None: ...
 
 class ProcessView(_message.Message):
-    __slots__ = ("node", "pid", "start_time", "user", "command", "rank", "mapped_by", "last_seen", "cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_memory_bytes", "gpu_memory_peak_bytes", "gpu_utilization", "gpu_uuids", "gpu_memory_trend", "rss_trend", "threads", "open_fds", "samples_held", "alive", "step", "steps_per_s", "loss", "lr", "stalled_since", "first_seen", "cpu_seconds", "gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_alloc_retries")
+    __slots__ = ("node", "pid", "start_time", "user", "command", "rank", "mapped_by", "last_seen", "cpu_percent", "rss_bytes", "rss_peak_bytes", "gpu_memory_bytes", "gpu_memory_peak_bytes", "gpu_utilization", "gpu_uuids", "gpu_memory_trend", "rss_trend", "threads", "open_fds", "samples_held", "alive", "step", "steps_per_s", "loss", "lr", "stalled_since", "first_seen", "cpu_seconds", "gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_alloc_retries", "state", "wchan", "state_since")
     NODE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,9 @@ class ProcessView(_message.Message):
     GPU_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_ALLOC_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WCHAN_FIELD_NUMBER: _ClassVar[int]
+    STATE_SINCE_FIELD_NUMBER: _ClassVar[int]
     node: str
     pid: int
     start_time: float
@@ -128,7 +131,10 @@ class ProcessView(_message.Message):
     gpu_allocated_bytes: int
     gpu_reserved_bytes: int
     gpu_alloc_retries: int
-    def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ..., first_seen: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., gpu_allocated_bytes: _Optional[int] = ..., gpu_reserved_bytes: _Optional[int] = ..., gpu_alloc_retries: _Optional[int] = ...) -> None: ...
+    state: str
+    wchan: str
+    state_since: float
+    def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ..., first_seen: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., gpu_allocated_bytes: _Optional[int] = ..., gpu_reserved_bytes: _Optional[int] = ..., gpu_alloc_retries: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., state_since: _Optional[float] = ...) -> None: ...
 
 class GpuView(_message.Message):
     __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds")
