@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from clusterwatch.humanize import duration, size
+from clusterwatch.model import HELD_STATES
 
 if TYPE_CHECKING:  # only for annotations: replay and provenance use printable() without protobuf
     from clusterwatch.v1 import query_pb2
@@ -466,6 +467,8 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
             tail += f"  stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
             if p.alive and not view.job.end_time:
                 tail += f" ({duration(now - p.stalled_since)})"
+        if p.state:
+            tail += f"  {held_text(p, now)}"
         tails.append(tail)
     out.extend(table(columns, rows, width, tails))
     if has_alloc:
@@ -483,6 +486,17 @@ def _ranks(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
     if mapped:
         out.append(f"  mapped to the job by: {', '.join(mapped)}")
     return out
+
+
+def held_text(p: query_pb2.ProcessView, now: float) -> str:
+    """A process held where it is, as the ranks table's tail says it: "in uninterruptible sleep (D) for 6 min,
+    in nfs_wait_bit_killable"."""
+    text = f"{HELD_STATES.get(p.state, 'held')} ({p.state})"
+    if p.HasField("state_since"):
+        text += f" for {duration(max(0.0, now - p.state_since))}"
+    if p.wchan:
+        text += f", in {p.wchan}"
+    return text
 
 
 def _gpus(view: query_pb2.JobView, width: int | None) -> list[str]:

@@ -1,15 +1,20 @@
-"""The live collector's source of stall causes (rules/causes.py's CauseSource): health findings on a job's GPUs.
+"""The live collector's source of stall causes (rules/causes.py's CauseSource): health findings on a job's GPUs,
+then its ranks held where they are.
 
 The rule engine knows the job's ranks, the ranks gone and the agents down; what it cannot know are the
-health events the HealthEngine took from the agents' health records. This gives them, for the job's
-GPUs (those Slurm allocated it and those its processes use), from `since` to `now`, worst first.
+health events the HealthEngine took from the agents' health records, and the processes' states the
+collector's state keeps. This gives the health findings for the job's GPUs (those Slurm allocated it and
+those its processes use), from `since` to `now`, worst first; then the job's live processes whose latest
+sample finds them in uninterruptible sleep (D), stopped (T) or stopped by a tracer (t), held long enough
+for the stall (causes.held_long_enough), longest first. A health event comes first: a GPU that faults can
+wedge the driver call its rank makes, and then the rank is in D because of it.
 The caller holds the core's lock (the engine asks while it handles a batch or a tick).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from clusterwatch.collector.rules.causes import Cause, from_health
+from clusterwatch.collector.rules.causes import CAUSE_LOOKBACK_S, Cause, from_health, held_long_enough, held_rank
 
 __all__ = ["HealthCauses"]
 
@@ -28,14 +33,27 @@ class HealthCauses:
 
     def __call__(self, job_id: str, since: float, now: float) -> list[Cause]:
         job = self.state.jobs.get(job_id)
-        engine = self.health()
-        if job is None or engine is None:
+        if job is None:
             return []
+        engine = self.health()
+        # the engine asks from CAUSE_LOOKBACK_S before the stall began
+        stall_for = max(0.0, now - since - CAUSE_LOOKBACK_S)
         gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
+        held = []
         for key in job.processes:
             series = self.state.processes.get(key)
             if series is not None:
                 gpus.update((key.node, g.gpu_uuid) for g in series.latest.gpus)
+                if series.state and series.alive and held_long_enough(now - series.state_since, stall_for):
+                    held.append(series)
+        out = self._health(job, gpus, since, now, engine) if engine is not None else []
+        held.sort(key=lambda series: (series.state_since, series.key))
+        for series in held:
+            s = series.latest
+            out.append(held_rank(series.state, s.rank, s.node, s.pid, now - series.state_since, s.wchan))
+        return out
+
+    def _health(self, job: Any, gpus: set, since: float, now: float, engine: Any) -> list[Cause]:
         out = []
         # not before the job: an earlier job's fault on the GPU is not what stalls this one
         since = max(since, job.start_time or 0.0)

@@ -7,12 +7,12 @@ caller gives: the live collector one over its HealthEngine, replay one over the 
 or none.
 
 The most likely cause first: a health event on one of the job's GPUs in the minutes before (a GPU that
-faults stops its rank, and the others wait for it in the next collective), a rank whose process is gone,
+faults stops its rank, and the others wait for it in the next collective; a driver call it wedged can put
+the rank in D too, so the event says more), a rank held where it is (in uninterruptible sleep, state D: I/O
+that does not return; stopped, T: a SIGSTOP, ctrl-Z or a debugger), a rank whose process is gone,
 a node whose agent is down, the odd rank out (the one whose step, power or utilisation differs from the
 others'), and last the shape of a hung collective on the rank itself: its GPU busy at near-idle power
 (NCCL's kernel spins at ~100 % utilisation while it waits, drawing little).
-
-Uninterruptible sleep (state D) is not among them: the agent does not send a process's state.
 """
 from __future__ import annotations
 
@@ -23,11 +23,16 @@ from typing import Any
 
 from clusterwatch.humanize import duration
 
-__all__ = ["Cause", "CauseSource", "RankFigures", "CAUSE_LOOKBACK_S", "HUNG_POWER_SHARE", "from_health",
-           "gone_rank", "agent_down", "odd_rank_out", "hung_collective"]
+__all__ = ["Cause", "CauseSource", "RankFigures", "CAUSE_LOOKBACK_S", "HUNG_POWER_SHARE", "HELD_MIN_S",
+           "from_health", "held_rank", "held_long_enough", "gone_rank", "agent_down", "odd_rank_out",
+           "hung_collective"]
 
 #: How far before a stall began a health event still counts as its cause ("in the minutes before").
 CAUSE_LOOKBACK_S = 600.0
+#: A rank held (state D, T or t) this long is a stall's cause, or, in a younger stall, for half of it at least
+#: (HELD_FLOOR_S at the least): every process passes through D for a disk read, and a moment of it is no cause.
+HELD_MIN_S = 60.0
+HELD_FLOOR_S = 5.0
 #: A GPU at or above this utilisation drawing at most this share of the highest power it drew in the job
 #: is waiting, not working (a hung collective).
 HUNG_UTIL_PERCENT = 50.0
@@ -45,10 +50,10 @@ class Cause:
     """The likely cause of a stall.
 
     Attributes:
-        kind: gpu_health, process_gone, agent_down, odd_rank, hung_collective.
+        kind: gpu_health, process_held, process_gone, agent_down, odd_rank, hung_collective.
         text: What the alert says after "likely cause: ".
         figures: The alert's figures for it: cause, and where known cause_node, cause_rank, cause_gpu,
-            cause_xid, cause_rule.
+            cause_xid, cause_rule (process_held: cause_pid, cause_state, cause_wchan, held_for_s).
     """
 
     kind: str
@@ -94,6 +99,33 @@ def from_health(t: float, rule: str, node: str, gpu: str, description: str, now:
     if xid is not None:
         figures["cause_xid"] = xid
     return Cause("gpu_health", text, figures)
+
+
+def held_long_enough(held_for_s: float, stall_for_s: float) -> bool:
+    """Whether a rank held this long explains a stall this old: a minute, or most of a younger stall."""
+    return held_for_s >= min(HELD_MIN_S, max(HELD_FLOOR_S, 0.5 * stall_for_s))
+
+
+_HELD_SAID = {
+    "D": ("has been in uninterruptible sleep", "I/O that does not return, e.g. a hung file system "
+          "(NFS, Lustre) or a wedged driver call; it cannot be killed until it returns"),
+    "T": ("has been stopped (state T)", "a SIGSTOP or ctrl-Z holds it; SIGCONT (kill -CONT) resumes it"),
+    "t": ("has been stopped by a tracer (state t)", "a debugger or tracer holds it; detach it to resume"),
+}
+
+
+def held_rank(state: str, rank: int | None, node: str, pid: int, held_for_s: float, wchan: str = "") -> Cause:
+    """A rank of the job held where it is: in uninterruptible sleep (D), stopped (T) or by a tracer (t)."""
+    said, meaning = _HELD_SAID[state]
+    who = f"rank {rank} on {node} (pid {pid})" if rank is not None else f"pid {pid} on {node}"
+    where = f", in {wchan}" if wchan and state == "D" else ""
+    figures: dict[str, Any] = {"cause": "process_held", "cause_node": node, "cause_pid": pid, "cause_state": state,
+                               "held_for_s": round(held_for_s, 1)}
+    if rank is not None:
+        figures["cause_rank"] = rank
+    if where:
+        figures["cause_wchan"] = wchan
+    return Cause("process_held", f"{who} {said} for {duration(held_for_s)}{where}: {meaning}", figures)
 
 
 def gone_rank(t: float, rank: int | None, node: str, pid: int, now: float) -> Cause:

@@ -156,7 +156,7 @@ def test_gpu_stall_and_idle_gpu_name_the_cause_too():
 def _batch_state() -> tuple[ClusterState, agent_pb2.Batch]:
     st = ClusterState()
     key = ProcessKey("n1", 10, 1.0)
-    st.processes[key] = SimpleNamespace(key=key, alive=True, latest=ProcessSample(
+    st.processes[key] = SimpleNamespace(key=key, alive=True, state="", state_since=0.0, latest=ProcessSample(
         time=100.0, node="n1", pid=10, start_time=1.0, job_id="9", rank=3, gpus=(GpuUse("GPU-b", 1 << 30, 99.0),)))
     st.pids["n1"] = {10: st.processes[key]}
     st.jobs["9"] = JobState("9", nodes=["n1"], gpus_by_node={"n1": ["GPU-b"]}, processes={key})
