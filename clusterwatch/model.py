@@ -24,12 +24,14 @@ class ProcessKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """One GPU of a node."""
+    """One GPU of a node: a whole GPU, or a MIG instance (a slice of one), which names its parent's UUID: a
+    GPU's health (XIDs, ECC, lost, throttling) is read on the whole GPU, and is its slices' health too."""
 
     uuid: str
     index: int
     name: str
     memory_total_bytes: int
+    parent_uuid: str = ""  # a MIG instance's: the whole GPU's UUID; "" for a whole GPU
 
 
 class GpuUse(NamedTuple):

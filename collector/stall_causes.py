@@ -4,8 +4,9 @@ then its ranks held where they are.
 The rule engine knows the job's ranks, the ranks gone and the agents down; what it cannot know are the
 health events the HealthEngine took from the agents' health records, and the processes' states the
 collector's state keeps. This gives the health findings for the job's GPUs (those Slurm allocated it and
-those its processes use), from `since` to `now`, worst first; then the job's live processes whose latest
-sample finds them in uninterruptible sleep (D), stopped (T) or stopped by a tracer (t), held long enough
+those its processes use, and the whole GPU of a MIG instance among them: collector/health/mig.py), from
+`since` to `now`, worst first; then the job's live processes whose latest sample finds them in
+uninterruptible sleep (D), stopped (T) or stopped by a tracer (t), held long enough
 for the stall (causes.held_long_enough), longest first. A health event comes first: a GPU that faults can
 wedge the driver call its rank makes, and then the rank is in D because of it.
 The caller holds the core's lock (the engine asks while it handles a batch or a tick).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterwatch.collector.health.mig import gpu_index, with_parents
 from clusterwatch.collector.rules.causes import CAUSE_LOOKBACK_S, Cause, from_health, held_long_enough, held_rank
 
 __all__ = ["HealthCauses"]
@@ -57,15 +59,15 @@ class HealthCauses:
         out = []
         # not before the job: an earlier job's fault on the GPU is not what stalls this one
         since = max(since, job.start_time or 0.0)
-        for t, f in engine.findings(sorted(gpus), since=since):
+        # a MIG instance's health is read on its whole GPU
+        for t, f in engine.findings(sorted(with_parents(self.state, gpus)), since=since):
             if t > now + 1.0:
                 continue
             rank = f.labels.get("rank", "")
             xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
-            gs = self.state.gpus.get(f.uuid)
             out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
                                    rank=int(rank) if rank and "," not in rank else None,
-                                   xid=int(xid) if xid else None, gpu_index=gs.info.index if gs else None))
+                                   xid=int(xid) if xid else None, gpu_index=gpu_index(self.state, f.node, f.uuid)))
         return out
 
 

@@ -388,7 +388,7 @@ class NvmlGpuSource:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
         name = _text(nv.nvmlDeviceGetName(handle))
         if self._mig_enabled(handle):
-            instances = self._mig_instances(handle, index, name)
+            instances = self._mig_instances(handle, index, name, _text(nv.nvmlDeviceGetUUID(handle)))
             if instances:
                 # The instances are what jobs get and what processes run on; the
                 # parent has no utilisation or process figures of its own in MIG mode.
@@ -417,8 +417,11 @@ class NvmlGpuSource:
             return False  # NotSupported before Ampere
         return bool(current == _MIG_ENABLED)
 
-    def _mig_instances(self, parent: Any, index: int, parent_name: str) -> list[_Device]:
-        """The MIG instances of a GPU; [] when they cannot be listed (the parent is used then)."""
+    def _mig_instances(self, parent: Any, index: int, parent_name: str, parent_uuid: str) -> list[_Device]:
+        """The MIG instances of a GPU; [] when they cannot be listed (the parent is used then).
+
+        Each names its parent's UUID: the GPU's health is read on the whole GPU, and the collector applies it
+        to the jobs on its instances."""
         nv = self._nv
         out: list[_Device] = []
         try:
@@ -443,7 +446,7 @@ class NvmlGpuSource:
                 name = f"{parent_name} MIG {slot}"
             total = self._total_memory(handle)
             # NVML documents device and process utilisation as not supported on MIG.
-            dev = _Device(GpuInfo(uuid, index, name, total), handle, self._calls(handle), is_mig=True)
+            dev = _Device(GpuInfo(uuid, index, name, total, parent_uuid), handle, self._calls(handle), is_mig=True)
             dev.unsupported.update({"utilization", "process_util"})
             out.append(dev)
         return out

@@ -15,6 +15,7 @@ from typing import Any
 from clusterwatch.collector.health.decisions import THROTTLE_REASONS, GpuUser
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.kmsg_marks import KmsgMarks
+from clusterwatch.collector.health.mig import gpu_index, slices_of, with_parents
 from clusterwatch.collector.rules.model import AlertEvent
 from clusterwatch.v1 import query_pb2
 
@@ -29,14 +30,16 @@ def gpu_users(state: Any, node: str, uuid: str, pid: int | None = None,
 
     Only processes that belong to a job count: a GPU's user is a rank of a job. With `hit_at` (an
     event's time), only those that had started by then: the kernel log read at start holds this
-    boot's XIDs, and one from yesterday did not hit today's job.
+    boot's XIDs, and one from yesterday did not hit today's job. A whole GPU in MIG mode is used by the
+    processes on its instances (its health is theirs).
     """
     out = []
+    slices = slices_of(state, node, uuid) if uuid else frozenset()
     for series in (state.pids.get(node) or {}).values():
         s = series.latest
         if not series.alive or not s.job_id or (hit_at is not None and s.start_time > hit_at + 1.0):
             continue
-        if s.pid == pid or any(g.gpu_uuid == uuid for g in s.gpus):
+        if s.pid == pid or any(g.gpu_uuid == uuid or g.gpu_uuid in slices for g in s.gpus):
             out.append(GpuUser(job_id=s.job_id, rank=s.rank, pid=s.pid, process=s.command or None,
                                start_time=s.start_time))
     out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))
@@ -103,9 +106,9 @@ class HealthListener:
             n, uuid = key
             view = engine.gpus.get(key)
             row = query_pb2.GpuHealthRow(node=n, gpu=uuid, lost=bool(view and view.lost))
-            gs = self.state.gpus.get(uuid)
-            if gs is not None:
-                row.index = gs.info.index
+            index = gpu_index(self.state, n, uuid)
+            if index is not None:
+                row.index = index
             findings = engine.findings([key])
             for t, f in findings:
                 row.findings.append(_health_view(t, f))
@@ -138,7 +141,8 @@ class HealthListener:
         return rows
 
     def job_health(self, job: Any) -> list:
-        """The job's health findings as query HealthViews: on its GPUs, since it started, worst first."""
+        """The job's health findings as query HealthViews: on its GPUs (the whole GPU of a MIG instance too),
+        since it started, worst first."""
         gpus = [(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids]
         # GPUs its processes used, where the prolog named none (a job outside Slurm's GPU allocation)
         for key in job.processes:
@@ -146,7 +150,7 @@ class HealthListener:
             if series is not None:
                 gpus += [(key.node, g.gpu_uuid) for g in series.latest.gpus]
         out = []
-        for t, f in self.engine.findings(sorted(set(gpus)), since=job.start_time or 0.0):
+        for t, f in self.engine.findings(sorted(with_parents(self.state, gpus)), since=job.start_time or 0.0):
             out.append(_health_view(t, f))
         return out
 

@@ -292,8 +292,9 @@ def test_mig_instances_are_the_devices() -> None:
     nv = FakeNvml([parent, plain])
     src = source(nv)
     assert src.inventory() == [
-        GpuInfo("MIG-1111", 0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB),
-        GpuInfo("MIG-2222", 0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB),
+        # each names its parent: the GPU's health is read on it (the collector applies it to the instances)
+        GpuInfo("MIG-1111", 0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GiB, "GPU-mig0"),
+        GpuInfo("MIG-2222", 0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB, "GPU-mig0"),
         GpuInfo("GPU-plain", 1, "NVIDIA H100 80GB HBM3", 80 * GiB),
     ]
     for now in (1000.0, 1005.0):

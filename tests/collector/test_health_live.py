@@ -20,7 +20,8 @@ def series(pid: int, rank: int, gpu: str, job: str = "55", alive: bool = True) -
 def state() -> SimpleNamespace:
     procs = {100: series(100, 0, "GPU-a"), 101: series(101, 1, "GPU-b"), 102: series(102, 2, "GPU-a", alive=False),
              103: series(103, 0, "GPU-a", job="")}
-    return SimpleNamespace(pids={"n1": procs},
+    # nodes, gpus: the inventory (none in MIG mode here: a GPU's users are the ranks on it alone)
+    return SimpleNamespace(pids={"n1": procs}, nodes={}, gpus={},
                            processes={ProcessKey("n1", p, float(p)): s for p, s in procs.items()})
 
 
