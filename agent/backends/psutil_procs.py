@@ -33,6 +33,7 @@ class _Seen:
     start_time: float
     cpu_s: float
     sampled_at: float
+    wchan: str | None = None  # in D: where it waits, read when it entered D (None: not in D)
 
 
 class PsutilProcSource:
@@ -129,15 +130,18 @@ class PsutilProcSource:
             cpu_percent = None  # no previous reading of this process yet
             if last is not None and last.start_time == start and now > last.sampled_at:
                 cpu_percent = round(100.0 * (cpu_s - last.cpu_s) / (now - last.sampled_at), 1)
-            seen[pid] = _Seen(p, start, cpu_s, now)
+            wchan = None
+            if status == psutil.STATUS_DISK_SLEEP:  # read when it enters D, as the /proc reader does at most
+                same = last is not None and last.start_time == start and last.wchan is not None
+                wchan = last.wchan if same else self._wchan(pid)  # type: ignore[union-attr]
+            seen[pid] = _Seen(p, start, cpu_s, now, wchan)
             uid = p.uids().real
             open_fds = self._open_fds(p) if self.count_fds else None
             return ProcessSample(
                 time=now, node=self.node, pid=pid, start_time=start, ppid=p.ppid(), uid=uid,
                 user=self._user(p, uid), command=p.name()[:COMMAND_CHARS], cpu_percent=cpu_percent,
                 rss_bytes=p.memory_info().rss, threads=p.num_threads(), open_fds=open_fds,
-                gpus=tuple(gpu_use.get(pid, ())), state=_HELD_STATUSES.get(status, ""),
-                wchan=self._wchan(pid) if status == psutil.STATUS_DISK_SLEEP else "")
+                gpus=tuple(gpu_use.get(pid, ())), state=_HELD_STATUSES.get(status, ""), wchan=wchan or "")
 
     @staticmethod
     def _wchan(pid: int) -> str:

@@ -140,3 +140,34 @@ def test_a_real_stopped_process_reads_t_and_running_again_reads_nothing(stopped,
         return s.state == ""
 
     wait_for(resumed, timeout=10, what="the process running again")
+
+
+def test_the_psutil_source_reads_a_wchan_when_its_process_enters_d_not_every_poll(monkeypatch) -> None:
+    import psutil
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    reads = []
+
+    class Counted(PsutilProcSource):
+        @staticmethod
+        def _wchan(pid: int) -> str:
+            reads.append(pid)
+            return "nfs_wait_bit_killable"
+
+    try:
+        src = Counted("n1")
+        # psutil as it answers for a process in D (one cannot be made on demand without root tricks)
+        monkeypatch.setattr(psutil.Process, "status", lambda self: psutil.STATUS_DISK_SLEEP)
+        for i in range(3):
+            [s] = src.sample(src.descendants({p.pid}), 1000.0 + i, {})
+            assert (s.state, s.wchan) == ("D", "nfs_wait_bit_killable")
+        assert reads == [p.pid]
+        monkeypatch.setattr(psutil.Process, "status", lambda self: psutil.STATUS_SLEEPING)
+        [s] = src.sample(src.descendants({p.pid}), 1004.0, {})
+        assert (s.state, s.wchan) == ("", "")
+        monkeypatch.setattr(psutil.Process, "status", lambda self: psutil.STATUS_DISK_SLEEP)
+        src.sample(src.descendants({p.pid}), 1005.0, {})
+        assert reads == [p.pid, p.pid]  # entered D again: read again
+    finally:
+        p.kill()
+        p.wait()
