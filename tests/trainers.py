@@ -11,7 +11,9 @@ MARKER a request.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,7 @@ class Trainer:
     collector: str
     marker: Path
     spool: Path
+    sock_dir: Path | None = None  # the training socket's short folder, removed at stop
 
     def step(self) -> int | None:
         """Its latest step in `status --json`; None before the job is known or a step reported."""
@@ -91,6 +94,8 @@ class Trainer:
     def stop(self) -> None:
         self.agent.stop()
         self.rank.stop()
+        if self.sock_dir is not None:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
 def start_trainer(tmp: Path, collector: str, job_id: str, mode: str = "loop", node: str = "trainer-node",
@@ -100,7 +105,9 @@ def start_trainer(tmp: Path, collector: str, job_id: str, mode: str = "loop", no
     folder = tmp / f"trainer-{node}"
     spool = folder / "spool"
     spool.mkdir(parents=True)
-    script, sock = folder / "trainer.py", spool / "train.sock"
+    # a Unix socket's path holds 107 bytes: pytest's tmp folder named after a long test leaves too few
+    sock_dir = Path(tempfile.mkdtemp(prefix="cw-tr-", dir="/tmp"))
+    script, sock = folder / "trainer.py", sock_dir / "train.sock"
     script.write_text(TRAINER)
     marker = marker or folder / "checkpoints.txt"
     env = dict(clean_environ(), CLUSTERWATCH_TRAIN_SOCKET=str(sock))
@@ -112,4 +119,4 @@ def start_trainer(tmp: Path, collector: str, job_id: str, mode: str = "loop", no
     agent = Proc([*CLI, "agent", "--collector", collector, "--node", node, *source, "--interval", "0.5",
                   "--send-interval", "0", "--no-provenance", "--spool-dir", str(spool), "--train-socket", str(sock),
                   "--job-id", job_id, "--pid", str(rank.pid)], folder / "agent.log")
-    return Trainer(rank, agent, job_id, collector, marker, spool)
+    return Trainer(rank, agent, job_id, collector, marker, spool, sock_dir)

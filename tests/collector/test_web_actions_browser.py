@@ -62,7 +62,8 @@ def test_diagnose_shows_the_function_a_stuck_rank_is_blocked_in(stack, browser, 
     if width == 390:  # the smaller run asks for the stacks alone
         browser.find_element(By.CSS_SELECTOR, 'input[name="snapshot"]').click()
     browser.find_element(By.ID, "action-diagnose").click()
-    assert "Diagnose: job" in _main(browser)  # the confirmation, not the answer yet
+    # the confirmation, not the answer yet (the click's navigation may still be under way)
+    wait_for(lambda: "Diagnose: job" in _main(browser), timeout=30, what="the confirmation page")
     fits(browser)
     browser.find_element(By.ID, "confirm").click()
     wait_for(lambda: "Stacks (main thread" in _main(browser), timeout=60, what="the diagnosis")
@@ -83,7 +84,7 @@ def test_a_checkpoint_from_the_page_reaches_the_trainers_handler(stack, browser)
     before = stack.marker.read_text().splitlines() if stack.marker.exists() else []
     browser.get(stack.url(f"/jobs/{RUNNING_JOB}"))
     browser.find_element(By.ID, "action-checkpoint").click()
-    browser.find_element(By.ID, "confirm").click()
+    wait_for(lambda: browser.find_elements(By.ID, "confirm"), timeout=30, what="the confirmation page")[0].click()
     wait_for(lambda: "saved checkpoint at step" in _main(browser), timeout=60, what="the handler's answer")
     assert len(stack.marker.read_text().splitlines()) == len(before) + 1
     answers = stack.status_json(RUNNING_JOB)["train_answers"]
