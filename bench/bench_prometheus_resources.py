@@ -22,7 +22,6 @@ two-hour block is) gives the bytes a sample and the index's bytes a series on di
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_vm_resources import Values, folder_bytes, series_of, vm_metric  # noqa: E402
+from bench_vm_resources import Values, folder_bytes, phase_args, series_of, vm_metric  # noqa: E402
 from benchlib import table  # noqa: E402
 
 from tests.services.procs import free_port, wait_http_ready  # noqa: E402
@@ -87,16 +86,7 @@ def serve(exposition: Exposition) -> ThreadingHTTPServer:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--series", default="20000,100000", help="active series a phase, comma-separated, growing")
-    ap.add_argument("--minutes", default="3,5", help="each phase's length")
-    ap.add_argument("--interval", type=float, default=15.0, help="seconds between two scrapes")
-    ap.add_argument("--quick", action="store_true", help="a few seconds: 500 then 1,000 series, a scrape a second")
-    args = ap.parse_args()
-    if args.quick:
-        args.series, args.minutes, args.interval = "500,1000", "0.1,0.1", 1.0
-    phases = list(zip([int(s) for s in args.series.split(",")], [float(m) for m in args.minutes.split(",")],
-                      strict=True))
+    phases, interval = phase_args(__doc__.splitlines()[0], "seconds between two scrapes", 0.1)
     binary = shutil.which("prometheus")
     if not binary:
         sys.exit("prometheus is not installed: apt-get install prometheus")
@@ -108,7 +98,7 @@ def main() -> None:
     data = os.path.join(tmp, "data")
     conf = os.path.join(tmp, "prometheus.yml")
     with open(conf, "w") as f:  # JSON is YAML
-        json.dump({"global": {"scrape_interval": f"{args.interval:g}s", "scrape_timeout": f"{args.interval:g}s"},
+        json.dump({"global": {"scrape_interval": f"{interval:g}s", "scrape_timeout": f"{interval:g}s"},
                    "scrape_configs": [{"job_name": "clusterwatch", "honor_labels": True,
                                        "static_configs": [{"targets": [f"127.0.0.1:{server.server_port}"]}]}]}, f)
     port = free_port()
@@ -155,7 +145,7 @@ def main() -> None:
         wal = folder_bytes(os.path.join(data, "wal"))
         stored = samples0
         per_sample = chunks / stored
-        per_day = 86400 / args.interval
+        per_day = 86400 / interval
         top = rows[-1][0]
         if len(rows) > 1:
             slope = (rows[-1][3] - rows[0][3]) / (rows[-1][0] - rows[0][0])
@@ -165,7 +155,7 @@ def main() -> None:
         table_rows = [[f"{c:,}", f"{m:g}", f"{h:,.0f}", f"{r / MiB:.0f}", f"{hp / MiB:.0f}", f"{cores:.3f}",
                        f"{per * 1e6:.2f}"] for c, m, h, r, hp, cores, per in rows]
         notes = [
-            f"{version}, default flags (+ admin API); a scrape every {args.interval:g} s; RSS with no series "
+            f"{version}, default flags (+ admin API); a scrape every {interval:g} s; RSS with no series "
             f"{rss0 / MiB:.0f} MiB",
             f"memory: {slope:,.0f} B an active series (the RSS slope from {rows[0][0]:,} to {top:,} series), "
             f"{heap_slope:,.0f} B of Go heap in use",

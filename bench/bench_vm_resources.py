@@ -123,17 +123,24 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def phase_args(description: str, interval_help: str, quick_minutes: float) -> tuple[list[tuple[int, float]], float]:
+    """The command line of a storage engine's bench (this one's and bench_prometheus_resources'): its phases
+    as (active series, minutes), growing, and the seconds between two samples of a series."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--series", default="20000,100000", help="active series a phase, comma-separated, growing")
     ap.add_argument("--minutes", default="3,5", help="each phase's length")
-    ap.add_argument("--interval", type=float, default=15.0, help="seconds between two samples of a series")
-    ap.add_argument("--quick", action="store_true", help="a few seconds: 500 then 1,000 series, a push a second")
+    ap.add_argument("--interval", type=float, default=15.0, help=interval_help)
+    ap.add_argument("--quick", action="store_true", help="a few seconds: 500 then 1,000 series, a sample a second")
     args = ap.parse_args()
     if args.quick:
-        args.series, args.minutes, args.interval = "500,1000", "0.05,0.05", 1.0
+        args.series, args.minutes, args.interval = "500,1000", f"{quick_minutes},{quick_minutes}", 1.0
     phases = list(zip([int(s) for s in args.series.split(",")], [float(m) for m in args.minutes.split(",")],
                       strict=True))
+    return phases, args.interval
+
+
+def main() -> None:
+    phases, interval = phase_args(__doc__.splitlines()[0], "seconds between two samples of a series", 0.05)
     binary = shutil.which("victoria-metrics")
     if not binary:
         sys.exit("victoria-metrics is not installed: apt-get install victoria-metrics")
@@ -163,7 +170,7 @@ def main() -> None:
                 now = time.time()
                 push(url, names[:count], values.next()[:count], int(now * 1000))
                 pushes += 1
-                next_at += args.interval
+                next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
             wall = time.monotonic() - t0
             cpu = vm_metric(url, "process_cpu_seconds_total") - cpu0
@@ -179,13 +186,13 @@ def main() -> None:
         small = folder_bytes(os.path.join(data, "data"))
         index = folder_bytes(os.path.join(data, "indexdb"))
         per_sample = small / samples
-        per_day = 86400 / args.interval
+        per_day = 86400 / interval
         top = rows[-1][0]
         slope = (rows[-1][3] - rows[0][3]) / (rows[-1][0] - rows[0][0]) if len(rows) > 1 else rows[0][3] / top
         table_rows = [[f"{c:,}", f"{m:g}", str(p), f"{r / MiB:.0f}", f"{cores:.3f}", f"{per * 1e6:.2f}"]
                       for c, m, p, r, cores, per in rows]
         notes = [
-            f"victoria-metrics {version}, default flags; a sample of each series every {args.interval:g} s; "
+            f"victoria-metrics {version}, default flags; a sample of each series every {interval:g} s; "
             f"RSS with no series {rss0 / MiB:.0f} MiB",
             f"memory: {slope:.0f} B an active series (the RSS slope from {rows[0][0]:,} to {top:,} series)",
             f"CPU: {cpu_total / samples * 1e6:.2f} µs a sample over all phases, {cpu_total / wall_total:.3f} cores "

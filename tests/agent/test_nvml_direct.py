@@ -7,7 +7,6 @@ small. What the source returns must be what pynvml's wrappers would give.
 from __future__ import annotations
 
 import ctypes
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +26,8 @@ MANY = 40  # more than a list buffer's first size
 
 @pytest.fixture
 def many_pids() -> Iterator[list[int]]:
-    procs = [subprocess.Popen(["sleep", "300"]) for _ in range(MANY)]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with fixtures.sleeping_pids(MANY) as pids:
+        yield pids
 
 
 def test_lists_longer_than_the_first_buffer_are_read_whole_and_the_grown_buffer_kept(

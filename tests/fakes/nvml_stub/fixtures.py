@@ -1,6 +1,7 @@
 """Pytest fixtures for the stand-in: import them into a test module (`from ... import stub_lib`)."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,13 +23,21 @@ def stub_lib_no_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("nvml-stub-no-v3"), v3=False)
 
 
-@pytest.fixture
-def live_pids() -> Iterator[list[int]]:
-    """Eight live processes of this host (NVML names host pids; the source drops any other)."""
-    procs = [subprocess.Popen(["sleep", "300"]) for _ in range(8)]
+@contextlib.contextmanager
+def sleeping_pids(count: int) -> Iterator[list[int]]:
+    """The pids of `count` live processes of this host, killed at the end (NVML names host pids; the source
+    drops any other)."""
+    procs = [subprocess.Popen(["sleep", "300"]) for _ in range(count)]
     try:
         yield [p.pid for p in procs]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.fixture
+def live_pids() -> Iterator[list[int]]:
+    """Eight live processes of this host."""
+    with sleeping_pids(8) as pids:
+        yield pids
