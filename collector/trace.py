@@ -210,22 +210,27 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
     """The health records of the job's GPUs (those allocated to it and those its processes use), and the
     events naming one of its processes, from the lead-in before the job to the end of what the engine holds.
 
-    An event older than its node's first line (a kernel-log line the agent read at its start) goes
-    where the collector took it, at that first line, with its own time as `event_t`: who it hit is
-    judged among the processes known then, as live.
+    The collector took a node's first health records with its first samples (the agent sends both in one
+    batch), and names who they hit among the processes known then. So an event older than its node's first
+    process line (a kernel-log line the agent read at its start) goes at that line, with its own time as
+    `event_t`; and so does a counter reading from the job's start on taken before it (the health thread
+    read the GPU before the first poll's time), the last such reading of each GPU: read before, it would
+    name no job, where live it named the job's ranks on the GPU.
     """
     from clusterwatch.v1 import agent_pb2
 
-    first: dict[str, float] = {}   # node → its first line's time in the trace
+    first: dict[str, float] = {}       # node → its first line's time in the trace
+    first_proc: dict[str, float] = {}  # node → its first process line's time
     pids: dict[str, set[int]] = {}
     starts = []
     for t, _, r in rows:
         node = r["node"]
-        if t < first.get(node, float("inf")):
-            first[node] = t
+        first[node] = min(t, first.get(node, t))
         if "kind" not in r:
+            first_proc[node] = min(t, first_proc.get(node, t))
             pids.setdefault(node, set()).add(r["pid"])
             starts.append(r["start_time"])
+    first.update(first_proc)
     begin = job.start_time or min(starts, default=0.0)
     since = begin - 2 * health.throttle.window_s
     gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
@@ -247,11 +252,17 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
             out.append((rec["t"], _HEALTH_EVENT, rec))
         if not ours:
             continue
-        for t, data in view.history_readings():
-            if t >= since:
-                msg = agent_pb2.GpuHealth.FromString(data)
-                msg.time, msg.uuid = t, uuid
-                out.append((t, _HEALTH_COUNTERS, gpu_health_record(node, msg)))
+        readings = [(t, data) for t, data in view.history_readings() if t >= since]
+        start_line = first_proc.get(node)
+        early = [i for i, (t, _) in enumerate(readings) if start_line is not None and begin <= t < start_line]
+        if early:
+            last = early[-1]
+            readings = [(start_line if i == last else t, data) for i, (t, data) in enumerate(readings)
+                        if i == last or i not in early]
+        for t, data in readings:
+            msg = agent_pb2.GpuHealth.FromString(data)
+            msg.time, msg.uuid = t, uuid
+            out.append((t, _HEALTH_COUNTERS, gpu_health_record(node, msg)))
     return out
 
 

@@ -64,7 +64,7 @@ def _batch(seq: int, t: float) -> agent_pb2.Batch:
     return b
 
 
-def _live(tmp_path):
+def _live(tmp_path, batch=_batch, polls: int = POLLS):
     """(what the live health rules fired, the job's trace)."""
     rules = load_rules(None)
     config = CollectorConfig(db_path=str(tmp_path / "cw.db"), history_points=720, history_step_s=1.0)
@@ -77,9 +77,9 @@ def _live(tmp_path):
                                node_memory_total_bytes=64 * GiB,
                                gpus=[agent_pb2.GpuInfo(uuid="GPU-a", index=0, memory_total_bytes=16 * GiB),
                                      agent_pb2.GpuInfo(uuid="GPU-b", index=1, memory_total_bytes=16 * GiB)]))
-    for i in range(POLLS):
+    for i in range(polls):
         clock.now = T0 + i
-        assert core.batch("n1", "b", _batch(i + 1, T0 + i))
+        assert core.batch("n1", "b", batch(i + 1, T0 + i))
         core.tick()
     fired = {_key(a): a.description for a in alerting.store.history(1000) if a.fired_at and a.rule in HEALTH_RULES}
     found = core.job_trace("7")
@@ -122,6 +122,24 @@ def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
                             "ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": 0, "clock_event_reasons": 0x40,
                             "temperature_c": 60}   # not the violation time: for /metrics
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+
+
+def _counted_before_the_first_poll(seq: int, t: float) -> agent_pb2.Batch:
+    """`_batch`, but GPU-a counts uncorrected ECC errors from the agent's start, and its health thread read
+    them 0.3 s before the first poll's time: the reading comes in the first batch, older than its samples."""
+    b = _batch(seq, t)
+    del b.health_events[:], b.gpu_health[:]
+    if seq == 1:
+        b.gpu_health.add(time=t - 0.3, uuid="GPU-a", ecc_uncorrected_volatile=2)
+    return b
+
+
+def test_a_reading_older_than_the_first_samples_names_the_job_in_replay_as_live(tmp_path):
+    rules, live, lines = _live(tmp_path, _counted_before_the_first_poll, polls=20)
+    assert set(live) == {("gpu_memory_errors", "7", "n1", 0, None, "GPU-a")}, live
+    assert _replayed(rules, lines) == live
+    readings = [r for r in map(json.loads, lines) if r.get("kind") == "gpu_health"]
+    assert [r["t"] for r in readings] == [T0]   # placed at the node's first process line, after it
 
 
 def test_without_the_health_records_the_replay_raises_none_of_them(tmp_path):
