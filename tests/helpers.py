@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -124,6 +125,13 @@ def popen_exec_done(args: list[str], **kwargs) -> subprocess.Popen:
 
     wait_for(through, timeout=10.0, interval=0.001, what=f"execve of {args[0]}")
     return child
+
+
+def unique_job_id() -> str:
+    """A job id no other test uses at the same time. An agent watching an announced job takes every process of
+    the host whose SLURM_JOB_ID is the job's, tests run side by side, and the test Slurm clusters number their
+    jobs below 60,000,000 (tests/services/slurm.py): a fixed id, or a small one, shares a job with another test."""
+    return str(random.SystemRandom().randrange(10**8, 10**9))
 
 
 def kmsg_record(seq: int, message: str) -> str:

@@ -8,14 +8,13 @@ never returns). The collector's training_stall fires 3 s after the steps stop (p
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, unique_job_id, wait_for
 
 RANK = """
 import os, sys, time
@@ -115,9 +114,7 @@ def start_stalling_job(tmp_path: Path, node: str, env: dict[str, str], agent_arg
 
     from clusterwatch.model import JobEvent
 
-    # an agent watching an announced job takes every process of the host whose SLURM_JOB_ID is the job's:
-    # another test's processes (or this test's on another worker) must never share it
-    job_id = str(random.SystemRandom().randrange(10**8, 10**9))
+    job_id = unique_job_id()
     sock, stop, script = tmp_path / "train.sock", tmp_path / "stop", tmp_path / "rank.py"
     script.write_text(RANK)
     ranks = [Proc([sys.executable, str(script), str(stop)], tmp_path / f"rank{r}.log",

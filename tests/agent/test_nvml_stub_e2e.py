@@ -10,9 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
+JOB_A = unique_job_id()
+JOB_B = unique_job_id()
+JOB_MIG = unique_job_id()
+
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
@@ -107,7 +111,7 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
     clean = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
     ranks = [subprocess.Popen(["sleep", "300"], env={**clean, "SLURM_JOB_ID": job, "SLURM_PROCID": "0",
                                                       "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
-             for job in ("501", "502")]
+             for job in (JOB_A, JOB_B)]
     write_state(state, (
         f"gpu GPU-mig0 total={40 * GiB} mig=1 name=NVIDIA A100-SXM4-40GB\n"
         f"mig GPU-mig0 0 MIG-aaaa total={20 * GiB} used={6 * GiB} name=NVIDIA A100-SXM4-40GB MIG 3g.20gb\n"
@@ -117,8 +121,8 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
         f"proc MIG-bbbb {ranks[1].pid} {2 * GiB}\n"))
     spool = tmp_path / "spool"
     # What each job's prolog leaves: Slurm's device numbers of the slices (SLURM_JOB_GPUS).
-    write_event(str(spool), JobEvent("start", "501", time.time(), gpu_indexes="0"))
-    write_event(str(spool), JobEvent("start", "502", time.time(), gpu_indexes="1"))
+    write_event(str(spool), JobEvent("start", JOB_A, time.time(), gpu_indexes="0"))
+    write_event(str(spool), JobEvent("start", JOB_B, time.time(), gpu_indexes="1"))
     collector = Collector(tmp_path)
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "mig-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
@@ -130,16 +134,16 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
 
             text = collector.metrics()
             found = {job: metric_value(text, "clusterwatch_job_gpu_memory_used_bytes", job_id=job)
-                     for job in ("501", "502")}
+                     for job in (JOB_A, JOB_B)}
             return found if all(found.values()) else None
         found = wait_for(job_memory, timeout=60, what="both jobs' GPU memory in /metrics")
-        assert found == {"501": 5 * GiB, "502": 2 * GiB}
+        assert found == {JOB_A: 5 * GiB, JOB_B: 2 * GiB}
         text = collector.metrics()
         from tests.helpers import metric_value
 
-        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-aaaa", job_id="501") == 6 * GiB
-        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-bbbb", job_id="502") == 3 * GiB
-        for job, mem in (("501", "5.0 GiB"), ("502", "2.0 GiB")):
+        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-aaaa", job_id=JOB_A) == 6 * GiB
+        assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-bbbb", job_id=JOB_B) == 3 * GiB
+        for job, mem in ((JOB_A, "5.0 GiB"), (JOB_B, "2.0 GiB")):
             out = cli("status", job, "--collector", collector.address).stdout
             assert "GPUs: 1" in out, out
             assert any("sleep" in line and mem in line for line in out.splitlines()), out
@@ -166,13 +170,13 @@ def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
     rules.write_text("[idle_gpu]\nfor_s = 3\n")
     state = tmp_path / "nvml-state.txt"
     clean = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
-    rank = subprocess.Popen(["sleep", "300"], env={**clean, "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+    rank = subprocess.Popen(["sleep", "300"], env={**clean, "SLURM_JOB_ID": JOB_MIG, "SLURM_PROCID": "0",
                                                     "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
     gpu = f"gpu GPU-lost0 total={80 * GiB} used={30 * GiB} util=85 power=400000{{lost}} name=NVIDIA H100 80GB HBM3\n"
     on_gpu = f"proc GPU-lost0 {rank.pid} {24 * GiB}\nsample GPU-lost0 {rank.pid} 85 age_us=100000\n"
     write_state(state, gpu.format(lost="") + on_gpu)
     spool = tmp_path / "spool"
-    write_event(str(spool), JobEvent("start", "77", time.time(), gpu_indexes="0"))
+    write_event(str(spool), JobEvent("start", JOB_MIG, time.time(), gpu_indexes="0"))
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "lost-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
@@ -180,7 +184,7 @@ def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
                  tmp_path / "agent.log", env={**clean, "SLURMD_NODENAME": "lost-node"})
     try:
         def busy() -> bool:
-            out = cli("status", "77", "--collector", collector.address).stdout
+            out = cli("status", JOB_MIG, "--collector", collector.address).stdout
             return any("sleep" in line and " 85%" in line for line in out.splitlines())
         wait_for(busy, timeout=60, what="the job's process busy on its GPU")
         write_state(state, gpu.format(lost=" lost=1") + on_gpu)  # fallen off the bus

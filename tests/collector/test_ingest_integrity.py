@@ -25,9 +25,11 @@ from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample, TrainingReport
 from clusterwatch.wire import job_event_to_proto, processes_to_table, training_to_proto
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
 
 T0 = 1_800_000_000.0
+
+JOB = unique_job_id()
 
 
 class Clock:
@@ -296,7 +298,7 @@ def test_a_full_disk_under_a_real_collector_every_sample_arrives_once(tmp_path: 
     spool = tmp_path / "spool"
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "disk-node", "--interval", "0.2",
                   "--send-interval", "0.5", "--gpu-source", "none", "--pid", str(workload.pid),
-                  "--job-id", "5151", "--no-provenance", "--spool-dir", str(spool),
+                  "--job-id", JOB, "--no-provenance", "--spool-dir", str(spool),
                   "--train-socket", str(tmp_path / "train.sock")], tmp_path / "agent.log")
     try:
         wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 30,
@@ -308,15 +310,15 @@ def test_a_full_disk_under_a_real_collector_every_sample_arrives_once(tmp_path: 
         workload.stop()
         time.sleep(2)
         hook = subprocess.run([*CLI, "epilog"], capture_output=True, text=True, timeout=30, env={
-            **os.environ, "SLURM_JOB_ID": "5151", "SLURMD_NODENAME": "disk-node",
+            **os.environ, "SLURM_JOB_ID": JOB, "SLURMD_NODENAME": "disk-node",
             "SLURM_JOB_EXIT_CODE2": "0:0", "SLURM_SCRIPT_CONTEXT": "epilog_slurmd", "CLUSTERWATCH_SPOOL": str(spool),
             "CLUSTERWATCH_COLLECTOR": collector.address})
         assert hook.returncode == 0, hook.stderr
         time.sleep(3)
         assert collector.popen.poll() is None
-        assert cli("status", "5151", "--collector", collector.address).returncode == 0
+        assert cli("status", JOB, "--collector", collector.address).returncode == 0
         filler.unlink()  # room again
-        wait_for(lambda: _held(collector.address, "5151")["job"]["state"] == "COMPLETED", timeout=30,
+        wait_for(lambda: _held(collector.address, JOB)["job"]["state"] == "COMPLETED", timeout=30,
                  what="the job's summary stored once the disk has room")
         assert agent.stop() == 0
         # a full disk fails every flush: said once when it starts and once when it ends, no traceback
@@ -327,14 +329,14 @@ def test_a_full_disk_under_a_real_collector_every_sample_arrives_once(tmp_path: 
         counters = dict(kv.split("=") for kv in line.split())
         sent = int(counters["samples_sent"])
         assert counters["samples_dropped"] == "0" and int(counters["samples_acked"]) == sent
-        view = _held(collector.address, "5151")
+        view = _held(collector.address, JOB)
         held = sum(int(p["samples_held"]) for p in view["processes"])
         assert len(view["processes"]) == 3
         assert held == sent, f"collector holds {held} samples, the agent sent {sent}"
         # and the same after a restart: the summary was stored, not only held in memory
         collector.stop(signal.SIGKILL)
         collector = Collector(tmp_path, db=db, name="collector2")
-        view = _held(collector.address, "5151")
+        view = _held(collector.address, JOB)
         assert view["job"]["state"] == "COMPLETED"
         assert sum(int(p["samples_held"]) for p in view["processes"]) == sent
     finally:

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
+JOB = unique_job_id()
+
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -67,7 +69,7 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_non
     write_state(state, "")
 
     def rank_env(r: int) -> dict[str, str]:
-        return {**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": "801", "SLURM_PROCID": str(r),
+        return {**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": JOB, "SLURM_PROCID": str(r),
                 "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
 
     (tmp_path / "leaking.py").write_text(LEAKING)
@@ -87,7 +89,7 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_non
 
     nvml(2 * GIB)
     spool = tmp_path / "spool"
-    write_event(str(spool), JobEvent("start", "801", time.time(), gpu_indexes="0,1"))
+    write_event(str(spool), JobEvent("start", JOB, time.time(), gpu_indexes="0,1"))
     # the demo rules: a 35 s window, so that a leak fires within a minute (never on a cluster)
     rules = resources.files("clusterwatch.collector.rules") / "demo_rules.toml"
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
@@ -108,7 +110,7 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_non
                         None)
 
         found = wait_for(leak, timeout=120, interval=1.0, what="gpu_memory_leak of rank 0")
-        assert found["rank"] == 0 and found["job_id"] == "801", found
+        assert found["rank"] == 0 and found["job_id"] == JOB, found
         assert "allocated tensors grow" in found["description"], found
         assert "the allocator's figure" in found["description"], found
         # rank 1's reserve has been level for a whole window and more: still nothing about it
@@ -116,17 +118,17 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_non
         live = {(a["rule"], a["rank"]) for a in _alerts(collector) if a["rule"] in
                 ("gpu_memory_leak", "gpu_memory_fragmentation")}
         assert live == {("gpu_memory_leak", 0)}, live
-        status = cli("status", "801", "--collector", collector.address, "--json")
+        status = cli("status", JOB, "--collector", collector.address, "--json")
         assert status.returncode == 0, status.stderr
         procs = {p["rank"]: p for p in json.loads(status.stdout)["processes"]}
         assert procs[1]["gpu_allocated_bytes"] == 2 * GIB and procs[1]["gpu_reserved_bytes"] == 6 * GIB
         assert procs[1]["gpu_memory_bytes"] == CONTEXT + 6 * GIB
         assert procs[0]["gpu_reserved_bytes"] == 20 * GIB and procs[0]["gpu_allocated_bytes"] > 4 * GIB
-        text = cli("status", "801", "--collector", collector.address).stdout
+        text = cli("status", JOB, "--collector", collector.address).stdout
         assert "ALLOC" in text and "RESERVED" in text and "NVML's figure" in text, text
         row = next(x for x in text.splitlines() if f" {caching.pid} " in x)
         assert "6.0 GiB" in row and "2.0 GiB" in row and "6.5 GiB" in row, row
-        recorded = cli("record", "801", "--collector", collector.address, "-o", str(trace))
+        recorded = cli("record", JOB, "--collector", collector.address, "-o", str(trace))
         assert recorded.returncode == 0, recorded.stderr
     finally:
         agent_code = agent.stop()

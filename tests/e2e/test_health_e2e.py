@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, kmsg_record, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, kmsg_record, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
+JOB_XID = unique_job_id()
+JOB_ECC = unique_job_id()
+
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
@@ -27,9 +30,9 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
 
     state = tmp_path / "nvml-state.txt"
     env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
-    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": "601", "SLURM_PROCID": "3",
+    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": JOB_XID, "SLURM_PROCID": "3",
                                                    "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
-    other = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": "601", "SLURM_PROCID": "4",
+    other = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": JOB_XID, "SLURM_PROCID": "4",
                                                     "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0"})
     gpus = (f"gpu GPU-e2e0 total={80 * GiB} used={20 * GiB} util=90 power=300000 pci=0000:3b:00 name=NVIDIA H100\n"
             f"gpu GPU-e2e1 total={80 * GiB} used={20 * GiB} util=90 power=300000 pci=0000:3c:00 name=NVIDIA H100\n"
@@ -39,7 +42,7 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
             f"sample GPU-e2e1 {other.pid} 90 age_us=100000\n")
     write_state(state, gpus)
     spool = tmp_path / "spool"
-    write_event(str(spool), JobEvent("start", "601", time.time(), gpu_indexes="0,1"))
+    write_event(str(spool), JobEvent("start", JOB_XID, time.time(), gpu_indexes="0,1"))
     kmsg = tmp_path / "kmsg"
     # before the agent starts: an application XID on the other rank's GPU, naming its process
     kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
@@ -53,7 +56,7 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
     try:
         xid13 = wait_for(lambda: firing_alert(collector, "gpu_xid"), timeout=60,
                          what="gpu_xid from the log read at start")
-        assert xid13["job_id"] == "601" and xid13["severity"] == "warning"
+        assert xid13["job_id"] == JOB_XID and xid13["severity"] == "warning"
         assert xid13["pid"] == other.pid and xid13["rank"] == 4
         assert f"pid {other.pid}" in xid13["description"]
         # the GPU of rank 3 falls off the bus: the driver says so, and NVML answers GPU_IS_LOST
@@ -62,11 +65,11 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
             f.write(kmsg_record(4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
         write_state(state, gpus.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
         lost = wait_for(lambda: firing_alert(collector, "gpu_lost"), timeout=60, what="gpu_lost firing")
-        assert lost["job_id"] == "601" and lost["rank"] == 3
+        assert lost["job_id"] == JOB_XID and lost["rank"] == 3
         assert lost["gpu"] == "GPU-e2e0" and lost["node"] == "xid-node"
         assert lost["severity"] == "critical" and "fell off the bus (XID 79)" in lost["description"]
         assert firing_alert(collector, "idle_gpu") is None
-        status = cli("status", "601", "--collector", collector.address)
+        status = cli("status", JOB_XID, "--collector", collector.address)
         assert status.returncode == 0, status.stderr
         text = status.stdout
         assert "Health" in text and "fell off the bus" in text and "Drain the node" in text
@@ -75,7 +78,7 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
         import urllib.request
 
         web = json.loads(collector.ports_file.read_text())["web"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{web}/jobs/601", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/jobs/{JOB_XID}", timeout=10) as r:
             page = r.read().decode()
         assert 'data-health="gpu_lost"' in page and 'data-health="gpu_xid"' in page
     finally:
@@ -95,14 +98,14 @@ def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path
 
     state = tmp_path / "nvml-state.txt"
     env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
-    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": "602", "SLURM_PROCID": "0",
+    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": JOB_ECC, "SLURM_PROCID": "0",
                                                    "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
     write_state(state, f"gpu GPU-ecc0 total={80 * GiB} used={20 * GiB} util=90 power=300000 name=NVIDIA H100\n"
                        f"proc GPU-ecc0 {rank.pid} {8 * GiB}\n"
                        f"sample GPU-ecc0 {rank.pid} 90 age_us=100000\n"
                        "ecc GPU-ecc0 uncorrected_volatile=2 uncorrected_aggregate=2\n")
     spool = tmp_path / "spool"
-    write_event(str(spool), JobEvent("start", "602", time.time(), gpu_indexes="0"))
+    write_event(str(spool), JobEvent("start", JOB_ECC, time.time(), gpu_indexes="0"))
     collector = Collector(tmp_path)
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "ecc-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
@@ -110,7 +113,7 @@ def test_uncorrected_ecc_errors_raise_gpu_memory_errors(stub_lib: Path, tmp_path
                  tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "ecc-node"})
     try:
         found = wait_for(lambda: firing_alert(collector, "gpu_memory_errors"), timeout=60, what="gpu_memory_errors")
-        assert found["job_id"] == "602" and found["rank"] == 0
+        assert found["job_id"] == JOB_ECC and found["rank"] == 0
         assert found["severity"] == "critical"
         assert "2 uncorrected ECC errors" in found["description"]
     finally:

@@ -9,9 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, kmsg_record, wait_for
+from tests.helpers import CLI, Collector, Proc, kmsg_record, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
+JOB = unique_job_id()
+
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
@@ -37,7 +39,7 @@ def _value(samples: dict, family: str, **labels: str) -> float | None:
 def test_health_figures_of_each_gpu_are_on_metrics(stub_lib: Path, tmp_path: Path) -> None:
     state = tmp_path / "nvml-state.txt"
     env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
-    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": "701", "SLURM_PROCID": "0",
+    rank = subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": JOB, "SLURM_PROCID": "0",
                                                    "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
     write_state(state,
                 f"gpu GPU-hm0 total={80 * GiB} used={20 * GiB} util=90 power=300000 pci=0000:3b:00 temp=87 "

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, kmsg_record, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, kmsg_record, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 
 GiB = 1024**3
 HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
-JOB = "611"
+JOB = unique_job_id()
 
 
 def _key(a: dict) -> tuple:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import subprocess
 import tempfile
 import time
@@ -176,7 +177,8 @@ def _write_hook(path: Path, given: Path | None) -> Path:
     return path
 
 
-def _slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int], prolog: Path, epilog: Path) -> str:
+def _slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int], prolog: Path, epilog: Path,
+                first_job_id: int) -> str:
     node_lines = "\n".join(
         f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
         f"CPUs=2 RealMemory=8000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
@@ -193,6 +195,9 @@ CredType=cred/munge
 # Our own munged socket: a system munged, or another test cluster, never answers for us.
 AuthInfo=socket={root}/munge/munge.socket
 SlurmctldPort={ctld_port}
+# Several test clusters run at once on one host, with the same node names, and an agent takes a host's
+# processes by their SLURM_JOB_ID and SLURMD_NODENAME: each cluster numbers its jobs from a place of its own.
+FirstJobId={first_job_id}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
@@ -310,7 +315,8 @@ def running_slurm_cluster(
         ctld_port = free_port()
         node_ports = {node: free_port() for node in NODES}
         conf = root / "slurm.conf"
-        conf.write_text(_slurm_conf(root, ctld_port, node_ports, prolog_path, epilog_path))
+        first_job_id = random.SystemRandom().randrange(1000, 60_000_000)  # under Slurm's MaxJobId, 67,043,328
+        conf.write_text(_slurm_conf(root, ctld_port, node_ports, prolog_path, epilog_path, first_job_id))
         (root / "gres.conf").write_text(_gres_conf(devices))
         env = _clean_env(conf)
         cluster = SlurmCluster(

@@ -418,6 +418,16 @@ def open_cluster() -> Iterator[SlurmCluster]:
             yield cluster
 
 
+@pytest.fixture
+def cluster(open_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """`open_cluster`, with every job a test left there cancelled after it (a failed test leaves its jobs on the
+    nodes' two CPUs, and the next test's would wait behind them)."""
+    yield open_cluster
+    listed = open_cluster.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    if listed:
+        open_cluster.run(["scancel", *listed], check=False)
+
+
 def _sbatch(cluster: SlurmCluster, name: str, as_nobody: bool) -> int:
     args = ["sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", "--mem=10M", "-J", name,
             "--wrap", "sleep 120"]
@@ -432,9 +442,8 @@ def _sbatch(cluster: SlurmCluster, name: str, as_nobody: bool) -> int:
 @pytest.mark.slurm
 @pytest.mark.parametrize("use_json", [False, None], ids=["text", "auto"])
 def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(
-    open_cluster: SlurmCluster, use_json: bool | None
+    cluster: SlurmCluster, use_json: bool | None
 ) -> None:
-    cluster = open_cluster
     victim = _sbatch(cluster, "victim", as_nobody=False)  # root's job, the one to steal
     cluster.wait_job_state(victim, ["RUNNING"])
     forged = (f"\n\nJobId={victim} JobName=stolen\n   UserId=nobody(65534) GroupId=nogroup(65534) "
@@ -443,7 +452,7 @@ def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(
         f"x JobState=RUNNING{forged}\n\nJobId={victim + 50} JobName=rest",
         f"y{forged}\n\nnot key value",
         "z\n   UserId=root(0) GroupId=root(0) MCS_label=N/A\r\n   JobState=COMPLETED",
-        "w\n\n\nJobId=1 JobName=\x1c\u2028",
+        f"w\n\n\nJobId={victim} JobName=\x1c\u2028",
     ]
     hostile = {_sbatch(cluster, name, as_nobody=True): name for name in names}
     # A name changed after submission, by its owner: scontrol update prints it the same way.
@@ -491,8 +500,6 @@ def test_on_real_slurm_hostile_names_of_an_unprivileged_user_steal_nothing(
         helped = subprocess.run(["squeue", "--help"], env=cluster.env, capture_output=True, text=True, timeout=30)
         assert mapper.source == ("squeue --json" if "--json" in helped.stdout + helped.stderr else "text")
         assert registry.records_skipped == mapper.records_skipped == (0 if mapper.source != "text" else 2)
-    for job_id in [victim, *hostile]:
-        cluster.run(["scancel", str(job_id)], check=False)
 
 
 def test_skipped_records_reach_metrics(tmp_path):
