@@ -84,6 +84,20 @@ class GpuHealthView:
         return list(zip(self.reading_times, self.readings, strict=True))
 
 
+def _standing(v: GpuHealthView) -> list[HealthFinding]:
+    """A GPU's findings that still hold, each the latest of its rule: its memory errors while its counters
+    still say them, its loss until it answers again, its throttling while it lasts. An XID is a moment: none."""
+    holds = {"gpu_memory_errors": bool(v.memory_signature), "gpu_lost": v.lost, "gpu_throttle": v.throttling}
+    out: list[HealthFinding] = []
+    seen: set[str] = set()
+    for _, f in reversed(v.findings):
+        if holds.get(f.rule) and f.rule not in seen:
+            seen.add(f.rule)
+            if f.rule != "gpu_memory_errors" or f.description.split(" (in use by")[0] == v.memory_signature:
+                out.append(f)
+    return out
+
+
 class HealthEngine:
     """Health records of every node in, alert events out.
 
@@ -116,9 +130,17 @@ class HealthEngine:
             v = self.gpus[key] = GpuHealthView()
         return v
 
-    def findings(self, gpus: Sequence[tuple[str, str]], since: float = 0.0) -> list[tuple[float, HealthFinding]]:
-        """The findings on these (node, UUID) GPUs since `since`, worst first."""
-        got = [(t, f) for key in gpus for t, f in self.gpus.get(key, GpuHealthView()).findings if t >= since]
+    def findings(self, gpus: Sequence[tuple[str, str]], since: float = 0.0,
+                 standing: bool = False) -> list[tuple[float, HealthFinding]]:
+        """The findings on these (node, UUID) GPUs since `since`, worst first. With `standing`, also those from
+        before `since` that still hold (see `standing`): a job that starts on a GPU known bad is told so."""
+        got = []
+        for key in gpus:
+            v = self.gpus.get(key)
+            if v is None:
+                continue
+            held = _standing(v) if standing else ()
+            got += [(t, f) for t, f in v.findings if t >= since or any(f is h for h in held)]
         order = {id(f): i for i, f in enumerate(worst_first([f for _, f in got]))}
         return sorted(got, key=lambda tf: order[id(tf[1])])
 

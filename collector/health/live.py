@@ -142,7 +142,8 @@ class HealthListener:
 
     def job_health(self, job: Any) -> list:
         """The job's health findings as query HealthViews: on its GPUs (the whole GPU of a MIG instance too),
-        since it started, worst first."""
+        since it started, and those from before that still hold (a GPU's uncorrected ECC errors, its loss, its
+        throttling), worst first."""
         gpus = [(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids]
         # GPUs its processes used, where the prolog named none (a job outside Slurm's GPU allocation)
         for key in job.processes:
@@ -150,7 +151,8 @@ class HealthListener:
             if series is not None:
                 gpus += [(key.node, g.gpu_uuid) for g in series.latest.gpus]
         out = []
-        for t, f in self.engine.findings(sorted(with_parents(self.state, gpus)), since=job.start_time or 0.0):
+        for t, f in self.engine.findings(sorted(with_parents(self.state, gpus)), since=job.start_time or 0.0,
+                                          standing=True):
             out.append(_health_view(t, f))
         return out
 

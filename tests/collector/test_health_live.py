@@ -54,4 +54,31 @@ def test_health_records_become_alerts_and_the_jobs_health_views() -> None:
                                                                             "drain")
     assert "fell off the bus" in view.description and view.advice
     later = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(), start_time=300.0)
-    assert listener.job_health(later) == []      # before the job started: not its health
+    [still] = listener.job_health(later)         # lost before the job started, and not back since: its GPU
+    assert (still.rule, still.time) == ("gpu_lost", 200.0)
+    answers = agent_pb2.Batch()
+    answers.gpu_health.add(time=250.0, uuid="GPU-a", ecc_uncorrected_volatile=0)
+    listener.on_health("n1", answers, 251.0)
+    assert listener.job_health(later) == []      # it answered again before the job: not the job's health
+
+
+def test_a_job_that_starts_on_a_gpu_with_standing_memory_errors_is_told_an_old_xid_not() -> None:
+    st = state()
+    listener = HealthListener(HealthEngine(load_catalog()), st, lambda events, now: None)
+    batch = agent_pb2.Batch()
+    batch.health_events.add(time=90.0, uuid="GPU-a", kind="xid", xid=13, source=agent_pb2.HealthEvent.KMSG,
+                            kernel_boot_id="b", kmsg_seq=1)
+    batch.gpu_health.add(time=100.0, uuid="GPU-a", ecc_uncorrected_volatile=2, ecc_uncorrected_aggregate=2)
+    listener.on_health("n1", batch, 101.0)
+    job = SimpleNamespace(gpus_by_node={"n1": ["GPU-a"]}, processes=set(), start_time=300.0)
+    [view] = listener.job_health(job)
+    assert (view.rule, view.time, view.gpu) == ("gpu_memory_errors", 100.0, "GPU-a")
+    assert "2 uncorrected ECC errors" in view.description
+    again = agent_pb2.Batch()   # the same counts read again: still the one finding
+    again.gpu_health.add(time=130.0, uuid="GPU-a", ecc_uncorrected_volatile=2, ecc_uncorrected_aggregate=2)
+    listener.on_health("n1", again, 131.0)
+    assert [v.rule for v in listener.job_health(job)] == ["gpu_memory_errors"]
+    reset = agent_pb2.Batch()   # the GPU reset: its volatile count back to 0, the aggregate under threshold
+    reset.gpu_health.add(time=200.0, uuid="GPU-a", ecc_uncorrected_volatile=0, ecc_uncorrected_aggregate=0)
+    listener.on_health("n1", reset, 201.0)
+    assert listener.job_health(job) == []
