@@ -183,7 +183,8 @@ class Alerting(CoreListener):
         self.health.on_health(node, batch, now)
 
     def health_views(self, job_id: str) -> list:
-        """The health findings on the job's GPUs during the job, worst first, for `status`."""
+        """The health findings on the job's GPUs during the job and those still standing from before it, worst
+        first, for `status` and the job page."""
         job = self.state.jobs.get(job_id)
         return self.health.job_health(job) if job is not None else []
 
