@@ -94,6 +94,8 @@ class _Health:
         self.job_gpus: dict[str, set[tuple[str, str]]] = {}
         self.job_start: dict[str, float] = {}
         self.gpu_index: dict[str, int] = {}
+        # processes held (D, T, t) as their latest line says: (node, pid, start time) → that line
+        self.held: dict[tuple[str, Any, Any], dict[str, Any]] = {}
 
     def process(self, d: dict[str, Any]) -> None:
         procs = self.procs.get(d["node"])
@@ -107,6 +109,11 @@ class _Health:
         if command is None and held is not None:
             command = held[1]
         procs[key] = (d, command)
+        state, since = d.get("state"), d.get("state_since")
+        if isinstance(state, str) and state in _HELD_STATES and isinstance(since, (int, float)):
+            self.held[(d["node"], *key)] = d
+        elif self.held:
+            self.held.pop((d["node"], *key), None)
 
     def _joined(self, d: dict[str, Any]) -> None:
         """A process first seen (or moved to another job or GPU): its job's GPUs and start."""
@@ -134,16 +141,16 @@ class _Health:
     def causes(self, job_id: str, since: float, now: float) -> list:
         """A stall's causes the health records give (rules/causes.py's CauseSource), as the collector's
         HealthCauses gives them (collector/stall_causes.py): the health findings on the job's GPUs (those
-        allocated to it and those its processes used) from `since`, not before the job, worst first. The
-        job's start is its first process's (a trace holds no Slurm start time)."""
-        from .rules.causes import from_health
+        allocated to it and those its processes used) from `since`, not before the job, worst first, then its
+        ranks held (D, T, t) long enough. The job's start is its first process's (a trace holds no Slurm start
+        time)."""
+        from .rules.causes import CAUSE_LOOKBACK_S, from_health
         from .stall_causes import _xid_of
 
-        gpus = self.job_gpus.get(job_id)
-        if not gpus:
-            return []
-        since = max(since, self.job_start.get(job_id, 0.0))
         out = []
+        gpus = self.job_gpus.get(job_id) or set()
+        stall_for = max(0.0, now - since - CAUSE_LOOKBACK_S)
+        since = max(since, self.job_start.get(job_id, 0.0))
         for t, f in self.engine.findings(sorted(gpus), since=since):
             if t > now + 1.0:
                 continue
@@ -152,10 +159,22 @@ class _Health:
             out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
                                    rank=int(rank) if rank and "," not in rank else None,
                                    xid=int(xid) if xid else None, gpu_index=self.gpu_index.get(f.uuid)))
-        return out
+        return out + self._held_ranks(job_id, stall_for, now)
+
+    def _held_ranks(self, job_id: str, stall_for: float, now: float) -> list:
+        """The job's ranks held (D, T, t) long enough to explain the stall, longest held first, as the
+        collector's HealthCauses names them from its state."""
+        from .rules.causes import held_long_enough, held_rank
+
+        held = [d for d in self.held.values() if str(d.get("job_id") or "") == job_id
+                and held_long_enough(now - float(d["state_since"]), stall_for)]
+        held.sort(key=lambda d: (float(d["state_since"]), d["node"], d["pid"], d.get("start_time", 0.0)))
+        return [held_rank(d["state"], d.get("rank"), str(d["node"]), d["pid"], now - float(d["state_since"]),
+                          str(d.get("wchan") or "")) for d in held]
 
     def end(self, node: str, pid: int, start_time: float) -> None:
         (self.procs.get(node) or {}).pop((pid, start_time), None)
+        self.held.pop((node, pid, start_time), None)
 
     def users(self, node: str, uuid: str, pid: int | None = None, hit_at: float | None = None) -> list:
         from clusterwatch.collector.health.decisions import GpuUser
@@ -199,6 +218,7 @@ class _Health:
 
 
 _SOURCE_NUMBERS = {"nvml": 1, "kmsg": 2}
+_HELD_STATES = frozenset({"D", "T", "t"})   # a process line's `state`: any other is no hold
 
 
 def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: int, share: int,

@@ -158,6 +158,12 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
             row["step"] = steps[i - 1][1]
         if alloc:
             _allocator_fields(row, series, alloc, alloc_times, t, t == s.time)
+        if series.state and t >= series.state_since:
+            # held (D, T, t) since then: a stall's likely cause (rules/causes.py); the collector keeps the
+            # current state alone, so an earlier hold is not in the trace
+            row["state"], row["state_since"] = series.state, series.state_since
+            if s.wchan:
+                row["wchan"] = s.wchan
         out.append(row)
     labels = {"user": s.user or None, "command": s.command or None, "job_name": job.name or None,
               "partition": job.partition or None}
