@@ -10,6 +10,8 @@ replay with the same rules raises the same alerts:
   memory the room its allocation leaves the process);
 - the labels rule overrides match (user, command, job name, partition), where each
   process first appears;
+- where a process is held when recorded (D, T, t), its state from the hold's start (a stall names a rank
+  held long enough as its likely cause);
 - the allocator's figures where the process reports them (`gpu_memory_leak` judges allocated bytes then),
   as the collector held them at each line's time;
 - a `gpu` record per reading of each GPU of the job (`idle_gpu`; its power, a hung collective's sign), a `node` record
