@@ -94,6 +94,7 @@ class _Health:
         self.job_gpus: dict[str, set[tuple[str, str]]] = {}
         self.job_start: dict[str, float] = {}
         self.gpu_index: dict[str, int] = {}
+        self.parent: dict[tuple[str, str], str] = {}   # (node, MIG instance) → its whole GPU, from gpu records
         # processes held (D, T, t) as their latest line says: (node, pid, start time) → that line
         self.held: dict[tuple[str, Any, Any], dict[str, Any]] = {}
 
@@ -137,6 +138,11 @@ class _Health:
             self.job_gpus.setdefault(str(job_id), set()).add((str(d["node"]), str(d["gpu"])))
         if d.get("index") is not None:
             self.gpu_index[str(d["gpu"])] = d["index"]
+        parent = d.get("parent")
+        if parent:
+            self.parent[(str(d["node"]), str(d["gpu"]))] = str(parent)
+            if d.get("index") is not None:   # a whole GPU in MIG mode is shown by its instances' index
+                self.gpu_index.setdefault(str(parent), d["index"])
 
     def causes(self, job_id: str, since: float, now: float) -> list:
         """A stall's causes the health records give (rules/causes.py's CauseSource), as the collector's
@@ -149,6 +155,7 @@ class _Health:
 
         out = []
         gpus = self.job_gpus.get(job_id) or set()
+        gpus = gpus | {(n, self.parent[n, u]) for n, u in gpus if (n, u) in self.parent}   # MIG: the whole GPU
         stall_for = max(0.0, now - since - CAUSE_LOOKBACK_S)
         since = max(since, self.job_start.get(job_id, 0.0))
         for t, f in self.engine.findings(sorted(gpus), since=since):
@@ -180,11 +187,13 @@ class _Health:
         from clusterwatch.collector.health.decisions import GpuUser
 
         out = []
+        # a whole GPU in MIG mode is used by the processes on its instances
+        on = {uuid} | {u for (n, u), parent in self.parent.items() if n == node and parent == uuid} if uuid else set()
         for (p, start), (d, command) in (self.procs.get(node) or {}).items():
             job_id = d.get("job_id")
             if not job_id or (hit_at is not None and (start or 0.0) > hit_at + 1.0):
                 continue
-            if p == pid or (d.get("gpu") == uuid and uuid):
+            if p == pid or d.get("gpu") in on:
                 out.append(GpuUser(job_id=str(job_id), rank=d.get("rank"), pid=p, process=command or None,
                                    start_time=float(start or 0.0)))
         out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))

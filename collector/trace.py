@@ -31,6 +31,7 @@ import bisect
 import json
 from typing import Any
 
+from .health.mig import with_parents
 from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
@@ -205,7 +206,7 @@ def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, li
             continue
         spans = users.get(uuid, [])
         base = {"kind": "gpu", "node": node, "gpu": uuid, "index": gs.info.index,
-                "job_id": job.job_id if uuid in allocated else ""}
+                "job_id": job.job_id if uuid in allocated else "", "parent": gs.info.parent_uuid or None}
         power = dict(gs.power_history)  # appended beside history, at the same reading's time (state.py)
         for t, util, _mem in gs.history:
             out.append({**base, "t": t, "utilization": util, "power_watts": power.get(t),
@@ -243,6 +244,7 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
     since = begin - 2 * health.throttle.window_s
     gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
     gpus |= {(gs.node, u) for u in users if (gs := state.gpus.get(u)) is not None}
+    gpus = with_parents(state, gpus)   # a MIG instance's health is read on its whole GPU
     nodes = set(job.nodes) | set(first) | {n for n, _ in gpus}
     out: list[tuple[float, int, dict[str, Any]]] = []
     for (node, uuid), view in health.gpus.items():

@@ -2,7 +2,7 @@
 real agent over the real pynvml and the C stand-in, rank 0 on a MIG instance of a GPU in MIG mode, rank 1 on a
 whole GPU; the driver's XID names the MIG GPU's bus address (the whole GPU, as health is read); both stop
 advancing; a real collector's training_stall of rank 1 names the XID on rank 0's parent GPU, and status's
-health section of the job shows it."""
+health section of the job shows it; the job recorded and replayed names the same cause."""
 from __future__ import annotations
 
 import json
@@ -52,6 +52,19 @@ def test_an_xid_on_a_mig_gpu_names_the_cause_of_a_stall_of_the_job_on_its_slice(
         view = json.loads(job.status("--json").stdout)
         health = [(h["rule"], h["gpu"], h["rank"]) for h in view["health"]]
         assert health == [("gpu_xid", "GPU-migp", 0)], view["health"]
+        trace = tmp_path / "mig.jsonl"
+        recorded = cli("record", job.job_id, "--collector", job.collector.address, "-o", str(trace))
+        assert recorded.returncode == 0, recorded.stderr
     finally:
         agent_code = job.close()
     assert agent_code == 0, job.agent.text()
+    # recorded and replayed: the trace names each instance's whole GPU, and the stall the same cause
+    replayed = cli("replay", str(trace), "--format", "jsonl", "--rules", str(tmp_path / "rules.toml"))
+    assert replayed.returncode == 0, replayed.stderr
+    events = [json.loads(x) for x in replayed.stdout.splitlines()]
+    assert {(e["rule"], e["gpu"], e["rank"]) for e in events if e["rule"] == "gpu_xid"} == {
+        ("gpu_xid", "GPU-migp", 0)}, replayed.stdout
+    stalls = [e for e in events if e["rule"] == "training_stall" and e["state"] == "firing" and e["rank"] == 1]
+    assert stalls and (stalls[0]["cause"], stalls[0]["cause_xid"], stalls[0]["cause_gpu"], stalls[0]["cause_rank"]
+                       ) == ("gpu_health", 48, "GPU-migp", 0), stalls
+    assert "likely cause: XID 48 on GPU 0 (GPU-migp) of rank 0 on mig-node" in stalls[0]["description"], stalls[0]
