@@ -193,7 +193,8 @@ class _Health:
             job_id = d.get("job_id")
             if not job_id or (hit_at is not None and (start or 0.0) > hit_at + 1.0):
                 continue
-            if p == pid or d.get("gpu") in on:
+            gpu = d.get("gpu")
+            if p == pid or any(gpu == u for u in on):   # by ==: a hostile line's gpu may be unhashable
                 out.append(GpuUser(job_id=str(job_id), rank=d.get("rank"), pid=p, process=command or None,
                                    start_time=float(start or 0.0)))
         out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))

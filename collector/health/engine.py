@@ -133,7 +133,7 @@ class HealthEngine:
     def findings(self, gpus: Sequence[tuple[str, str]], since: float = 0.0,
                  standing: bool = False) -> list[tuple[float, HealthFinding]]:
         """The findings on these (node, UUID) GPUs since `since`, worst first. With `standing`, also those from
-        before `since` that still hold (see `standing`): a job that starts on a GPU known bad is told so."""
+        before `since` that still hold (`_standing`): a job that starts on a GPU known bad is told so."""
         got = []
         for key in gpus:
             v = self.gpus.get(key)

@@ -198,3 +198,16 @@ def test_the_engine_keeps_a_bounded_history_per_gpu():
     kept = view.history_readings()
     assert len(kept) == HISTORY_READINGS and kept[0][0] == T0 + 50
     assert len({id(body) for body in view.readings}) == 1     # the same counters share one body
+
+
+def test_process_lines_whose_gpu_is_no_name_leave_a_health_event_its_users():
+    # a hostile or broken trace: a GPU that is a list or an object, beside a real rank on GPU-a
+    lines = [json.dumps({"t": T0, "node": "n1", "pid": 5, "job_id": "9", "rank": 0, "gpu": ["GPU-a"]}),
+             json.dumps({"t": T0, "node": "n1", "pid": 6, "job_id": "9", "rank": 1, "gpu": {"GPU-a": 1}}),
+             json.dumps({"t": T0 + 1, "node": "n1", "pid": 7, "job_id": "9", "rank": 2, "gpu": "GPU-a"}),
+             json.dumps({"kind": "health_event", "t": T0 + 2, "node": "n1", "gpu": "GPU-a", "event": "xid",
+                         "xid": 79, "source": "kmsg"})]
+    stats = ReplayStats()
+    events = list(replay_lines((x.encode() for x in lines), load_rules(None), stats))
+    assert [(e.rule, e.job_id, e.rank) for e in events] == [("gpu_lost", "9", 2)]
+    assert stats.bad_lines == 0 and stats.health == 1
