@@ -23,7 +23,8 @@ from clusterwatch.errors import ConfigError, ParseError
                    "of 16 MB or more; else 1). The output is the same for any number.")
 def replay(trace: str, rules_path: str | None, fmt: str, xid_catalog_path: str | None, jobs: int | None) -> None:
     """Replay TRACE (JSON lines, docs/traces.md) through the leak and stall rules, and its GPU
-    health records through the health rules (gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle).
+    health records through the health rules (gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle,
+    gpu_link_errors).
 
     Prints every alert event (pending, firing, resolved) in trace time. Malformed
     trace lines are skipped and counted on stderr; a trace without one valid line exits 1;

@@ -29,9 +29,9 @@ log = logging.getLogger("clusterwatch.collector")
 #: How often the alerts held are brought up to date (their text and figures, as of the latest samples).
 #: Every rule works in minutes and every text in minutes at the finest, so a few seconds late is current.
 REFRESH_EVERY_S = 10.0
-#: A health alert that names no job (gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle on a GPU no job's
-#: process used) has no job end to resolve it: it resolves once its GPU has answered healthy (its counters
-#: read, not lost, no memory errors over the thresholds, not throttled) for this long after its last finding,
+#: A health alert that names no job (any health rule's, on a GPU no job's process used) has no job end to
+#: resolve it: it resolves once its GPU has answered healthy (its counters read, not lost, no memory errors
+#: over the thresholds, not throttled, its links quiet) for this long after its last finding,
 #: or, for a GPU that sends no health counters (or one not heard of since a restart), this long after the
 #: alert was last raised. A GPU that stays lost keeps its alert.
 HEALTH_CLEAR_S = 600.0
@@ -71,7 +71,7 @@ class Alerting(CoreListener):
         from .health.live import HealthListener
         from .health.xid_catalog import load_catalog
 
-        # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle: from the agents' health records
+        # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle, gpu_link_errors: from the agents' health records
         self.health = HealthListener(HealthEngine(xid_catalog or load_catalog()), state, self._handle)
 
     # -- feeding the engine ---------------------------------------------------------------------
@@ -260,7 +260,8 @@ class Alerting(CoreListener):
             last = max([a.started_at, *(t for t, _ in view.findings)] if view is not None else [a.started_at])
             msg = view.counters if view is not None else None
             if msg is not None:
-                if view.lost or view.memory_signature or view.throttling or msg.time - last < HEALTH_CLEAR_S:
+                if view.lost or view.memory_signature or view.throttling or view.link_errors \
+                        or msg.time - last < HEALTH_CLEAR_S:
                     continue
                 why = f"GPU {a.gpu} on {a.node} has answered healthy for {duration(msg.time - last)}"
             elif (view is not None and view.lost) or now - (a.updated_at or a.started_at) < HEALTH_CLEAR_UNREAD_S:

@@ -224,6 +224,8 @@ class _Health:
             v = d.get(name)
             if v is not None:
                 setattr(msg, name, v)
+        for counter, n in (d.get("nvlink_errors") or {}).items():   # not an object: AttributeError, a bad line
+            msg.nvlink_errors[counter] = n
         return self.engine.observe_counters(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid))
 
 

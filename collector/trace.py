@@ -40,11 +40,12 @@ from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, all
 _PROCESS, _END, _GPU, _NODE, _HEALTH_EVENT, _HEALTH_COUNTERS = 0, 1, 2, 3, 4, 5
 _SOURCES = {1: "nvml", 2: "kmsg"}
 # GpuHealth's fields a gpu_health record carries (docs/traces.md), by their own names: what the health rules
-# read, and the temperature (the engine keeps no more for record: collector/health/engine.py)
+# read, and the temperature (the engine keeps no more for record: collector/health/engine.py); and the map
+# nvlink_errors, as an object
 HEALTH_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
                    "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected",
                    "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe",
-                   "retired_pages_pending", "clock_event_reasons", "temperature_c")
+                   "retired_pages_pending", "clock_event_reasons", "temperature_c", "pcie_replays")
 
 
 def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> list[str]:
@@ -308,4 +309,6 @@ def gpu_health_record(node: str, msg: Any) -> dict[str, Any]:
     for name in HEALTH_COUNTERS:
         if msg.HasField(name):
             rec[name] = getattr(msg, name)
+    if msg.nvlink_errors:
+        rec["nvlink_errors"] = dict(sorted(msg.nvlink_errors.items()))
     return rec

@@ -36,7 +36,7 @@ class GpuUser:
 
 @dataclass(frozen=True, slots=True)
 class HealthFinding:
-    rule: str                 # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle
+    rule: str                 # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle, gpu_link_errors
     severity: str             # info, warning, critical
     node: str
     uuid: str
@@ -208,6 +208,60 @@ def gpu_throttle(rule: ThrottleRule, samples: Sequence[tuple[float, int]], now: 
                          advice="Check the GPU's cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE); "
                                 "move the job off it if it persists.",
                          labels=_labels({"share": f"{share:.2f}"}, hit))
+
+
+@dataclass(frozen=True, slots=True)
+class LinkErrorRule:
+    """gpu_link_errors' thresholds, from DCGM's hardware limits (dcgm_gpu_hardware_limits.h): PCIe replays past
+    8 a minute, NVLink replay and recovery errors past 1 between two readings, NVLink CRC errors at 100 a second
+    or more (fewer are noise the link corrects)."""
+
+    pcie_replays_per_min: float = 8.0
+    nvlink_errors: int = 1
+    nvlink_crc_per_s: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCounts:
+    """A GPU's link error counters at one reading: PCIe replays, and NVLink's (NVLINK_COUNTERS' names, summed
+    over its links); None, {} where the GPU gives none."""
+
+    time: float
+    pcie_replays: int | None
+    nvlink: dict[str, int]
+
+
+def gpu_link_errors(rule: LinkErrorRule, before: LinkCounts, after: LinkCounts, *, node: str, uuid: str,
+                    users: Sequence[GpuUser] = ()) -> HealthFinding | None:
+    """A GPU whose PCIe or NVLink link keeps correcting errors between two readings: a degraded link. Each
+    collective the GPU is in waits on it, so its rank is the job's straggler. A counter that went down (a
+    reset) says nothing."""
+    dt = after.time - before.time
+    if not dt > 0:
+        return None
+
+    def rise(a: int | None, b: int | None) -> int:
+        return b - a if a is not None and b is not None and b >= a else 0
+
+    said = []
+    replays = rise(before.pcie_replays, after.pcie_replays)
+    if replays * 60.0 / dt > rule.pcie_replays_per_min:
+        said.append(f"{replays} PCIe replays")
+    errors = sum(rise(before.nvlink.get(k), after.nvlink.get(k)) for k in ("replay", "recovery"))
+    if errors > rule.nvlink_errors:
+        said.append(f"{errors} NVLink replay and recovery errors")
+    crc = sum(rise(before.nvlink.get(k), after.nvlink.get(k)) for k in ("crc_flit", "crc_data"))
+    if crc / dt >= rule.nvlink_crc_per_s:
+        said.append(f"{crc} NVLink CRC errors")
+    if not said:
+        return None
+    hit = list(users)
+    who = f"; it holds {_jobs(users)}: that rank is the straggler of every collective" if users else ""
+    description = f"GPU {uuid} of {node}: {', '.join(said)} in {dt:.0f} s, a degraded link{who}"
+    return HealthFinding(rule="gpu_link_errors", severity="warning", node=node, uuid=uuid, description=description,
+                         advice="Check the link (nvidia-smi nvlink -e; the PCIe slot and riser) and run the GPU's "
+                                "diagnostics (dcgmi diag -r 3); move the job off the node if it recurs.",
+                         labels=_labels({}, hit))
 
 
 def worst_first(findings: Sequence[HealthFinding]) -> list[HealthFinding]:

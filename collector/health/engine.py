@@ -12,6 +12,7 @@ resolves a job's alerts then).
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,9 +22,12 @@ from clusterwatch.collector.health.decisions import (
     LOST_XIDS,
     GpuUser,
     HealthFinding,
+    LinkCounts,
+    LinkErrorRule,
     MemoryCounters,
     MemoryErrorThresholds,
     ThrottleRule,
+    gpu_link_errors,
     gpu_lost,
     gpu_memory_errors,
     gpu_throttle,
@@ -35,20 +39,22 @@ from clusterwatch.collector.rules.model import FIRING, AlertEvent
 
 __all__ = ["HealthEngine", "GpuHealthView", "HEALTH_RULES", "HISTORY_EVENTS", "HISTORY_READINGS"]
 
-HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle")
+HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu_link_errors")
 _KEEP_FINDINGS = 20        # per GPU, for status
 _EVENT_KINDS_LOST = frozenset({"gpu_unavailable", "gpu_lost"})   # NVML's event; the agent's counters reader
 _MEMORY = MemoryErrorThresholds()
 # What `record` can write of a GPU (collector/trace.py), per GPU: the events taken (not the duplicates
 # dropped), and the counter readings: 140 are 70 min at the agent's 30 s default, the hour of process
 # history the collector keeps (720 points at 5 s) and the throttle rule's 10 min look-back before it.
-# Kept serialized (a message taken from a batch would hold the whole batch), the rules' counters and
-# the temperature only (the rest is for /metrics), a reading like the one before sharing its bytes:
+# Kept serialized (a message taken from a batch would hold the whole batch), the rules' counters and the
+# temperature only (the violation time is for /metrics), a reading like the one before sharing its bytes; the
+# link error counters apart, at their changes only (a healthy GPU's stand still while its temperature moves):
 # bench/bench_health_history.py measures it.
 HISTORY_EVENTS = 64
 HISTORY_READINGS = 140
-_NOT_KEPT = ("time", "uuid", "violation_seconds", "nvlink_errors", "pcie_replays")
+_NOT_KEPT = ("time", "uuid", "violation_seconds", "pcie_replays", "nvlink_errors")
 _THROTTLE = ThrottleRule()
+_LINKS = LinkErrorRule()
 
 
 @dataclass(slots=True)
@@ -60,12 +66,18 @@ class GpuHealthView:
     reasons: list[tuple[float, int]] = field(default_factory=list)   # (time, clock event reasons) in the window
     memory_signature: str = ""            # what gpu_memory_errors last said (so it says it once)
     throttling: bool = False
+    links: LinkCounts | None = None       # the link error counters at the last reading that gave any
+    link_errors: bool = False
     lost: bool = False                    # gpu_lost said; again only once the GPU has answered since
     # for `record`, oldest first: (time, serialized HealthEvent); the counter readings' times and
     # bodies (a GpuHealth without time and uuid, see _NOT_KEPT), two deques: a tuple each costs 56 bytes
     events: deque[tuple[float, bytes]] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     reading_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     readings: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+    # the link error counters (pcie_replays, nvlink_errors: a serialized GpuHealth of those alone) from each
+    # time they changed: a reading's are the last change's at or before it
+    link_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+    link_values: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
 
     def keep_reading(self, msg: Any) -> None:
         """Keep a GpuHealth reading for `record`."""
@@ -78,16 +90,31 @@ class GpuHealthView:
             data = self.readings[-1]      # counters mostly stand still: one bytes object for a run of them
         self.reading_times.append(msg.time)
         self.readings.append(data)
+        links = type(msg)()
+        if msg.HasField("pcie_replays"):
+            links.pcie_replays = msg.pcie_replays
+        links.nvlink_errors.update(msg.nvlink_errors)
+        at = links.SerializeToString(deterministic=True)
+        if not self.link_values or self.link_values[-1] != at:
+            self.link_times.append(msg.time)
+            self.link_values.append(at)
 
     def history_readings(self) -> list[tuple[float, bytes]]:
-        """(time, reading body) of the readings kept, oldest first."""
-        return list(zip(self.reading_times, self.readings, strict=True))
+        """(time, reading body) of the readings kept, oldest first, each with its link error counters (a
+        protobuf message's bytes followed by another's parse as the two merged)."""
+        times, values = list(self.link_times), list(self.link_values)
+        out = []
+        for t, body in zip(self.reading_times, self.readings, strict=True):
+            i = bisect.bisect_right(times, t)
+            out.append((t, body + values[i - 1] if i else body))
+        return out
 
 
 def _standing(v: GpuHealthView) -> list[HealthFinding]:
     """A GPU's findings that still hold, each the latest of its rule: its memory errors while its counters
     still say them, its loss until it answers again, its throttling while it lasts. An XID is a moment: none."""
-    holds = {"gpu_memory_errors": bool(v.memory_signature), "gpu_lost": v.lost, "gpu_throttle": v.throttling}
+    holds = {"gpu_memory_errors": bool(v.memory_signature), "gpu_lost": v.lost, "gpu_throttle": v.throttling,
+             "gpu_link_errors": v.link_errors}
     out: list[HealthFinding] = []
     seen: set[str] = set()
     for _, f in reversed(v.findings):
@@ -105,15 +132,18 @@ class HealthEngine:
         catalog: the XID catalog.
         memory: gpu_memory_errors thresholds.
         throttle: the gpu_throttle rule.
+        links: the gpu_link_errors thresholds.
         same_xid_s: the same XID on the same GPU within this many seconds, from NVML and the
             kernel log, is one event (the kernel log's, which names the process, is kept).
     """
 
     def __init__(self, catalog: XidCatalog, *, memory: MemoryErrorThresholds = _MEMORY,
-                 throttle: ThrottleRule = _THROTTLE, same_xid_s: float = 30.0) -> None:
+                 throttle: ThrottleRule = _THROTTLE, links: LinkErrorRule = _LINKS,
+                 same_xid_s: float = 30.0) -> None:
         self.catalog = catalog
         self.memory = memory
         self.throttle = throttle
+        self.links = links
         self.same_xid_s = same_xid_s
         self.gpus: dict[tuple[str, str], GpuHealthView] = {}
         self.kmsg_seq: dict[tuple[str, str], int] = {}         # (node, kernel boot id) → last record number
@@ -221,7 +251,8 @@ class HealthEngine:
     # -- counters ----------------------------------------------------------------------------------
 
     def observe_counters(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:
-        """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses."""
+        """One GpuHealth of `node`: memory errors over thresholds, throttling of a GPU a job uses, a degraded
+        PCIe or NVLink link (its error counters rising since the last reading that gave them)."""
         v = self.view(node, msg.uuid)
         # a copy: a message taken from a batch holds the whole batch's memory for as long as it is held
         v.counters = type(msg)()
@@ -252,6 +283,14 @@ class HealthEngine:
             if throttled is not None and not v.throttling:
                 out.append(self._fire(node, msg.uuid, msg.time, throttled, users, None))
             v.throttling = throttled is not None
+        if msg.HasField("pcie_replays") or msg.nvlink_errors:
+            links = LinkCounts(msg.time, opt("pcie_replays"), dict(msg.nvlink_errors))
+            if v.links is not None:
+                degraded = gpu_link_errors(self.links, v.links, links, node=node, uuid=msg.uuid, users=users)
+                if degraded is not None and not v.link_errors:
+                    out.append(self._fire(node, msg.uuid, msg.time, degraded, users, None))
+                v.link_errors = degraded is not None
+            v.links = links
         return out
 
     # -- output ------------------------------------------------------------------------------------

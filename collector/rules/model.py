@@ -26,6 +26,7 @@ RULE_NAMES: tuple[str, ...] = (
     "gpu_lost",
     "gpu_memory_errors",
     "gpu_throttle",
+    "gpu_link_errors",
 )
 
 PENDING = "pending"

@@ -115,3 +115,40 @@ def test_the_latest_counters_are_a_copy_not_a_view_into_the_batch() -> None:
     engine.observe_counters("n1", batch.gpu_health[0], [])
     batch.gpu_health[0].temperature_c = 99
     assert engine.view("n1", "GPU-a").counters.temperature_c == 40
+
+
+def links(t: float, pcie: int | None = None, **nvlink: int) -> agent_pb2.GpuHealth:
+    h = agent_pb2.GpuHealth(time=t, uuid="GPU-a")
+    if pcie is not None:
+        h.pcie_replays = pcie
+    for counter, n in nvlink.items():
+        h.nvlink_errors[counter] = n
+    return h
+
+
+def test_a_degraded_link_raises_gpu_link_errors_once_naming_the_straggler() -> None:
+    eng = HealthEngine(load_catalog())
+    assert eng.observe_counters("n1", links(100.0, pcie=5000, replay=7, recovery=0, crc_flit=10), RANKS[1:]) == []
+    assert eng.observe_counters("n1", links(130.0, pcie=5003, replay=8, recovery=0, crc_flit=900), RANKS[1:]) == []
+    [ev] = eng.observe_counters("n1", links(160.0, pcie=5003, replay=8, recovery=3, crc_flit=900), RANKS[1:])
+    assert (ev.rule, ev.severity, ev.job_id, ev.rank, ev.gpu) == ("gpu_link_errors", "warning", "77", 1, "GPU-a")
+    assert "3 NVLink replay and recovery errors in 30 s" in ev.description and "straggler" in ev.description
+    # still degraded: said once; then a quiet reading, and the next rise is said again
+    assert eng.observe_counters("n1", links(190.0, pcie=5400, replay=8, recovery=3, crc_flit=900), RANKS) == []
+    assert eng.observe_counters("n1", links(220.0, pcie=5400, replay=8, recovery=3, crc_flit=900), RANKS) == []
+    [again] = eng.observe_counters("n1", links(250.0, pcie=5400, replay=8, recovery=3, crc_flit=10**6), RANKS)
+    assert "NVLink CRC errors" in again.description
+    [(_, standing)] = [tf for tf in eng.findings([("n1", "GPU-a")], since=1e9, standing=True)]
+    assert standing.rule == "gpu_link_errors"   # a job starting now is told
+
+
+def test_pcie_replays_past_8_a_minute_are_a_degraded_link_and_a_reset_counter_none() -> None:
+    eng = HealthEngine(load_catalog())
+    eng.observe_counters("n1", links(0.0, pcie=100), RANKS)
+    assert eng.observe_counters("n1", links(60.0, pcie=108), RANKS) == []     # 8 a minute: the limit
+    [ev] = eng.observe_counters("n1", links(120.0, pcie=117), RANKS)
+    assert "9 PCIe replays in 60 s" in ev.description
+    fresh = HealthEngine(load_catalog())
+    fresh.observe_counters("n1", links(0.0, pcie=10**6, replay=50), RANKS)
+    assert fresh.observe_counters("n1", links(30.0, pcie=0, replay=0), RANKS) == []   # a reset, not errors
+    assert fresh.observe_counters("n1", links(30.0, pcie=10**6), RANKS) == []         # no time between: nothing

@@ -61,6 +61,8 @@ def _batch(seq: int, t: float) -> agent_pb2.Batch:
             h.ecc_uncorrected_volatile = 2 if uuid == "GPU-a" and i >= 110 else 0
             h.clock_event_reasons = 0x40 if uuid == "GPU-b" else 0x1   # GPU-b hardware-thermal throttled
             h.violation_seconds["thermal"] = float(i)
+            if uuid == "GPU-b":   # its PCIe link degrades: 100 replays between readings from the 300th poll
+                h.pcie_replays = max(0, i - 290) * 10
     return b
 
 
@@ -104,6 +106,7 @@ def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
         ("gpu_memory_errors", "7", "n1", 0, None, "GPU-a"),
         ("gpu_lost", "7", "n1", 0, None, "GPU-a"),
         ("gpu_throttle", "7", "n1", 1, None, "GPU-b"),
+        ("gpu_link_errors", "7", "n1", 1, None, "GPU-b"),
     }, live
     assert _replayed(rules, lines) == live
     assert HOSTILE in live[("gpu_xid", "7", "n1", 1, 102, "GPU-b")]
@@ -120,7 +123,7 @@ def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
     assert len(readings) == 2 * POLLS // 10
     assert readings[-1] == {"kind": "gpu_health", "t": T0 + 390, "node": "n1", "gpu": "GPU-b",
                             "ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": 0, "clock_event_reasons": 0x40,
-                            "temperature_c": 60}   # not the violation time: for /metrics
+                            "temperature_c": 60, "pcie_replays": 1000}   # not the violation time: for /metrics
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
 
 
@@ -211,3 +214,23 @@ def test_process_lines_whose_gpu_is_no_name_leave_a_health_event_its_users():
     events = list(replay_lines((x.encode() for x in lines), load_rules(None), stats))
     assert [(e.rule, e.job_id, e.rank) for e in events] == [("gpu_lost", "9", 2)]
     assert stats.bad_lines == 0 and stats.health == 1
+
+
+def _replaying_link(seq: int, t: float) -> agent_pb2.Batch:
+    """`_batch`'s job, GPU-b's PCIe link replaying 50 times between readings (every 10 s) from the 40th poll."""
+    b = _batch(seq, t)
+    del b.health_events[:], b.gpu_health[:]
+    i = seq - 1
+    if i % 10 == 0:
+        h = b.gpu_health.add(time=t, uuid="GPU-b", pcie_replays=max(0, i - 30) * 5)
+        h.nvlink_errors["replay"], h.nvlink_errors["crc_flit"] = 4, 100
+    return b
+
+
+def test_a_degraded_link_replays_to_the_live_alert_its_counters_in_the_trace(tmp_path):
+    rules, live, lines = _live(tmp_path, _replaying_link, polls=80)
+    assert set(live) == {("gpu_link_errors", "7", "n1", 1, None, "GPU-b")}, live
+    assert "50 PCIe replays in 10 s" in live[("gpu_link_errors", "7", "n1", 1, None, "GPU-b")]
+    assert _replayed(rules, lines) == live
+    [reading] = [r for r in map(json.loads, lines) if r.get("kind") == "gpu_health"][-1:]
+    assert (reading["pcie_replays"], reading["nvlink_errors"]) == (200, {"crc_flit": 100, "replay": 4})

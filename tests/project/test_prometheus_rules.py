@@ -20,7 +20,7 @@ def _promtool() -> str:
 def test_rules_check():
     p = subprocess.run([_promtool(), "check", "rules", str(DIR / "alerts.yml")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "13 rules found" in p.stdout
+    assert "14 rules found" in p.stdout
 
 
 def test_rules_unit_tests():
@@ -32,7 +32,8 @@ def test_rules_unit_tests():
 def test_every_rule_name_present():
     text = (DIR / "alerts.yml").read_text()
     for name in ("gpu_memory_leak", "host_memory_leak", "gpu_stall", "training_stall", "idle_gpu",
-                 "agent_down", "handle_leak", "gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle"):
+                 "agent_down", "handle_leak", "gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle",
+                 "gpu_link_errors"):
         assert f"alert: {name}" in text
     assert "job=" not in text.replace("job_id", "")
 
