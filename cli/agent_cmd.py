@@ -23,6 +23,9 @@ from .common import fail, setup_logging
 @click.option("--send-interval", type=click.FloatRange(min=0.0), default=5.0, envvar="CLUSTERWATCH_SEND_INTERVAL",
               show_default=True,
               help="Send a batch this often, joining the polls in between (0: every poll; a job event goes at once).")
+@click.option("--health-interval", type=click.FloatRange(min=1.0), default=30.0, envvar="CLUSTERWATCH_HEALTH_INTERVAL",
+              show_default=True,
+              help="Read the GPUs' health counters (ECC, throttling, PCIe and NVLink errors) this often, in seconds.")
 @click.option("--gpu-source", type=click.Choice(["auto", "nvml", "sim", "none"]), default="auto",
               envvar="CLUSTERWATCH_GPU_SOURCE", show_default=True,
               help="Where GPU data comes from; `sim` plays a scenario for machines without a GPU.")
@@ -60,8 +63,8 @@ from .common import fail, setup_logging
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("-v", "--verbose", count=True)
-def agent(collector, collectors_before, node, interval, send_interval, gpu_source, sim_scenario, sim_run,
-          process_source, pids,
+def agent(collector, collectors_before, node, interval, send_interval, health_interval, gpu_source, sim_scenario,
+          sim_run, process_source, pids,
           local_job_id, once,
           as_json, token, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
@@ -95,7 +98,8 @@ def agent(collector, collectors_before, node, interval, send_interval, gpu_sourc
     if ensure:
         sys.exit(ensure_running(collector, node, spool_dir, gpu_source, interval, token, collectors_before))
     config = AgentConfig(
-        collector=collector, node=node, interval_s=interval, send_interval_s=send_interval, gpu_source=gpu_source,
+        collector=collector, node=node, interval_s=interval, send_interval_s=send_interval,
+        health_interval_s=health_interval, gpu_source=gpu_source,
         sim_scenario=sim_scenario, sim_run=sim_run,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
