@@ -229,7 +229,7 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
     """
     from clusterwatch.v1 import agent_pb2
 
-    first: dict[str, float] = {}       # node → its first line's time in the trace
+    first: dict[str, float] = {}       # node → its first process line's time, else its first line's
     first_proc: dict[str, float] = {}  # node → its first process line's time
     pids: dict[str, set[int]] = {}
     starts = []

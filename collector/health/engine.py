@@ -52,7 +52,7 @@ _MEMORY = MemoryErrorThresholds()
 # bench/bench_health_history.py measures it.
 HISTORY_EVENTS = 64
 HISTORY_READINGS = 140
-_NOT_KEPT = ("time", "uuid", "violation_seconds", "pcie_replays", "nvlink_errors")
+_NOT_KEPT = ("time", "uuid", "violation_seconds", "nvlink_errors", "pcie_replays")
 _THROTTLE = ThrottleRule()
 _LINKS = LinkErrorRule()
 
