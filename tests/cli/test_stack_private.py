@@ -47,13 +47,18 @@ def _probe(address: str, as_nobody: bool) -> str:
     return r.stdout.strip()
 
 
-needs_nobody = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("runuser") is None or not os.access(SYSTEM_PYTHON, os.X_OK),
-    reason="needs root, runuser and /usr/bin/python3 to probe as another uid")
+@pytest.fixture
+def needs_nobody():
+    """The probe runs as another uid: the suite needs root, runuser and the system's Python.
+
+    A machine without them fails here, in one line: the check it stands for is never skipped.
+    """
+    missing = [what for what, ok in (("root", os.geteuid() == 0), ("runuser", shutil.which("runuser") is not None),
+                                     (SYSTEM_PYTHON, os.access(SYSTEM_PYTHON, os.X_OK))) if not ok]
+    assert not missing, f"probing as another uid needs {', '.join(missing)} (scripts/setup.sh runs the suite as root)"
 
 
-@needs_nobody
-def test_the_probe_as_nobody_reaches_a_loopback_port():
+def test_the_probe_as_nobody_reaches_a_loopback_port(needs_nobody):
     # the control: the probe connects where nothing keeps `nobody` out, so a refusal below is the stack's doing
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -61,8 +66,7 @@ def test_the_probe_as_nobody_reaches_a_loopback_port():
         assert _probe(f"127.0.0.1:{server.getsockname()[1]}", as_nobody=True) == "connected"
 
 
-@needs_nobody
-def test_another_user_cannot_reach_a_runs_collector(tmp_path):
+def test_another_user_cannot_reach_a_runs_collector(needs_nobody, tmp_path):
     keep = tmp_path / "run"
     keep.mkdir()
     os.chmod(tmp_path, 0o755)
