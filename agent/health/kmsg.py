@@ -19,6 +19,12 @@ the bus address to the UUID when NVML can no longer answer for that GPU.
 that start with a space (Documentation/ABI/testing/dev-kmsg); a reader opened afresh starts at the
 oldest record the ring holds (this boot's, unless overwritten), and EPIPE says records were
 overwritten before they were read. USEC is microseconds since boot on the monotonic clock.
+
+Only the driver's own records count: PRI's facility must be the kernel's (0; what is written to
+/dev/kmsg from user space gets the user facility, 1, or its own, never 0), and the message must be
+the driver's line from its first character to its last. Kernel messages quote text users choose
+(the process name, a cgroup's path in an OOM report, a file name; a newline in it comes as \x0a),
+so the driver's words inside a message, or on a dictionary line, are no XID.
 """
 from __future__ import annotations
 
@@ -35,10 +41,12 @@ from typing import Callable
 from clusterwatch.agent.thread_names import name_os_thread
 
 __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "parse_gpu_at", "parse_record",
-           "pci_key", "unescape"]
+           "pci_key", "unescape", "KERNEL_FACILITY"]
+
+KERNEL_FACILITY = 0   # LOG_KERN: printk's own; devkmsg_write never gives a record this facility
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-_XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:, (?P<rest>.*))?$")
+_XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:, (?P<rest>.*))?")
 # the pid as a number, or a placeholder the driver prints when it has none ('<unknown>', 'N/A')
 _PID = re.compile(r"pid=(?:'?(?P<pid>\d+)'?|'[^',]*'|<[^>,]*>|N/A)(?:, |$)")
 _NAME = re.compile(r"name=(?P<name><unknown>|[^,]*)(?:, |$)")
@@ -81,12 +89,10 @@ def unescape(message: str) -> str:
 def parse_xid(message: str) -> XidLine | None:
     """The XID in one kernel-log message, or None when the message is no XID line.
 
-    Searches, not anchors: the message may come with a dmesg or syslog prefix.
+    The whole message must be the driver's line (no dmesg or syslog prefix, no line break): the
+    same words inside a message are text a user put there.
     """
-    at = message.find("NVRM: Xid (")
-    if at < 0:
-        return None
-    m = _XID.match(message.rstrip("\n"), at)
+    m = _XID.fullmatch(message.rstrip("\n"))
     if m is None:
         return None
     pci = pci_key(m.group("pci"))
@@ -108,8 +114,9 @@ def parse_xid(message: str) -> XidLine | None:
 
 
 def parse_gpu_at(message: str) -> tuple[str, str] | None:
-    """(bus address, UUID) from the driver's `NVRM: GPU at PCI:…: GPU-…` line, else None."""
-    m = _GPU_AT.search(message)
+    """(bus address, UUID) from the driver's `NVRM: GPU at PCI:…: GPU-…` line, else None (the message
+    must be that line alone)."""
+    m = _GPU_AT.fullmatch(message.rstrip("\n"))
     if m is None:
         return None
     pci = pci_key(m.group("pci"))
@@ -124,6 +131,11 @@ class KmsgRecord:
     seq: int
     usec: int            # microseconds since boot (monotonic)
     message: str         # unescaped
+
+    @property
+    def facility(self) -> int:
+        """The syslog facility (0: the kernel's own printk)."""
+        return self.priority >> 3
 
 
 def parse_record(line: str) -> KmsgRecord | None:
@@ -168,7 +180,7 @@ class KmsgReader:
     From the oldest record the log holds (this boot's), then each as it comes. Stopping never
     waits longer than `wait_s`. Records that do not parse are counted (`bad_records`), never
     logged one by one; records the kernel overwrote before they were read are counted too
-    (`overwritten`).
+    (`overwritten`), and so are records from outside the kernel (`not_kernel`), never read for XIDs.
 
     Args:
         path: /dev/kmsg, or a file or FIFO holding records in its format (tests).
@@ -196,6 +208,7 @@ class KmsgReader:
         self.records = 0
         self.bad_records = 0
         self.overwritten = 0
+        self.not_kernel = 0
         self.events = 0
 
     def _open(self) -> int:
@@ -228,6 +241,9 @@ class KmsgReader:
                 self.bad_records += 1
             return None
         self.records += 1
+        if record.facility != KERNEL_FACILITY:
+            self.not_kernel += 1
+            return None
         gpu_at = parse_gpu_at(record.message)
         if gpu_at is not None:
             self._learned[gpu_at[0]] = gpu_at[1]

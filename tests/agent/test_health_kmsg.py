@@ -54,7 +54,12 @@ XID_LINES = [
 
 @pytest.mark.parametrize("message, expected", XID_LINES, ids=[str(e.xid) + "-" + e.pci for _, e in XID_LINES])
 def test_xid_lines_of_several_driver_generations(message: str, expected: XidLine) -> None:
-    assert parse_xid(message) == expected
+    # some quotes come through dmesg or syslog, which put a time (and host) before the record's message;
+    # /dev/kmsg gives the message alone, and a message that only holds the driver's words is no XID
+    prefix, driver, line = message.partition("NVRM: ")
+    assert parse_xid(driver + line) == expected
+    if prefix:
+        assert parse_xid(message) is None
 
 
 @pytest.mark.parametrize("message", [
@@ -170,3 +175,67 @@ def test_the_reader_thread_carries_its_name_for_top(tmp_path: Path) -> None:
         _wait_for(lambda: "cw-kmsg" in names())
     finally:
         reader.stop()
+
+
+# Kernel-log records whose text a user controls, each shaped as the kernel or a writer of /dev/kmsg makes
+# it, every one carrying the driver's own words: none is an XID (nor teaches a GPU's address), and the
+# real XID after them is still read. USEC 2500000 throughout; the priority is facility * 8 + level.
+_DRIVER_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+HOSTILE_RECORDS = [
+    # `echo ... > /dev/kmsg` and logger --kmsg: the kernel gives such records the user facility (1)
+    ("written to /dev/kmsg by a user", f"11,101,2500000,-;{_DRIVER_LINE}"),
+    ("written to /dev/kmsg with a <level> prefix", f"14,102,2500000,-;{_DRIVER_LINE}"),
+    # syslog daemons and journald forwarding: facility daemon (3) or syslog (5)
+    ("forwarded from syslog (daemon)", f"27,103,2500000,-;{_DRIVER_LINE}"),
+    ("forwarded from syslog (syslog)", f"46,104,2500000,-;{_DRIVER_LINE}"),
+    # the OOM killer's summary names the cgroups, whose names the job's user chooses
+    ("a cgroup name in an OOM report",
+     "6,105,2500000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+     f"oom_memcg=/slurm/uid_1000/job_5/{_DRIVER_LINE},task_memcg=/slurm/uid_1000/job_5/step_0,task=python,"
+     "pid=4242,uid=1000"),
+    ("a cgroup name in the OOM killer's memory stats",
+     f"6,106,2500000,-;Memory cgroup stats for /slurm/uid_1000/job_5/{_DRIVER_LINE}:"),
+    # a process name (comm, 15 bytes at most) where the kernel starts a message with it
+    ("a process named like the driver, segfaulting", "6,107,2500000,-;NVRM: Xid (PCI[4242]: segfault at 0 "
+     "ip 0000000000401136 sp 00007ffd4a1c2f40 error 6 in a.out[401000+1000]"),
+    ("a process named like the driver, OOM-killed", "3,108,2500000,-;Out of memory: Killed process 4242 "
+     "(NVRM: Xid (PCI) total-vm:1048576kB, anon-rss:1000000kB, file-rss:0kB, shmem-rss:0kB, UID:1000"),
+    # a user's string with a newline in it, escaped by /dev/kmsg as \x0a: the driver's line after it
+    ("a newline in a user's file name", "5,109,2500000,-;audit: type=1400 audit(1700000000.000:42): "
+     f'apparmor="DENIED" operation="open" name="/tmp/x\\x0a{_DRIVER_LINE}" comm="cat"'),
+    # the dictionary lines after a record (KEY=value), which a device's or a user's text can fill
+    ("a continuation line", f" {_DRIVER_LINE}"),
+    ("a continuation line's value", f" SUBSYSTEM={_DRIVER_LINE}"),
+    # the driver's line naming a GPU, from a user: it must not send the real XID to another GPU
+    ("a GPU's address claimed by a user", "12,110,2500000,-;NVRM: GPU at PCI:0000:3b:00: GPU-evil"),
+    ("a GPU's address in a cgroup name",
+     "6,111,2500000,-;Memory cgroup stats for /slurm/job_5/NVRM: GPU at PCI:0000:3b:00: GPU-evil2:"),
+]
+
+
+@pytest.mark.parametrize("record", [r for _, r in HOSTILE_RECORDS], ids=[n for n, _ in HOSTILE_RECORDS])
+def test_text_a_user_can_put_in_the_kernel_log_is_no_xid(record: str, tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    reader, got = _collect(log)
+    try:
+        assert reader.feed(record) is None
+        # the real XID that follows is the driver's, on no GPU a user named
+        event = reader.feed("3,200,2600000,-;NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error")
+    finally:
+        reader.stop()
+    assert [(e.xid, e.uuid) for e in got] == [(48, None)] and event is got[0]
+
+
+def test_the_reader_takes_only_the_kernels_own_xids_from_a_log_full_of_user_text(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("".join(r + "\n" for _, r in HOSTILE_RECORDS) +
+                   "3,200,2600000,-;NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error\n")
+    reader, got = _collect(log)
+    reader.start()
+    try:
+        _wait_for(lambda: reader.records >= len(HOSTILE_RECORDS) - 1)
+    finally:
+        reader.stop()
+    assert [(e.xid, e.pci, e.uuid, e.seq) for e in got] == [(48, "0000:3b:00", None, 200)]
+    assert reader.not_kernel == 5 and reader.bad_records == 0
