@@ -694,5 +694,6 @@ class CollectorCore:
             "unauthenticated": c.unauthenticated, "throttled": c.throttled,
             **{f"refused_{reason}": c.refused.get(reason, 0) for reason in REFUSAL_REASONS},
             "training_unmatched": self.state.training_unmatched, "tags_dropped": self.state.tags_dropped,
+            "tag_changes_dropped": self.state.tag_changes_dropped,
             "store_errors": c.store_errors, "callback_errors": c.callback_errors,
         }

@@ -19,6 +19,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
                            "Training reports dropped: no known process has their node, pid and start time."),
     "tags_dropped": ("clusterwatch_ingest_tags_dropped",
                      "Run tags dropped: past 32 keys a job, or a key or value too long."),
+    "tag_changes_dropped": ("clusterwatch_ingest_tag_changes_dropped",
+                            "Run tag values not shown: their key had changed 4 times in the job (it shows "
+                            "'(changes too often)')."),
     "store_errors": ("clusterwatch_store_errors", "Flushes and job closes the store refused (retried)."),
     "callback_errors": ("clusterwatch_ingest_callback_errors",
                         "Rules, alerts or registry callbacks that failed on a batch."),

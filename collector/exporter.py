@@ -51,7 +51,9 @@ GZIP_LEVEL = 1
 
 
 # Run tags become labels of clusterwatch_job_info: a small set, fixed per job (its first tags,
-# in the order they arrived), so a job that sends ever more tag keys makes no new label names.
+# in the order they arrived), so a job that sends ever more tag keys makes no new label names. Their
+# values are bounded in churn where they enter the state (state.MAX_TAG_CHANGES): a value that changes
+# at every report would otherwise make a new series at every scrape.
 MAX_TAG_LABELS = 8
 MAX_TAG_NAME = 32   # characters of the name after "tag_"
 MAX_TAG_VALUE = 128

@@ -30,6 +30,11 @@ ENDED_STATES = frozenset(
 MAX_TAG_KEYS = 32
 MAX_TAG_KEY_BYTES = 64  # UTF-8
 MAX_TAG_VALUE_BYTES = 256
+# Each tag value is a label value of clusterwatch_job_info, and each new one a new Prometheus series: a key
+# may change this often in a job (a phase, a resumed-from); past that it shows TAG_CHANGING for the rest of
+# the job, so a value that changes at every report (a timestamp, ranks that disagree) makes a few series.
+MAX_TAG_CHANGES = 4
+TAG_CHANGING = "(changes too often)"
 
 
 def _over(text: str, limit: int) -> bool:
@@ -192,6 +197,7 @@ class JobState:
     exit_code: int | None = None
     processes: set[ProcessKey] = field(default_factory=set)
     tags: dict[str, str] = field(default_factory=dict)
+    tag_changes: dict[str, int] = field(default_factory=dict)  # tag key → how often its value changed
     nodes_ended: set[str] = field(default_factory=set)
     # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance.py)
     provenance: dict[ProcessKey, dict] = field(default_factory=dict)
@@ -239,6 +245,7 @@ class ClusterState:
         self._gpu_users: dict[str, dict[str, str]] = {}
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
         self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
+        self.tag_changes_dropped = 0  # tag values not shown: their key had changed MAX_TAG_CHANGES times
 
     # -- agents -----------------------------------------------------------------------------
 
@@ -547,14 +554,25 @@ class ClusterState:
     def _merge_tags(self, job: JobState, tags: dict[str, str]) -> None:
         """A report's tags into its job's, within bounds: one process sending new keys in a loop must not grow
         the collector without end, nor the job's `status` reply past the CLI's limit. A known key takes its new
-        value; what is over is dropped, counted."""
+        value MAX_TAG_CHANGES times, then holds TAG_CHANGING (a key holding it stays so, after a restart too);
+        what is over is dropped, counted."""
         held = job.tags
         for key, value in tags.items():
             if (_over(key, MAX_TAG_KEY_BYTES) or _over(value, MAX_TAG_VALUE_BYTES)
                     or (key not in held and len(held) >= MAX_TAG_KEYS)):
                 self.tags_dropped += 1
                 continue
-            held[key] = value
+            old = held.get(key)
+            if old is None or old == value:
+                held[key] = value
+                continue
+            if old != TAG_CHANGING:
+                changes = job.tag_changes[key] = job.tag_changes.get(key, 0) + 1
+                if changes <= MAX_TAG_CHANGES:
+                    held[key] = value
+                    continue
+                held[key] = TAG_CHANGING
+            self.tag_changes_dropped += 1
 
     def job_event(self, node: str, event: JobEvent) -> JobState:
         """A prolog (start) or epilog (end) on a node."""
