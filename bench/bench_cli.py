@@ -47,7 +47,7 @@ def compile_bytecode() -> None:
 
     grpc, click and protobuf come from wheels and load from bytecode; an editable install leaves
     ours to the first run, and where PYTHONDONTWRITEBYTECODE is set (it was in the shells that
-    measured this) nothing is written, so every run would compile clusterwatch/render.py and the rest again
+    measured this) nothing is written, so every run would compile clusterwatch/report/ and the rest again
     (15-30 ms here).
     """
     import compileall

@@ -10,7 +10,7 @@ from .common import collector_option, deployment, fail, query_metadata
 
 def render_alerts(entries, now: float) -> str:
     """A table of alerts: state, rule, job, where, since when, and the one-line description."""
-    from clusterwatch.render import fit, human_duration, printable_message
+    from clusterwatch.report.text import fit, human_duration, printable_message
 
     if not entries:
         return "no alerts\n"

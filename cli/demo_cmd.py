@@ -72,7 +72,7 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
 
     from clusterwatch.errors import ClusterwatchError
     from clusterwatch.model import JobEvent
-    from clusterwatch.render import render
+    from clusterwatch.report import render
 
     from .run_cmd import _final_view
     from .stack import Stack, make_workdir

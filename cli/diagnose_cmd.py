@@ -33,9 +33,9 @@ def _ask(address: str, tls_ca: str | None, job_id: str, rank: int | None, kind: 
 
 def render_diagnosis(stacks, snapshots) -> str:
     """The grouped stacks (each distinct stack once, with its ranks), then each rank's snapshot."""
-    from clusterwatch.render import printable
-    from clusterwatch.render_requests import answer_line as line
-    from clusterwatch.render_requests import who
+    from clusterwatch.report.requests import answer_line as line
+    from clusterwatch.report.requests import who
+    from clusterwatch.report.text import printable
     from clusterwatch.stacks import by_rank, group_ranks
 
     out = ["Stacks (main thread; ranks with the same stack once)"]

@@ -42,7 +42,7 @@ def _counters(r) -> str:
 
 def render_health(rows: list, now: float) -> str:
     """One block per GPU: where, how bad, the jobs hit, its counters, then its findings with their advice."""
-    from clusterwatch.render import fit, human_duration, printable
+    from clusterwatch.report.text import fit, human_duration, printable
 
     if not rows:
         return "no GPU with health findings\n"

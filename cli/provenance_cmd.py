@@ -55,7 +55,7 @@ def provenance(directory: str, as_json: bool, budget_s: float) -> None:
     if as_json:
         click.echo(record.to_json(indent=2))
     else:
-        from clusterwatch.render import printable
+        from clusterwatch.report.text import printable
 
         for line in human_lines(record.to_dict()):
             click.echo(printable(line))

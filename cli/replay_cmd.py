@@ -36,7 +36,7 @@ def replay(trace: str, rules_path: str | None, fmt: str, xid_catalog_path: str |
     from clusterwatch.collector.replay import ReplayStats, event_human, event_json, replay_file
     from clusterwatch.collector.rules import load_rules
 
-    from clusterwatch.render import printable
+    from clusterwatch.report.text import printable
 
     try:
         rules = load_rules(rules_path)

@@ -69,7 +69,7 @@ def _page_url(listen: str, port: int, job_id: str) -> str:
 
 
 def _status_line(view) -> str:
-    from clusterwatch.render import human_bytes, human_duration, printable_message
+    from clusterwatch.report.text import human_bytes, human_duration, printable_message
 
     view = printable_message(view)
     procs = [p for p in view.processes if p.alive]
@@ -171,7 +171,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
             # one machine, a few processes: every poll goes out, so what is shown is never behind
             agent = stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
                                      "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run])
-            from clusterwatch.render import printable
+            from clusterwatch.report.text import printable
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
             if web_listen is not None:  # a --web-listen given is bound or the collector did not start
@@ -220,7 +220,7 @@ def _report(view, as_json: bool, output: str | None) -> None:
 
         text = dumps(status_document(view))
     else:
-        from clusterwatch.render import render
+        from clusterwatch.report import render
 
         text = render(view)
     if output:

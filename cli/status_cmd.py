@@ -136,7 +136,7 @@ def status(job_id: str, collector: str, collectors_before: str, tls_ca: str | No
 
             # a stream a script reads: one document a line
             return dumps(status_document(view), one_line=watch and not tty)
-        from clusterwatch.render import render
+        from clusterwatch.report import render
 
         return render(view)
 
@@ -185,7 +185,7 @@ def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_end
 
         click.echo(dumps(jobs_document(resp)), nl=False)
     else:
-        from clusterwatch.render import render_jobs
+        from clusterwatch.report import render_jobs
 
         click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
     if partial:

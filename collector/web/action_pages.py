@@ -67,7 +67,7 @@ def refused_page(job_id: str, why: str) -> str:
 
 def outcome_page(job_id: str, outcome: Outcome, now: float) -> str:
     """The answers: for Diagnose the grouped stacks and where each snapshot went; else each rank's answer."""
-    from clusterwatch.render_requests import answer_line, who
+    from clusterwatch.report.requests import answer_line, who
     from clusterwatch.stacks import by_rank, group_ranks
 
     parts = [f"<h1>{escape(ACTIONS[outcome.action])}: job {escape(job_id)}</h1>"]

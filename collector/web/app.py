@@ -237,6 +237,6 @@ def _form(environ) -> dict:
 
 def _status_text(view) -> str:
     """`clusterwatch status`'s report of the view, unwrapped (the browser scrolls)."""
-    from clusterwatch.render import render  # the report users know, word for word
+    from clusterwatch.report import render  # the report users know, word for word
 
     return render(view, width=None)

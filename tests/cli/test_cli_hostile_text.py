@@ -14,7 +14,8 @@ import pytest
 from clusterwatch.cli.alerts_cmd import render_alerts
 from clusterwatch.v1 import query_pb2
 
-from clusterwatch.render import printable, render, render_jobs
+from clusterwatch.report import render, render_jobs
+from clusterwatch.report.text import printable
 from tests.helpers import cli
 
 pytestmark = pytest.mark.e2e

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from clusterwatch.v1 import query_pb2
 
-from clusterwatch.render_health import health_section
+from clusterwatch.report.health import health_section
 
 
 def test_health_findings_worst_first_with_their_advice() -> None:

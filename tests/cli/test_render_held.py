@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clusterwatch.v1 import query_pb2
 
-from clusterwatch.render import render
+from clusterwatch.report import render
 
 
 def _view(**held) -> query_pb2.JobView:

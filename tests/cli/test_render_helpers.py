@@ -1,7 +1,7 @@
-"""clusterwatch/render.py's small helpers: exit text, sizes, durations, sparklines."""
+"""clusterwatch/report/text.py's small helpers: exit text, sizes, durations, sparklines."""
 from __future__ import annotations
 
-from clusterwatch.render import exit_text, human_bytes, human_duration, sparkline
+from clusterwatch.report.text import exit_text, human_bytes, human_duration, sparkline
 
 
 def test_rendering_helpers():

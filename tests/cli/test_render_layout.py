@@ -7,7 +7,9 @@ import time
 import pytest
 from clusterwatch.v1 import query_pb2
 
-from clusterwatch.render import describe_code, fit, render
+from clusterwatch.report import render
+from clusterwatch.report.code import describe_code
+from clusterwatch.report.text import fit
 from tests.helpers import cli
 
 from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)

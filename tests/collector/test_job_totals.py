@@ -12,7 +12,7 @@ from clusterwatch.collector.views import job_view
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.model import GpuUse, ProcessSample
-from clusterwatch.render import render
+from clusterwatch.report import render
 from clusterwatch.wire import processes_to_table
 
 T0 = 1_800_000_000.0

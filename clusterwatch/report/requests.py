@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .render import printable
+from .text import printable
 
 MAX_NOTE = 160  # characters of an answer's message on a status line
 SAID = {

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .render import RULE, _wrap_words, printable
+from .text import RULE, printable, wrap_words
 
 __all__ = ["health_section"]
 
@@ -24,9 +24,9 @@ def health_section(view, width: int | None) -> list[str]:
         if width is None or len(head) + len(text) <= width:
             out.append(head + text)
         else:
-            out.extend(_wrap_words(text, head, " " * len(head), width))
+            out.extend(wrap_words(text, head, " " * len(head), width))
         if h.advice:
             pad = " " * len(head)
             advice = printable(h.advice)
-            out.extend(_wrap_words(advice, pad + "→ ", pad + "  ", width) if width else [pad + "→ " + advice])
+            out.extend(wrap_words(advice, pad + "→ ", pad + "  ", width) if width else [pad + "→ " + advice])
     return out

@@ -1,0 +1,83 @@
+"""`clusterwatch status JOBID`: a JobView in, the report out. Pure: no I/O, no clock but `now`.
+
+The layout follows what users read first: who and what (header), how the whole job is doing
+(meters), then each rank and GPU with its trend, then alerts, health, requests, code and advice.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .alerts import alerts_section
+from .code import code_section
+from .health import health_section
+from .notes import notes_section
+from .requests import requests_section
+from .text import RULE, draw_rules, exit_text, human_bytes, human_duration, printable_message, report_width
+from .usage import gpus_section, nodes_section, overall_section, ranks_section
+
+if TYPE_CHECKING:
+    from clusterwatch.v1 import query_pb2
+
+
+def render(view: query_pb2.JobView, now: float | None = None, width: int | None = -1) -> str:
+    """The full report for one job.
+
+    `width`: the columns to fit (tables drop their least needed columns, alerts wrap); the default
+    is report_width(); None: no limit. Rules span the widest line, within that width.
+    """
+    if width == -1:
+        width = report_width()
+    view = printable_message(view)
+    now = now or view.now or time.time()
+    job = view.job
+    lines: list[str] = []
+    ended = job.end_time > 0
+    run_time = (job.end_time if ended else now) - job.start_time if job.start_time else 0
+    name = f'  "{job.name}"' if job.name else ""
+    lines.append(f"{RULE}═")
+    lines.append(f" clusterwatch · job {job.job_id}{name}")
+    lines.append(f"{RULE}═")
+    state = job.state + (f" ({exit_text(job.exit_code)})" if job.HasField("exit_code") else "")
+    ranks_seen = len({p.rank for p in view.processes if p.HasField("rank")})
+    rows = [
+        ("User/Account", f"{job.user or '?'}{'/' + job.account if job.account else ''}"),
+        ("State", state),
+        ("Nodes", f"{len(job.nodes)}  ({', '.join(job.nodes[:6])}{' …' if len(job.nodes) > 6 else ''})"),
+        ("GPUs", str(job.gpus or len(view.gpus))),
+    ]
+    if job.partition:
+        rows.append(("Partition", job.partition))
+    if job.qos:
+        rows.append(("QOS", job.qos))
+    if job.cluster:
+        rows.append(("Cluster", job.cluster))
+    if job.cpus:
+        rows.append(("CPU cores", str(job.cpus)))
+    if job.memory_bytes:
+        rows.append(("CPU memory", human_bytes(job.memory_bytes)))
+    if job.start_time:
+        rows.append(("Start time", time.strftime("%a %b %d %Y %H:%M:%S %Z", time.localtime(job.start_time))))
+    rows.append(("Run time", human_duration(run_time)
+                 + (f" of {human_duration(job.time_limit_s)} limit" if job.time_limit_s else "")))
+    expected = job.ranks_expected
+    if expected or ranks_seen:
+        rows.append(("Ranks", f"{ranks_seen} seen" + (f" of {expected} expected" if expected else "")))
+    rows.append(("Known from", job.source))
+    for k, v in rows:
+        lines.append(f"  {k:>13}: {v}")
+    if job.note:
+        lines.append(f"  {'Note':>13}: {job.note}")
+    if view.tags:
+        lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
+
+    lines.extend(overall_section(view, width, run_time))
+    lines.extend(nodes_section(view, width))
+    lines.extend(ranks_section(view, now, width))
+    lines.extend(gpus_section(view, width))
+    lines.extend(alerts_section(view, width))
+    lines.extend(health_section(view, width))
+    lines.extend(requests_section(view, now))
+    lines.extend(code_section(view))
+    lines.extend(notes_section(view, run_time))
+    return draw_rules("\n".join(lines) + "\n", width)

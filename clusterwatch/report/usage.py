@@ -1,0 +1,220 @@
+"""The report's figures: the job's overall utilisation, its nodes, its ranks and its GPUs."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from clusterwatch.humanize import duration
+from clusterwatch.model import HELD_STATES
+
+from .text import Col, human_bytes, meter, sparkline, table, title
+
+if TYPE_CHECKING:
+    from clusterwatch.v1 import query_pb2
+
+
+def job_cpu(view: query_pb2.JobView, run_time: float) -> tuple[float, float | None]:
+    """(CPU time of the job's processes over their whole lives, CPU efficiency as jobstats shows it: that
+    time over run time × allocated cores; None where Slurm gave no core count or no time has passed)."""
+    cpu_s = sum(p.cpu_seconds for p in view.processes)
+    cores = view.job.cpus
+    return cpu_s, (cpu_s / (run_time * cores) if cores and run_time > 0 else None)
+
+
+def overall_section(view: query_pb2.JobView, width: int | None, run_time: float = 0.0) -> list[str]:
+    out = [title("Overall utilisation")]
+    meters: list[tuple[str, float | None, str]] = []  # label, fraction, the figures after the meter
+    lines: list[tuple[str, str]] = []  # label, figures without a meter (nothing to compare with)
+    live = [p for p in view.processes if p.alive] or list(view.processes)
+    gpus = list(view.gpus)
+    ended = bool(view.job.end_time)
+    if gpus:
+        # the whole job, where the collector accumulated it (every reading while the job's processes were on
+        # its GPUs); else averaged over the history held
+        busy = sum(g.busy_seconds for g in gpus)
+        covered = sum(g.covered_seconds for g in gpus)
+        trend = [u for g in gpus for u in g.utilization_trend]
+        util = [g.utilization for g in gpus if g.HasField("utilization")]
+        if covered > 0:
+            avg, how = busy / covered * 100, "  whole job"
+        else:
+            avg = sum(trend) / len(trend) if trend else (sum(util) / len(util) if util else None)
+            how = "  average"
+        meters.append(("GPU utilisation", avg / 100 if avg is not None else None, how))
+        # an ended job is judged by its peaks (its last readings are after the processes left)
+        used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
+                   if ended or g.HasField("memory_used_bytes"))
+        total = sum(g.memory_total_bytes for g in gpus)
+        meters.append(("GPU memory", used / total if total else None,
+                       f"  {human_bytes(used)} of {human_bytes(total)}{' at peak' if ended else ''}" if total else ""))
+    cpu_s, efficiency = job_cpu(view, run_time)
+    cores = view.job.cpus
+    if efficiency is not None:
+        meters.append(("CPU efficiency", efficiency,
+                       f"  {duration(cpu_s)} CPU time of {cores} cores × {duration(run_time)}"))
+    elif run_time > 0 and cpu_s > 0:  # what is known without Slurm's core count
+        lines.append(("CPU", f"{cpu_s / run_time:.1f} cores busy on average ({duration(cpu_s)} CPU time); "
+                             "allocated cores unknown"))
+    else:  # no CPU time yet (the first polls): the latest readings
+        now_cores = sum(p.cpu_percent for p in live if p.HasField("cpu_percent")) / 100
+        if cores:
+            meters.append(("CPU", now_cores / cores, f"  {now_cores:.1f} of {cores} cores"))
+        else:
+            lines.append(("CPU", f"{now_cores:.1f} cores busy now; allocated cores unknown"))
+    # host memory against what Slurm allocated (the job is killed past it), never the node's RAM
+    rss = (sum(p.rss_peak_bytes for p in view.processes) if ended
+           else sum(p.rss_bytes for p in live if p.HasField("rss_bytes")))
+    mem = view.job.memory_bytes
+    at = " at peak" if ended else ""
+    if mem:
+        meters.append(("Host memory", rss / mem, f"  {human_bytes(rss)}{at} of {human_bytes(mem)} allocated"))
+    else:
+        ram = sum(n.memory_total_bytes for n in view.nodes)
+        lines.append(("Host memory", f"{human_bytes(rss)}{at}; allocation unknown"
+                                     + (f" (node RAM {human_bytes(ram)})" if ram else "")))
+    # 40 cells, fewer where the lines must fit: 19 before the meter, 2 brackets and "  nnn%" after it
+    cells = 40
+    if width is not None:
+        cells = max(10, min(40, width - 19 - 8 - max((len(t) for _, _, t in meters), default=0)))
+    if not gpus:
+        out.append("  GPU              no GPU reported for this job")
+    for name, fraction, text in meters:
+        out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
+    for name, text in lines:
+        out.append(f"  {name:<16} {text}")
+    return out
+
+
+def nodes_section(view: query_pb2.JobView, width: int | None) -> list[str]:
+    """Per node: is its agent reporting, and what the job uses there (jobstats' per-node lines)."""
+    if len(view.nodes) < 1:
+        return []
+    out = [title("Nodes")]
+    ended = bool(view.job.end_time)
+    columns = [Col("NODE", 14, "<"), Col("AGENT", 6, "<"), Col("PROCS", 5), Col("CPU CORES", 9),
+               Col("HOST MEM", 10), Col("GPUS", 4, drop=1), Col("GPU UTIL", 8),
+               Col("GPU MEM (peak)" if ended else "GPU MEM", 20)]
+    # grouped in one pass: a scan of every process per node was 3 ms of a 512-process job's 8 ms report
+    procs_of: dict[str, list] = {}
+    for p in view.processes:
+        if p.alive or ended:
+            procs_of.setdefault(p.node, []).append(p)
+    gpus_of: dict[str, list] = {}
+    for g in view.gpus:
+        gpus_of.setdefault(g.node, []).append(g)
+    rows = []
+    for n in sorted(view.nodes, key=lambda n: n.node):
+        procs = procs_of.get(n.node, [])
+        cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
+        rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes"))
+        gpus = gpus_of.get(n.node, [])
+        covered = sum(g.covered_seconds for g in gpus)
+        trend = [u for g in gpus for u in g.utilization_trend]
+        if covered:  # the whole job's, while its processes were on them
+            util = f"{sum(g.busy_seconds for g in gpus) / covered * 100:.0f}%"
+        else:
+            util = f"{sum(trend) / len(trend):.0f}%" if trend else "-"
+        used = sum(g.memory_peak_bytes if ended else g.memory_used_bytes for g in gpus
+                   if ended or g.HasField("memory_used_bytes"))
+        total = sum(g.memory_total_bytes for g in gpus)
+        mem = f"{human_bytes(used)} / {human_bytes(total)}" if total else "-"
+        agent = "ended" if ended else ("up" if n.agent_up else "DOWN")
+        rows.append([n.node, agent, str(len(procs)), f"{cpu:.1f}", human_bytes(rss), str(len(gpus)), util, mem])
+    out.extend(table(columns, rows, width))
+    down = [n.node for n in view.nodes if not n.agent_up and not ended]
+    if down:
+        out.append(f"  no recent samples from {', '.join(down)}: its figures are the last ones received")
+    for n in sorted(view.nodes, key=lambda n: n.node):
+        if n.gpu_pids_note:  # the agent cannot tie GPU memory to processes there (a container without host pids)
+            out.append(f"  {n.node}: {n.gpu_pids_note}")
+    return out
+
+
+def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
+    out = [title("Processes (by rank)")]
+    if not view.processes:
+        out.append("  no process of this job has been reported yet")
+        return out
+    has_steps = any(p.HasField("step") for p in view.processes)
+    # the allocator's own figures, where a process reports them (clusterwatch.train): beside NVML's
+    has_alloc = any(p.HasField("gpu_allocated_bytes") or p.HasField("gpu_reserved_bytes") for p in view.processes)
+    # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first
+    columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9)]
+    if has_alloc:
+        columns += [Col("ALLOC", 9), Col("RESERVED", 9)]
+    columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
+                Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
+    if has_steps:
+        columns += [Col("STEP", 7), Col("STEP/S", 6)]
+    rows, tails = [], []
+    for p in view.processes:
+        row = [str(p.rank) if p.HasField("rank") else "-", p.node, str(p.pid), p.command,
+               human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"]
+        if has_alloc:
+            row += [human_bytes(p.gpu_allocated_bytes) if p.HasField("gpu_allocated_bytes") else "-",
+                    human_bytes(p.gpu_reserved_bytes) if p.HasField("gpu_reserved_bytes") else "-"]
+        row += [human_bytes(p.gpu_memory_peak_bytes) if p.gpu_memory_peak_bytes else "-",
+                sparkline(list(p.gpu_memory_trend)) if p.gpu_memory_peak_bytes else "",
+                f"{p.gpu_utilization:.0f}%" if p.HasField("gpu_utilization") else "-",
+                f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
+                human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
+                sparkline(list(p.rss_trend), 8)]
+        if has_steps:
+            row += [str(p.step) if p.HasField("step") else "-",
+                    f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"]
+        rows.append(row)
+        tail = "  (gone)" if not p.alive and not view.job.end_time else ""
+        if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
+            tail += f"  stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
+            if p.alive and not view.job.end_time:
+                tail += f" ({duration(now - p.stalled_since)})"
+        if p.state:
+            tail += f"  {held_text(p, now)}"
+        tails.append(tail)
+    out.extend(table(columns, rows, width, tails))
+    if has_alloc:
+        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors) "
+                   "and RESERVED are the allocator's own")
+    rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
+    if len(rates) > 1:
+        slow_rate, slow = min(rates, key=lambda r: r[0])
+        fast = max(r for r, _ in rates)
+        if fast > 0 and slow_rate < 0.9 * fast:
+            who = f"rank {slow.rank}" if slow.HasField("rank") else f"pid {slow.pid}"
+            out.append(f"  slowest: {who} on {slow.node} at {slow_rate:.2f} steps/s "
+                       f"({(1 - slow_rate / fast) * 100:.0f}% behind the fastest)")
+    mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
+    if mapped:
+        out.append(f"  mapped to the job by: {', '.join(mapped)}")
+    return out
+
+
+def held_text(p: query_pb2.ProcessView, now: float) -> str:
+    """A process held where it is, as the ranks table's tail says it: "in uninterruptible sleep (D) for 6 min,
+    in nfs_wait_bit_killable"."""
+    text = f"{HELD_STATES.get(p.state, 'held')} ({p.state})"
+    if p.HasField("state_since"):
+        text += f" for {duration(max(0.0, now - p.state_since))}"
+    if p.wchan:
+        text += f", in {p.wchan}"
+    return text
+
+
+def gpus_section(view: query_pb2.JobView, width: int | None) -> list[str]:
+    if not view.gpus:
+        return []
+    out = [title("GPUs")]
+    columns = [Col("NODE", 10, "<"), Col("GPU", 3), Col("NAME", 22, "<"), Col("UTIL", 5),
+               Col("TREND", 12, "<", drop=2), Col("MEMORY", 21), Col("PEAK", 9, drop=1), Col("POWER", 6),
+               Col("PROCS", 5)]
+    rows = []
+    for g in view.gpus:
+        rows.append([g.node, str(g.index), g.name, f"{g.utilization:.0f}%" if g.HasField("utilization") else "-",
+                     sparkline(list(g.utilization_trend)),
+                     (f"{human_bytes(g.memory_used_bytes)} / {human_bytes(g.memory_total_bytes)}"
+                      if g.HasField("memory_used_bytes") else "-"),
+                     human_bytes(g.memory_peak_bytes),
+                     f"{g.power_watts:.0f} W" if g.HasField("power_watts") else "-",
+                     str(g.processes) if g.processes else "none"])
+    out.extend(table(columns, rows, width))
+    return out
