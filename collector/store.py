@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -157,15 +158,61 @@ def web_token_secret(db_path: str) -> bytes:
     return fresh
 
 
+#: The store and what SQLite makes beside it (-wal, -shm take the store's mode) are the collector's alone:
+#: they hold every job's owner, command lines and provenance.
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+
+
+def _make_private(path: str) -> None:
+    """Create the store file 0600 when missing (SQLite gives -wal and -shm its mode), and take group and other
+    bits off it and its -wal/-shm where an older collector left them readable; files not ours are left."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE))
+        return
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # a folder that takes no file: connect() says what is wrong
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            st = os.stat(name)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+                os.chmod(name, stat.S_IMODE(st.st_mode) & ~0o077)
+        except OSError:
+            pass
+
+
+def _store_error(path: str, exc: sqlite3.Error) -> str:
+    """One line for a store SQLite cannot use: what is wrong with it and what to do."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith("SQLITE_READONLY") or "readonly" in str(exc):
+        return (f"the store {path} is read-only to this collector (uid {os.geteuid()}): give its user write "
+                "access to the file and its folder, or pass --db with a writable path")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(exc):
+        return (f"the store {path} is locked by another process (another collector on the same --db?): stop "
+                "it, or pass --db with another path")
+    if name.startswith("SQLITE_CANTOPEN"):
+        return (f"cannot open the store {path} ({exc}): check that this user may read and write the file and "
+                "its folder, or pass --db with another path")
+    return f"cannot use the store {path}: {exc}; pass --db with another path or move the broken file away"
+
+
 def open_db(path: str) -> sqlite3.Connection:
-    """Open (and create) the store; a path that cannot be used raises ConfigError with what to do."""
+    """Open (and create) the store; a path that cannot be used raises ConfigError with what to do.
+
+    Made private (0600, in a 0700 folder when the folder is new) whatever the umask. A store that opens but
+    cannot be written (read-only, or held by another process) is refused here, at start, in one line: SQLite
+    opens a read-only file for reading without a word, and the first write would fail mid-start.
+    """
     if path != ":memory:":
         folder = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(folder, mode=PRIVATE_FOLDER, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the folder of the store {path}: {exc.strerror}; "
                               "pass --db with a writable path") from None
+        _make_private(path)
     try:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -175,9 +222,14 @@ def open_db(path: str) -> sqlite3.Connection:
         # restore, at start-up) or later, mid-ingest. quick_check reads every page once: milliseconds for
         # the few MB a store holds.
         problem = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem == "ok":  # a write rolled back: a read-only store or one held elsewhere fails here
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("CREATE TABLE write_probe (x)")
+            finally:
+                conn.execute("ROLLBACK")
     except sqlite3.DatabaseError as exc:
-        raise ConfigError(f"cannot use the store {path}: {exc}; pass --db with another path "
-                          "or move the broken file away") from None
+        raise ConfigError(_store_error(path, exc)) from None
     if problem != "ok":
         conn.close()
         problem = " ".join(problem.replace("*** in database main ***", "").split())  # one line
