@@ -66,10 +66,19 @@ def summary_of(view: query_pb2.JobView) -> dict:
 
 
 def write_summary(directory: str, view: query_pb2.JobView) -> str:
-    """Write `<directory>/clusterwatch-<job id>.json`; never follows a symlink planted there."""
+    """Write `<directory>/clusterwatch-<job id>.json`; never follows a symlink planted there.
+
+    Mode 0600, an older file rewritten too: a summary holds the job's owner, command line and provenance,
+    which other users of the host must not read.
+    """
     safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in view.job.job_id)
     path = os.path.join(directory, f"clusterwatch-{safe_id}.json")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "w") as f:
         json.dump(summary_of(view), f, indent=2, sort_keys=True)
     return path
