@@ -17,6 +17,10 @@ A report carries its sender's start time, read from /proc/<pid>/stat on arrival,
 collector can tell a reused pid apart; one from a process that has exited since keeps start
 time 0.0.
 
+One agent listens at a path: it holds PATH.lock while it does, a second agent refuses, and a
+socket that goes away under a running agent (a cleanup script) is bound again at the next poll
+(`check`); agent/train_socket.py says how a live socket is told from a stale one.
+
 The datagram format is documented in clusterwatch/train.py.
 """
 from __future__ import annotations
@@ -28,17 +32,17 @@ import math
 import os
 import selectors
 import socket
-import stat
 import struct
 import threading
 import time
 from collections.abc import Callable
 
+from clusterwatch.agent import train_socket
 from clusterwatch.agent.backends.procs import read_boot_time
 from clusterwatch.agent.provenance import process_start_time
 from clusterwatch.agent.thread_names import name_os_thread
 
-from clusterwatch.errors import ConfigError
+from clusterwatch.errors import ClusterwatchError, ConfigError
 from clusterwatch.model import AllocatorFigures, TrainingReport
 from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_GPUS, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
 from clusterwatch.train_requests import MAX_REPLY
@@ -209,6 +213,9 @@ class TrainEndpoint:
         self._sock: socket.socket | None = None
         self._wake_r = self._wake_w = -1
         self._thread: threading.Thread | None = None
+        self._lock_fd = -1  # PATH.lock, held while listening (agent/train_socket.py)
+        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket this endpoint bound
+        self._said = ""  # what keeps the socket from being bound again, as last logged
         self._addresses: collections.OrderedDict[tuple[int, float], bytes | str] = collections.OrderedDict()
         self.on_reply: Callable[[int, bytes, bool], None] | None = None
 
@@ -218,8 +225,11 @@ class TrainEndpoint:
         """Bind the socket and start the reader thread; returns at once.
 
         Raises:
+            SocketTaken: another agent (or another program) listens at the path
+                (agent/train_socket.py); the path is left as it was.
             ConfigError: the socket's directory is not safe (owned by another user, or
-                writable by others) or the socket cannot be bound.
+                writable by others), something other than a socket is at the path, or the
+                socket cannot be bound.
         """
         if self._thread is not None:
             return
@@ -230,13 +240,19 @@ class TrainEndpoint:
                               f"most {MAX_SOCKET_PATH_BYTES}: pass --train-socket (CLUSTERWATCH_TRAIN_SOCKET) "
                               "with a shorter path, e.g. /run/clusterwatch/train.sock")
         self._prepare_dir(os.path.dirname(os.path.abspath(self.path)))
+        self._lock_fd = train_socket.claim(self.path)  # a second agent refuses here, the path untouched
         try:
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)  # a stale socket from an agent that did not close
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise ConfigError(f"cannot use {self.path} for the training socket: {exc.strerror}") from None
+            train_socket.make_way(self.path, log)
+            self._sock = self._bind()
+        except BaseException:
+            train_socket.release(self.path, self._lock_fd)
+            self._lock_fd = -1
+            raise
+        if self._start_time is None:
+            self._boot = read_boot_time(self._proc)
+        self._start_reader()
+
+    def _bind(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(self.path)
@@ -247,17 +263,69 @@ class TrainEndpoint:
             except OSError:
                 pass
             sock.setblocking(False)
+            self._bound = train_socket.identity(self.path)
         except OSError as exc:
             sock.close()
-            raise ConfigError(f"cannot bind the training socket {self.path}: {exc.strerror or exc}; "
-                              "is another agent running?") from None
-        if self._start_time is None:
-            self._boot = read_boot_time(self._proc)
-        self._sock = sock
+            raise ConfigError(f"cannot bind the training socket {self.path}: {exc.strerror or exc}") from None
+        return sock
+
+    def _start_reader(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._reader, name="clusterwatch-train-endpoint",
                                         daemon=True)
         self._thread.start()
+
+    def _stop_reader(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            os.write(self._wake_w, b"x")
+            thread.join(5.0)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def check(self) -> None:
+        """Bind the socket again when its path no longer names it; the agent loop calls it every poll.
+
+        A cleanup script (or a hand) may remove the socket, its lock file or their folder: training
+        processes then get ENOENT and their reports are lost until the path names a socket this agent
+        reads. One line each time it is bound again; what keeps it from being bound (another agent took
+        the path, something else is there) is said once, and again only when it changes.
+        """
+        if self._sock is None:
+            return
+        if train_socket.identity(self.path) == self._bound and train_socket.holds(self.path, self._lock_fd):
+            return
+        try:
+            self._rebind()
+        except (ClusterwatchError, OSError) as exc:
+            said = str(exc) if isinstance(exc, ClusterwatchError) else (exc.strerror or str(exc))
+            if said != self._said:
+                self._said = said
+                log.warning("the training socket %s is gone and this agent cannot bind it again: %s; training "
+                            "processes' reports are lost until it can (tried every poll)", self.path, said)
+            return
+        self._said = ""
+
+    def _rebind(self) -> None:
+        self._prepare_dir(os.path.dirname(os.path.abspath(self.path)))
+        if not train_socket.holds(self.path, self._lock_fd):
+            fd = train_socket.claim(self.path)  # SocketTaken when another agent holds it now
+            os.close(self._lock_fd)
+            self._lock_fd = fd
+        if train_socket.identity(self.path) == self._bound:
+            return  # only the lock file had gone
+        train_socket.make_way(self.path, log)
+        sock = self._bind()
+        self._stop_reader()
+        old, self._sock = self._sock, sock
+        if old is not None:
+            try:  # what arrived before the path went: the reports still count
+                self._read_batch(old)
+            finally:
+                old.close()
+        self._start_reader()
+        log.warning("the training socket %s was removed or replaced; bound it again: training processes' "
+                    "reports reach this agent again", self.path)
 
     @staticmethod
     def _prepare_dir(directory: str) -> None:
@@ -274,21 +342,22 @@ class TrainEndpoint:
             os.chmod(directory, 0o755)
 
     def close(self) -> None:
-        """Stop the reader, close and remove the socket. Reports not drained are kept."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            os.write(self._wake_w, b"x")
-            thread.join(5.0)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        """Stop the reader, close the socket, remove it (when its path is still ours) and let go of the lock.
+        Reports not drained are kept."""
+        self._stop_reader()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-            try:
-                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+            # another agent's socket may be there now: only this one's own goes
+            if self._bound is not None and train_socket.identity(self.path) == self._bound:
+                try:
                     os.unlink(self.path)
-            except OSError:
-                pass
+                except OSError:
+                    pass
+            self._bound = None
+        if self._lock_fd >= 0:
+            train_socket.release(self.path, self._lock_fd)
+            self._lock_fd = -1
 
     def __enter__(self) -> TrainEndpoint:
         self.start()
@@ -356,8 +425,8 @@ class TrainEndpoint:
                 except Exception:  # never let the reader die: reports would stop silently
                     log.exception("training endpoint: reading a batch failed")
 
-    def _read_batch(self) -> None:
-        sock = self._sock
+    def _read_batch(self, sock: socket.socket | None = None) -> None:
+        sock = sock or self._sock
         assert sock is not None
         starts: dict[int, float | None] = {}  # one /proc read per sender per batch
         for _ in range(1024):

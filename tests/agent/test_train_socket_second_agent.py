@@ -1,0 +1,148 @@
+"""Issue 24: one agent per training socket. A second agent on the node (another spool folder, the same
+--train-socket) refuses in one line and leaves the running agent's socket alone, while it runs and when it
+exits; a socket nobody reads any more (an agent killed with SIGKILL) is taken over; a live socket another
+program holds is not; a socket owned by a user other than the agent's is never trusted."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import CLI, Collector, Proc, clean_environ, wait_for
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+
+
+@pytest.fixture
+def sock_dir():
+    # a Unix socket's path holds 107 bytes: pytest's folder named after a long test leaves too few
+    d = Path(tempfile.mkdtemp(prefix="cw-2a-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _args(collector: str, spool: Path, sock: Path) -> list[str]:
+    return [*CLI, "agent", "--collector", collector, "--node", "n1", "--interval", "0.2", "--gpu-source", "none",
+            "--no-provenance", "--kmsg", "none", "--spool-dir", str(spool), "--train-socket", str(sock)]
+
+
+def _start(tmp_path: Path, collector: Collector, name: str, sock: Path) -> Proc:
+    agent = Proc(_args(collector.address, tmp_path / f"spool-{name}", sock), tmp_path / f"{name}.log")
+    wait_for(lambda: "agent on n1" in agent.text(), timeout=30, what=f"agent {name} running")
+    return agent
+
+
+def _second(tmp_path: Path, collector: Collector, sock: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(_args(collector.address, tmp_path / "spool-b", sock), capture_output=True, text=True,
+                          timeout=30, env=clean_environ())
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def _reaches(sock: Path) -> bool:
+    """Whether a datagram sent to the path is taken (someone reads the socket bound there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.sendto(b'{"v":1}', str(sock))
+            return True
+        except OSError:
+            return False
+
+
+def test_a_second_agent_refuses_the_running_agents_socket(tmp_path: Path, sock_dir: Path) -> None:
+    collector = Collector(tmp_path)
+    sock = sock_dir / "train.sock"
+    first = _start(tmp_path, collector, "a", sock)
+    try:
+        before = _inode(sock)
+        out = _second(tmp_path, collector, sock)
+        assert out.returncode == 1, out.stdout + out.stderr
+        [line] = out.stderr.splitlines()
+        assert f"pid {first.pid}" in line and str(sock) in line and "--train-socket" in line, line
+        # neither taken over while the second ran nor removed when it exited
+        assert sock.is_socket() and _inode(sock) == before
+        assert _reaches(sock)
+        assert first.popen.poll() is None
+        # the first still owns it: stopped, it removes its socket
+        assert first.stop() == 0, first.text()
+        assert not sock.exists()
+    finally:
+        first.stop()
+        collector.stop()
+
+
+def test_a_socket_nobody_reads_is_taken_over(tmp_path: Path, sock_dir: Path) -> None:
+    collector = Collector(tmp_path)
+    sock = sock_dir / "train.sock"
+    first = _start(tmp_path, collector, "a", sock)
+    try:
+        first.stop(signal.SIGKILL)  # no close(): its socket and lock file stay behind
+        assert sock.is_socket() and not _reaches(sock)
+        second = _start(tmp_path, collector, "b", sock)
+        try:
+            assert _reaches(sock)
+            assert "Traceback" not in second.text()
+        finally:
+            assert second.stop() == 0
+        assert not sock.exists()
+    finally:
+        collector.stop()
+
+
+def test_a_live_socket_another_program_holds_is_not_taken(tmp_path: Path, sock_dir: Path) -> None:
+    collector = Collector(tmp_path)
+    sock = sock_dir / "train.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    other.bind(str(sock))  # an agent of an older version, or another root program: bound, no lock
+    try:
+        before = _inode(sock)
+        out = _second(tmp_path, collector, sock)
+        assert out.returncode == 1, out.stdout + out.stderr
+        [line] = out.stderr.splitlines()
+        assert str(sock) in line and "--train-socket" in line, line
+        assert _inode(sock) == before
+        # it still gets what is sent there
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"x", str(sock))
+        other.settimeout(5)
+        assert other.recv(16) == b"x"
+    finally:
+        other.close()
+        collector.stop()
+
+
+def test_a_socket_owned_by_another_user_is_never_trusted(tmp_path: Path, sock_dir: Path) -> None:
+    """A live socket in the agent's folder that belongs to an ordinary user is no agent's: it is replaced, so
+    that user does not receive every rank's reports."""
+    collector = Collector(tmp_path)
+    sock = sock_dir / "train.sock"
+    planted = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    planted.bind(str(sock))
+    os.chown(sock, NOBODY, NOBODY)
+    try:
+        agent = _start(tmp_path, collector, "a", sock)
+        try:
+            st = os.lstat(sock)
+            assert st.st_uid == os.geteuid() and (st.st_dev, st.st_ino) != (0, 0)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b'{"v":1,"step":1}', str(sock))
+            planted.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                planted.recv(64)
+            assert "belongs to uid" in agent.text()
+        finally:
+            assert agent.stop() == 0
+    finally:
+        planted.close()
+        collector.stop()
