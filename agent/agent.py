@@ -157,6 +157,8 @@ class Agent:
         now = self.clock()
         if self._shared_new_pids is not None:
             self._shared_new_pids.new_round()
+        if self.train_endpoint is not None:
+            self.train_endpoint.check()  # a removed training socket is bound again
         gpu_poll = self.gpus.poll(now)
         self.gpu_errors += gpu_poll.errors
         # The NVML source lists its GPUs again now and then (a reset, a MIG reconfiguration, a GPU

@@ -11,7 +11,12 @@ Each call sends one small JSON datagram over a Unix datagram socket to the agent
 never blocks and never raises: when the agent is absent, or its queue is full, the
 report is dropped and counted (`dropped()`); `sent()` counts the ones the kernel
 took. After the agent was found absent, reports are dropped without a system call
-for one second, so an absent agent costs even less than a present one.
+for one second, so an absent agent costs even less than a present one. The first
+report that cannot reach the agent (no socket, nobody reading it, no permission;
+not a full queue) is said once on this process's stderr, in one line with the
+reason: the collector sees no new step while reports do not arrive, and the line
+tells the user that training went on. Lost reports are not resent: each one
+carries the current step, so the first that arrives again moves it.
 
 Values: `step` must be an int; `loss`, `lr`, `epoch` and metric values finite
 numbers (int, float, or anything with `__float__` such as a NumPy scalar; bools are
@@ -50,6 +55,7 @@ Thread-safe: a datagram is sent whole or not at all; counters are locked.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -94,6 +100,7 @@ class _State:
         self.allocator_due = 0.0  # monotonic time when torch's allocator is read again
         self.uuids: dict[int, str] = {}  # torch device index -> its UUID (read once)
         self.channel: RequestChannel | None = None  # requests from the agent, once the socket is bound
+        self.told = False  # whether this process was told (on stderr) that its reports cannot reach the agent
 
 
 _state = _State()
@@ -109,6 +116,7 @@ def _after_fork_in_child() -> None:
     _state = _State()
     _state.tags = dict(old.tags)
     _state.tags_text = old.tags_text
+    _state.told = old.told  # the run's user was told already: a DataLoader worker does not say it again
     # the child's first report carries the tags: the agent knows the child by its own pid
     _state.tags_due = 0.0 if old.tags_text else math.inf
     if old.sock is not None:
@@ -238,6 +246,7 @@ def _send(st: _State, body: str, now: float, with_tags: bool, extra: str = "") -
     try:
         sock.sendto(data, st.path)
     except OSError as exc:
+        full = isinstance(exc, (BlockingIOError, InterruptedError))
         with st.lock:
             st.dropped += 1
             if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
@@ -246,12 +255,43 @@ def _send(st: _State, body: str, now: float, with_tags: bool, extra: str = "") -
                 st.absent_until = now + _ABSENT_BACKOFF_S
             if with_tags:
                 st.tags_due = 0.0
+            tell = not full and not st.told
+            st.told = st.told or tell
+        if tell:
+            _tell_unreachable(st.path, exc)
         return False
     with st.lock:
         st.sent += 1
         if with_tags:
             st.tags_due = now + _TAGS_RESEND_S
     return True
+
+
+_WHY = {
+    errno.ENOENT: "no socket there (no agent runs on this node, it listens on another path, or its socket was "
+                  "removed: a running agent binds it again within a poll)",
+    errno.ECONNREFUSED: "the socket there is not read (its agent stopped)",
+    errno.EACCES: "permission denied (its folder or the socket is not open to this user)",
+    errno.EPERM: "permission denied",
+}
+
+
+def _tell_unreachable(path: str, exc: OSError) -> None:
+    """One line on stderr, once a process: its reports do not reach the agent, why, and what to do.
+
+    Silently dropped reports look, at the collector, like a step that stopped moving; the user who
+    reads this line knows that the training went on and the reports did not arrive.
+    """
+    why = _WHY.get(exc.errno or 0) or exc.strerror or str(exc)
+    line = (f"clusterwatch.train: reports of pid {os.getpid()} cannot reach the clusterwatch agent at {path}: "
+            f"{why}; they are dropped (clusterwatch.train.dropped() counts them) until it can be reached, and "
+            "this is said once. Check that the agent runs on this node and that CLUSTERWATCH_TRAIN_SOCKET names "
+            "its --train-socket.\n")
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except Exception:  # no stderr (closed, None): reporting never raises
+        pass
 
 
 def report(step: int | None = None, loss: float | None = None, lr: float | None = None,
