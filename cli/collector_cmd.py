@@ -87,6 +87,12 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret agents must send.")
+@click.option("--agent-auth", type=click.Choice(["auto", "munge", "token", "tls", "none"]), default="auto",
+              show_default=True, envvar="CLUSTERWATCH_AGENT_AUTH",
+              help="What agents must prove: munge (root on their node, a munge credential; a node is bound to the "
+                   "host that first spoke for it), token (--token), tls (--tls-client-ca), none (no action reaches "
+                   "a process; one warning line), auto (tls or token when set, else munge where it is installed, "
+                   "streams refused while munged does not answer; else none).")
 @click.option("--ports-file", default=None, help="Write the bound ports here as JSON.")
 @click.option("--slurm", is_flag=True, envvar="CLUSTERWATCH_SLURM",
               help="Ask Slurm (scontrol, SLURM_CONF from the environment) about jobs: names, users, states, "
@@ -141,7 +147,7 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_trusted_proxies,
               web_owner_uid, db_path, history_points, history_step,
-              per_process_metrics, gpu_health_metrics, rules_path, token,
+              per_process_metrics, gpu_health_metrics, rules_path, token, agent_auth,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
@@ -162,7 +168,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         listen=listen, query_listen=query_listen, metrics_listen=None if metrics_listen == "none" else metrics_listen,
         db_path=db_path or default_db_path(), history_points=history_points, history_step_s=history_step,
         per_process_metrics=per_process_metrics, gpu_health_metrics=gpu_health_metrics, rules_path=rules_path,
-        token=token, ports_file=ports_file,
+        token=token, agent_auth=agent_auth, ports_file=ports_file,
         slurm=slurm, slurm_refresh_s=slurm_refresh, ssh_known_hosts=ssh_known_hosts, ssh_key=ssh_key,
         ssh_user=ssh_user, ssh_port=ssh_port, ssh_address=tuple(pairs),
         tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,

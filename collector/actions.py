@@ -91,6 +91,9 @@ class Dispatcher:
         self.send_signal = send_signal
         self.drain_node = drain_node
         self.ask_train: AskTrain | None = None  # given by the collector (TrainAsks.ask_for_alert)
+        # whether a node's agent is authenticated (given by the collector): a drain on what an unauthenticated
+        # stream said is refused, since anyone may have sent it; None: every node (a Dispatcher of its own)
+        self.node_trusted: Callable[[str], bool] | None = None
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
         self.dropped = 0  # actions dropped because their lane was full
@@ -151,6 +154,11 @@ class Dispatcher:
         if step.action == "drain" and (self.drain_node is None or not a.node):
             self.logger.info("drain step for %s skipped (%s)", a.rule,
                              "the collector runs without --slurm" if a.node else "the alert names no node")
+            return
+        if step.action == "drain" and self.node_trusted is not None and not self.node_trusted(a.node):
+            self.logger.warning("drain step for %s refused: the agent of %s is not authenticated (no token, "
+                                "certificate or munge credential), so what raised the alert may be forged",
+                                a.rule, _one_line(a.node))
             return
         if not self._lanes.put((a.rule, index), (step, payload)):
             with self._count_lock:

@@ -51,6 +51,10 @@ class CollectorConfig:
         xid_catalog_path: a site's XID catalog (TOML, the form of collector/health/xid_catalog.toml) laid
             over the shipped one, entry by entry and field by field; None: the shipped catalog alone.
         token: shared secret agents must send; None: no token check.
+        agent_auth: what agents' streams must prove (collector/agent_auth.py): "token", "tls", "munge" (a
+            credential of root on the agent's host, the node bound to that host), "none" (no action reaches a
+            process, and samples own no job), or "auto" (tls or token when configured, else munge where it is
+            installed: while munged does not answer streams are refused and munge tried again; else none).
         tls_cert / tls_key / tls_client_ca: server TLS, and client certificates checked against the CA.
         slurm: ask Slurm (scontrol) about jobs (collector/registry.py).
         slurm_refresh_s: seconds between the registry's passes while Slurm answers (it backs off when not).
@@ -92,6 +96,7 @@ class CollectorConfig:
     rules_path: str | None = None
     xid_catalog_path: str | None = None
     token: str | None = None
+    agent_auth: str = "auto"
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None

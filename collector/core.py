@@ -213,12 +213,15 @@ class CollectorCore:
 
     # -- ingest -----------------------------------------------------------------------------
 
-    def hello(self, msg: agent_pb2.Hello) -> str:
+    def hello(self, msg: agent_pb2.Hello, authenticated: bool = False) -> str:
+        """An agent's Hello; `authenticated`: its stream proved who sent it (only then do its samples name
+        owners, and actions reach its processes)."""
         now = self.clock()
         gpus = [gpu_info_from_proto(g) for g in msg.gpus]
         with self.lock:
             ns = self.state.hello(msg.node, msg.boot_id, msg.agent_version, msg.interval_s, msg.gpu_source,
                                   msg.node_memory_total_bytes, gpus, now, msg.send_interval_s)
+            ns.authenticated = authenticated
             # written with the next flush: a full or locked store never refuses an agent's stream
             self._pending_nodes[ns.node] = (ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes,
                                             list(ns.gpus), now)

@@ -26,7 +26,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "callback_errors": ("clusterwatch_ingest_callback_errors",
                         "Rules, alerts or registry callbacks that failed on a batch."),
     "identity_refused": ("clusterwatch_ingest_identity_refused",
-                         "Agent streams refused: the client certificate does not name the hello's node."),
+                         "Agent streams refused: the client certificate (or, under munge, the host) does not "
+                         "match the hello's node."),
+    "node_taken": ("clusterwatch_ingest_node_taken",
+                   "Agent streams refused: another stream speaks for the hello's node."),
     "health_repeated": ("clusterwatch_health_records_repeated",
                         "GPU health records dropped as had before: a kernel-log record read again, one XID twice."),
     "slurm_records_skipped": ("clusterwatch_slurm_records_skipped",

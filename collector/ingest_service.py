@@ -1,7 +1,14 @@
 """The agents' side of the collector: one stream per agent, a Hello then numbered batches, each acked once durable.
 
 A flooding agent is slowed down by a token bucket (its acks come later), never allowed to starve
-the others; its token, when the collector has one, was checked by agent_auth.TokenInterceptor.
+the others; its token, when the collector has one, was checked by agent_auth.TokenInterceptor, and what
+else it proves (a munge credential, a certificate) by agent_auth.AgentAuth at its Hello.
+
+One stream speaks for a node at a time: a second Hello for a node that is connected is refused
+(ALREADY_EXISTS) unless it proves the same identity as the first (the certificate that names the node,
+or a munge credential of the same host), so nobody takes over a node's requests and answers. An agent
+reconnecting before its old stream is noticed dead (the server's keepalive closes it) retries.
+Requests to processes (signals, TrainRequests) go only to a node whose stream is authenticated.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from collections.abc import Callable
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
-from .agent_auth import certificate_node_names, node_identity_error
+from .agent_auth import AgentAuth, AgentProof, StreamRefused, certificate_node_names, node_identity_error
 from .core import CollectorCore
 from .grpc_guard import peer_host, say_once
 
@@ -73,12 +80,32 @@ class AgentOutboxes:
 
     def __init__(self) -> None:
         self.by_node: dict[str, asyncio.Queue] = {}
+        # node → what its connected stream proved (AgentProof): requests go only where it is authenticated
+        self.proofs: dict[str, AgentProof] = {}
         # where the agents' answers to TrainRequests go (collector/train_asks.py); None: refused
         self.on_train_answer: Callable[[str, agent_pb2.TrainAnswer], None] | None = None
 
+    def why_not(self, node: str) -> str | None:
+        """Why nothing may be sent to `node`'s processes now; None when its authenticated agent is connected."""
+        if node not in self.by_node:
+            return f"the agent of {node} is not connected to this collector"
+        if not self.proofs.get(node, AgentProof()).authenticated:
+            return (f"the agent of {node} is not authenticated (no token, certificate or munge credential), so "
+                    "nothing is sent to its processes; see docs/operators.md, Tokens and TLS")
+        return None
+
+    def _outbox(self, node: str, what: str) -> asyncio.Queue | None:
+        refusal = self.why_not(node)
+        if refusal is None:
+            return self.by_node[node]
+        if node in self.by_node:  # connected, unauthenticated: said once, the caller records its own refusal
+            say_once(f"unauthenticated action {node}", "%s not sent: %s", what, refusal)
+        return None
+
     def send_signal(self, node: str, pid: int, start_time: float, signum: int, reason: str) -> bool:
-        """Queue a signal request for a node's agent; False when that agent is not connected."""
-        outbox = self.by_node.get(node)
+        """Queue a signal request for a node's agent; False when that agent is not connected, or not
+        authenticated."""
+        outbox = self._outbox(node, "a signal")
         if outbox is None:
             return False
         req = agent_pb2.SignalRequest(pid=pid, start_time=start_time, signal=signum, reason=reason)
@@ -86,8 +113,9 @@ class AgentOutboxes:
         return True
 
     def send_train_request(self, node: str, req: agent_pb2.TrainRequest) -> bool:
-        """Queue a request to a training process for its node's agent; False when that agent is not connected."""
-        outbox = self.by_node.get(node)
+        """Queue a request to a training process for its node's agent; False when that agent is not connected,
+        or not authenticated."""
+        outbox = self._outbox(node, "a request to a training process")
         if outbox is None:
             return False
         outbox.put_nowait(agent_pb2.CollectorMessage(train_request=req))
@@ -98,18 +126,22 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
     """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
 
     def __init__(self, core: CollectorCore, outboxes: AgentOutboxes | None = None,
-                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT) -> None:
+                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT, auth: AgentAuth | None = None) -> None:
         self.core = core
         self.outboxes = outboxes if outboxes is not None else AgentOutboxes()
+        # what agents must prove (collector/agent_auth.py); the collector sets it at start
+        self.auth = auth if auth is not None else AgentAuth("none")
         self.max_samples_per_s = max_samples_per_s
         # acks held until the next durable flush
         self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []
         # hellos refused because the agent's certificate does not name the node it speaks for
         self.identity_refused = 0
+        # hellos refused because another stream speaks for their node
+        self.node_taken = 0
 
     def counts(self) -> dict[str, int]:
         """The servicer's own counts, by name (collector/counter_metrics.py)."""
-        return {"identity_refused": self.identity_refused}
+        return {"identity_refused": self.identity_refused, "node_taken": self.node_taken}
 
     async def Stream(self, request_iterator, context):
         # the token, when there is one, was checked by TokenInterceptor before this
@@ -138,7 +170,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
 
     async def _read(self, request_iterator, context, outbox: asyncio.Queue) -> None:
         """Store each batch; its ack is queued once the flusher has made it durable."""
-        node = boot_id = None
+        node = boot_id = proof = None
         bucket = TokenBucket(self.max_samples_per_s, burst_s=10.0)
         try:
             async for msg in _hello_in_time(request_iterator, context, self.core.counters):
@@ -147,16 +179,15 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     if not msg.hello.node:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello without a node name")
-                    refusal = node_identity_error(msg.hello.node, certificate_node_names(context.auth_context()))
-                    if refusal is not None:
-                        self.identity_refused += 1
-                        self.core.counters.unauthenticated += 1
-                        peer = peer_host(context.peer())
-                        say_once(f"identity {peer} {msg.hello.node}", "stream from %s refused: %s", peer, refusal)
-                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
-                    node, boot_id = self.core.hello(msg.hello), msg.hello.boot_id
+                    if node is not None and msg.hello.node != node:
+                        self.core.counters.rejected += 1
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"a stream speaks for one node: this one is {node!r}'s")
+                    if proof is None:  # once a stream: a munge credential is good once
+                        proof = await self._prove(msg.hello.node, context)
+                        await self._take_node(msg.hello.node, proof, outbox, context)
+                    node, boot_id = self.core.hello(msg.hello, proof.authenticated), msg.hello.boot_id
                     self.core.node_notes.hello(msg.hello)  # e.g. GPU memory it cannot tie to processes
-                    self.outboxes.by_node[node] = outbox
                 elif kind == "batch":
                     if node is None:
                         self.core.counters.rejected += 1
@@ -179,10 +210,54 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                 else:
                     self.core.counters.rejected += 1
         finally:
-            if node is not None:
-                if self.outboxes.by_node.get(node) is outbox:
-                    del self.outboxes.by_node[node]
+            # a stream that was taken over leaves the node to the one that took it
+            if node is not None and self.outboxes.by_node.get(node) is outbox:
+                del self.outboxes.by_node[node]
+                self.outboxes.proofs.pop(node, None)
                 self.core.disconnected(node)
+
+    async def _refuse(self, context, code: grpc.StatusCode, refusal: str, node: str) -> None:
+        peer = peer_host(context.peer())
+        say_once(f"refused {code.name} {peer} {node}", "stream from %s for node %r refused: %s", peer, node, refusal)
+        await context.abort(code, refusal)
+
+    async def _prove(self, node: str, context) -> AgentProof:
+        """What the stream proves (AgentAuth), and that its proof may speak for `node`; aborts it otherwise."""
+        refusal = node_identity_error(node, certificate_node_names(context.auth_context()))
+        if refusal is not None:
+            self.identity_refused += 1
+            self.core.counters.unauthenticated += 1
+            await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, refusal, node)
+        try:
+            proof = await self.auth.prove(context.invocation_metadata(), context.auth_context())
+        except StreamRefused as exc:
+            self.core.counters.unauthenticated += 1
+            await self._refuse(context, exc.code, str(exc), node)
+        refusal = self.auth.bind(node, proof)
+        if refusal is not None:
+            self.identity_refused += 1
+            self.core.counters.unauthenticated += 1
+            await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, refusal, node)
+        return proof
+
+    async def _take_node(self, node: str, proof: AgentProof, outbox: asyncio.Queue, context) -> None:
+        """Make this stream its node's, or refuse it while another one speaks for the node.
+
+        The stream that proves the same identity as the connected one (an agent reconnecting before its old
+        stream is noticed dead) takes its place, and the old one is ended.
+        """
+        boxes = self.outboxes
+        current = boxes.by_node.get(node)
+        if current is not None and current is not outbox:
+            mine = proof.identity(node)
+            if mine is None or mine != boxes.proofs.get(node, AgentProof()).identity(node):
+                self.node_taken += 1
+                await self._refuse(context, grpc.StatusCode.ALREADY_EXISTS, (
+                    f"another stream speaks for node {node!r} now: a second agent on it (check --node), or its "
+                    "own old stream not yet closed (retried until the collector notices it gone)"), node)
+            current.put_nowait(None)  # ends the old stream's replies; its reader is cancelled with it
+        boxes.by_node[node] = outbox
+        boxes.proofs[node] = proof
 
     def flushed(self) -> None:
         """The flusher made everything durable: release the acks that waited for it."""

@@ -66,17 +66,7 @@ def parse_unmunge(text: str) -> tuple[int, str]:
     Only the metadata block is read (it ends at the first empty line, where unmunge would start the
     payload), and a key given twice is refused: neither can come from munged, only from a payload.
     """
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise AuthError(f"unmunge printed a line that is not metadata: {line[:60]!r}")
-        key = key.strip().upper()
-        if key in fields:
-            raise AuthError(f"unmunge's metadata gives {key} twice; the credential is refused")
-        fields[key] = value.strip()
+    fields = unmunge_fields(text)
     status = fields.get("STATUS", "")
     if not status.startswith("Success"):
         raise AuthError(f"munge credential refused: {status or 'no status'}")
@@ -90,11 +80,29 @@ def parse_unmunge(text: str) -> tuple[int, str]:
     return uid, name.strip()
 
 
-def check_payload(payload: bytes) -> None:
-    """Raises AuthError unless `payload` is what the clusterwatch CLI puts in a query's credential."""
-    if payload != QUERY_PAYLOAD:
-        raise AuthError("the munge credential was not made for a clusterwatch query (its payload is not "
-                        f"{QUERY_PAYLOAD.decode()!r}): use clusterwatch status/jobs/alerts of this version")
+def unmunge_fields(text: str) -> dict[str, str]:
+    """`unmunge`'s metadata block as {KEY: value}; AuthError for a line that is not metadata or a key twice."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise AuthError(f"unmunge printed a line that is not metadata: {line[:60]!r}")
+        key = key.strip().upper()
+        if key in fields:
+            raise AuthError(f"unmunge's metadata gives {key} twice; the credential is refused")
+        fields[key] = value.strip()
+    return fields
+
+
+def check_payload(payload: bytes, expected: bytes = QUERY_PAYLOAD) -> None:
+    """Raises AuthError unless `payload` is `expected`: what the clusterwatch CLI puts in a query's credential,
+    or (collector/agent_auth.py) an agent in its stream's."""
+    if payload != expected:
+        what = "a clusterwatch query" if expected == QUERY_PAYLOAD else "a clusterwatch agent"
+        raise AuthError(f"the munge credential was not made for {what} (its payload is not "
+                        f"{expected.decode()!r}): use clusterwatch of this version")
 
 
 class NoAuth:
@@ -138,28 +146,37 @@ class MungeAuth:
         return Caller(uid, user, admin)
 
     async def _unmunge(self, cred: str) -> tuple[int, str]:
-        """Decode `cred` with unmunge: its metadata on stdout, its payload in a private file."""
-        fd, payload_path = tempfile.mkstemp(prefix="cw-unmunge-")  # mode 0600, only ours
-        os.close(fd)
-        args = [self.unmunge, f"--output={payload_path}", f"--keys={UNMUNGE_KEYS}"]
-        if self.socket:
-            args.append(f"--socket={self.socket}")
+        """Decode `cred` with unmunge: (uid, user name) when its payload is a query's."""
+        return parse_unmunge(await decode_credential(cred, QUERY_PAYLOAD, self.socket, self.unmunge))
+
+
+async def decode_credential(cred: str, payload: bytes, socket: str | None, unmunge: str = "unmunge",
+                            keys: str = UNMUNGE_KEYS) -> str:
+    """unmunge's metadata text for `cred` (asked for `keys`) when its payload is exactly `payload`.
+
+    The metadata comes on stdout, the payload in a private file, so the sender's text never reaches
+    the metadata's parser (parse_unmunge). AuthError when unmunge refuses it or cannot run.
+    """
+    fd, payload_path = tempfile.mkstemp(prefix="cw-unmunge-")  # mode 0600, only ours
+    os.close(fd)
+    args = [unmunge, f"--output={payload_path}", f"--keys={keys}"]
+    if socket:
+        args.append(f"--socket={socket}")
+    try:
         try:
-            try:
-                code, out, err = await run_bounded(args, UNMUNGE_TIMEOUT_S, input=cred.encode())
-            except OSError as exc:
-                raise AuthError(f"the collector cannot run {self.unmunge}: {exc.strerror}") from None
-            except asyncio.TimeoutError:
-                raise AuthError("munged on the collector did not answer in time") from None
-            if code != 0:
-                reason = err.decode(errors="replace").strip() or "unmunge failed"
-                raise AuthError(f"munge credential refused: {reason}")
-            uid, user = parse_unmunge(out.decode(errors="replace"))
-            with open(payload_path, "rb") as f:
-                check_payload(f.read(len(QUERY_PAYLOAD) + 1))
-            return uid, user
-        finally:
-            os.unlink(payload_path)
+            code, out, err = await run_bounded(args, UNMUNGE_TIMEOUT_S, input=cred.encode())
+        except OSError as exc:
+            raise AuthError(f"the collector cannot run {unmunge}: {exc.strerror}") from None
+        except asyncio.TimeoutError:
+            raise AuthError("munged on the collector did not answer in time") from None
+        if code != 0:
+            reason = err.decode(errors="replace").strip() or "unmunge failed"
+            raise AuthError(f"munge credential refused: {reason}")
+        with open(payload_path, "rb") as f:
+            check_payload(f.read(len(payload) + 1), payload)
+        return out.decode(errors="replace")
+    finally:
+        os.unlink(payload_path)
 
 
 class AwaitingMunge:

@@ -16,7 +16,7 @@ from clusterwatch.v1 import agent_pb2_grpc, query_pb2_grpc
 from clusterwatch.errors import ConfigError
 from clusterwatch.tls import server_credentials
 
-from .agent_auth import TokenInterceptor, open_ingest_warning
+from .agent_auth import TokenInterceptor, agent_auth_from_config
 from .alerting import Alerting
 from .alerts import AlertStore
 from .config import CollectorConfig
@@ -94,6 +94,9 @@ class CollectorServer:
         self.alerting.health.remember_kmsg(KmsgMarks(conn))
         if config.slurm:  # the drain action (off unless a rules file has a drain step)
             self.alerting.dispatcher.drain_node = slurm_drain(config.slurm_timeout_s)
+        # an alert drains a node only on what its authenticated agent said (a forged sample drains nothing)
+        self.alerting.dispatcher.node_trusted = lambda node: bool(
+            (ns := state.nodes.get(node)) is not None and ns.authenticated)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
         self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
         from .train_asks import TrainAsks  # requests back to training processes (diagnose, checkpoint/stop steps)
@@ -101,6 +104,7 @@ class CollectorServer:
         self.train_asks = TrainAsks(conn, outboxes.send_train_request,
                                     lambda job_id: self.core.live_job_view(job_id, 2))
         outboxes.on_train_answer = self.train_asks.on_answer
+        self.train_asks.why_unreachable = outboxes.why_not
         self.alerting.dispatcher.ask_train = self.train_asks.ask_for_alert
         running = self.core.running_nodes()
         self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
@@ -126,9 +130,9 @@ class CollectorServer:
             if problem is not None:
                 raise ConfigError(problem)
         tune_gc()
-        warning = open_ingest_warning(cfg.listen, cfg.token, cfg.tls_client_ca)
-        if warning:
-            log.warning("%s", warning)
+        # what agents must prove: one warning line where nothing is asked (then no action reaches a process)
+        self.ingest.auth = await agent_auth_from_config(cfg.agent_auth, cfg.token, cfg.tls_client_ca,
+                                                        cfg.munge_socket, cfg.listen)
         main_cap, self._query_cap = connection_caps(raise_open_file_limit(), bool(cfg.query_listen))
         server = self._main_server(main_cap)
         query = QueryServicer(self.core, await auth_from_config(
@@ -165,6 +169,9 @@ class CollectorServer:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # a dead agent's stream is closed within 40 s: until then a reconnecting agent is refused its node
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
             NO_REUSEPORT,
             *server_options(max_connections),
         ])

@@ -170,6 +170,9 @@ class NodeState:
     samples_sent: int = 0
     samples_dropped: int = 0
     read_errors: int = 0
+    # Its latest stream proved who sent it (token, mutual TLS or root's munge credential): only then is
+    # the user its samples name a job's owner, and only then does an action reach its processes.
+    authenticated: bool = False
 
 
 @dataclass(slots=True)
@@ -197,6 +200,8 @@ class JobState:
     exit_code: int | None = None
     processes: set[ProcessKey] = field(default_factory=set)
     tags: dict[str, str] = field(default_factory=dict)
+    # Authenticated agents named different users for its processes: it has no owner (admins only).
+    owner_disputed: bool = False
     tag_changes: dict[str, int] = field(default_factory=dict)  # tag key → how often its value changed
     nodes_ended: set[str] = field(default_factory=set)
     # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance.py)
@@ -449,15 +454,30 @@ class ClusterState:
         if not s.job_id:
             return
         job = self.jobs.get(s.job_id)
-        if job is None:
-            job = self.jobs[s.job_id] = JobState(s.job_id, user=s.user, start_time=s.start_time)
+        if job is None:  # no owner yet: naming a job first gains nothing (_own)
+            job = self.jobs[s.job_id] = JobState(s.job_id, start_time=s.start_time)
             job.source = "local" if s.job_id.startswith("local-") else "agent"
         if key not in job.processes:
             job.processes.add(key)
             if key.node not in job.nodes:
                 job.nodes.append(key.node)
-        if not job.user and job.source != "slurm" and not (self.owners_from_slurm and s.job_id.isdigit()):
-            job.user = s.user  # a job Slurm cannot know: its owner is who the agent sees running it
+        self._own(job, key.node, s.user)
+
+    def _own(self, job: JobState, node: str, user: str) -> None:
+        """A job Slurm cannot know is owned by the user the kernel gives its processes, as an authenticated
+        agent reads it; two such agents (or processes) naming different users leave it without an owner.
+
+        A sample of an unauthenticated stream is a claim, not a reading: it owns nothing. With --slurm a
+        Slurm job id's owner is Slurm's word alone (collector/registry.py), nobody's until Slurm answers.
+        """
+        node_state = self.nodes.get(node)
+        if (not user or node_state is None or not node_state.authenticated or job.source == "slurm"
+                or (self.owners_from_slurm and job.job_id.isdigit()) or job.owner_disputed):
+            return
+        if not job.user:
+            job.user = user
+        elif job.user != user:
+            job.user, job.owner_disputed = "", True
 
     def add_gpus(self, node: str, msgs) -> None:
         """Record a batch's GPU readings (wire GpuSamples, a poll's worth or several, in time order).

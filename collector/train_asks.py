@@ -160,6 +160,8 @@ class TrainAsks:
         self.clock = clock
         self.answers_refused = 0
         self.asked = 0
+        # node → why a request cannot reach it (AgentOutboxes.why_not: not connected, not authenticated)
+        self.why_unreachable: Callable[[str], str | None] | None = None
         self._waiting: dict[str, _Waiting] = {}
         self._collections: dict[str, _Collection] = {}  # first request id → its collection
         self._collected: dict[str, str] = {}  # request id → its collection's first request id
@@ -190,8 +192,9 @@ class TrainAsks:
             while len(self._waiting) > MAX_WAITING:
                 self._waiting.pop(next(iter(self._waiting)))
         else:
-            self._update(request_id, UNREACHABLE, f"the agent of {target.node} is not connected to this collector",
-                         "", False, now)
+            why = self.why_unreachable(target.node) if self.why_unreachable is not None else None
+            self._update(request_id, UNREACHABLE,
+                         why or f"the agent of {target.node} is not connected to this collector", "", False, now)
         self.conn.commit()
         return request_id
 

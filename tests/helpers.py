@@ -24,6 +24,23 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 
 
+#: The agents' token of every collector and agent the tests start (Proc gives it to them), as a deployment's
+#: would share one: under the default --agent-auth auto a collector without it would take munge (installed here,
+#: whatever munged runs) or nothing, and refuse the actions the tests ask. A test of agent authentication passes
+#: its own --token, --agent-auth or --tls-client-ca. AGENT_METADATA is what a test's own raw stream sends.
+AGENT_TOKEN = f"tests-agent-token-{uuid.uuid4().hex}"
+AGENT_METADATA = (("authorization", f"Bearer {AGENT_TOKEN}"),)
+_OWN_AGENT_AUTH = ("--token", "--agent-auth", "--tls-client-ca")
+
+
+def with_agent_token(args: list[str], env: dict[str, str]) -> dict[str, str]:
+    """`env` with the tests' AGENT_TOKEN when `args` start a collector or an agent that names no auth of its own."""
+    command = args[len(CLI)] if args[:len(CLI)] == CLI and len(args) > len(CLI) else None
+    if command not in ("collector", "agent") or any(a in _OWN_AGENT_AUTH for a in args):
+        return env
+    return {**env, "CLUSTERWATCH_TOKEN": env.get("CLUSTERWATCH_TOKEN", AGENT_TOKEN)}
+
+
 def clean_environ(base: dict | None = None) -> dict[str, str]:
     """`base` (default os.environ) without any CLUSTERWATCH_* variable: the caller's settings (a token, a
     collector address, a config file) must not reach the processes a test starts."""
@@ -46,14 +63,15 @@ class Proc:
     """A child process with its log file; stopped by its pid.
 
     `env` is the whole environment, as the test built it; without one, this environment without any
-    CLUSTERWATCH_* variable.
+    CLUSTERWATCH_* variable. A collector or an agent gets the tests' AGENT_TOKEN (with_agent_token).
     """
 
     def __init__(self, args: list[str], log: Path, env: dict | None = None) -> None:
         self.log = log
+        env = with_agent_token(args, clean_environ() if env is None else env)
         with open(log, "ab") as f:
             self.popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=clean_environ() if env is None else env)
+                                          env=env)
 
     @property
     def pid(self) -> int:

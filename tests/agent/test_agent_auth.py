@@ -7,7 +7,6 @@ from clusterwatch.collector.agent_auth import (
     has_token,
     is_loopback_listen,
     node_identity_error,
-    open_ingest_warning,
 )
 
 from tests.helpers import Collector
@@ -22,14 +21,6 @@ WARNING = "agents are not authenticated"
 ])
 def test_loopback_listen_addresses(listen, loopback):
     assert is_loopback_listen(listen) is loopback
-
-
-def test_the_warning_only_without_token_or_mutual_tls_beyond_loopback():
-    assert WARNING in open_ingest_warning("0.0.0.0:50051", None, None)
-    assert "0.0.0.0:50051" in open_ingest_warning("0.0.0.0:50051", None, None)
-    assert open_ingest_warning("0.0.0.0:50051", "t0ken", None) is None
-    assert open_ingest_warning("0.0.0.0:50051", None, "/etc/clusterwatch/ca.crt") is None
-    assert open_ingest_warning("127.0.0.1:50051", None, None) is None
 
 
 def test_certificate_names_are_the_cn_and_the_dns_names():
@@ -57,14 +48,17 @@ def test_token_in_metadata():
 
 
 @pytest.mark.e2e
-def test_a_collector_open_beyond_loopback_says_so_once(tmp_path):
-    open_ = Collector(tmp_path, listen="0.0.0.0:0", name="open")
+def test_a_collector_without_agent_authentication_says_so_once(tmp_path):
+    open_ = Collector(tmp_path, "--agent-auth", "none", listen="0.0.0.0:0", name="open")
+    local = Collector(tmp_path, "--agent-auth", "none", name="local")
     closed = Collector(tmp_path, "--token", "t0ken", listen="0.0.0.0:0", name="closed")
-    local = Collector(tmp_path, name="local")
     try:
         lines = [line for line in open_.text().splitlines() if WARNING in line]
         assert len(lines) == 1 and "0.0.0.0:0" in lines[0] and "--token" in lines[0]
-        assert WARNING not in closed.text() and WARNING not in local.text()
+        assert "no action reaches a process" in lines[0]
+        # on loopback too: every user of the host reaches it
+        assert len([line for line in local.text().splitlines() if WARNING in line]) == 1
+        assert WARNING not in closed.text()
     finally:
-        for p in (open_, closed, local):
+        for p in (open_, local, closed):
             p.stop()

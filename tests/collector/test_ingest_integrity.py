@@ -72,7 +72,7 @@ def new_core(db: Path, clock: Clock) -> CollectorCore:
     core = CollectorCore(CollectorConfig(), Store(open_db(str(db))), clock=clock)
     core.hello(agent_pb2.Hello(node="n1", boot_id="boot-1", agent_version="t", interval_s=1.0,
                                gpus=[agent_pb2.GpuInfo(uuid="GPU-a", index=0, name="sim",
-                                                       memory_total_bytes=80 << 30)]))
+                                                       memory_total_bytes=80 << 30)]), authenticated=True)
     return core
 
 

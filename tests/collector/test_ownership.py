@@ -25,7 +25,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.slurm.scontrol import JobRecord
 from clusterwatch.wire import job_event_to_proto, processes_to_table
-from tests.helpers import Collector, cli, wait_for
+from tests.helpers import AGENT_METADATA, Collector, cli, wait_for
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
 
 T0 = 1_800_000_000.0
@@ -62,10 +62,50 @@ def agent_batch(seq: int, job_id: str, user: str, t: float = T0) -> agent_pb2.Ba
     return b
 
 
-def make_core(slurm: bool) -> CollectorCore:
+def make_core(slurm: bool, authenticated: bool = True) -> CollectorCore:
     core = CollectorCore(CollectorConfig(slurm=slurm), Store(open_db(":memory:")), clock=Clock())
-    core.hello(agent_pb2.Hello(node="n1", boot_id="b1", interval_s=1.0))
+    if authenticated:  # the agent's stream proved who sent it (token, mutual TLS, root's munge credential)
+        core.hello(agent_pb2.Hello(node="n1", boot_id="b1", interval_s=1.0), authenticated=True)
+    else:
+        core.hello(agent_pb2.Hello(node="n1", boot_id="b1", interval_s=1.0))
     return core
+
+
+def samples_only(seq: int, job_id: str, user: str, node: str = "n1", pid: int = 100) -> agent_pb2.Batch:
+    """A batch of one process sample and no job event: the first to name the job."""
+    b = agent_pb2.Batch(seq=seq)
+    processes_to_table([ProcessSample(T0, node, pid, T0 - 20, uid=1000, user=user, command="python",
+                                      job_id=job_id)], b.processes)
+    return b
+
+
+def test_a_sample_first_to_name_a_slurm_job_id_gives_it_no_owner() -> None:
+    # with --slurm the job is nobody's until Slurm answers, even when a sample (not a prolog) names it first
+    core = make_core(slurm=True, authenticated=False)
+    core.batch("n1", "b1", samples_only(1, "4242", "mallory"))
+    assert core.state.jobs["4242"].user == ""
+    core.flush()
+    assert {j.job_id: j.user for j in core.store.load_jobs()}["4242"] == ""
+
+
+def test_an_unauthenticated_stream_owns_no_job() -> None:
+    # its samples are claims: the job is shown to admins only, whoever sent them first
+    core = make_core(slurm=False, authenticated=False)
+    core.batch("n1", "b1", samples_only(1, "77", "mallory"))
+    assert core.state.jobs["77"].user == ""
+    core.batch("n1", "b1", samples_only(2, "local-5", "mallory", pid=101))
+    assert core.state.jobs["local-5"].user == ""
+
+
+def test_agents_that_disagree_on_a_jobs_user_leave_it_without_an_owner() -> None:
+    core = make_core(slurm=False)
+    core.hello(agent_pb2.Hello(node="n2", boot_id="b2", interval_s=1.0), authenticated=True)
+    core.batch("n1", "b1", samples_only(1, "77", "alice"))
+    assert core.state.jobs["77"].user == "alice"
+    core.batch("n2", "b2", samples_only(1, "77", "mallory", node="n2"))
+    assert core.state.jobs["77"].user == ""  # not the first one's: admins only
+    core.batch("n1", "b1", samples_only(2, "77", "alice", pid=102))
+    assert core.state.jobs["77"].user == ""  # and it stays so
 
 
 def test_a_prolog_event_never_re_owns_a_job_slurm_knows() -> None:
@@ -97,8 +137,9 @@ def test_without_slurm_the_owner_is_who_runs_the_processes_not_the_events_user()
     assert core.state.jobs["77"].user == ""  # a prolog alone names no owner
     core.batch("n1", "b1", agent_batch(2, "77", "alice"))
     assert core.state.jobs["77"].user == "alice"
-    # later claims change nothing, by event or by sample
-    core.batch("n1", "b1", hostile_batch(3, "77"))
+    # later claims of a stream that proved nothing change nothing, by event or by sample
+    core.hello(agent_pb2.Hello(node="n9", boot_id="b9", interval_s=1.0))
+    core.batch("n9", "b9", hostile_batch(3, "77"))
     assert core.state.jobs["77"].user == "alice"
 
 
@@ -115,7 +156,9 @@ def _stream_and_wait_for_ack(address: str, batch: agent_pb2.Batch) -> list[int]:
             yield agent_pb2.AgentMessage(batch=batch)
             time.sleep(2)  # the ack comes after the collector's next flush
 
-        return [m.ack.seq for m in stub.Stream(messages(), timeout=30) if m.WhichOneof("body") == "ack"]
+        # a stream of the agents' token: even an authenticated agent's samples never re-own a Slurm job
+        return [m.ack.seq for m in stub.Stream(messages(), metadata=AGENT_METADATA, timeout=30)
+                if m.WhichOneof("body") == "ack"]
     finally:
         channel.close()
 

@@ -12,7 +12,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from clusterwatch.model import ProcessSample
 from clusterwatch.wire import processes_to_table
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -190,16 +190,16 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         # a batch before the hello
         batch = agent_pb2.AgentMessage(batch=agent_pb2.Batch(seq=1))
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(iter([batch]), timeout=10))
+            list(stub.Stream(iter([batch]), metadata=AGENT_METADATA, timeout=10))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         # a hello without a node name
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello())]), timeout=10))
+            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello())]), metadata=AGENT_METADATA, timeout=10))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # an oversized message (beyond the 64 MiB limit)
         huge = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="x" * (65 * 1024 * 1024)))
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(iter([huge]), timeout=30))
+            list(stub.Stream(iter([huge]), metadata=AGENT_METADATA, timeout=30))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # a process table whose columns disagree: refused whole, with the reason said once, and acknowledged
         # (an agent would otherwise resend it forever, and every batch behind it would wait)
@@ -207,7 +207,7 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         processes_to_table([ProcessSample(1.0, "n", 5, 1.0, job_id="9")], bad.processes)
         bad.processes.rss_bytes.append(7)  # a second rss for one row
         replies = list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")),
-                                         agent_pb2.AgentMessage(batch=bad)]), timeout=10))
+                                         agent_pb2.AgentMessage(batch=bad)]), metadata=AGENT_METADATA, timeout=10))
         assert [r.ack.seq for r in replies if r.WhichOneof("body") == "ack"] == [1]
         assert metric_value(collector.metrics(), "clusterwatch_ingest_refused_inconsistent_total") == 1
         assert "column rss_bytes has 2 rows, pid has 1" in collector.text()
@@ -216,7 +216,7 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         raw = channel.stream_stream("/clusterwatch.v1.Ingest/Stream", request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
         with pytest.raises(grpc.RpcError):
-            list(raw(iter([b"\xff\xff\xff garbage"]), timeout=10))
+            list(raw(iter([b"\xff\xff\xff garbage"]), metadata=AGENT_METADATA, timeout=10))
         channel.close()
         text = collector.metrics()
         assert (metric_value(text, "clusterwatch_ingest_rejected_total") or 0) >= 3
@@ -237,13 +237,13 @@ def test_garbage_frames_are_refused_counted_and_said_once_per_peer(tmp_path):
         garbage = b"\xff\xff\xff garbage"
         for _ in range(5):
             with pytest.raises(grpc.RpcError) as err:
-                list(raw_stream(iter([garbage]), timeout=10))
+                list(raw_stream(iter([garbage]), metadata=AGENT_METADATA, timeout=10))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "does not parse" in err.value.details()
         # a good hello, then garbage: the stream is refused at the bad frame
         hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", boot_id="b")).SerializeToString()
         with pytest.raises(grpc.RpcError) as err:
-            list(raw_stream(iter([hello, garbage]), timeout=10))
+            list(raw_stream(iter([hello, garbage]), metadata=AGENT_METADATA, timeout=10))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:
             raw_get(garbage, timeout=10)
@@ -273,7 +273,7 @@ def test_a_flooding_agent_is_slowed_down_and_an_absurd_batch_refused(tmp_path):
                                    b.processes)
                 yield agent_pb2.AgentMessage(batch=b)
 
-        acks = [m.ack.seq for m in stub.Stream(flood(), timeout=120)]
+        acks = [m.ack.seq for m in stub.Stream(flood(), metadata=AGENT_METADATA, timeout=120)]
         assert acks == list(range(1, 11))  # slowed down, but nothing lost
         text = collector.metrics()
         assert (metric_value(text, "clusterwatch_ingest_throttled_total") or 0) >= 1
@@ -286,7 +286,7 @@ def test_a_flooding_agent_is_slowed_down_and_an_absurd_batch_refused(tmp_path):
             yield agent_pb2.AgentMessage(batch=b)
 
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(absurd(), timeout=60))
+            list(stub.Stream(absurd(), metadata=AGENT_METADATA, timeout=60))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "at most 50000" in err.value.details()
         channel.close()
