@@ -31,6 +31,9 @@ class AgentConfig:
         local_job_id: job id given to the `pids` trees (`clusterwatch run` uses "local-PID").
         buffer_max_samples: bound of the unacknowledged buffer in process samples.
         token: shared secret for the collector, if it requires one.
+        agent_auth: what the agent proves besides the token and certificate: "auto" (a munge credential
+            where munge is installed), "munge" (always: no stream without one), "token", "tls", "none" (none).
+        munge_socket: munged's socket when not the default.
         tls_ca / tls_cert / tls_key: PEM files for TLS / mutual TLS to the collector.
         spool_dir: where the prolog/epilog leave job events and the agent keeps its pid file.
         train_socket: Unix socket for clusterwatch.train reports (None: <spool_dir>/train.sock).
@@ -55,6 +58,8 @@ class AgentConfig:
     local_job_id: str = ""
     buffer_max_samples: int = DEFAULT_BUFFER_SAMPLES
     token: str | None = None
+    agent_auth: str = "auto"
+    munge_socket: str | None = None
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

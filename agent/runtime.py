@@ -17,6 +17,7 @@ from clusterwatch.tls import channel_credentials
 
 from .agent import Agent, PollJoiner, run_loop, submit, write_pid_file
 from .config import AgentConfig
+from .munge_credential import munge_credentials
 from .shard_streams import ShardedSender
 from .stream import BufferBudget, Sender, SenderCounters
 
@@ -109,11 +110,13 @@ class AgentRuntime:
         collectors = Collectors.parse(config.collector, config.collectors_before or None)
         on_signal = signal_handler(agent)  # shared: a job's collector asks only for the processes it holds
         on_train_request = train_asker(agent)  # likewise; None without a training socket
+        # each stream to each collector proves root on this node with a credential of its own (good once)
+        munge = munge_credentials(config.agent_auth, config.munge_socket)
 
         def make(address: str, budget: BufferBudget) -> Sender:
             return Sender(address, agent.hello, config.buffer_max_samples, token=config.token,
                           channel_credentials=self._credentials, on_signal=on_signal, budget=budget,
-                          on_train_request=on_train_request)
+                          on_train_request=on_train_request, munge=munge)
 
         return ShardedSender(collectors, config.node, make, BufferBudget(config.buffer_max_samples))
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
+from .munge_credential import MungeCredentials, MungeUnavailable
 from .thread_names import name_os_thread
 
 log = logging.getLogger("clusterwatch.agent")
@@ -54,8 +55,15 @@ _REFUSALS = {
     grpc.StatusCode.UNAUTHENTICATED: "the agent is not authenticated; give it the collector's token "
     "(--token or CLUSTERWATCH_TOKEN, the same secret as the collector's)",
     grpc.StatusCode.PERMISSION_DENIED: "the collector does not accept this agent's identity; give it a "
-    "client certificate that names its node (--tls-cert), or --node the name the certificate holds",
+    "client certificate that names its node (--tls-cert), or --node the name the certificate holds; under "
+    "munge, run it as root on the host its node name was first sent from",
+    grpc.StatusCode.ALREADY_EXISTS: "another stream speaks for this node: a second agent with the same --node, "
+    "or this agent's old stream the collector has not yet noticed closed",
 }
+
+
+class _NoCredential(Exception):
+    """--agent-auth munge and munge made no credential: the stream is not opened, and retried."""
 
 
 class BufferBudget:
@@ -158,6 +166,7 @@ class Sender:
         on_signal: called (on the sender's thread) with each SignalRequest the collector sends.
         on_train_request: called (on the sender's thread; it must not block) with each TrainRequest the
             collector sends and the function that sends its answers back on this stream (agent/train_asks.py).
+        munge: makes a fresh munge credential for each stream (agent/munge_credential.py); None: none sent.
     """
 
     def __init__(
@@ -173,8 +182,10 @@ class Sender:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         budget: BufferBudget | None = None,
+        munge: MungeCredentials | None = None,
     ) -> None:
         self.target = target
+        self._munge = munge
         self._hello = hello
         self._token = token
         self._creds = channel_credentials
@@ -322,6 +333,8 @@ class Sender:
                     self._note_refused(code, details)
                 else:
                     self._note_error(f"{code.name if code else 'error'}: {details}")
+            except _NoCredential as exc:
+                self._note_error(str(exc))
             except Exception as exc:  # never let the sender die: the agent would silently stop sending
                 self._note_error(f"{type(exc).__name__}: {exc}")
             self.connected = False
@@ -376,9 +389,15 @@ class Sender:
             channel = grpc.aio.secure_channel(self.target, self._creds, options=options)
         else:
             channel = grpc.aio.insecure_channel(self.target, options=options)
-        metadata = (("authorization", f"Bearer {self._token}"),) if self._token else None
+        metadata = [("authorization", f"Bearer {self._token}")] if self._token else []
+        if self._munge is not None:
+            try:
+                metadata += await self._munge.metadata()
+            except MungeUnavailable as exc:
+                await channel.close()
+                raise _NoCredential(str(exc)) from None
         try:
-            call = agent_pb2_grpc.IngestStub(channel).Stream(metadata=metadata, wait_for_ready=False)
+            call = agent_pb2_grpc.IngestStub(channel).Stream(metadata=tuple(metadata) or None, wait_for_ready=False)
             # The stream ends when either side does: the replies end (or break), or a write fails.
             reader = asyncio.ensure_future(self._read(call))
             writer = asyncio.ensure_future(self._write(call))

@@ -42,6 +42,13 @@ from .common import fail, setup_logging
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for the collector.")
+@click.option("--agent-auth", type=click.Choice(["auto", "munge", "token", "tls", "none"]), default="auto",
+              show_default=True, envvar="CLUSTERWATCH_AGENT_AUTH",
+              help="What the agent proves to the collector: auto (the token and certificate when given, and a "
+                   "munge credential where munge is installed), munge (a credential always: root on this node), "
+                   "token, tls or none (no munge credential) (CLUSTERWATCH_AGENT_AUTH).")
+@click.option("--munge-socket", default=None, envvar="CLUSTERWATCH_MUNGE_SOCKET",
+              help="munged's socket, when not the default (CLUSTERWATCH_MUNGE_SOCKET).")
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CA",
               help="Talk TLS to the collector, trusting this CA (PEM).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), envvar="CLUSTERWATCH_TLS_CERT",
@@ -66,7 +73,7 @@ from .common import fail, setup_logging
 def agent(collector, collectors_before, node, interval, send_interval, health_interval, gpu_source, sim_scenario,
           sim_run, process_source, pids,
           local_job_id, once,
-          as_json, token, tls_ca, tls_cert, tls_key,
+          as_json, token, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
@@ -84,6 +91,10 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
     from clusterwatch.errors import ClusterwatchError, ConfigError
     from clusterwatch.tls import check_client_pair
 
+    if agent_auth == "token" and not token:
+        fail("--agent-auth token needs --token (or CLUSTERWATCH_TOKEN): the collector's secret")
+    if agent_auth == "tls" and not tls_cert:
+        fail("--agent-auth tls needs --tls-cert and --tls-key: this node's client certificate")
     if not once and not collector:
         fail("no collector address: pass --collector HOST:PORT or set CLUSTERWATCH_COLLECTOR "
              "(or use --once --json to print one poll)")
@@ -102,6 +113,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         health_interval_s=health_interval, gpu_source=gpu_source,
         sim_scenario=sim_scenario, sim_run=sim_run,
         pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
+        agent_auth=agent_auth, munge_socket=munge_socket,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
         kmsg=None if kmsg in ("", "none") else kmsg, collectors_before=collectors_before,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -73,6 +74,8 @@ class Stack:
         self.web_port = 0
         self._socket_dir: Path | None = None
         self._private_dir: Path | None = None
+        # the agents prove themselves with it (--agent-auth token), so actions reach the job's processes
+        self.agent_token = secrets.token_urlsafe(32)
 
     @property
     def address(self) -> str:
@@ -100,6 +103,8 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         env = {k: v for k, v in (os.environ if env is None else env).items() if k not in CLUSTER_SETTINGS}
+        # the stack's own agents' token, in the environment (another user can read a command line, not it)
+        env["CLUSTERWATCH_TOKEN"] = self.agent_token
         log = open(self.workdir / f"{name}.log", "ab")
         # own session: a Ctrl-C on the terminal reaches the user's command, and we stop ours in order;
         # SIGTERM when we die without stopping them (SIGKILL, OOM), so they never outlive us
@@ -122,6 +127,7 @@ class Stack:
             "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0" if metrics else "none",
             # the job's web page with /metrics (the demo's); a run opens no TCP port
             "--web-listen", "127.0.0.1:0" if metrics else "none", "--query-auth", "none",
+            "--agent-auth", "token",  # its agents get the stack's token (_spawn)
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S
