@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, unique_job_id, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 JOB_A = unique_job_id()
@@ -161,6 +161,10 @@ def _alerts(collector: Collector, rule: str) -> list[dict]:
     return [e for e in json.loads(r.stdout).get("alerts", []) if e["rule"] == rule]
 
 
+def _batches(collector: Collector) -> float:
+    return metric_value(collector.metrics(), "clusterwatch_ingest_batches_total") or 0.0
+
+
 def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
     from clusterwatch.agent.spool import write_event
 
@@ -188,7 +192,12 @@ def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
             return any("sleep" in line and " 85%" in line for line in out.splitlines())
         wait_for(busy, timeout=60, what="the job's process busy on its GPU")
         write_state(state, gpu.format(lost=" lost=1") + on_gpu)  # fallen off the bus
-        time.sleep(8)  # well past idle_gpu's 3 s
+        # Not a fixed sleep: once the collector has the GPU as lost, it stores and runs its rules on 10 more
+        # polls (5 s of them, past idle_gpu's 3 s), so an idle_gpu that is coming, pending or firing, is there.
+        wait_for(lambda: metric_value(collector.metrics(), "clusterwatch_gpu_lost", gpu="GPU-lost0") == 1,
+                 timeout=60, what="the collector seeing the GPU lost")
+        seen = _batches(collector)
+        wait_for(lambda: _batches(collector) >= seen + 10, timeout=60, what="10 polls stored after the loss")
         assert _alerts(collector, "idle_gpu") == []
         assert "GPU-lost0 (index 0) does not answer" in agent.text()
         # The rule itself works here: back on the bus, the process gone from it, it fires.

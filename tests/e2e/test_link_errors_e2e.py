@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, unique_job_id, wait_for
+from tests.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -30,6 +30,17 @@ def _state(rank_pid: int, replays: int, recovery: int) -> str:
             "health GPU-ln1 replay=3 nvlinks=2 nvlink_recovery=1\n")
 
 
+def _batches(collector: Collector) -> float:
+    return metric_value(collector.metrics(), "clusterwatch_ingest_batches_total") or 0.0
+
+
+def _link_alerts(collector: Collector) -> list[dict]:
+    """gpu_link_errors alerts in any state (firing_alert reads a failed `alerts` call as "none")."""
+    r = cli("alerts", "--collector", collector.address, "--json")
+    assert r.returncode == 0, r.stderr
+    return [e for e in json.loads(r.stdout).get("alerts", []) if e["rule"] == "gpu_link_errors"]
+
+
 def test_a_degraded_link_raises_gpu_link_errors_naming_the_rank(stub_lib: Path, tmp_path: Path) -> None:
     from clusterwatch.agent.spool import write_event
 
@@ -42,7 +53,7 @@ def test_a_degraded_link_raises_gpu_link_errors_naming_the_rank(stub_lib: Path, 
     write_state(state, _state(rank.pid, 10, 0))
     spool = tmp_path / "spool"
     write_event(str(spool), JobEvent("start", JOB, time.time(), gpu_indexes="0,1"))
-    collector = Collector(tmp_path)
+    collector = Collector(tmp_path, "--gpu-health-metrics", "full")  # the link counters on /metrics
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "ln-node", "--interval", "0.5",
                   "--send-interval", "0", "--health-interval", "1", "--gpu-source", "nvml", "--no-provenance",
                   "--spool-dir", str(spool), "--train-socket", str(tmp_path / "train.sock"), "--kmsg", "none"],
@@ -50,8 +61,13 @@ def test_a_degraded_link_raises_gpu_link_errors_naming_the_rank(stub_lib: Path, 
     try:
         wait_for(lambda: "ln-node" in cli("status", JOB, "--collector", collector.address).stdout, timeout=60,
                  what="the job's rank seen")
-        time.sleep(3)   # a few readings of counters standing still: nothing
-        assert firing_alert(collector, "gpu_link_errors") is None
+        # Not a fixed sleep: once the collector has the counters, it stores 6 more polls (3 s, three more health
+        # readings a second apart) with them standing still; a gpu_link_errors from those would be there now.
+        wait_for(lambda: metric_value(collector.metrics(), "clusterwatch_gpu_pcie_replays_total", gpu="GPU-ln0") == 10,
+                 timeout=60, what="the GPU's link counters on /metrics")
+        seen = _batches(collector)
+        wait_for(lambda: _batches(collector) >= seen + 6, timeout=60, what="6 polls stored after the first reading")
+        assert _link_alerts(collector) == []
         write_state(state, _state(rank.pid, 10, 5))   # the NVLinks retrain: 5 recovery errors on each of 2 links
         found = wait_for(lambda: firing_alert(collector, "gpu_link_errors"), timeout=60, what="gpu_link_errors")
         assert (found["job_id"], found["rank"], found["gpu"], found["severity"]) == (JOB, 2, "GPU-ln0", "warning")
