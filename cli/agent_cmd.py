@@ -61,7 +61,8 @@ from .common import fail, setup_logging
 @click.option("--buffer-samples", type=click.IntRange(min=1), default=100_000, show_default=True,
               help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
 @click.option("--train-socket", envvar="CLUSTERWATCH_TRAIN_SOCKET", default="/run/clusterwatch/train.sock",
-              show_default=True, help="Unix socket where clusterwatch.train reports arrive.")
+              show_default=True, help="Unix socket where clusterwatch.train reports arrive; one agent per path "
+                                      "(it holds PATH.lock), a second one exits.")
 @click.option("--kmsg", envvar="CLUSTERWATCH_KMSG", default="/dev/kmsg", show_default=True, metavar="PATH",
               help="Kernel log read for the NVIDIA driver's XID lines, from this boot on ('none': not read) "
                    "(CLUSTERWATCH_KMSG).")
