@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from clusterwatch.agent.backends.nvml_rounds import Rounds
 
 
@@ -31,6 +32,7 @@ class Gpus:
         return key, now
 
 
+@pytest.mark.serial  # times a round against its 0.3 s deadline (under 0.9 s, the wedged call takes 1 s)
 def test_a_wedged_gpu_is_set_apart_and_rejoins() -> None:
     gpus = Gpus()
     rounds = Rounds(0.3, back_after=2)

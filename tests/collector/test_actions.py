@@ -113,7 +113,7 @@ action = "signal"
         try:
             t0 = time.monotonic()
             d.process([_ev("firing", 1.0)], now=1.0)
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < 1.5  # generous (a shared machine), and under the webhook's 2 s timeout
             d.drain()
             assert sent == [] and d.errors == 1
         finally:

@@ -278,6 +278,7 @@ def _run_script(name: str, tmp_path: Path, hooks_env: str, **extra: str) -> subp
                           text=True, timeout=10)
 
 
+@pytest.mark.serial  # times the hook against its 1 s budget (under 1.5 s): load would stretch it
 @pytest.mark.parametrize("name", ["prolog", "epilog"])
 def test_a_hook_that_cannot_find_clusterwatch_says_so_and_exits_0(tmp_path: Path, name: str) -> None:
     missing = tmp_path / "nowhere" / "bin" / "clusterwatch"

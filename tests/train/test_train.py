@@ -119,6 +119,7 @@ def test_reports_arrive_with_the_kernel_given_identity(tmp_path, endpoint):
     assert last.metrics == {"tokens": float(last.step)}
 
 
+@pytest.mark.serial  # times 20,001 sends (worst under 0.1 s, 200 µs each on average): load would stretch them
 def test_without_an_agent_training_goes_on_and_counts_drops(tmp_path, sock_dir):
     proc = trainer(tmp_path, str(sock_dir / "absent.sock"), n=20000)
     res = result(proc)
