@@ -15,14 +15,15 @@ def _hello() -> agent_pb2.Hello:
 def test_a_flush_reconnects_at_once_instead_of_waiting_out_the_backoff(tmp_path):
     # The collector comes back while the stream sleeps a long backoff (at most 30 s in the field):
     # the epilog's SIGTERM flushes for 5 s and must not spend them asleep.
-    port = free_port()
-    sender = Sender(f"127.0.0.1:{port}", _hello, max_buffer_samples=100, backoff_initial_s=25.0)
+    # a Unix socket, not a port found free now: another test's process could take a port before the collector
+    address = f"unix:{tmp_path}/collector.sock"
+    sender = Sender(address, _hello, max_buffer_samples=100, backoff_initial_s=25.0)
     sender.start()
     collector = None
     try:
         sender.submit(agent_pb2.Batch(), 0)
         wait_for(lambda: sender.last_error, what="the first connection to fail")
-        collector = Collector(tmp_path, listen=f"127.0.0.1:{port}")
+        collector = Collector(tmp_path, listen=address)
         assert sender.flush(8.0), f"still {len(sender.buffer)} batches unacknowledged: {sender.last_error}"
     finally:
         sender.stop(2.0)

@@ -37,17 +37,18 @@ def _agent(tmp_path, address, pid, name="agent"):
 
 def test_collector_killed_for_60_s_every_sample_arrives_exactly_once(tmp_path):
     db = tmp_path / "cw.db"
-    collector = Collector(tmp_path, db=db)
-    port = collector.grpc_port
+    # a Unix socket: a TCP port let go for 60 s may be taken meanwhile by another test's process
+    address = f"unix:{tmp_path}/collector.sock"
+    collector = Collector(tmp_path, db=db, listen=address)
     workload = Proc([sys.executable, "-c", WORKERS], tmp_path / "workload.log")
-    agent = _agent(tmp_path, collector.address, workload.pid)
+    agent = _agent(tmp_path, address, workload.pid)
     try:
         wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 20,
                  what="samples before the kill")
         collector.stop(signal.SIGKILL)
         time.sleep(60)  # the agent polls on, buffers, and retries with backoff
-        # the same port and store, as a restarted service would have
-        collector = Collector(tmp_path, db=db, name="collector2", listen=f"127.0.0.1:{port}")
+        # the same address and store, as a restarted service would have
+        collector = Collector(tmp_path, db=db, name="collector2", listen=address)
         # the agent reconnects, resends what was not acknowledged, and the buffer drains
         wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 300,
                  timeout=90, what="the buffered samples resent")
@@ -57,7 +58,7 @@ def test_collector_killed_for_60_s_every_sample_arrives_exactly_once(tmp_path):
         sent = int(counters["samples_sent"])
         assert counters["samples_dropped"] == "0"
         assert int(counters["samples_acked"]) == sent
-        view = json.loads(cli("status", "fault-1", "--collector", collector.address, "--json").stdout)
+        view = json.loads(cli("status", "fault-1", "--collector", address, "--json").stdout)
         held = sum(int(p["samples_held"]) for p in view["processes"])
         assert len(view["processes"]) == 3
         # every sample the agent sent is counted once: none lost, none twice
