@@ -31,6 +31,7 @@ from clusterwatch.wire import (
 from .config import CollectorConfig
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
 from .node_notes import NodeNotes
+from .shard_gate import shard_gate
 from .state import ClusterState, JobState, ProcessSeries
 from .store import STALE_AFTER_S, Store, job_row
 from .summary import write_summary
@@ -162,6 +163,7 @@ class CollectorCore:
         self.state = state if state is not None else new_cluster_state(config)
         self.counters = IngestCounters()
         self.node_notes = NodeNotes()  # what agents' Hellos say that job views must show
+        self.shard_gate = shard_gate(config)  # one shard of several: what of a batch is its own
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
         # what changed since the last durable flush (see flush())
@@ -257,6 +259,8 @@ class CollectorCore:
             tracker.add(batch.seq)
             self._dirty_seqs.add(boot_id)
             return False
+        if self.shard_gate is not None:  # another shard's jobs (or node) are dropped, counted: shard_gate.py
+            batch, cols = self.shard_gate.own_share(node, batch, cols)
         late, closed, events, trainings, provenance = self._read_ahead(batch, cols)
         with self.lock:
             touched, changed, records = self._apply(node, batch, cols, now, closed, events, trainings, provenance)
@@ -698,5 +702,6 @@ class CollectorCore:
             **{f"refused_{reason}": c.refused.get(reason, 0) for reason in REFUSAL_REASONS},
             "training_unmatched": self.state.training_unmatched, "tags_dropped": self.state.tags_dropped,
             "tag_changes_dropped": self.state.tag_changes_dropped,
+            "other_shard_dropped": self.shard_gate.dropped if self.shard_gate is not None else 0,
             "store_errors": c.store_errors, "callback_errors": c.callback_errors,
         }

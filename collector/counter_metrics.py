@@ -22,6 +22,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "tag_changes_dropped": ("clusterwatch_ingest_tag_changes_dropped",
                             "Run tag values not shown: their key had changed 4 times in the job (it shows "
                             "'(changes too often)')."),
+    "other_shard_dropped": ("clusterwatch_ingest_other_shard_dropped",
+                            "Process samples, job events and health records a shard dropped: the collectors list "
+                            "gives their job (or node) to another collector."),
     "store_errors": ("clusterwatch_store_errors", "Flushes and job closes the store refused (retried)."),
     "callback_errors": ("clusterwatch_ingest_callback_errors",
                         "Rules, alerts or registry callbacks that failed on a batch."),
