@@ -67,6 +67,7 @@ class Agent:
         gpus: the GPU source (NVML, simulated, or none).
         procs: the process source (backends.procs.ProcSource, or backends.psutil_procs.PsutilProcSource).
         labeler: labels processes with job and rank.
+        roots: the `--pid` roots (roots.WatchedRoots), followed while their process lives; None: none.
         clock: time source (Unix seconds); tests pass their own.
     """
 
@@ -82,8 +83,10 @@ class Agent:
         provenance=None,
         health=None,
         train_endpoint=None,
+        roots=None,
     ) -> None:
         self.config = config
+        self.roots = roots
         self.gpus = gpus
         self.procs = procs
         self.labeler = labeler
@@ -139,7 +142,7 @@ class Agent:
 
     def watched_roots(self, gpu_pids: set[int]) -> set[int]:
         """The processes whose trees are sampled this poll."""
-        roots = set(self.config.pids)
+        roots = self.roots.live() if self.roots is not None else set()
         if self.config.watch_all_gpu_processes:
             roots |= gpu_pids
         if self.spool is not None:
@@ -295,15 +298,14 @@ def _sample_dict(s: ProcessSample) -> dict:
 
 def write_pid_file(spool_dir: str) -> str | None:
     """Record this agent's pid where the prolog looks for it; None if the folder is not writable."""
-    path = os.path.join(spool_dir, "agent.pid")
+    from .ensure import PID_FILE, SpoolNotPrivate, private_folder, write_pid
+
+    path = os.path.join(spool_dir, PID_FILE)
     try:
-        os.makedirs(spool_dir, mode=0o755, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        os.replace(tmp, path)
+        private_folder(spool_dir)
+        write_pid(path, os.getpid())
         return path
-    except OSError:
+    except (OSError, SpoolNotPrivate):
         return None
 
 

@@ -27,7 +27,8 @@ class AgentConfig:
         gpu_source: "auto", "nvml", "sim" or "none".
         sim_scenario: scenario file for the simulated GPU source (None: the embedded default).
         sim_run: the run token of the processes the simulated source plays (None: those without one).
-        pids: processes to watch besides those on a GPU (and their descendants).
+        pids: processes to watch besides those on a GPU (and their descendants), each (pid, start time in
+            Unix seconds, or None: the start time the process has when the agent starts).
         local_job_id: job id given to the `pids` trees (`clusterwatch run` uses "local-PID").
         buffer_max_samples: bound of the unacknowledged buffer in process samples.
         token: shared secret for the collector, if it requires one.
@@ -54,7 +55,7 @@ class AgentConfig:
     gpu_source: str = "auto"
     sim_scenario: str | None = None
     sim_run: str | None = None
-    pids: tuple[int, ...] = ()
+    pids: tuple[tuple[int, float | None], ...] = ()
     local_job_id: str = ""
     buffer_max_samples: int = DEFAULT_BUFFER_SAMPLES
     token: str | None = None

@@ -1,6 +1,7 @@
 """Which job, step and rank each process belongs to, cheapest source first.
 
-Order: a `clusterwatch run` tree (the pids the agent was told to watch), then the
+Order: a `clusterwatch run` tree (the processes the agent was told to watch, each by
+its pid and start time: a reused pid is not the root), then the
 process's own cgroup and environment (Slurm), then its parent's labels (a
 DataLoader worker belongs to its rank). Results are cached per (pid, start time):
 a process never changes job, and a reused pid gets a fresh lookup.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from clusterwatch.model import ProcessSample
 
 from .backends.procs import ExecInProgress
+from .roots import same_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +40,13 @@ class JobLabeler:
     """Labels samples in place.
 
     Args:
-        local_roots: pid → job id for trees the agent watches on request (`run`, `--pid`).
+        local_roots: pid → (start time, job id) of the roots of trees the agent watches on request (`run`,
+            `--pid`; roots.WatchedRoots.jobs()): another process given the same pid is not one.
         slurm_lookup: reads a process's cgroup/environ for Slurm labels; None off Slurm.
         local_lookup: labels of a watched root (its rank from RANK/LOCAL_RANK); None: job id only.
     """
 
-    def __init__(self, local_roots: dict[int, str], slurm_lookup: SlurmLookup | None = None,
+    def __init__(self, local_roots: dict[int, tuple[float, str]], slurm_lookup: SlurmLookup | None = None,
                  local_lookup: LocalLookup | None = None) -> None:
         self.local_roots = dict(local_roots)
         self.slurm_lookup = slurm_lookup
@@ -90,9 +93,10 @@ class JobLabeler:
         labels = self._cache.get(key, _UNSEEN)
         if labels is not _UNSEEN:
             return labels
+        root_job = self._root_job(s)
         try:
-            if s.pid in self.local_roots:
-                job_id = self.local_roots[s.pid]
+            if root_job is not None:
+                job_id = root_job
                 labels = (self.local_lookup(s.pid, job_id) if self.local_lookup is not None
                           else JobLabels(job_id, mapped_by="pid"))
             elif self.slurm_lookup is not None:
@@ -102,11 +106,15 @@ class JobLabeler:
         except ExecInProgress:
             # Inside execve, its variables not there yet: not cached, looked up again at the next poll. A
             # watched root is its job's now; its rank comes then.
-            job_id = self.local_roots.get(s.pid)
-            return JobLabels(job_id, mapped_by="pid") if job_id is not None else None
+            return JobLabels(root_job, mapped_by="pid") if root_job is not None else None
         self._cache[key] = labels
         self._looked_up.append(s)
         return labels
+
+    def _root_job(self, s: ProcessSample) -> str | None:
+        """The job id of a watched root, when `s` is that very process."""
+        root = self.local_roots.get(s.pid)
+        return root[1] if root is not None and same_start(s.start_time, root[0]) else None
 
     def _inherited(self, s: ProcessSample, by_pid: dict[int, ProcessSample]) -> JobLabels | None:
         seen = {s.pid}

@@ -18,6 +18,7 @@ from clusterwatch.tls import channel_credentials
 from .agent import Agent, PollJoiner, run_loop, submit, write_pid_file
 from .config import AgentConfig
 from .munge_credential import munge_credentials
+from .roots import WatchedRoots
 from .shard_streams import ShardedSender
 from .stream import BufferBudget, Sender, SenderCounters
 
@@ -209,15 +210,16 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
     from .spool import JobSpool
 
     gpus = open_gpus(config)
-    local_roots = {pid: config.local_job_id for pid in config.pids if config.local_job_id}
+    procs = open_procs(config)
+    # each --pid root by its start time, taken now where it was not given: a pid reused later is not the root
+    roots = WatchedRoots.taken_now(config.pids, config.local_job_id, procs.start_time, log)
     lookup = ProcLookup(node=config.node)
     cache: dict = {}
-    labeler = JobLabeler(local_roots, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
+    labeler = JobLabeler(roots.jobs(), slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
     spool = JobSpool(config.spool_dir, find_job_pids=lambda jobs: lookup.job_pids(jobs, cache))
-    procs = open_procs(config)
     endpoint = provenance = health = None
     if not live:
-        return Agent(config, gpus, procs, labeler, spool=spool)
+        return Agent(config, gpus, procs, labeler, spool=spool, roots=roots)
     try:
         from .health.monitor import open_health
 
@@ -228,7 +230,7 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
 
             provenance = ProvenanceWorker()
         return Agent(config, gpus, procs, labeler, spool=spool, train_endpoint=endpoint,
-                     provenance=provenance, health=health)
+                     provenance=provenance, health=health, roots=roots)
     except BaseException:
         if endpoint is not None:  # nor does a failed start leave its socket behind
             endpoint.close()

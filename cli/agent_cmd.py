@@ -37,7 +37,10 @@ from .common import fail, setup_logging
 @click.option("--process-source", type=click.Choice(["auto", "proc", "psutil"]), default="auto", show_default=True,
               help="Where process figures come from: Linux /proc, or psutil (CPU and memory where there is no "
                    "/proc, e.g. macOS); auto picks /proc when there is one.")
-@click.option("--pid", "pids", type=int, multiple=True, help="Also watch this process and its children.")
+@click.option("--pid", "pids", multiple=True, metavar="PID[:STARTTIME]",
+              help="Also watch this process and its children, while it is the process that started at STARTTIME "
+                   "(Unix seconds; default: the start time it has when the agent starts): a pid reused by "
+                   "another process is not followed.")
 @click.option("--job-id", "local_job_id", default="", help="Job id given to the --pid trees.")
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
@@ -105,6 +108,12 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         deployment(collector, collectors_before)  # a malformed list: one line and exit 2
     elif collectors_before:
         fail("--collectors-before needs --collector (the current list)")
+    from clusterwatch.agent.roots import parse_root
+
+    try:
+        roots = tuple(parse_root(p) for p in pids)
+    except ValueError as exc:
+        fail(str(exc))
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     spool_dir = spool_dir_for(spool_dir, node)
     if ensure:
@@ -113,7 +122,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         collector=collector, node=node, interval_s=interval, send_interval_s=send_interval,
         health_interval_s=health_interval, gpu_source=gpu_source,
         sim_scenario=sim_scenario, sim_run=sim_run,
-        pids=tuple(pids), local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
+        pids=roots, local_job_id=local_job_id, buffer_max_samples=buffer_samples, token=token,
         agent_auth=agent_auth, munge_socket=munge_socket,
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
@@ -169,11 +178,13 @@ def ensure_running(collector, node, spool_dir, gpu_source, interval, token, coll
     """`agent --ensure`: start this node's agent detached unless one runs; say which; return 0."""
     import os
 
-    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+    from clusterwatch.agent.ensure import SpoolNotPrivate, agent_command, agent_environment, ensure_agent
 
     argv = agent_command(collector, node, spool_dir, gpu_source, interval, collectors_before=collectors_before)
     try:
         result = ensure_agent(spool_dir, argv, agent_environment(os.environ, token), lock_wait_s=5.0)
+    except SpoolNotPrivate as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot start the agent in {spool_dir}: {exc}; check that the folder is writable")
     if result.action == "busy":

@@ -17,7 +17,7 @@ from tests.helpers import Collector, metric_value, wait_for
 
 def _config(tmp_path, collector: str | None, pid: int, **kw) -> AgentConfig:
     return AgentConfig(collector=collector, node="rt-node", interval_s=0.2, send_interval_s=0.0, gpu_source="none",
-                       pids=(pid,), local_job_id="rt-1", spool_dir=str(tmp_path / "spool"),
+                       pids=((pid, None),), local_job_id="rt-1", spool_dir=str(tmp_path / "spool"),
                        train_socket=str(tmp_path / "train.sock"), provenance=False, **kw)
 
 

@@ -139,7 +139,8 @@ def test_a_real_process_just_started_never_reads_as_an_empty_environment() -> No
 def test_a_watched_root_read_inside_execve_is_its_job_at_once_and_gets_its_rank_next(exec_window) -> None:
     proc, finish = exec_window
     lookup = ProcLookup(proc)
-    labeler = JobLabeler({PID: "local-1"}, slurm_lookup=lookup.slurm_labels, local_lookup=lookup.rank_labels)
+    labeler = JobLabeler({PID: (1700000000.0, "local-1")}, slurm_lookup=lookup.slurm_labels,
+                         local_lookup=lookup.rank_labels)
     first = ProcessSample(0.0, "n1", PID, 1700000000.0)
     labeler.label([first])
     assert (first.job_id, first.rank) == ("local-1", None)

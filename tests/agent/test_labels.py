@@ -61,8 +61,19 @@ def test_a_reused_pid_is_looked_up_anew_and_gone_processes_are_forgotten() -> No
 
 
 def test_watched_roots_carry_their_job_to_their_tree() -> None:
-    labeler = JobLabeler({5: "local-5"}, local_lookup=lambda pid, job: JobLabels(job, rank=0, mapped_by="pid"))
+    labeler = JobLabeler({5: (1.0, "local-5")}, local_lookup=lambda pid, job: JobLabels(job, rank=0, mapped_by="pid"))
     poll = [sample(5, 1), sample(6, 5), sample(7, 6)]
     labeler.label(poll)
     assert labels_of(poll) == {5: ("local-5", 0, None, "", "pid"), 6: ("local-5", 0, None, "", "tree"),
                                7: ("local-5", 0, None, "", "tree")}
+
+
+def test_a_process_given_a_watched_roots_pid_is_not_the_root() -> None:
+    """The root (pid 5, started at 1.0) exited; pid 5 went to another process (started at 9.0) with a child."""
+    labeler = JobLabeler({5: (1.0, "local-5")}, local_lookup=lambda pid, job: JobLabels(job, rank=0, mapped_by="pid"))
+    root = [sample(5, 1, start=1.0)]
+    labeler.label(root)
+    assert labels_of(root)[5][0] == "local-5"
+    reused = [sample(5, 1, start=9.0), sample(6, 5, start=9.5)]
+    labeler.label(reused)
+    assert labels_of(reused) == {5: ("", None, None, "", ""), 6: ("", None, None, "", "")}
