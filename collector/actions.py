@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from clusterwatch.slurm.node_names import why_not_a_node_name
+
 from .alerts import Alert, AlertStore
 from .rules.config import SEVERITIES, ActionsConfig, ActionStep
 from .rules.model import FIRING, RESOLVED, AlertEvent
@@ -154,6 +156,11 @@ class Dispatcher:
         if step.action == "drain" and (self.drain_node is None or not a.node):
             self.logger.info("drain step for %s skipped (%s)", a.rule,
                              "the collector runs without --slurm" if a.node else "the alert names no node")
+            return
+        if step.action == "drain" and why_not_a_node_name(a.node):
+            # the alert's node is its agent's Hello's: a keyword or node set would drain other nodes
+            self.logger.warning("drain step for %s refused: not draining %r: %s", a.rule, a.node[:200],
+                                why_not_a_node_name(a.node))
             return
         if step.action == "drain" and self.node_trusted is not None and not self.node_trusted(a.node):
             self.logger.warning("drain step for %s refused: the agent of %s is not authenticated (no token, "

@@ -30,6 +30,7 @@ from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, Slur
 
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
+from clusterwatch.slurm.node_names import shown_node_names, why_not_a_node_name
 from clusterwatch.slurm.scontrol import (
     JobRecord,
     Owner,
@@ -339,18 +340,26 @@ class ScontrolMapper:
     async def drain_node(self, node: str, reason: str) -> None:
         """``scontrol update NodeName=NODE State=DRAIN Reason=REASON``: Slurm schedules no new job there.
 
+        `node` comes from an agent's Hello, so it is taken only as one node Slurm knows
+        (clusterwatch.slurm.node_names): never a hostlist, a list, ``ALL``, a nodeset or more fields.
+
         Raises:
-            ValueError: `node` is not a plain node name (it comes from an agent's Hello: never a hostlist or
-                more fields).
+            ValueError: `node` is not one node Slurm knows; the message says why, on one line.
             SlurmUnavailable: scontrol failed or timed out.
         """
-        if not _NODE_NAME.fullmatch(node):
-            raise ValueError(f"not draining {node!r}: not a plain Slurm node name")
+        why = why_not_a_node_name(node)
+        if why:
+            raise ValueError(f"not draining {node!r}: {why}")
+        # asked once, no retries: a drain Slurm cannot confirm is not made
+        code, out, err = await self._exec(["-o", "show", "node", node])
+        shown = shown_node_names(out) if code == 0 else []
+        if shown != [node]:
+            said = " ".join((err or out).split())[:120] or f"exit status {code}"
+            raise ValueError(f"not draining {node!r}: " + (
+                f"Slurm shows {len(shown)} nodes for it (a nodeset?), not one node" if len(shown) > 1 else
+                f"Slurm shows node {shown[0][:64]!r} for it, not a node of that name" if shown else
+                f"Slurm knows no node of that name (scontrol show node: {said})"))
         await self._call(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
-
-
-# a node name as an agent may report it and scontrol takes it: no hostlist brackets, commas or spaces
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def default_env(slurm_conf: str | None = None) -> dict[str, str]:

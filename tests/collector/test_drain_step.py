@@ -43,3 +43,38 @@ def test_the_log_action_writes_one_line_whatever_the_description(caplog) -> None
                        1.0)
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all("\n" not in line for line in lines), lines
+
+
+@pytest.mark.parametrize("node", ["ALL", "all", "All"])
+def test_the_keyword_for_every_node_is_refused_before_scontrol_runs(node: str, tmp_path) -> None:
+    # `scontrol update NodeName=ALL State=DRAIN` drains every node of the cluster (seen on Slurm 22.05)
+    ran = tmp_path / "ran"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake.chmod(0o755)
+    with pytest.raises(ValueError, match="keyword for every node"):
+        asyncio.run(ScontrolMapper(scontrol=str(fake), retries=0).drain_node(node, "clusterwatch: x"))
+    assert not ran.exists()
+
+
+def test_a_name_slurm_shows_as_several_nodes_or_none_is_not_drained(tmp_path) -> None:
+    """A nodeset (slurm.conf's NodeSet=) is a plain name that stands for many nodes; a name Slurm does not
+    know is no node: either way `scontrol -o show node NAME` does not show that one node, and no update runs."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+case "$*" in
+  "-o show node gpus") printf 'NodeName=n1 Arch=x86_64 State=IDLE\\nNodeName=n2 Arch=x86_64 State=IDLE\\n' ;;
+  "-o show node n1") printf 'NodeName=n1 Arch=x86_64 State=IDLE Reason=x\\n' ;;
+  "-o show node nope") echo "Node nope not found"; exit 1 ;;
+esac
+""")
+    fake.chmod(0o755)
+    mapper = ScontrolMapper(scontrol=str(fake), retries=0)
+    for node, why in (("gpus", "shows 2 nodes"), ("nope", "Slurm knows no node")):
+        with pytest.raises(ValueError, match=why):
+            asyncio.run(mapper.drain_node(node, "clusterwatch: x"))
+    assert "update" not in calls.read_text()
+    asyncio.run(mapper.drain_node("n1", "clusterwatch: x"))
+    assert calls.read_text().splitlines()[-1] == "update NodeName=n1 State=DRAIN Reason=clusterwatch: x"
