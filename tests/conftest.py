@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.hermetic import SUITE_SETTINGS, callers_settings
+
 pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge",
                   "tests.git_repos"]
 
@@ -29,22 +31,25 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(sig, _ignore)
 
 
-def _drop_clusterwatch_settings(patch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("CLUSTERWATCH_")]:
+def _suite_settings(patch: pytest.MonkeyPatch) -> None:
+    for name in callers_settings(os.environ):
         patch.delenv(name)
+    for name, value in SUITE_SETTINGS.items():
+        patch.setenv(name, value)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_session() -> Iterator[None]:
-    """The caller's CLUSTERWATCH_* settings (a token, a collector, a store, a config file) reach neither the
-    code under test in this process nor the children it starts from os.environ; session-wide, so the
-    session's own services (Slurm, munged, Prometheus) start without them too. Restored at the end."""
+    """The caller's CLUSTERWATCH_* settings (a token, a collector, a store, a config file) and proxies reach
+    neither the code under test in this process nor the children it starts from os.environ, and neither does
+    the site config or the host's kernel log (tests/hermetic.py); session-wide, so the session's own services
+    (Slurm, munged, Prometheus) start that way too. Restored at the end."""
     with pytest.MonkeyPatch.context() as patch:
-        _drop_clusterwatch_settings(patch)
+        _suite_settings(patch)
         yield
 
 
 @pytest.fixture(autouse=True)
 def _hermetic_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts without CLUSTERWATCH_* settings, whatever an earlier test left set."""
-    _drop_clusterwatch_settings(monkeypatch)
+    """Each test starts with the suite's settings alone, whatever an earlier test left set."""
+    _suite_settings(monkeypatch)

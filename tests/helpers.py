@@ -12,6 +12,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from tests.hermetic import SUITE_SETTINGS
+
 CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
 
 #: This test session's simulated-GPU run (CLUSTERWATCH_SIM_RUN): its sources play only its own processes,
@@ -42,9 +44,10 @@ def with_agent_token(args: list[str], env: dict[str, str]) -> dict[str, str]:
 
 
 def clean_environ(base: dict | None = None) -> dict[str, str]:
-    """`base` (default os.environ) without any CLUSTERWATCH_* variable: the caller's settings (a token, a
-    collector address, a config file) must not reach the processes a test starts."""
-    return {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CLUSTERWATCH_")}
+    """`base` (default os.environ) without any CLUSTERWATCH_* variable but the suite's own (tests/hermetic.py): the
+    caller's settings (a token, a collector address, a config file) must not reach the processes a test starts."""
+    return {k: v for k, v in (os.environ if base is None else base).items()
+            if not k.startswith("CLUSTERWATCH_") or k in SUITE_SETTINGS}
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
