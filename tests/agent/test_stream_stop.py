@@ -4,7 +4,7 @@ from __future__ import annotations
 from clusterwatch.agent.stream import Sender
 from clusterwatch.v1 import agent_pb2
 
-from tests.helpers import Collector, wait_for
+from tests.helpers import AGENT_TOKEN, Collector, wait_for
 from tests.services.procs import free_port
 
 
@@ -17,7 +17,7 @@ def test_a_flush_reconnects_at_once_instead_of_waiting_out_the_backoff(tmp_path)
     # the epilog's SIGTERM flushes for 5 s and must not spend them asleep.
     # a Unix socket, not a port found free now: another test's process could take a port before the collector
     address = f"unix:{tmp_path}/collector.sock"
-    sender = Sender(address, _hello, max_buffer_samples=100, backoff_initial_s=25.0)
+    sender = Sender(address, _hello, max_buffer_samples=100, backoff_initial_s=25.0, token=AGENT_TOKEN)
     sender.start()
     collector = None
     try:
