@@ -24,16 +24,12 @@ def _ignore_stop_signals() -> None:
 
 
 def test_tests_started_with_stop_signals_ignored_start_children_with_the_defaults(tmp_path):
-    # the probe lives under tests/ for the suite's conftest to load, in a folder of its own
-    folder = ROOT / "tests" / "project" / f"_background_{tmp_path.name}"
-    folder.mkdir()
-    try:
-        (folder / "test_probe.py").write_text(CHILD)
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=clean_environ(),
-                           preexec_fn=_ignore_stop_signals)
-    finally:
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+    # the probe outside the source tree, run under the suite's configuration with its conftest as a plugin
+    (tmp_path / "test_probe.py").write_text(CHILD)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-p", "tests.conftest",
+                        str(tmp_path / "test_probe.py")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=clean_environ(),
+                       preexec_fn=_ignore_stop_signals)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout, r.stdout[-3000:]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import venv
@@ -59,8 +60,14 @@ def test_train_module_needs_only_the_standard_library():
 
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     dist = tmp_path / "dist"
+    # from a copy: built in place, setuptools writes build/ and rewrites clusterwatch.egg-info in the shared
+    # tree (which the editable install reads), and a stale build/lib could go into the wheel
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache", ".hypothesis",
+                                                             ".ruff_cache", "tests", "bench"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(src)], check=True, capture_output=True, timeout=300)
     wheels = list(dist.glob("clusterwatch-*.whl"))
     assert len(wheels) == 1
     env_dir = tmp_path / "venv"
