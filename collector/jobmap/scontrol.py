@@ -326,8 +326,11 @@ class ScontrolMapper:
         """Run ``scontrol listpids JOB NODE`` here: right only for a node whose slurmd runs on this host.
 
         Raises:
-            SlurmUnavailable: scontrol failed or timed out.
+            SlurmUnavailable: scontrol failed or timed out, or `node` is not one node's name.
         """
+        why = why_not_a_node_name(node)
+        if why:
+            raise SlurmUnavailable(f"not asking scontrol listpids for {node[:200]!r}: {why}")
         code, out, err = await self._call(["listpids", str(job_id), node], answers=_NO_PIDS)
         if code != 0:
             return []

@@ -18,6 +18,7 @@ from clusterwatch.collector.jobmap.base import JobMapper, SlurmUnavailable
 
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
+from clusterwatch.slurm.node_names import why_not_a_node_name
 from clusterwatch.slurm.scontrol import JobRecord
 
 _NO_PIDS = ("There are no steps for job", "does not exist on node", "no steps")
@@ -121,8 +122,11 @@ class SshListpids:
         Raises:
             SshHostKeyRejected: the host key is unknown or changed.
             SshUnreachable: no connection or login within the connect timeout.
-            SlurmUnavailable: the remote command timed out or failed.
+            SlurmUnavailable: the remote command timed out or failed, or `node` is not one node's name.
         """
+        why = why_not_a_node_name(node)
+        if why:  # it names the host to log in to and scontrol's argument: one node, never an option or a list
+            raise SlurmUnavailable(f"not asking {node[:200]!r} for listpids: {why}")
         host, port = self._address(node)
         command = shlex.join([self._scontrol, "listpids", str(int(job_id)), node])
         async with self._semaphore:
