@@ -6,9 +6,11 @@ its working directory; its command line (secret-looking option values redacted),
 its executable, and the environment variables that matter to a run (secret-looking
 names dropped). For a directory (`clusterwatch provenance DIR`), the git state only.
 
-Git runs as the process's owner (uid, gid and supplementary groups from
-/proc/<pid>/status), or, for a directory probed by root, as the directory's owner;
-never as root in somebody else's repository. `clusterwatch.agent.gitrun` lists what
+Git runs as the process's owner (its real uid and gid, and its supplementary groups,
+from /proc/<pid>/status), or, for a directory probed by root, as the directory's owner;
+never as root in somebody else's repository. The real uid is the one a user cannot
+borrow: a setuid-root program a user starts runs with effective uid 0, and git run as
+that would be root in the user's repository. `clusterwatch.agent.gitrun` lists what
 is switched off. What is left, and why it is acceptable:
 
 - Whatever still runs, runs as the repository's (the process's) owner, who could
@@ -284,7 +286,7 @@ def parse_status(data: bytes) -> StatusParser:
 
 
 def parse_proc_ids(text: str) -> RunAs:
-    """The effective uid, gid and supplementary groups from /proc/<pid>/status.
+    """The real uid, real gid and supplementary groups from /proc/<pid>/status.
 
     Args:
         text: the file's text.
@@ -299,9 +301,11 @@ def parse_proc_ids(text: str) -> RunAs:
     groups: tuple[int, ...] = ()
     for line in text.splitlines():
         if line.startswith("Uid:"):
-            uid = int(line.split()[2])  # real, effective, saved, fs: the effective one acts
+            # real, effective, saved, fs: the real one is who started it (a setuid program's effective
+            # uid is the file owner's, root's for a setuid-root one)
+            uid = int(line.split()[1])
         elif line.startswith("Gid:"):
-            gid = int(line.split()[2])
+            gid = int(line.split()[1])
         elif line.startswith("Groups:"):
             groups = tuple(int(g) for g in line.split()[1:])
     if uid is None or gid is None:

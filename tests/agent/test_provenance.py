@@ -78,9 +78,12 @@ def test_script_path(argv, expected):
     assert script_path(argv, "/w") == expected
 
 
-def test_parse_proc_ids_takes_effective_ids_and_groups():
+def test_parse_proc_ids_takes_real_ids_and_groups():
     text = "Name:\tpython\nUid:\t1000\t1001\t1001\t1001\nGid:\t100\t101\t101\t101\nGroups:\t4 27 1001 \n"
-    assert parse_proc_ids(text) == RunAs(1001, 101, (4, 27, 1001))
+    assert parse_proc_ids(text) == RunAs(1000, 100, (4, 27, 1001))
+    # a setuid-root program started by uid 1000: never root
+    text = "Uid:\t1000\t0\t0\t0\nGid:\t100\t100\t100\t100\nGroups:\t100\n"
+    assert parse_proc_ids(text) == RunAs(1000, 100, (100,))
 
 
 # -- real repositories -----------------------------------------------------------------------
@@ -493,3 +496,34 @@ def test_vanished_process_says_unknown(caplog):
     assert "cannot read" in caplog.text
 
 
+
+
+def _setuid_root_as(uid: int):
+    """What exec of a setuid-root program gives a user's process: real uid the user's, effective and saved 0."""
+    def become() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, 0, 0)
+    return become
+
+
+def test_a_setuid_process_is_read_as_its_real_uid(shared_dir, marker_dir):
+    """A user's setuid-root process (real uid nobody, effective root) in the user's checkout: git runs as the
+    user, never as root."""
+    repo = make_repo(shared_dir / "proj", {"train.py": SLEEPER})
+    markers = _hostile(repo, marker_dir)
+    chown_tree(repo, NOBODY)
+    wrapper, log = git_wrapper(shared_dir)
+    proc = subprocess.Popen(["/usr/bin/python3", "train.py"], cwd=repo, env={"PATH": "/usr/bin:/bin"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_setuid_root_as(NOBODY))
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        uids = Path(f"/proc/{proc.pid}/status").read_text().split("Uid:")[1].split()[:4]
+        assert uids == [str(NOBODY), "0", "0", "0"]   # the process is what the test says it is
+        rec = provenance_of_pid(proc.pid, ProvenanceConfig(git=str(wrapper)))
+        assert {line.split()[0] for line in log.read_text().splitlines()} == {str(NOBODY)}
+        assert rec.uid == NOBODY and rec.git.ran_as_uid == NOBODY
+        assert rec.git.commit == git(repo, "rev-parse", "HEAD", user=NOBODY)
+        assert not any(p.exists() for p in markers.values())
+    finally:
+        stop_ready(proc)
