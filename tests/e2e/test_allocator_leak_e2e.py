@@ -113,8 +113,17 @@ def test_allocated_growth_under_a_flat_nvml_figure_is_a_leak_a_warming_cache_non
         assert found["rank"] == 0 and found["job_id"] == JOB, found
         assert "allocated tensors grow" in found["description"], found
         assert "the allocator's figure" in found["description"], found
-        # rank 1's reserve has been level for a whole window and more: still nothing about it
-        time.sleep(45)
+        # rank 1's reserve has been level for a whole window and more: still nothing about it. Not a fixed sleep:
+        # the collector holds rank 1's samples (each batch ran the rules) to 45 s past now, a window and more.
+        quiet_from = time.time()
+
+        def rank1_last_seen() -> float:
+            r = cli("status", JOB, "--collector", collector.address, "--json")
+            assert r.returncode == 0, r.stderr
+            return max([float(p["last_seen"]) for p in json.loads(r.stdout)["processes"] if p["rank"] == 1] or [0.0])
+
+        wait_for(lambda: rank1_last_seen() >= quiet_from + 45, timeout=120, interval=1.0,
+                 what="rank 1's samples 45 s past the leak")
         live = {(a["rule"], a["rank"]) for a in _alerts(collector) if a["rule"] in
                 ("gpu_memory_leak", "gpu_memory_fragmentation")}
         assert live == {("gpu_memory_leak", 0)}, live
