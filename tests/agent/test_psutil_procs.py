@@ -84,7 +84,11 @@ def test_gone_and_zombie_processes_are_skipped():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     assert [s.pid for s in src.sample({p.pid}, time.time(), {})] == [p.pid]
     p.kill()
-    time.sleep(0.3)  # dead, not reaped: a zombie
+
+    def state() -> str:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    wait_for(lambda: state() == "Z", timeout=10, what="the killed child a zombie")  # dead, not reaped
     assert src.sample({p.pid}, time.time(), {}) == []
     p.wait()
     assert src.sample({p.pid}, time.time(), {}) == [] and src.descendants({p.pid}) == set()

@@ -123,11 +123,14 @@ def test_run_stopped_by_a_signal_stops_everything_prints_the_report_and_exits_12
 def test_run_ctrl_c_twice_stops_a_command_that_ignores_sigint(session, tmp_path):
     s = _run_family(session, tmp_path, IGNORES_SIGINT)
     os.killpg(s.proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    # run has handled the first Ctrl-C (it says so), then still waits a while for the command
+    wait_for(lambda: "Ctrl-C again stops it" in s.err(), timeout=30, what="run's answer to the first Ctrl-C")
     time.sleep(2)
     assert s.proc.poll() is None, "the command ignores SIGINT: run waits for it"
-    assert "Ctrl-C again stops it" in s.err()
     os.killpg(s.proc.pid, signal.SIGINT)
     assert s.proc.wait(60) == 130, s.err()
+    # what stopped it was the second Ctrl-C, not a slow end to the first
+    assert "SIGTERM to the command's" in s.err(), s.err()
     assert s.left() == []
     assert "clusterwatch · job local-" in s.err()
 
