@@ -36,9 +36,11 @@ _OWN_AGENT_AUTH = ("--token", "--agent-auth", "--tls-client-ca")
 
 
 def with_agent_token(args: list[str], env: dict[str, str]) -> dict[str, str]:
-    """`env` with the tests' AGENT_TOKEN when `args` start a collector or an agent that names no auth of its own."""
-    command = args[len(CLI)] if args[:len(CLI)] == CLI and len(args) > len(CLI) else None
-    if command not in ("collector", "agent") or any(a in _OWN_AGENT_AUTH for a in args):
+    """`env` with the tests' AGENT_TOKEN when `args` start a collector or an agent that names no auth of its own
+    (the CLI may come behind a wrapper: prlimit, runuser)."""
+    at = next((i + len(CLI) for i in range(len(args)) if args[i:i + len(CLI)] == CLI), len(args))
+    command = next((a for a in args[at:at + 3] if a in ("collector", "agent")), None)  # after a --config FILE
+    if command is None or any(a in _OWN_AGENT_AUTH for a in args):
         return env
     return {**env, "CLUSTERWATCH_TOKEN": env.get("CLUSTERWATCH_TOKEN", AGENT_TOKEN)}
 

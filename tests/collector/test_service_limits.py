@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -108,7 +108,8 @@ def test_a_stream_that_never_says_hello_is_closed(tmp_path):
 
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as err:
-            list(agent_pb2_grpc.IngestStub(channel).Stream(silence(), timeout=HELLO_TIMEOUT_S + 30))
+            list(agent_pb2_grpc.IngestStub(channel).Stream(silence(), metadata=AGENT_METADATA,
+                                                           timeout=HELLO_TIMEOUT_S + 30))
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "no hello within" in err.value.details()
         assert time.monotonic() - started < HELLO_TIMEOUT_S + 20
