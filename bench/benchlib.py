@@ -191,8 +191,10 @@ class CollectorProc:
         self.popen = children.start(
             [*CLI, "collector", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
              "--db", os.path.join(tmp, f"{name}.db"), "--ports-file", self.ports_file,
-             # a benchmark measures, it does not depend on this host's munged (a test that wants munge says so)
-             *([] if "--query-auth" in extra else ["--query-auth", "none"]), *extra],
+             # a benchmark measures, it does not depend on this host's munged (a test that wants munge says so);
+             # its agents are the bench's own clients, which prove nothing: their streams are taken as they were
+             *([] if "--query-auth" in extra else ["--query-auth", "none"]),
+             *([] if any(a in extra for a in ("--agent-auth", "--token")) else ["--agent-auth", "none"]), *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env_with_repo(),
         )
         wait_for(lambda: os.path.exists(self.ports_file) or self.popen.poll() is not None, what="collector ports")
