@@ -70,6 +70,11 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--web-owner-uid", type=click.IntRange(min=0), default=None, metavar="UID",
               help="Answer only this local user's browsers (and root's), as the kernel names a loopback "
                    "connection's owner; --web-listen on loopback only (what `clusterwatch run` gives its own).")
+@click.option("--allow-unauthenticated-actions", is_flag=True, envvar="CLUSTERWATCH_ALLOW_UNAUTHENTICATED_ACTIONS",
+              help="Without query authentication (--query-auth none, or auto without munge), let everyone who "
+                   "reaches the collector ask every job's processes for stacks, snapshots, a checkpoint or a "
+                   "stop (diagnose, and the pages' actions with --web-actions); off: nobody may. Only for one "
+                   "user's own collector (what `clusterwatch run` and `demo` give theirs).")
 @click.option("--db", "db_path", default=None, envvar="CLUSTERWATCH_DB",
               help="SQLite store (default: /var/lib/clusterwatch/clusterwatch.db as root, "
                    "else ~/.local/state/clusterwatch/clusterwatch.db).")
@@ -146,7 +151,7 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
                    "are its own.")
 @click.option("-v", "--verbose", count=True)
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_trusted_proxies,
-              web_owner_uid, db_path, history_points, history_step,
+              web_owner_uid, allow_unauthenticated_actions, db_path, history_points, history_step,
               per_process_metrics, gpu_health_metrics, rules_path, token, agent_auth,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
@@ -177,6 +182,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
         web_listen_required=web_listen is not None, web_actions=web_actions,
         web_user_header=web_user_header or None, web_trusted_proxies=proxies, web_owner_uid=web_owner_uid,
+        allow_unauthenticated_actions=allow_unauthenticated_actions,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
     )
 

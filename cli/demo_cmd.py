@@ -91,7 +91,8 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
         try:
             rules = _demo_rules()
             try:
-                # the demo's page is the user's own, on loopback, with no query authentication: it may act
+                # the demo's page may act: the stack's collector answers only this user's connections there
+                # (--web-owner-uid: every user of the host reaches loopback) and opts in to their actions
                 stack.start_collector(["--web-actions", *(["--rules", rules] if rules else [])], metrics=True)
             except ClusterwatchError as exc:
                 fail(str(exc))

@@ -8,7 +8,9 @@ uses a temporary store and stops every process it started, by its pid.
 
 The collector takes agents and queries on a Unix socket in a folder of mode 0700, so on a shared
 login node no other user can read the job or feed it samples (its queries are not authenticated:
-`--query-auth none`, since munge may be installed and down). /metrics is off unless asked for (the
+`--query-auth none`, since munge may be installed and down; so it opts in to actions from its
+unauthenticated callers, `--allow-unauthenticated-actions`, and its web page, when it has one, answers
+only its user's connections, `--web-owner-uid`). /metrics is off unless asked for (the
 demo shows it): then on a free loopback TCP port, read back from a ports file; it is read-only and
 shows what Prometheus would scrape, so another user reaching it learns nothing a scrape would not.
 """
@@ -122,12 +124,15 @@ class Stack:
         the jobs' web pages (web_port)."""
         ports = self.workdir / "ports.json"
         # `run` and `demo` watch one command on one machine, their collector on a private socket: no munge
-        # (under `auto` a host with munge installed but munged down would refuse their own queries)
+        # (under `auto` a host with munge installed but munged down would refuse their own queries). Whoever
+        # reaches that socket is this user (or root), so its callers may act on the job (diagnose, stop); a
+        # web page, on loopback, which every user of the host reaches, answers this user's connections alone.
         proc = self._spawn("collector", [
             "collector", "--listen", self.address, "--metrics-listen", "127.0.0.1:0" if metrics else "none",
             # the job's web page with /metrics (the demo's); a run opens no TCP port
             "--web-listen", "127.0.0.1:0" if metrics else "none", "--query-auth", "none",
             "--agent-auth", "token",  # its agents get the stack's token (_spawn)
+            "--allow-unauthenticated-actions", "--web-owner-uid", str(os.getuid()),
             "--db", str(self.workdir / "clusterwatch.db"), "--ports-file", str(ports), *extra,
         ])
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -40,6 +40,9 @@ class CollectorConfig:
         web_trusted_proxies: addresses or networks (text, e.g. "10.1.2.3", "10.1.0.0/16") of the proxy.
         web_owner_uid: the pages answer only this local user's loopback connections (and root's), as the
             kernel's socket table names them (collector/web/peer.py; `clusterwatch run`); None: anyone's.
+        allow_unauthenticated_actions: without query authentication, every caller (the query service's, and
+            a browser without a proxy with web_actions) may ask every job's processes for stacks, snapshots, a
+            checkpoint or a stop (collector/action_rights.py); False: nobody may ask them.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
@@ -87,6 +90,7 @@ class CollectorConfig:
     web_user_header: str | None = None
     web_trusted_proxies: tuple[str, ...] = ()
     web_owner_uid: int | None = None
+    allow_unauthenticated_actions: bool = False
     db_path: str = ":memory:"
     history_points: int = 720
     history_step_s: float = 5.0

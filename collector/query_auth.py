@@ -46,14 +46,22 @@ log = logging.getLogger("clusterwatch.collector")
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """An identified (or, without authentication, anonymous) caller."""
+    """An identified (or, without authentication, anonymous) caller.
+
+    `admin` sees every job (an operator, or every user under --show-all-jobs); `operator` (root, a
+    --query-admin) also acts on every job: seeing is not acting (collector/action_rights.py).
+    """
 
     uid: int | None
     user: str
     admin: bool
+    operator: bool = False
 
     def may_see(self, job_user: str) -> bool:
         return self.admin or (bool(self.user) and self.user == job_user)
+
+    def may_act(self, job_user: str) -> bool:
+        return self.operator or (bool(self.user) and self.user == job_user)
 
 
 class AuthError(Exception):
@@ -142,8 +150,8 @@ class MungeAuth:
         if len(cred) > MAX_CREDENTIAL_CHARS:
             raise AuthError(f"the munge credential is {len(cred)} characters; a query's is far shorter")
         uid, user = await self._unmunge(cred)
-        admin = uid == 0 or self.show_all or user in self.admins or str(uid) in self.admins
-        return Caller(uid, user, admin)
+        operator = uid == 0 or user in self.admins or str(uid) in self.admins
+        return Caller(uid, user, operator or self.show_all, operator)
 
     async def _unmunge(self, cred: str) -> tuple[int, str]:
         """Decode `cred` with unmunge: (uid, user name) when its payload is a query's."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import grpc
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
+from . import action_rights
 from .core import AlertSource, CollectorCore
 from .query_auth import AuthError, Caller, NoAuth
 from .train_asks import KINDS, TrainAsks, targets
@@ -32,14 +33,17 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         alerts: the alerts of jobs; None: no alerts are shown.
         asks: requests to training processes and their answers (collector/train_asks.py); None: AskTraining
             is refused.
+        unauthenticated_actions: without query authentication, every caller may ask every job's processes
+            (--allow-unauthenticated-actions); False: AskTraining is refused to them (action_rights.py).
     """
 
     def __init__(self, core: CollectorCore, auth=None, alerts: AlertSource | None = None,
-                 asks: TrainAsks | None = None) -> None:
+                 asks: TrainAsks | None = None, unauthenticated_actions: bool = False) -> None:
         self.core = core
         self.auth = auth or NoAuth()
         self.alerts = alerts
         self.asks = asks
+        self.unauthenticated_actions = unauthenticated_actions
 
     async def _caller(self, context) -> Caller:
         try:
@@ -113,6 +117,10 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
 
     async def AskTraining(self, request, context):
         caller = await self._caller(context)
+        unauthenticated = action_rights.unauthenticated(self.auth)
+        if unauthenticated and not self.unauthenticated_actions:
+            # before the job is looked up: an anonymous caller learns nothing of it either
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, action_rights.NOT_OPTED_IN)
         if request.kind not in KINDS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown request {request.kind[:64]!r}; one of {', '.join(KINDS)}")
@@ -123,6 +131,9 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
                                 "processes can be asked")
         # the stacks and snapshots are the user's data: the job's owner and admins only
         await self._check_job(context, caller, request.job_id, view.job.user)
+        why = "" if unauthenticated else action_rights.why_not_act(caller, view.job.user, request.job_id)
+        if why:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         if self.asks is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this collector does not ask training processes")
         chosen = targets(view, request.rank if request.HasField("rank") else None)

@@ -137,7 +137,14 @@ class CollectorServer:
         server = self._main_server(main_cap)
         query = QueryServicer(self.core, await auth_from_config(
             cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
-            alerts=self.alerting, asks=self.train_asks)
+            alerts=self.alerting, asks=self.train_asks, unauthenticated_actions=cfg.allow_unauthenticated_actions)
+        from .action_rights import start_warning
+
+        # a page whose connections are one user's (--web-owner-uid) is that user's alone
+        pages = cfg.web_listen if cfg.web_actions and cfg.web_owner_uid is None else None
+        warning = start_warning(cfg.allow_unauthenticated_actions, query.auth, [cfg.listen, cfg.query_listen, pages])
+        if warning:
+            log.warning("%s", warning)
         query_pb2_grpc.add_QueryServicer_to_server(query, server)
         creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         self.grpc_port = bind(server, cfg.listen, "--listen", creds)
@@ -246,7 +253,8 @@ class CollectorServer:
         host, _, port = cfg.web_listen.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         access = BrowserAccess(auth, cfg.web_user_header, parse_proxies(cfg.web_trusted_proxies),
-                               frozenset(cfg.query_admins), cfg.show_all_jobs, owner_uid=cfg.web_owner_uid)
+                               frozenset(cfg.query_admins), cfg.show_all_jobs, owner_uid=cfg.web_owner_uid,
+                               unauthenticated_actions=cfg.allow_unauthenticated_actions)
         # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives
         self._web = serve_web(WebApp(self.core, self.alerting, access, loopback=is_loopback(host),
                                      asks=self.train_asks if cfg.web_actions else None,

@@ -15,14 +15,16 @@ local user's connections (and root's), as the kernel's socket table names their 
 shared host every user reaches loopback, and the run's job is its user's alone.
 
 Actions (--web-actions, off by default) need the job's owner or an admin as the header names them; with
-no proxy configured, only where queries are unauthenticated (the page is then the user's own, on their
-workstation's loopback): a browser that is nobody in particular acts on nothing.
+no proxy configured, only where queries are unauthenticated and the collector opts in to that
+(--allow-unauthenticated-actions, collector/action_rights.py: the page is then one user's own, as
+`clusterwatch run` and `demo` give it): a browser that is nobody in particular acts on nothing.
 """
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
 
+from .. import action_rights
 from ..query_auth import Caller, NoAuth
 from . import peer
 
@@ -41,12 +43,14 @@ class Browser:
         acts_on_all: may act on every job (no authentication at all, or an admin behind the proxy).
         refused: why the request is refused whole (a forged proxy header), else "".
         via_proxy: the request came from a trusted proxy (its X-Forwarded-Host counts as the page's host).
+        not_acting: why this unidentified browser acts on nothing, where that is not for want of a proxy.
     """
 
     caller: Caller
     acts_on_all: bool = False
     refused: str = ""
     via_proxy: bool = False
+    not_acting: str = ""
 
     @property
     def user(self) -> str:
@@ -65,8 +69,9 @@ class Browser:
         if self.acts_on_all or (self.caller.user and self.caller.user == owner):
             return ""
         if not self.caller.user:
-            return ("this browser is not identified (no authenticating proxy in front of these pages, and queries "
-                    "need munge): only the job's owner or an admin may act on a job")
+            return self.not_acting or ("this browser is not identified (no authenticating proxy in front of these "
+                                       "pages, and queries need munge): only the job's owner or an admin may act "
+                                       "on a job")
         return f"you are {self.caller.user}: only the job's owner or an admin may act on it"
 
     def asked_by(self) -> str:
@@ -113,13 +118,18 @@ class BrowserAccess:
         show_all: every identified user sees every job (--show-all-jobs); acting still needs owner or admin.
         owner_uid: only this local user's connections (and root's) are answered; None: anyone's.
         peer_uid: who opened a connection (peer.peer_uid), for tests to stand in.
+        unauthenticated_actions: without query authentication an unproxied browser acts on every job
+            (--allow-unauthenticated-actions); False: on none.
     """
 
     def __init__(self, auth, user_header: str | None = None, trusted_proxies: tuple = (),
                  admins: frozenset[str] = frozenset(), show_all: bool = False, owner_uid: int | None = None,
-                 peer_uid=peer.peer_uid) -> None:
+                 peer_uid=peer.peer_uid, unauthenticated_actions: bool = False) -> None:
         self.base = browser_caller(auth)
-        self.unauthenticated = auth is None or isinstance(auth, NoAuth)
+        self.unauthenticated = action_rights.unauthenticated(auth)
+        # what an unproxied browser may do: the query service's decision for an unauthenticated caller
+        self.unproxied = dict(acts_on_all=self.unauthenticated and unauthenticated_actions,
+                              not_acting=action_rights.NOT_OPTED_IN if self.unauthenticated else "")
         self.environ_key = "HTTP_" + user_header.upper().replace("-", "_") if user_header else None
         self.trusted_proxies = trusted_proxies
         self.admins = frozenset(admins) | {"root"}
@@ -150,13 +160,13 @@ class BrowserAccess:
             self.other_users += 1
             return Browser(Caller(None, "", admin=False), refused=NOT_THE_OWNERS)
         if self.environ_key is None:
-            return Browser(self.base, acts_on_all=self.unauthenticated)
+            return Browser(self.base, **self.unproxied)
         named = environ.get(self.environ_key, "").strip()
         if not self._trusted(environ.get("REMOTE_ADDR", "")):
             if named:
                 self.forged += 1
                 return Browser(Caller(None, "", admin=False), refused=HEADER_FROM_ELSEWHERE)
-            return Browser(self.base, acts_on_all=self.unauthenticated)
+            return Browser(self.base, **self.unproxied)
         if not named:  # the proxy let it through unauthenticated: nobody in particular
             return Browser(Caller(None, "", admin=self.show_all), via_proxy=True)
         admin = named in self.admins

@@ -34,7 +34,8 @@ def _checkpoints(stack) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = start_actions_stack(tmp_path_factory.mktemp("web-actions"), "--web-actions")
+    # queries unauthenticated and no proxy: the browser acts only because the collector opts in
+    s = start_actions_stack(tmp_path_factory.mktemp("web-actions"), "--web-actions", "--allow-unauthenticated-actions")
     yield s
     s.stop()
 
@@ -164,9 +165,11 @@ def test_the_proxy_header_is_refused_from_an_address_not_configured():
 
 
 def test_who_may_act_as_access_says():
-    open_access = BrowserAccess(NoAuth())
-    assert open_access.browser({}).why_not_act("alice", True) == ""  # no authentication: the user's own page
+    open_access = BrowserAccess(NoAuth(), unauthenticated_actions=True)
+    assert open_access.browser({}).why_not_act("alice", True) == ""  # no authentication, opted in: one user's page
     assert "--web-actions" in open_access.browser({}).why_not_act("alice", False)
+    # no authentication, not opted in: nobody in particular acts on nothing, and is told the flag
+    assert "--allow-unauthenticated-actions" in BrowserAccess(NoAuth()).browser({}).why_not_act("alice", True)
     proxied = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["127.0.0.1"]), frozenset({"ops"}))
     as_user = lambda name: proxied.browser({"REMOTE_ADDR": "127.0.0.1", "HTTP_X_REMOTE_USER": name})  # noqa: E731
     assert as_user("alice").why_not_act("alice", True) == ""

@@ -39,7 +39,8 @@ def _request(port: int, path: str, data: dict | None = None) -> tuple[int, str]:
 @pytest.mark.e2e
 def test_a_confirmation_page_opened_before_a_restart_works_after_it(tmp_path):
     db = tmp_path / "clusterwatch.db"
-    args = ("--web-listen", "127.0.0.1:0", "--web-actions")
+    # unauthenticated queries: the page's browser acts only where the collector opts in
+    args = ("--web-listen", "127.0.0.1:0", "--web-actions", "--allow-unauthenticated-actions")
     first = Collector(tmp_path, *args, db=db)
     trainer = start_trainer(tmp_path, first.address, JOB)
     second = None

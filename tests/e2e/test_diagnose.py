@@ -47,8 +47,12 @@ class Job:
         self.collector.stop()
 
 
+# Queries unauthenticated (the suite's default): the collector opts in to its callers' asks.
+OPT_IN = "--allow-unauthenticated-actions"
+
+
 def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status(tmp_path):
-    job = Job(tmp_path, "loop", "dg-1")
+    job = Job(tmp_path, "loop", "dg-1", OPT_IN)
     try:
         # the process must have reported for the agent to know where to ask it
         wait_for(lambda: job.trainer.step() is not None, timeout=60, what="a step reported")
@@ -70,7 +74,7 @@ def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status
 
 
 def test_diagnose_prints_the_function_a_stuck_rank_is_blocked_in(tmp_path):
-    job = Job(tmp_path, "stuck", "dg-2")
+    job = Job(tmp_path, "stuck", "dg-2", OPT_IN)
     try:
         job.trainer.stepping()
         job.trainer.stuck()  # blocked in blocked_in_collective
