@@ -188,3 +188,22 @@ def test_run_keeps_its_own_diagnose(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("caller, owner, acts", [
+    (dict(uid=1000, user="alice", admin=False), "alice", True),
+    (dict(uid=1001, user="bob", admin=False), "alice", False),
+    (dict(uid=1001, user="bob", admin=True), "alice", False),            # --show-all-jobs: sees, does not act
+    (dict(uid=1000, user="alice", admin=True), "", False),               # a job with no owner yet: admins' alone
+    (dict(uid=0, user="root", admin=True, operator=True), "", True),
+    (dict(uid=1002, user="ops", admin=True, operator=True), "alice", True),  # a --query-admin
+])
+def test_who_may_act_under_munge(caller, owner, acts):
+    from clusterwatch.collector.action_rights import why_not_act
+    from clusterwatch.collector.query_auth import Caller
+
+    why = why_not_act(Caller(**caller), owner, "42")
+    assert (why == "") is acts, why
+    if not acts:
+        assert ("no known owner" in why) is (owner == ""), why
+        assert "alice" not in why  # the owner is not named
