@@ -12,16 +12,28 @@ from .common import fail, setup_logging
 DEFAULT_WEB_LISTEN = "127.0.0.1:9752"
 
 
-def _check_web_proxy(header: str | None, proxies) -> tuple[str, ...]:
-    """--web-user-header needs --web-trusted-proxy (a header anyone could write is worth nothing), and the
-    reverse; each proxy an address or network."""
+def _check_web_proxy(header: str | None, proxies, secret_file: str | None, web_listen: str | None) -> tuple[str, ...]:
+    """--web-user-header needs a credential only the proxy has (a header anyone could write is worth nothing,
+    and so is an address every user of the proxy's host sends from): its secret (--web-proxy-secret-file) or
+    the pages on a Unix socket; --web-trusted-proxy only narrows where the secret is taken from. Each proxy an
+    address or network."""
     import re
 
-    from clusterwatch.collector.web.access import parse_proxies
+    from clusterwatch.collector.web.access import NO_CREDENTIAL, parse_proxies
 
-    if bool(header) != bool(proxies):
-        fail("--web-user-header and --web-trusted-proxy go together: the header is taken only from the proxy's "
-             "addresses; give both, or neither")
+    from clusterwatch.unix_address import unix_path
+
+    on_socket = web_listen is not None and unix_path(web_listen) is not None
+    if secret_file and not header:
+        fail("--web-proxy-secret-file proves the proxy that names the user in --web-user-header: give both")
+    if proxies and on_socket:
+        fail("--web-trusted-proxy names TCP addresses; on a Unix socket (--web-listen unix:PATH) the socket's mode "
+             "and --web-socket-group say who the proxy is: drop it")
+    if proxies and not header:
+        fail("--web-trusted-proxy says where the proxy's secret is taken from: give --web-user-header and "
+             "--web-proxy-secret-file too")
+    if header and not (secret_file or on_socket):
+        fail(NO_CREDENTIAL)
     if header and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
         fail(f"--web-user-header {header!r}: give a header name (letters, digits and dashes), e.g. X-Remote-User")
     try:
@@ -29,6 +41,32 @@ def _check_web_proxy(header: str | None, proxies) -> tuple[str, ...]:
     except ValueError as exc:
         fail(f"--web-trusted-proxy: {exc}")
     return tuple(p.strip() for v in proxies for p in v.split(",") if p.strip())
+
+
+def _web_socket_group(group: str | None, web_listen: str | None) -> int | None:
+    """--web-socket-group (a name or gid) as a gid, for pages on a Unix socket whose folder only the collector's
+    user may write; one line and exit 2 otherwise."""
+    import grp
+
+    from clusterwatch.collector.web.server import may_give_to_group, not_a_member, socket_folder_problem
+
+    from clusterwatch.unix_address import unix_path
+
+    path = unix_path(web_listen) if web_listen else None
+    if group is not None and path is None:
+        fail("--web-socket-group gives the pages' Unix socket to the proxy's group: give --web-listen unix:PATH too")
+    problem = socket_folder_problem(path) if path is not None else None
+    if problem:
+        fail(problem)
+    if group is None:
+        return None
+    try:
+        gid = grp.getgrgid(int(group)).gr_gid if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        fail(f"--web-socket-group {group}: no such group on this host; give the proxy's group (e.g. apache)")
+    if not may_give_to_group(gid):
+        fail(not_a_member(gid))
+    return gid
 
 
 def _loopback_listen(listen: str) -> bool:
@@ -39,9 +77,7 @@ def _loopback_listen(listen: str) -> bool:
 
 
 def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--web-listen: HOST:PORT or 'none' (browsers reach pages over TCP)."""
-    if value is not None and value.startswith("unix:"):
-        raise click.BadParameter(f"{value!r}: the web pages are served on TCP only; give HOST:PORT or 'none'")
+    """--web-listen: HOST:PORT, unix:PATH (for the site's proxy alone) or 'none'."""
     return listen_option_callback(ctx, param, value)
 
 
@@ -58,15 +94,24 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               show_default=True, help="Prometheus endpoint address; 'none' to switch it off.")
 @click.option("--web-listen", default=None, envvar="CLUSTERWATCH_WEB_LISTEN", callback=_web_listen_callback,
               help=f"Address of the jobs' web pages (HOST:PORT; default {DEFAULT_WEB_LISTEN}, where a port already "
-                   "taken only warns); 'none' to switch them off. See docs/operators.md before leaving loopback.")
+                   "taken only warns; or unix:PATH, a socket for the site's proxy alone); 'none' to switch them "
+                   "off. See docs/operators.md before leaving loopback.")
 @click.option("--web-actions/--no-web-actions", default=False, envvar="CLUSTERWATCH_WEB_ACTIONS", show_default=True,
               help="Offer Diagnose, Request checkpoint and Stop on the job pages, to the job's owner and admins "
                    "as --web-user-header names them (without a proxy: only when queries are unauthenticated).")
 @click.option("--web-user-header", default=None, envvar="CLUSTERWATCH_WEB_USER_HEADER", metavar="NAME",
               help="The authenticating reverse proxy's header naming the user (e.g. X-Remote-User); taken only "
-                   "from --web-trusted-proxy addresses.")
+                   "from the proxy, as its secret (--web-proxy-secret-file) or the Unix socket (--web-listen "
+                   "unix:PATH) proves it.")
+@click.option("--web-proxy-secret-file", default=None, envvar="CLUSTERWATCH_WEB_PROXY_SECRET_FILE", metavar="FILE",
+              help="A file (mode 0600, the collector's user's or root's) holding the secret the proxy sends in "
+                   "X-Clusterwatch-Proxy-Secret: without it, a request naming a user is refused.")
 @click.option("--web-trusted-proxy", "web_trusted_proxies", multiple=True, envvar="CLUSTERWATCH_WEB_TRUSTED_PROXY",
-              metavar="ADDR[/BITS]", help="Address or network of the proxy (repeatable, or comma separated).")
+              metavar="ADDR[/BITS]", help="Take the proxy's secret only from this address or network (repeatable, "
+                                          "or comma separated); no proof alone.")
+@click.option("--web-socket-group", default=None, envvar="CLUSTERWATCH_WEB_SOCKET_GROUP", metavar="GROUP",
+              help="Give the pages' Unix socket (--web-listen unix:PATH) to the proxy's group, mode 0660 (without "
+                   "it: 0600, the collector's user's alone); the collector's user must be a member.")
 @click.option("--web-owner-uid", type=click.IntRange(min=0), default=None, metavar="UID",
               help="Answer only this local user's browsers (and root's), as the kernel names a loopback "
                    "connection's owner; --web-listen on loopback only (what `clusterwatch run` gives its own).")
@@ -150,8 +195,9 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
               help="This collector's own entry in --collectors: its registry takes only the Slurm jobs that "
                    "are its own.")
 @click.option("-v", "--verbose", count=True)
-def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_trusted_proxies,
-              web_owner_uid, allow_unauthenticated_actions, db_path, history_points, history_step,
+def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
+              web_trusted_proxies, web_socket_group, web_owner_uid, allow_unauthenticated_actions, db_path,
+              history_points, history_step,
               per_process_metrics, gpu_health_metrics, rules_path, token, agent_auth,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
@@ -165,7 +211,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
 
     _check_pairs(tls_cert, tls_key, tls_client_ca, ssh_known_hosts, ssh_key)
     pairs = _ssh_addresses(ssh_address)
-    proxies = _check_web_proxy(web_user_header, web_trusted_proxies)
+    proxies = _check_web_proxy(web_user_header, web_trusted_proxies, web_proxy_secret_file, web_listen)
+    socket_group = _web_socket_group(web_socket_group, web_listen)
     _check_shard(collectors, collectors_before, shard)
     if web_owner_uid is not None and not _loopback_listen(web_listen or DEFAULT_WEB_LISTEN):
         fail("--web-owner-uid knows a browser's user only on loopback: give --web-listen 127.0.0.1:PORT")
@@ -182,6 +229,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         rules_interval_s=rules_interval, web_listen=None if web_listen == "none" else web_listen or DEFAULT_WEB_LISTEN,
         web_listen_required=web_listen is not None, web_actions=web_actions,
         web_user_header=web_user_header or None, web_trusted_proxies=proxies, web_owner_uid=web_owner_uid,
+        web_proxy_secret_file=web_proxy_secret_file, web_socket_group=socket_group,
         allow_unauthenticated_actions=allow_unauthenticated_actions,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
     )

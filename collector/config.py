@@ -30,14 +30,20 @@ class CollectorConfig:
         query_listen: a second address serving only the query service, with TLS but no client
             certificate when TLS is on (login nodes have no agent certificates); None: none.
         metrics_listen: HTTP address of the Prometheus endpoint, HOST:PORT; None: no endpoint.
-        web_listen: HTTP address of the jobs' web pages (collector/web/), HOST:PORT; None: no pages.
+        web_listen: HTTP address of the jobs' web pages (collector/web/), HOST:PORT, or unix:PATH (a socket for
+            the site's proxy alone, mode 0660 with web_socket_group, else 0600); None: no pages.
         web_listen_required: a taken web_listen stops the start; False (the CLI's default address): a
             warning, and no pages (a second collector on a workstation, or tests, must still start).
         web_actions: the job pages offer Diagnose, Request checkpoint and Stop to the job's owner and admins
             (collector/web/access.py says who a browser is); False: the pages are read-only.
         web_user_header: the authenticating reverse proxy's header naming the user (e.g. X-Remote-User);
-            taken only from web_trusted_proxies; None: no proxy.
-        web_trusted_proxies: addresses or networks (text, e.g. "10.1.2.3", "10.1.0.0/16") of the proxy.
+            taken only from a request that proves it is the proxy's (web_proxy_secret_file, or the Unix
+            socket); None: no proxy.
+        web_trusted_proxies: addresses or networks (text, e.g. "10.1.2.3", "10.1.0.0/16") the proxy's secret
+            is taken from (no proof alone: every user of the proxy's host sends from it).
+        web_proxy_secret_file: a file (mode 0600) holding the secret the proxy sends in
+            X-Clusterwatch-Proxy-Secret (collector/web/access.py); None: none.
+        web_socket_group: the gid the pages' Unix socket is given to (mode 0660): the proxy's group.
         web_owner_uid: the pages answer only this local user's loopback connections (and root's), as the
             kernel's socket table names them (collector/web/peer.py; `clusterwatch run`); None: anyone's.
         allow_unauthenticated_actions: without query authentication, every caller (the query service's, and
@@ -89,6 +95,8 @@ class CollectorConfig:
     web_actions: bool = False
     web_user_header: str | None = None
     web_trusted_proxies: tuple[str, ...] = ()
+    web_proxy_secret_file: str | None = None
+    web_socket_group: int | None = None
     web_owner_uid: int | None = None
     allow_unauthenticated_actions: bool = False
     db_path: str = ":memory:"

@@ -129,6 +129,14 @@ class CollectorServer:
             problem = taken_error(listen, flag) if listen else None
             if problem is not None:
                 raise ConfigError(problem)
+        self._proxy_secret = None
+        if cfg.web_listen and cfg.web_proxy_secret_file:
+            from .web.access import read_proxy_secret
+
+            try:
+                self._proxy_secret = read_proxy_secret(cfg.web_proxy_secret_file)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         tune_gc()
         # what agents must prove: one warning line where nothing is asked (then no action reaches a process)
         self.ingest.auth = await agent_auth_from_config(cfg.agent_auth, cfg.token, cfg.tls_client_ca,
@@ -241,24 +249,32 @@ class CollectorServer:
 
     def _start_web(self, auth) -> None:
         """The jobs' pages (collector/web/), seen as the query service's rules let a browser see them."""
+        from clusterwatch.unix_address import unix_path
+
         from .web.access import BrowserAccess, parse_proxies
         from .web.app import WebApp, is_loopback
-        from .web.server import serve_web
+        from .web.server import serve_web, serve_web_unix
 
         cfg = self.config
         problem = taken_error(cfg.web_listen, "--web-listen")  # a required one was checked first thing
         if problem is not None:
             log.warning("%s: serving no web pages (pass --web-listen HOST:PORT or none)", problem)
             return
+        socket_path = unix_path(cfg.web_listen)
         host, _, port = cfg.web_listen.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         access = BrowserAccess(auth, cfg.web_user_header, parse_proxies(cfg.web_trusted_proxies),
                                frozenset(cfg.query_admins), cfg.show_all_jobs, owner_uid=cfg.web_owner_uid,
-                               unauthenticated_actions=cfg.allow_unauthenticated_actions)
-        # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives
-        self._web = serve_web(WebApp(self.core, self.alerting, access, loopback=is_loopback(host),
-                                     asks=self.train_asks if cfg.web_actions else None,
-                                     loop=asyncio.get_running_loop()), host, int(port))
+                               unauthenticated_actions=cfg.allow_unauthenticated_actions,
+                               proxy_secret=self._proxy_secret)
+        # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives;
+        # a Unix socket needs no Host check (no browser reaches it to be rebound)
+        app = WebApp(self.core, self.alerting, access, loopback=socket_path is None and is_loopback(host),
+                     asks=self.train_asks if cfg.web_actions else None, loop=asyncio.get_running_loop())
+        if socket_path is not None:
+            self._web = serve_web_unix(app, socket_path, cfg.web_socket_group)
+            return
+        self._web = serve_web(app, host, int(port))
         self.web_port = self._web.server_port
 
     def active_alerts(self):

@@ -120,6 +120,20 @@ def start_web_stack(tmp: Path, *collector_args: str, cli_env: dict | None = None
     return stack
 
 
+# -- behind the site's authenticating proxy: what the tests' stand-in for it sends, besides the user's header --
+
+PROXY_SECRET = "5f0c2e9a7d41b8c3e6f1a0d9b2c7e4f85a1d3c6b9e0f2a4c"
+PROXY_SECRET_HEADER = "X-Clusterwatch-Proxy-Secret"
+
+
+def proxy_secret_args(folder: Path) -> list[str]:
+    """--web-proxy-secret-file FILE, the file holding PROXY_SECRET written in `folder`, mode 0600."""
+    path = folder / "web-proxy-secret"
+    path.write_text(PROXY_SECRET + "\n")
+    path.chmod(0o600)
+    return ["--web-proxy-secret-file", str(path)]
+
+
 # -- the job page's actions: a collector with --web-actions and two real trainers using clusterwatch.train --
 
 RUNNING_JOB, STUCK_JOB = "act-run", "act-stuck"

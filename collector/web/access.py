@@ -5,10 +5,15 @@ authentication (--query-auth none, or auto where munge is not installed: a works
 run`) everyone who reaches the page sees every job, as with `status`. Under munge the browser sees every
 job only where every identified user would (--show-all-jobs); otherwise each job page is refused.
 
-Behind the site's authenticating reverse proxy (--web-user-header NAME --web-trusted-proxy ADDR), the
-header names the user, but only on a request from a configured proxy address: from anywhere else a
-request carrying the header is refused, since anyone could write it. The user then sees their own jobs
-(and every job as an admin, --query-admins, or with --show-all-jobs), as the query service shows them.
+Behind the site's authenticating reverse proxy (--web-user-header NAME), the header names the user, but
+only on a request that proves it comes from the proxy, by something a user of the collector's host or
+the proxy's cannot forge: the proxy's secret (--web-proxy-secret-file; the proxy sends it in
+X-Clusterwatch-Proxy-Secret, compared in constant time), or the connection itself, over the Unix socket
+only the proxy's group may open (--web-listen unix:PATH). An address (--web-trusted-proxy) narrows where
+the secret is taken from, but is no proof alone: every user of the proxy's host sends from it (loopback:
+every user of this one). A request that carries the header (or a secret) without that proof is refused.
+The user then sees their own jobs (and every job as an admin, --query-admins, or with --show-all-jobs),
+as the query service shows them.
 
 With an owner uid (--web-owner-uid, what `clusterwatch run` gives its collector), the pages answer only that
 local user's connections (and root's), as the kernel's socket table names their other end (peer.py): on a
@@ -21,7 +26,10 @@ no proxy configured, only where queries are unauthenticated and the collector op
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
+import os
+import stat
 from dataclasses import dataclass
 
 from .. import action_rights
@@ -30,8 +38,16 @@ from . import peer
 
 NOT_THE_OWNERS = ("these pages answer only their user's own browser (the collector's --web-owner-uid, as "
                   "clusterwatch run starts it), and this connection comes from another user of this host")
-HEADER_FROM_ELSEWHERE = ("this request names its user in the proxy header but does not come from a configured "
-                         "proxy address (--web-trusted-proxy): it is refused; reach the pages through the proxy")
+HEADER_FROM_ELSEWHERE = ("this request names its user in the proxy header but does not come from the proxy (its "
+                         "secret, from its address): it is refused; reach the pages through the proxy")
+SECRET_HEADER = "X-Clusterwatch-Proxy-Secret"
+SECRET_KEY = "HTTP_X_CLUSTERWATCH_PROXY_SECRET"
+UNIX_KEY = "clusterwatch.unix"  # the WSGI environ's mark of a connection over the pages' Unix socket (server.py)
+MIN_SECRET = 32  # characters: `openssl rand -hex 16` gives 32
+NO_CREDENTIAL = ("--web-user-header needs a credential only the proxy has: --web-proxy-secret-file FILE (the proxy "
+                 f"sends it in {SECRET_HEADER}) or --web-listen unix:PATH (a socket only the proxy's group may "
+                 "open); an address (--web-trusted-proxy) alone is none, every user of the proxy's host sends "
+                 "from it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +123,45 @@ def parse_proxies(values) -> tuple:
     return tuple(nets)
 
 
+def read_proxy_secret(path: str) -> bytes:
+    """The proxy's secret in `path`: a file only the collector's user may read or change (owned by it or root,
+    no access for group or others), its first line, at least MIN_SECRET visible ASCII characters.
+
+    Raises:
+        ValueError: the file is missing, open to others, or its secret too short; the message says what to do.
+    """
+    flag = f"--web-proxy-secret-file {path}"
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            text = f.read(4096)
+    except OSError as exc:
+        raise ValueError(f"{flag}: {exc.strerror}; give a file holding the proxy's secret "
+                         "(openssl rand -hex 32 > FILE; chmod 600 FILE)") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{flag}: not a regular file; give a file holding the proxy's secret")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ValueError(f"{flag}: owned by uid {st.st_uid}, who may change it: give it to the collector's user "
+                         "or root")
+    if st.st_mode & 0o077:
+        raise ValueError(f"{flag}: readable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}), who "
+                         "could pass for the proxy: chmod 600 it")
+    secret = text.split(b"\n", 1)[0].strip()
+    if len(secret) < MIN_SECRET or not all(0x21 <= c < 0x7F for c in secret):
+        raise ValueError(f"{flag}: the secret must be at least {MIN_SECRET} visible ASCII characters on the first "
+                         "line (openssl rand -hex 32 > FILE)")
+    return secret
+
+
 class BrowserAccess:
     """Who each request's browser is.
 
     Args:
         auth: the query service's authenticator (who an unproxied browser counts as).
         user_header: the proxy's header naming the authenticated user (e.g. X-Remote-User); None: no proxy.
-        trusted_proxies: addresses/networks (ipaddress) the header is taken from.
+        trusted_proxies: addresses/networks (ipaddress) the proxy's secret is taken from; (): any.
+        proxy_secret: what the proxy sends in SECRET_HEADER (read_proxy_secret); None: only a connection over
+            the pages' Unix socket comes from the proxy.
         admins: users (names) who see and act on every job behind the proxy (--query-admins; root too).
         show_all: every identified user sees every job (--show-all-jobs); acting still needs owner or admin.
         owner_uid: only this local user's connections (and root's) are answered; None: anyone's.
@@ -124,7 +172,8 @@ class BrowserAccess:
 
     def __init__(self, auth, user_header: str | None = None, trusted_proxies: tuple = (),
                  admins: frozenset[str] = frozenset(), show_all: bool = False, owner_uid: int | None = None,
-                 peer_uid=peer.peer_uid, unauthenticated_actions: bool = False) -> None:
+                 peer_uid=peer.peer_uid, unauthenticated_actions: bool = False,
+                 proxy_secret: bytes | None = None) -> None:
         self.base = browser_caller(auth)
         self.unauthenticated = action_rights.unauthenticated(auth)
         # what an unproxied browser may do: the query service's decision for an unauthenticated caller
@@ -132,12 +181,24 @@ class BrowserAccess:
                               not_acting=action_rights.NOT_OPTED_IN if self.unauthenticated else "")
         self.environ_key = "HTTP_" + user_header.upper().replace("-", "_") if user_header else None
         self.trusted_proxies = trusted_proxies
+        self.proxy_secret = proxy_secret
         self.admins = frozenset(admins) | {"root"}
         self.show_all = show_all or self.base.admin and not self.unauthenticated
-        self.forged = 0  # requests with the header from elsewhere: counted, not logged
+        self.forged = 0  # requests with the header (or a secret) not from the proxy: counted, not logged
         self.owner_uid = owner_uid
         self.peer_uid = peer_uid
         self.other_users = 0  # connections from another local user than owner_uid: counted, not logged
+
+    def _from_proxy(self, environ) -> bool:
+        """The request proves it comes from the proxy: its secret where one is set (from a trusted address where
+        some are given), else the pages' Unix socket, which only the proxy may open."""
+        unix = environ.get(UNIX_KEY) is True
+        if self.proxy_secret is None:
+            return unix
+        given = environ.get(SECRET_KEY, "").strip().encode("latin-1", "replace")
+        if not hmac.compare_digest(given, self.proxy_secret):
+            return False
+        return unix or not self.trusted_proxies or self._trusted(environ.get("REMOTE_ADDR", ""))
 
     def _trusted(self, addr: str) -> bool:
         try:
@@ -162,8 +223,8 @@ class BrowserAccess:
         if self.environ_key is None:
             return Browser(self.base, **self.unproxied)
         named = environ.get(self.environ_key, "").strip()
-        if not self._trusted(environ.get("REMOTE_ADDR", "")):
-            if named:
+        if not self._from_proxy(environ):
+            if named or environ.get(SECRET_KEY):
                 self.forged += 1
                 return Browser(Caller(None, "", admin=False), refused=HEADER_FROM_ELSEWHERE)
             return Browser(self.base, **self.unproxied)

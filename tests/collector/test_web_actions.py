@@ -17,7 +17,14 @@ from clusterwatch.collector.web.access import BrowserAccess, parse_proxies
 from clusterwatch.collector.web.app import WebApp
 
 from tests.helpers import cli, wait_for
-from tests.web_stack import RUNNING_JOB, STUCK_JOB, start_actions_stack
+from tests.web_stack import (
+    PROXY_SECRET,
+    PROXY_SECRET_HEADER,
+    RUNNING_JOB,
+    STUCK_JOB,
+    proxy_secret_args,
+    start_actions_stack,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -111,17 +118,18 @@ def test_a_page_from_a_collector_without_web_actions_is_read_only(tmp_path):
 
 def test_behind_the_proxy_only_the_owner_acts_and_another_user_is_told_why(tmp_path):
     s = start_actions_stack(tmp_path, "--web-actions", "--web-user-header", "X-Remote-User",
-                            "--web-trusted-proxy", "127.0.0.1", "--show-all-jobs")
+                            "--web-trusted-proxy", "127.0.0.1", *proxy_secret_args(tmp_path), "--show-all-jobs")
     owner = s.status_json(RUNNING_JOB)["job"]["user"]
-    origin = {"Origin": s.url("")}
+    origin = {"Origin": s.url(""), PROXY_SECRET_HEADER: PROXY_SECRET}  # the proxy's every request carries it
     try:
-        mallory = {"X-Remote-User": "mallory"}
+        mallory = {"X-Remote-User": "mallory", PROXY_SECRET_HEADER: PROXY_SECRET}
         code, page = s.request(f"/jobs/{RUNNING_JOB}", headers=mallory)  # shown (--show-all-jobs) ...
         assert code == 200 and "only the job&#x27;s owner or an admin may act" in page
         assert 'id="action-checkpoint"' not in page  # ... without its buttons
         code, page = s.request(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint", headers=mallory)
         assert code == 403 and "you are mallory" in page
-        _, page = s.request(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint", headers={"X-Remote-User": owner})
+        _, page = s.request(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint",
+                            headers={"X-Remote-User": owner, PROXY_SECRET_HEADER: PROXY_SECRET})
         token = _token(page)
         for who in (mallory, {}):  # another user with the owner's token; the proxy naming no one
             code, page = s.request(f"/jobs/{RUNNING_JOB}/act", {"action": "checkpoint", "token": token},
@@ -153,15 +161,24 @@ class _NoJobs:
         return None
 
 
-def test_the_proxy_header_is_refused_from_an_address_not_configured():
-    access = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["10.9.0.0/16"]))
+def test_the_proxy_header_is_refused_without_the_secret_or_from_an_address_not_configured():
+    access = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["10.9.0.0/16"]),
+                           proxy_secret=PROXY_SECRET.encode())
     app = WebApp(_NoJobs(), None, access)
-    status, body = _call(app, "127.0.0.1", {"X-Remote-User": "root"})
-    assert status == "403 Forbidden" and b"configured proxy address" in body
+    proxy = {"X-Remote-User": "root", PROXY_SECRET_HEADER: PROXY_SECRET}
+    status, body = _call(app, "127.0.0.1", proxy)
+    assert status == "403 Forbidden" and b"does not come from the proxy" in body
     assert access.forged == 1
-    assert _call(app, "10.9.3.4", {"X-Remote-User": "root"})[0] == "404 Not Found"  # the proxy's: taken
-    assert _call(app, "::ffff:10.9.3.4", {"X-Remote-User": "root"})[0] == "404 Not Found"
+    assert _call(app, "10.9.3.4", proxy)[0] == "404 Not Found"  # the proxy's: taken
+    assert _call(app, "::ffff:10.9.3.4", proxy)[0] == "404 Not Found"
+    for forged in ({"X-Remote-User": "root"}, {"X-Remote-User": "root", PROXY_SECRET_HEADER: PROXY_SECRET[:-1]},
+                   {PROXY_SECRET_HEADER: "guess"}):
+        assert _call(app, "10.9.3.4", forged)[0] == "403 Forbidden"  # the proxy's address without its secret
+    assert access.forged == 4
     assert _call(app, "127.0.0.1", {})[0] == "404 Not Found"  # no header: as without a proxy
+    # an address alone proves nothing: without a secret, only the pages' Unix socket is the proxy's
+    by_address = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["127.0.0.1"]))
+    assert _call(WebApp(_NoJobs(), None, by_address), "127.0.0.1", {"X-Remote-User": "root"})[0] == "403 Forbidden"
 
 
 def test_who_may_act_as_access_says():
@@ -170,8 +187,10 @@ def test_who_may_act_as_access_says():
     assert "--web-actions" in open_access.browser({}).why_not_act("alice", False)
     # no authentication, not opted in: nobody in particular acts on nothing, and is told the flag
     assert "--allow-unauthenticated-actions" in BrowserAccess(NoAuth()).browser({}).why_not_act("alice", True)
-    proxied = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["127.0.0.1"]), frozenset({"ops"}))
-    as_user = lambda name: proxied.browser({"REMOTE_ADDR": "127.0.0.1", "HTTP_X_REMOTE_USER": name})  # noqa: E731
+    proxied = BrowserAccess(NoAuth(), "X-Remote-User", parse_proxies(["127.0.0.1"]), frozenset({"ops"}),
+                            proxy_secret=PROXY_SECRET.encode())
+    as_user = lambda name: proxied.browser({"REMOTE_ADDR": "127.0.0.1", "HTTP_X_REMOTE_USER": name,  # noqa: E731
+                                            "HTTP_X_CLUSTERWATCH_PROXY_SECRET": PROXY_SECRET})
     assert as_user("alice").why_not_act("alice", True) == ""
     assert "you are bob" in as_user("bob").why_not_act("alice", True)
     assert not as_user("bob").may_see("alice")  # behind the proxy each user sees their own jobs
@@ -186,10 +205,11 @@ def test_who_may_act_as_access_says():
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--web-user-header", "X-Remote-User"], "go together"),
-    (["--web-trusted-proxy", "127.0.0.1"], "go together"),
-    (["--web-user-header", "X-Remote-User", "--web-trusted-proxy", "not-an-ip"], "not an IP address"),
-    (["--web-user-header", "X Remote", "--web-trusted-proxy", "127.0.0.1"], "give a header name"),
+    (["--web-user-header", "X-Remote-User"], "needs a credential only the proxy has"),
+    (["--web-trusted-proxy", "127.0.0.1"], "give --web-user-header and --web-proxy-secret-file too"),
+    (["--web-user-header", "X-Remote-User", "--web-proxy-secret-file", "/f", "--web-trusted-proxy", "not-an-ip"],
+     "not an IP address"),
+    (["--web-user-header", "X Remote", "--web-proxy-secret-file", "/f"], "give a header name"),
 ])
 def test_the_proxy_options_say_what_is_wrong_in_one_line(args, said):
     r = cli("collector", "--web-listen", "none", "--metrics-listen", "none", "--listen", "127.0.0.1:0", *args)

@@ -1,6 +1,6 @@
 """The job page's actions in a real headless browser (Debian's chromium and chromium-driver, Selenium), behind
-a stand-in for the site's authenticating proxy: the browser sends the proxy's user header itself (through
-the DevTools protocol) from 127.0.0.1, the one trusted proxy address.
+a stand-in for the site's authenticating proxy: the browser sends the proxy's user header and its secret
+itself (through the DevTools protocol) from 127.0.0.1, the one trusted proxy address.
 
 The collector, agents and trainers are real (tests/web_stack.py): Diagnose shows the function a stuck rank
 is blocked in, a checkpoint reaches the trainer's clusterwatch.train handler, another user and a
@@ -20,7 +20,14 @@ from selenium.webdriver.common.by import By
 
 from tests.helpers import wait_for
 from tests.web_browser import LOOPBACK, fits, resource_hosts, severe
-from tests.web_stack import RUNNING_JOB, STUCK_JOB, start_actions_stack
+from tests.web_stack import (
+    PROXY_SECRET,
+    PROXY_SECRET_HEADER,
+    RUNNING_JOB,
+    STUCK_JOB,
+    proxy_secret_args,
+    start_actions_stack,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -29,8 +36,9 @@ HEADER = "X-Remote-User"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = start_actions_stack(tmp_path_factory.mktemp("web-actions-browser"), "--web-actions", "--web-user-header",
-                            HEADER, "--web-trusted-proxy", "127.0.0.1", "--show-all-jobs",
+    tmp = tmp_path_factory.mktemp("web-actions-browser")
+    s = start_actions_stack(tmp, "--web-actions", "--web-user-header", HEADER, "--web-trusted-proxy", "127.0.0.1",
+                            *proxy_secret_args(tmp), "--show-all-jobs",
                             # every report a history point: the allocator chart's latest is status's latest
                             "--history-step", "0")
     s.owner = s.status_json(RUNNING_JOB)["job"]["user"]
@@ -39,8 +47,9 @@ def stack(tmp_path_factory):
 
 
 def _as(browser, user: str) -> None:
-    """Every request the browser sends from now on names `user` in the proxy's header."""
-    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {HEADER: user}})
+    """Every request the browser sends from now on names `user` in the proxy's header, with its secret."""
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {HEADER: user,
+                                                                        PROXY_SECRET_HEADER: PROXY_SECRET}})
 
 
 def _main(browser) -> str:
@@ -106,7 +115,8 @@ def test_another_user_sees_why_they_may_not_act(stack, browser):
 
 
 def _token_as(stack, user: str) -> str:
-    req = urllib.request.Request(stack.url(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint"), headers={HEADER: user})
+    req = urllib.request.Request(stack.url(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint"),
+                                 headers={HEADER: user, PROXY_SECRET_HEADER: PROXY_SECRET})
     with urllib.request.urlopen(req, timeout=30) as r:
         return re.search(r'name="token" value="([0-9a-f]+)"', r.read().decode()).group(1)
 

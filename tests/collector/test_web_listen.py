@@ -18,10 +18,30 @@ def _held_port() -> socket.socket:
     return s
 
 
-def test_a_unix_socket_is_refused_in_one_line(tmp_path):
-    r = cli("collector", "--web-listen", f"unix:{tmp_path}/web.sock", "--db", str(tmp_path / "db"), timeout=30)
-    assert r.returncode == 2 and "web pages are served on TCP only" in r.stderr
-    assert "Traceback" not in r.stderr
+def test_a_unix_socket_without_a_group_is_the_collectors_users_alone(tmp_path):
+    """unix:PATH serves the pages to the site's proxy (test_web_proxy_trust.py); without --web-socket-group the
+    socket is mode 0600, and no Host check applies (no browser reaches it to be rebound)."""
+    import http.client
+    import os
+    import stat
+
+    sock = tmp_path / "web.sock"
+    c = Collector(tmp_path, "--web-listen", f"unix:{sock}")
+    try:
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".web-")]  # its staging folder is gone
+
+        class Unix(http.client.HTTPConnection):
+            def connect(self):
+                self.sock = socket.socket(socket.AF_UNIX)
+                self.sock.connect(str(sock))
+
+        conn = Unix("localhost", timeout=10)
+        conn.request("GET", "/", headers={"Host": "clusterwatch.example.org"})
+        assert conn.getresponse().status == 200
+    finally:
+        c.stop()
+    assert not sock.exists()
 
 
 def test_a_taken_address_given_stops_the_start_in_one_line(tmp_path):
