@@ -298,15 +298,14 @@ def _sample_dict(s: ProcessSample) -> dict:
 
 def write_pid_file(spool_dir: str) -> str | None:
     """Record this agent's pid where the prolog looks for it; None if the folder is not writable."""
-    path = os.path.join(spool_dir, "agent.pid")
+    from .ensure import PID_FILE, SpoolNotPrivate, private_folder, write_pid
+
+    path = os.path.join(spool_dir, PID_FILE)
     try:
-        os.makedirs(spool_dir, mode=0o755, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        os.replace(tmp, path)
+        private_folder(spool_dir)
+        write_pid(path, os.getpid())
         return path
-    except OSError:
+    except (OSError, SpoolNotPrivate):
         return None
 
 

@@ -11,18 +11,28 @@ time only (a hook must return within a second), and the agent is started in its 
 output in ``<spool>/agent.log`` and no inherited descriptors, so slurmd never waits on it and killing
 the prolog's process group does not kill it.
 
+The spool folder is the agent's alone: made 0700, its locks, log and pid file 0600, never through a
+link. One that another user owns is refused (:class:`SpoolNotPrivate`): whoever owns the folder could
+hold its locks (no agent would start), plant job events, or link ``agent.log`` to a file for root to
+append to. The default, ``/run/clusterwatch/<node>``, sits in a folder only root may write. A lock or
+log file in our folder that is not ours (left while the folder was writable by others) is replaced,
+never used.
+
 Imports stay small (no grpc, no psutil): this runs inside every prolog.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from clusterwatch.errors import ClusterwatchError
 from clusterwatch.procfs import stat_state
 
 PID_FILE = "agent.pid"
@@ -35,6 +45,52 @@ LOCK_WAIT_S = 0.5
 #: environment the agent would count itself as one of the job's processes.
 _JOB_VARIABLE_PREFIXES = ("SLURM_", "SLURMD_", "SBATCH_", "SRUN_")
 _JOB_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+
+
+class SpoolNotPrivate(ClusterwatchError):
+    """The spool folder belongs to another user: its locks, events and log cannot be trusted."""
+
+
+def private_folder(path: str) -> None:
+    """Make ``path`` (0700 when new) and check it is ours: SpoolNotPrivate when another user owns it.
+
+    A folder of ours that others may write into loses those bits; its read bits are left, since the
+    spool may be the parent of the training socket, which every user's job must reach.
+    """
+    os.makedirs(path, mode=PRIVATE_FOLDER, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise SpoolNotPrivate(
+            f"the spool folder {path} belongs to uid {st.st_uid}, not to this agent's uid {os.geteuid()}: whoever "
+            "owns it could hold its locks or plant job events; remove it, or give --spool-dir (spool_dir) a folder "
+            "only root can write into (the default /run/clusterwatch/<node>)")
+    if st.st_mode & 0o022:
+        os.chmod(path, st.st_mode & 0o755)
+
+
+def open_private(path: str, flags: int) -> int:
+    """Open (creating it 0600) a file of our private folder, never through a link; one left there by another
+    user, or a link, is removed and made afresh (we own the folder, so we may)."""
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink(path)
+            continue
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_ISREG(st.st_mode):
+            if st.st_mode & 0o077:
+                os.fchmod(fd, PRIVATE_FILE)
+            return fd
+        os.close(fd)
+        os.unlink(path)
+    raise OSError(errno.EEXIST, f"{path} keeps being replaced by another user's file")
 
 
 @dataclass(frozen=True)
@@ -141,7 +197,7 @@ def start_detached(argv: Sequence[str], env: Mapping[str, str], log_path: str) -
     Raises:
         OSError: the log file cannot be opened or the program cannot be run.
     """
-    with open(log_path, "ab", buffering=0) as log:
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0) as log:
         proc = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
             cwd="/", close_fds=True, start_new_session=True,
@@ -171,10 +227,11 @@ def claim_spool(spool_dir: str) -> int | None:
         ends); None when another live agent holds it.
 
     Raises:
+        SpoolNotPrivate: another user owns the folder.
         OSError: the folder or the lock file cannot be created.
     """
-    os.makedirs(spool_dir, mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    private_folder(spool_dir)
+    fd = open_private(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -186,9 +243,12 @@ def claim_spool(spool_dir: str) -> int | None:
 def spool_claimed(spool_dir: str) -> bool:
     """Whether a live agent holds the folder's run lock (see claim_spool)."""
     try:
-        fd = os.open(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(os.path.join(spool_dir, RUN_LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False  # no lock file: no agent has run here since the folder was made
+    if os.fstat(fd).st_uid != os.geteuid():  # not an agent of ours: claim_spool replaces it
+        os.close(fd)
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -198,9 +258,10 @@ def spool_claimed(spool_dir: str) -> bool:
         os.close(fd)  # also lets go of the shared lock, when it was taken
 
 
-def _write_pid(path: str, pid: int) -> None:
+def write_pid(path: str, pid: int) -> None:
+    """Write a pid file whole (aside, then renamed), 0600, never through a link."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
         f.write(f"{pid}\n")
     os.replace(tmp, path)
 
@@ -223,11 +284,12 @@ def ensure_agent(
         What was done, and the agent's pid.
 
     Raises:
+        SpoolNotPrivate: another user owns the spool folder.
         OSError: the spool folder, lock, log or pid file cannot be written, or the agent cannot be run.
     """
-    os.makedirs(spool_dir, mode=0o755, exist_ok=True)
+    private_folder(spool_dir)
     pid_path = os.path.join(spool_dir, PID_FILE)
-    fd = os.open(os.path.join(spool_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_private(os.path.join(spool_dir, LOCK_FILE), os.O_RDWR)
     try:
         if not _lock(fd, lock_wait_s):
             return EnsureResult("busy", None)
@@ -238,7 +300,7 @@ def ensure_agent(
             return EnsureResult("running", None)
         pid = start_detached(argv, env, os.path.join(spool_dir, LOG_FILE))
         # Written before the lock is released, so the next hook sees this agent.
-        _write_pid(pid_path, pid)
+        write_pid(pid_path, pid)
         return EnsureResult("started", pid)
     finally:
         os.close(fd)  # also releases the flock

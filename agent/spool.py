@@ -86,9 +86,13 @@ def with_gpu_uuids(event: JobEvent, inventory: Sequence[GpuInfo]) -> JobEvent:
 
 
 def write_event(spool_dir: str, event: JobEvent) -> str:
-    """Write a job event file atomically; return its path. Raises OSError when it cannot."""
+    """Write a job event file atomically, 0600; return its path. Raises OSError when it cannot, SpoolNotPrivate
+    when another user owns the spool folder (the agent would not read it)."""
+    from .ensure import open_private, private_folder
+
+    private_folder(spool_dir)
     events = os.path.join(spool_dir, "events")
-    os.makedirs(events, mode=0o755, exist_ok=True)
+    private_folder(events)
     name = f"{event.time:.6f}-{event.job_id}-{event.kind}-{os.getpid()}.json"
     doc = {
         "kind": event.kind,
@@ -101,7 +105,7 @@ def write_event(spool_dir: str, event: JobEvent) -> str:
         "exit_code": event.exit_code,
     }
     tmp = os.path.join(events, f".{name}.tmp")
-    with open(tmp, "w") as f:
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
         json.dump(doc, f)
     final = os.path.join(events, name)
     os.replace(tmp, final)
@@ -158,7 +162,10 @@ class JobSpool:
         for name in names:
             path = os.path.join(self.dir, name)
             try:
-                with open(path) as f:
+                with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+                    owner = os.fstat(f.fileno()).st_uid
+                    if owner not in (0, os.geteuid()):  # a job event names a job's owner: only the hooks' say
+                        raise ValueError(f"written by uid {owner}, not by root or this agent's user")
                     text = f.read(65536)
                 event = parse_event(text)
             except (OSError, ValueError, TypeError) as exc:

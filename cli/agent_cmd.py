@@ -178,11 +178,13 @@ def ensure_running(collector, node, spool_dir, gpu_source, interval, token, coll
     """`agent --ensure`: start this node's agent detached unless one runs; say which; return 0."""
     import os
 
-    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+    from clusterwatch.agent.ensure import SpoolNotPrivate, agent_command, agent_environment, ensure_agent
 
     argv = agent_command(collector, node, spool_dir, gpu_source, interval, collectors_before=collectors_before)
     try:
         result = ensure_agent(spool_dir, argv, agent_environment(os.environ, token), lock_wait_s=5.0)
+    except SpoolNotPrivate as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"cannot start the agent in {spool_dir}: {exc}; check that the folder is writable")
     if result.action == "busy":

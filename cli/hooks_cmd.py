@@ -114,6 +114,7 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
         settings: collector, token, gpu_source, spool_dir, interval, node (None where unset).
         env: the hook's environment, as slurmd set it.
     """
+    from clusterwatch.agent.ensure import SpoolNotPrivate
     from clusterwatch.agent.spool import spool_dir_for, write_event
 
     try:
@@ -125,6 +126,9 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
         return
     try:
         write_event(spool, event)
+    except SpoolNotPrivate as exc:  # the agent would not be started there either
+        _say(kind, f"job {event.job_id}: not announced: {exc}")
+        return
     except OSError as exc:
         _say(kind, f"job {event.job_id}: cannot write its event into {spool} ({exc.strerror or exc}); "
                    "check that the folder is writable by slurmd's user")
@@ -133,7 +137,7 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
 
 
 def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
-    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+    from clusterwatch.agent.ensure import SpoolNotPrivate, agent_command, agent_environment, ensure_agent
 
     collector = settings.get("collector")
     if not collector:
@@ -148,7 +152,7 @@ def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
         argv = agent_command(collector, node, spool, gpu_source, interval,
                              collectors_before=settings.get("collectors_before"))
         result = ensure_agent(spool, argv, agent_environment(os.environ, settings.get("token")))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SpoolNotPrivate) as exc:
         _say("prolog", f"cannot start the agent for {node} in {spool}: {exc}")
         return
     if result.action == "busy":
