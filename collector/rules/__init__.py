@@ -36,11 +36,12 @@ from .model import (
     GpuObservation,
     NodeHeartbeat,
     ProcessObservation,
+    Rule,
 )
 
 __all__ = [
     "ActionStep", "ActionsConfig", "AgentDownRule", "AlertEvent", "AllowEntry", "Engine", "FIRING",
     "GpuObservation", "GpuStallRule", "IdleGpuRule", "LeakRule", "LeakWindow", "Match", "NodeHeartbeat",
-    "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED", "RULE_NAMES", "RuleSet",
+    "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED", "RULE_NAMES", "Rule", "RuleSet",
     "TrainingStallRule", "evaluate", "load_rules", "packaged_rules_text", "parse_rules",
 ]

@@ -23,7 +23,7 @@ from . import causes as _causes
 from .causes import CAUSE_LOOKBACK_S, Cause, CauseSource, RankFigures
 from .config import RuleSet
 from .leak import LeakFinding, LeakSeries
-from .model import FIRING, PENDING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation
+from .model import FIRING, PENDING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation, Rule
 
 _NO_EVENTS: tuple[AlertEvent, ...] = ()
 
@@ -239,13 +239,13 @@ class Engine:
             # Thresholds changed (first sight, or the job mapping arrived): start the series afresh.
             p.rules, p.silenced = found
             r = p.rules
-            p.gpu_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, "gpu_memory_leak") else None
-            p.alloc_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, "gpu_memory_leak") else None
-            on_f = self._on(p, "gpu_memory_fragmentation")
+            p.gpu_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, Rule.GPU_MEMORY_LEAK) else None
+            p.alloc_leak = LeakSeries(r.gpu_memory_leak, p.t0) if self._on(p, Rule.GPU_MEMORY_LEAK) else None
+            on_f = self._on(p, Rule.GPU_MEMORY_FRAGMENTATION)
             p.frag_leak = LeakSeries(r.gpu_memory_fragmentation, p.t0) if on_f else None
             p.frag_growing = False
-            p.host_leak = LeakSeries(r.host_memory_leak, p.t0) if self._on(p, "host_memory_leak") else None
-            on_h = self._on(p, "handle_leak")
+            p.host_leak = LeakSeries(r.host_memory_leak, p.t0) if self._on(p, Rule.HOST_MEMORY_LEAK) else None
+            on_h = self._on(p, Rule.HANDLE_LEAK)
             p.thr_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
             p.fd_leak = LeakSeries(r.handle_leak, p.t0) if on_h else None
         else:
@@ -258,17 +258,17 @@ class Engine:
         r = p.rules
         assert r is not None
         gs = r.gpu_stall
-        if not gs.enabled or "gpu_stall" in p.silenced:
+        if not gs.enabled or Rule.GPU_STALL in p.silenced:
             p.util_quiet = -math.inf
-        elif p.idle_since is None and "gpu_stall" not in p.alerts and (p.seen_busy or not gs.require_busy_first):
+        elif p.idle_since is None and Rule.GPU_STALL not in p.alerts and (p.seen_busy or not gs.require_busy_first):
             p.util_quiet = gs.util_below_percent
         else:
             p.util_quiet = math.inf
         ts = r.training_stall
-        p.step_quiet = p.step_moved and "training_stall" not in p.alerts
-        if "training_stall" in p.alerts:
+        p.step_quiet = p.step_moved and Rule.TRAINING_STALL not in p.alerts
+        if Rule.TRAINING_STALL in p.alerts:
             p.step_wait = -math.inf
-        elif not ts.enabled or "training_stall" in p.silenced:
+        elif not ts.enabled or Rule.TRAINING_STALL in p.silenced:
             p.step_wait = math.inf
         else:
             p.step_wait = min(ts.pending_after_s, ts.for_s)
@@ -289,9 +289,9 @@ class Engine:
             p.last_util = util
         if allocator and not p.alloc_seen:
             p.alloc_seen = True  # from now on the allocator's allocated bytes are what a GPU leak is judged on
-            if p.alerts.get("gpu_memory_leak") == FIRING:  # raised on NVML's figure, no longer watched
+            if p.alerts.get(Rule.GPU_MEMORY_LEAK) == FIRING:  # raised on NVML's figure, no longer watched
                 r = p.rules.gpu_memory_leak  # type: ignore[union-attr]
-                out = [self._event(p, t, "gpu_memory_leak", RESOLVED, r.severity,
+                out = [self._event(p, t, Rule.GPU_MEMORY_LEAK, RESOLVED, r.severity,
                                    f"GPU memory of {p.who()}: judged on the allocator's figures from now on",
                                    {"source": "allocator"})]
         s = p.gpu_leak
@@ -302,7 +302,7 @@ class Engine:
             else:
                 f = s.roll(t, gmem, gtotal)
                 if f is not None:
-                    out = [self._leak_event(p, "gpu_memory_leak", f, "GPU memory", "GPU")]
+                    out = [self._leak_event(p, Rule.GPU_MEMORY_LEAK, f, "GPU memory", "GPU")]
         s = p.host_leak
         if rss is not None and s is not None:
             if t < s.b_end:
@@ -311,7 +311,7 @@ class Engine:
             else:
                 f = s.roll(t, rss, ntotal)
                 if f is not None:
-                    ev = self._leak_event(p, "host_memory_leak", f, "Host memory (RSS)", p.host_full)
+                    ev = self._leak_event(p, Rule.HOST_MEMORY_LEAK, f, "Host memory (RSS)", p.host_full)
                     out = [ev] if out is None else [*out, ev]
         if threads is not None and p.thr_leak is not None:
             f = p.thr_leak.add(t, threads)
@@ -349,7 +349,7 @@ class Engine:
                 total = gtotal - max(0, gmem - reserved)
             f = s.add(t, allocated, total)
             if f is not None:
-                out = [self._leak_event(p, "gpu_memory_leak", f, _ALLOCATED, "GPU")]
+                out = [self._leak_event(p, Rule.GPU_MEMORY_LEAK, f, _ALLOCATED, "GPU")]
         s = p.frag_leak
         if s is None or reserved is None:
             return out
@@ -362,31 +362,32 @@ class Engine:
         r = p.rules.gpu_memory_fragmentation  # type: ignore[union-attr]
         if f is not None and not f.firing:
             p.frag_growing = False
-            if "gpu_memory_fragmentation" in p.alerts:
-                ev = self._event(p, f.t, "gpu_memory_fragmentation", RESOLVED, r.severity,
+            if Rule.GPU_MEMORY_FRAGMENTATION in p.alerts:
+                ev = self._event(p, f.t, Rule.GPU_MEMORY_FRAGMENTATION, RESOLVED, r.severity,
                                  f"GPU memory of {p.who()}: the allocator's free cache stopped growing",
                                  _leak_figures(f))
                 out = [ev] if out is None else [*out, ev]
             return out
         if f is not None:
             p.frag_growing = True
-        if p.frag_growing and "gpu_memory_fragmentation" not in p.alerts and (f is not None or changed):
+        if p.frag_growing and Rule.GPU_MEMORY_FRAGMENTATION not in p.alerts and (f is not None or changed):
             cur = f or s.current(t)
             said = _fragmentation_said(p, cur) if cur is not None else None
             if said is not None:
-                ev = self._event(p, t, "gpu_memory_fragmentation", FIRING, r.severity, *said)
+                ev = self._event(p, t, Rule.GPU_MEMORY_FRAGMENTATION, FIRING, r.severity, *said)
                 out = [ev] if out is None else [*out, ev]
         return out
 
     def _event(self, p: _Proc, t: float, rule: str, state: str, severity: str, description: str,
                figures: dict[str, Any]) -> AlertEvent:
+        rule = str(rule)  # the plain name: a Rule member's repr would differ in what callers log and keep
         if state == RESOLVED:
             p.alerts.pop(rule, None)
             p.texts.pop(rule, None)
         else:
             p.alerts[rule] = state
             p.texts[rule] = (description, severity, figures)
-        if rule == "gpu_stall" or rule == "training_stall":
+        if rule == Rule.GPU_STALL or rule == Rule.TRAINING_STALL:
             self._guards(p)
         return AlertEvent(t=t, rule=rule, state=state, severity=severity, node=p.node, job_id=p.job_id,
                           pid=p.pid, start_time=p.start_time, gpu=p.gpu, rank=p.rank,
@@ -419,24 +420,24 @@ class Engine:
         noun = "threads" if series == "threads" else "open file descriptors"
         if now:
             desc = _handle_text(p, series, f)
-            ev = self._event(p, f.t, "handle_leak", FIRING, r.severity, desc, figures)
+            ev = self._event(p, f.t, Rule.HANDLE_LEAK, FIRING, r.severity, desc, figures)
         else:
-            ev = self._event(p, f.t, "handle_leak", RESOLVED, r.severity,
+            ev = self._event(p, f.t, Rule.HANDLE_LEAK, RESOLVED, r.severity,
                              f"{noun.capitalize()} of {p.who()} stopped growing", figures)
         return [ev] if out is None else [*out, ev]
 
     def _gpu_stall(self, p: _Proc, t: float, util: float, out: list[AlertEvent] | None
                    ) -> list[AlertEvent] | None:
         r = p.rules.gpu_stall  # type: ignore[union-attr]
-        if not r.enabled or "gpu_stall" in p.silenced:
+        if not r.enabled or Rule.GPU_STALL in p.silenced:
             return out
         if util >= r.util_below_percent:
             if util >= r.busy_percent:
                 p.seen_busy = True
             p.idle_since = None
             self._guards(p)
-            if "gpu_stall" in p.alerts:
-                ev = self._event(p, t, "gpu_stall", RESOLVED, r.severity,
+            if Rule.GPU_STALL in p.alerts:
+                ev = self._event(p, t, Rule.GPU_STALL, RESOLVED, r.severity,
                                  f"GPU of {p.who()} is busy again ({util:.0f} %)", {"util_percent": util})
                 return [ev] if out is None else [*out, ev]
             return out
@@ -447,13 +448,13 @@ class Engine:
         if r.require_busy_first and not p.seen_busy:
             return out
         idle = t - p.idle_since
-        state = p.alerts.get("gpu_stall")
+        state = p.alerts.get(Rule.GPU_STALL)
         new = FIRING if idle >= r.for_s else PENDING if idle >= r.pending_after_s else None
         if new is None or new == state:
             return out
         desc, figures = self._with_cause(p, p.idle_since, t, _gpu_stall_text(p, util, idle),
                                          {"idle_for_s": round(idle, 1), "util_percent": util})
-        ev = self._event(p, t, "gpu_stall", new, r.severity, desc, figures)
+        ev = self._event(p, t, Rule.GPU_STALL, new, r.severity, desc, figures)
         return [ev] if out is None else [*out, ev]
 
     def _training_stall(self, p: _Proc, t: float, step: int, util: Any, out: list[AlertEvent] | None
@@ -465,20 +466,20 @@ class Engine:
                 self._guards(p)
             p.step = step
             p.step_t = t
-            if "training_stall" in p.alerts:
-                ev = self._event(p, t, "training_stall", RESOLVED, r.severity,
+            if Rule.TRAINING_STALL in p.alerts:
+                ev = self._event(p, t, Rule.TRAINING_STALL, RESOLVED, r.severity,
                                  f"Training of {p.who()} advances again (step {step})", {"step": step})
                 return [ev] if out is None else [*out, ev]
             return out
-        if not p.step_moved or not r.enabled or "training_stall" in p.silenced:
+        if not p.step_moved or not r.enabled or Rule.TRAINING_STALL in p.silenced:
             return out
         frozen = t - p.step_t
-        state = p.alerts.get("training_stall")
+        state = p.alerts.get(Rule.TRAINING_STALL)
         new = FIRING if frozen >= r.for_s else PENDING if frozen >= r.pending_after_s else None
         if new is None or new == state:
             return out
         desc, figures = self._training_stall_said(p, step, frozen, util, t)
-        ev = self._event(p, t, "training_stall", new, r.severity, desc, figures)
+        ev = self._event(p, t, Rule.TRAINING_STALL, new, r.severity, desc, figures)
         return [ev] if out is None else [*out, ev]
 
     # ---- a stall's likely cause ---------------------------------------------------------------
@@ -654,14 +655,14 @@ class Engine:
         if ended:
             desc += f"; {ENDED_WHILE_FIRING}: job {obs.job_id} ended"
             figures["ended_while_firing"] = True
-        return AlertEvent(t=t, rule="idle_gpu", state=state, severity=self.rules.idle_gpu.severity, node=obs.node,
-                          job_id=obs.job_id, gpu=obs.gpu, description=desc, figures=figures)
+        return AlertEvent(t=t, rule=Rule.IDLE_GPU.value, state=state, severity=self.rules.idle_gpu.severity,
+                          node=obs.node, job_id=obs.job_id, gpu=obs.gpu, description=desc, figures=figures)
 
     def _gpu_resolve(self, gkey: tuple[str, str], st: _GpuState, t: float, why: str) -> list[AlertEvent]:
         if st.state is None:
             return []
         st.state = None
-        return [AlertEvent(t=t, rule="idle_gpu", state=RESOLVED, severity=self.rules.idle_gpu.severity,
+        return [AlertEvent(t=t, rule=Rule.IDLE_GPU.value, state=RESOLVED, severity=self.rules.idle_gpu.severity,
                            node=gkey[0], job_id=st.job_id, gpu=gkey[1],
                            description=f"GPU {gkey[1]} on {gkey[0]}: {why}")]
 
@@ -680,7 +681,7 @@ class Engine:
             return []
         out: list[AlertEvent] = []
         if st.state is not None:
-            out.append(AlertEvent(t=hb.t, rule="agent_down", state=RESOLVED,
+            out.append(AlertEvent(t=hb.t, rule=Rule.AGENT_DOWN.value, state=RESOLVED,
                                   severity=self.rules.agent_down.severity, node=hb.node,
                                   job_id=st.job_ids[0] if st.job_ids else "",
                                   description=f"Agent on {hb.node} reports again after {_hours(hb.t - st.last_t)}",
@@ -716,8 +717,8 @@ class Engine:
         jobs = st.job_ids
         running = (f"job {jobs[0]} runs" if len(jobs) == 1 else
                    f"jobs {', '.join(jobs[:3])}{' …' if len(jobs) > 3 else ''} run" if jobs else "jobs run")
-        return AlertEvent(t=now, rule="agent_down", state=FIRING, severity=self.rules.agent_down.severity, node=node,
-                          job_id=jobs[0] if jobs else "",
+        return AlertEvent(t=now, rule=Rule.AGENT_DOWN.value, state=FIRING, severity=self.rules.agent_down.severity,
+                          node=node, job_id=jobs[0] if jobs else "",
                           description=f"Agent on {node} silent for {_hours(silent)} while {running} there",
                           figures={"silent_for_s": round(silent, 1), "last_seen_t": st.last_t,
                                    "job_ids": list(jobs)})
@@ -751,24 +752,24 @@ class Engine:
         """(description, severity, figures) of a process's active alert as of its latest observation; what
         was last said where the figures cannot be worked out afresh."""
         said = p.texts.get(rule) or (f"{rule} of {p.who()}", getattr(p.rules, rule).severity, {})
-        if rule in ("gpu_memory_leak", "host_memory_leak") and p.alerts.get(rule) == FIRING:
+        if rule in (Rule.GPU_MEMORY_LEAK, Rule.HOST_MEMORY_LEAK) and p.alerts.get(rule) == FIRING:
             gpu_what = _ALLOCATED if p.alloc_seen else "GPU memory"
-            series = (p.alloc_leak if p.alloc_seen else p.gpu_leak) if rule == "gpu_memory_leak" else p.host_leak
+            series = (p.alloc_leak if p.alloc_seen else p.gpu_leak) if rule == Rule.GPU_MEMORY_LEAK else p.host_leak
             f = series.current(p.last_t) if series is not None else None
             if f is None:
                 return said
-            what, full = ((gpu_what, "GPU") if rule == "gpu_memory_leak"
+            what, full = ((gpu_what, "GPU") if rule == Rule.GPU_MEMORY_LEAK
                           else ("Host memory (RSS)", p.host_full))
             desc, severity = _leak_text(p, what, full, f, getattr(p.rules, rule).severity)
             figures = _leak_figures(f)
             if what is _ALLOCATED:
                 figures["source"] = "allocator"
             return desc, severity, figures
-        if rule == "gpu_memory_fragmentation" and p.frag_leak is not None:
+        if rule == Rule.GPU_MEMORY_FRAGMENTATION and p.frag_leak is not None:
             f = p.frag_leak.current(p.last_t)
             now_said = _fragmentation_said(p, f, rose_only=False) if f is not None else None
             return (now_said[0], said[1], now_said[1]) if now_said is not None else said
-        if rule == "handle_leak" and p.alerts.get(rule) == FIRING:
+        if rule == Rule.HANDLE_LEAK and p.alerts.get(rule) == FIRING:
             for name, series in (("threads", p.thr_leak), ("open_fds", p.fd_leak)):
                 f = series.current(p.last_t) if series is not None and name in p.handle_firing else None
                 if f is not None:
@@ -777,10 +778,10 @@ class Engine:
                                "window_s": f.window_s}
                     return _handle_text(p, name, f), said[1], figures
             return said
-        if rule == "training_stall" and p.step is not None:
+        if rule == Rule.TRAINING_STALL and p.step is not None:
             desc, figures = self._training_stall_said(p, p.step, p.last_t - p.step_t, p.last_util, p.last_t)
             return desc, said[1], figures
-        if rule == "gpu_stall" and p.idle_since is not None and p.idle_util is not None:
+        if rule == Rule.GPU_STALL and p.idle_since is not None and p.idle_util is not None:
             idle = p.last_t - p.idle_since
             desc, figures = self._with_cause(p, p.idle_since, p.last_t, _gpu_stall_text(p, p.idle_util, idle),
                                              {"idle_for_s": round(idle, 1), "util_percent": p.idle_util})
@@ -800,7 +801,7 @@ class Engine:
         st = self._nodes.pop(node, None)
         if st is None or st.state is None:
             return []
-        return [AlertEvent(t=t, rule="agent_down", state=RESOLVED, severity=self.rules.agent_down.severity,
+        return [AlertEvent(t=t, rule=Rule.AGENT_DOWN.value, state=RESOLVED, severity=self.rules.agent_down.severity,
                            node=node, description=f"{node} is no longer watched")]
 
     def series(self) -> set[tuple[str, int, float]]:
