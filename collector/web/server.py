@@ -16,12 +16,28 @@ from .access import UNIX_KEY
 from .peer import PEER_KEY
 
 
+def _no_underscored_headers(headers, env: dict) -> dict:
+    """`env` with no header whose name has an underscore: wsgiref reads X_Remote_User as X-Remote-User (both
+    HTTP_X_REMOTE_USER), and a proxy that strips or sets only the latter passes the former on from the
+    browser. Dropped, as Apache does for CGI and nginx by default."""
+    if not any("_" in name for name in headers.keys()):
+        return env
+    kept = {k: v for k, v in env.items() if not k.startswith("HTTP_")}
+    for name, value in headers.items():
+        key = name.replace("-", "_").upper()
+        if "_" in name or key in kept:  # CONTENT_TYPE and CONTENT_LENGTH are kept without HTTP_
+            continue
+        key = "HTTP_" + key
+        kept[key] = f"{kept[key]},{value.strip()}" if key in kept else value.strip()
+    return kept
+
+
 class _PeerHandler(_QuietHandler):
     """Says both ends of the connection (PEER_KEY: client, server address), for access.py to ask the kernel who
     the client is (peer.py); a key no header can write (headers come as HTTP_*)."""
 
     def get_environ(self):
-        env = super().get_environ()
+        env = _no_underscored_headers(self.headers, super().get_environ())
         env[PEER_KEY] = (self.client_address[:2], self.connection.getsockname()[:2])
         return env
 
@@ -44,7 +60,7 @@ class _UnixHandler(_QuietHandler):
     """A connection over the pages' socket: marked UNIX_KEY (a key no header can write), no client address."""
 
     def get_environ(self):
-        env = super().get_environ()
+        env = _no_underscored_headers(self.headers, super().get_environ())
         env[UNIX_KEY] = True
         return env
 

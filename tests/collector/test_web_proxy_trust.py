@@ -107,6 +107,9 @@ def test_with_the_secret_only_the_proxy_names_the_user(tmp_path, munged):
         assert _get(s.web_port, page, {"X-Remote-User": "root", SECRET_HEADER: SECRET})[0] == 200
         code, body = _get(s.web_port, page, {"X-Remote-User": "alice", SECRET_HEADER: SECRET})
         assert code == 403 and "not shown here" in body  # alice's own jobs only: not root's
+        # the browser's X_Remote_User passed on by the proxy, which names no one: nobody in particular
+        code, body = _get(s.web_port, page, {"X_Remote_User": "root", SECRET_HEADER: SECRET})
+        assert code == 403 and "not shown here" in body
         # no header at all: a browser under munge, nobody in particular
         code, body = _get(s.web_port, page, {})
         assert code == 403 and "not shown here" in body
@@ -137,6 +140,11 @@ def test_on_the_unix_socket_only_the_proxys_group_may_connect(tmp_path, munged):
                 assert code == "200" and JOB_ID in body, (code, body[:300])
                 code, body = _fetch_as(users.member, str(sock), page, {"X-Remote-User": "alice"})
                 assert code == "403" and "not shown here" in body
+                # a browser's X_Remote_User, which a proxy that strips X-Remote-User passes on: not a user header
+                # (wsgiref would read it as one), where the proxy names no one or someone
+                for headers in ({"X_Remote_User": "root"}, {"X-Remote-User": "alice", "X_Remote_User": "root"}):
+                    code, body = _fetch_as(users.member, str(sock), page, headers)
+                    assert code == "403" and "not shown here" in body, (headers, code, body[:300])
             finally:
                 s.stop()
             assert not sock.exists()  # removed at the collector's stop
