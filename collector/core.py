@@ -29,6 +29,7 @@ from clusterwatch.wire import (
 )
 
 from .config import CollectorConfig
+from .ingest_bounds import bound_batch, check_hello
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
 from .node_notes import NodeNotes
 from .shard_gate import shard_gate
@@ -218,6 +219,7 @@ class CollectorCore:
     def hello(self, msg: agent_pb2.Hello, authenticated: bool = False) -> str:
         """An agent's Hello; `authenticated`: its stream proved who sent it (only then do its samples name
         owners, and actions reach its processes)."""
+        check_hello(msg)  # ingest_bounds: HelloRefused for a string past its bound, before anything is held
         now = self.clock()
         gpus = [gpu_info_from_proto(g) for g in msg.gpus]
         with self.lock:
@@ -241,6 +243,7 @@ class CollectorCore:
 
         A batch whose process table's columns disagree is refused the same way.
         """
+        too_long = bound_batch(batch)  # ingest_bounds: descriptions cut before they are decoded; a long name refuses
         tracker = self._seqs.get(boot_id)
         if tracker is None:
             tracker = self._seqs[boot_id] = SeqTracker()
@@ -253,7 +256,7 @@ class CollectorCore:
             cols, refusal = None, Refusal("inconsistent", str(exc))
         now = self.clock()
         if cols is not None:
-            refusal = check_batch(batch, cols, now)
+            refusal = too_long or check_batch(batch, cols, now)
         if refusal is not None:
             self._refuse(node, batch.seq, refusal)
             tracker.add(batch.seq)

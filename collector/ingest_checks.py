@@ -21,6 +21,7 @@ REFUSAL_REASONS = {
     "bad_pid": "Batches refused: a pid of 0 or beyond the kernel's limit.",
     "bad_value": "Batches refused: a negative or absurd memory, count, CPU or utilisation figure.",
     "clock_ahead": "Batches refused: a time more than 5 minutes ahead of the collector's clock.",
+    "too_long": "Batches refused: a job id, user, step, GPU UUID or key longer than any real one (ingest_bounds).",
 }
 
 # How far ahead of the collector's clock a time may be. A time ahead freezes what it stamps (a later,

@@ -22,6 +22,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 from .agent_auth import AgentAuth, AgentProof, StreamRefused, certificate_node_names, node_identity_error
 from .core import CollectorCore
 from .grpc_guard import peer_host, say_once
+from .ingest_bounds import hello_refusal
 
 # One agent's batch holds its node's processes: thousands at most. More is a bug or an attack.
 MAX_SAMPLES_PER_BATCH = 50_000
@@ -176,9 +177,10 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
             async for msg in _hello_in_time(request_iterator, context, self.core.counters):
                 kind = msg.WhichOneof("body")
                 if kind == "hello":
-                    if not msg.hello.node:
+                    refused = hello_refusal(msg.hello)  # ingest_bounds: before its node is named anywhere
+                    if refused is not None:
                         self.core.counters.rejected += 1
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello without a node name")
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
                     if node is not None and msg.hello.node != node:
                         self.core.counters.rejected += 1
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
