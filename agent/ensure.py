@@ -184,6 +184,7 @@ def agent_environment(environ: Mapping[str, str], token: str | None = None) -> d
     }
     if token:
         env["CLUSTERWATCH_TOKEN"] = token
+        env.pop("CLUSTERWATCH_TOKEN_FILE", None)  # read already: the agent takes the token once
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
     return env
 

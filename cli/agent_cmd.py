@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .common import fail, setup_logging
+from .common import fail, resolve_token, setup_logging, token_file_option
 
 
 @click.command()
@@ -45,6 +45,7 @@ from .common import fail, setup_logging
 @click.option("--once", is_flag=True, help="Take one poll, print it and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the batch as JSON.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for the collector.")
+@token_file_option
 @click.option("--agent-auth", type=click.Choice(["auto", "munge", "token", "tls", "none"]), default="auto",
               show_default=True, envvar="CLUSTERWATCH_AGENT_AUTH",
               help="What the agent proves to the collector: auto (the token and certificate when given, and a "
@@ -77,7 +78,7 @@ from .common import fail, setup_logging
 def agent(collector, collectors_before, node, interval, send_interval, health_interval, gpu_source, sim_scenario,
           sim_run, process_source, pids,
           local_job_id, once,
-          as_json, token, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
+          as_json, token, token_file, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
           spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
@@ -87,6 +88,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
     # The agent never uses gRPC in a child, so they are switched off before gRPC loads.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     setup_logging(verbose)
+    token = resolve_token(token, token_file)  # one line and exit 2 when unfit
 
     from clusterwatch.agent.config import AgentConfig
     from clusterwatch.agent.runtime import AgentRuntime, SpoolTaken, stop_on_signals

@@ -7,7 +7,7 @@ import logging
 import click
 
 from .addresses import listen_option_callback, tcp_listen_option_callback
-from .common import fail, setup_logging
+from .common import fail, resolve_token, setup_logging, token_file_option
 
 DEFAULT_WEB_LISTEN = "127.0.0.1:9752"
 
@@ -137,6 +137,7 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               envvar="CLUSTERWATCH_RULES", help="Rules file (TOML); default: the shipped rules.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret agents must send.")
+@token_file_option
 @click.option("--agent-auth", type=click.Choice(["auto", "munge", "token", "tls", "none"]), default="auto",
               show_default=True, envvar="CLUSTERWATCH_AGENT_AUTH",
               help="What agents must prove: munge (root on their node, a munge credential; a node is bound to the "
@@ -198,13 +199,14 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
               web_trusted_proxies, web_socket_group, web_owner_uid, allow_unauthenticated_actions, db_path,
               history_points, history_step,
-              per_process_metrics, gpu_health_metrics, rules_path, token, agent_auth,
+              per_process_metrics, gpu_health_metrics, rules_path, token, token_file, agent_auth,
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
               verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
+    token = resolve_token(token, token_file)  # one line and exit 2 when unfit
     from clusterwatch.collector.config import CollectorConfig, default_db_path
 
     from clusterwatch.errors import ClusterwatchError

@@ -48,6 +48,30 @@ def exit_quickly_when_done() -> None:
     quick_exit = True
 
 
+def token_file_option(f):
+    """--token-file PATH (CLUSTERWATCH_TOKEN_FILE, token_file in the config file) beside --token; the command
+    takes `token_file` and passes it with `token` to resolve_token()."""
+    return click.option("--token-file", envvar="CLUSTERWATCH_TOKEN_FILE", default=None, metavar="PATH",
+                        help="Read the agents' shared token from this file (mode 0600, root's or this user's), "
+                             "not from --token or the world-readable config file (CLUSTERWATCH_TOKEN_FILE).")(f)
+
+
+def resolve_token(token: str | None, token_file: str | None) -> str | None:
+    """The token of --token or --token-file; one line and exit 2 when both are given or the file is unfit."""
+    if not token_file:
+        return token or None
+    if token:
+        fail("the token is given twice: --token (CLUSTERWATCH_TOKEN, token) and --token-file "
+             "(CLUSTERWATCH_TOKEN_FILE, token_file); keep the token file")
+    from clusterwatch.config import read_token_file
+    from clusterwatch.errors import ConfigError
+
+    try:
+        return read_token_file(token_file)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
 def collector_option(f):
     """--collector HOST:PORT[,HOST:PORT...], --collectors-before and --tls-ca for the query commands.
 

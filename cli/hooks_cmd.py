@@ -22,7 +22,7 @@ import click
 #: hook delays every job start).
 HOOK_DEADLINE_S = 0.9
 #: Agent settings a hook reads from the config file's [agent] section.
-_AGENT_KEYS = ("collector", "collectors_before", "token", "gpu_source", "spool_dir", "interval", "node")
+_AGENT_KEYS = ("collector", "collectors_before", "token", "token_file", "gpu_source", "spool_dir", "interval", "node")
 
 
 def _say(hook: str, message: str) -> None:
@@ -111,7 +111,7 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
 
     Args:
         kind: "prolog" or "epilog".
-        settings: collector, token, gpu_source, spool_dir, interval, node (None where unset).
+        settings: collector, token, token_file, gpu_source, spool_dir, interval, node (None where unset).
         env: the hook's environment, as slurmd set it.
     """
     from clusterwatch.agent.ensure import SpoolNotPrivate
@@ -137,7 +137,9 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
 
 
 def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
-    from clusterwatch.agent.ensure import SpoolNotPrivate, agent_command, agent_environment, ensure_agent
+    from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
+
+    from clusterwatch.errors import ClusterwatchError
 
     collector = settings.get("collector")
     if not collector:
@@ -151,12 +153,24 @@ def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
             raise ValueError(f"gpu source {str(gpu_source)[:20]!r} is not auto, nvml, sim or none")
         argv = agent_command(collector, node, spool, gpu_source, interval,
                              collectors_before=settings.get("collectors_before"))
-        result = ensure_agent(spool, argv, agent_environment(os.environ, settings.get("token")))
-    except (OSError, ValueError, SpoolNotPrivate) as exc:
+        result = ensure_agent(spool, argv, agent_environment(os.environ, _token(settings)))
+    except (OSError, ValueError, ClusterwatchError) as exc:
         _say("prolog", f"cannot start the agent for {node} in {spool}: {exc}")
         return
     if result.action == "busy":
         _say("prolog", f"another prolog is starting the agent of {node}; left to it")
+
+
+def _token(settings: dict) -> str | None:
+    """The agent's token: --token, else read from --token-file as root (it reaches the agent by variable, in an
+    environment only root may read). ConfigError when the file is unfit or both are given."""
+    from clusterwatch.config import read_token_file
+    from clusterwatch.errors import ConfigError
+
+    token, token_file = settings.get("token"), settings.get("token_file")
+    if token and token_file:
+        raise ConfigError("the token is given twice (token and token_file); keep the token file")
+    return read_token_file(token_file) if token_file else token
 
 
 def _hook(kind: str, ctx: click.Context, options: dict) -> None:
@@ -189,20 +203,22 @@ def _with_common(f):
 @click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", default=None, metavar="HOST:PORT",
               help="Collector address for an agent this prolog starts.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for that agent.")
+@click.option("--token-file", envvar="CLUSTERWATCH_TOKEN_FILE", default=None, metavar="PATH",
+              help="File (mode 0600) holding that agent's shared secret.")
 # Plain strings, checked by the hook: a bad value must not make click exit 2.
 @click.option("--gpu-source", envvar="CLUSTERWATCH_GPU_SOURCE", default=None,
               help="GPU source for that agent: auto, nvml, sim or none.")
 @click.option("--interval", envvar="CLUSTERWATCH_INTERVAL", default=None, help="Poll interval for that agent.")
 @_with_common
 @click.pass_context
-def prolog(ctx, collector, token, gpu_source, interval, spool_dir, node) -> None:
+def prolog(ctx, collector, token, token_file, gpu_source, interval, spool_dir, node) -> None:
     """Slurm Prolog: announce the job to this node's agent, starting the agent if it is not running.
 
     Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURMD_NODENAME and SLURM_JOB_GPUS (or
     CUDA_VISIBLE_DEVICES). Always exits 0 within a second.
     """
-    _hook("prolog", ctx, dict(collector=collector, token=token, gpu_source=gpu_source, interval=interval,
-                              spool_dir=spool_dir, node=node))
+    _hook("prolog", ctx, dict(collector=collector, token=token, token_file=token_file, gpu_source=gpu_source,
+                              interval=interval, spool_dir=spool_dir, node=node))
 
 
 @click.command()

@@ -10,6 +10,10 @@ record). Keys are the long option names with underscores, e.g.
 Precedence, highest first: the command-line flag, its CLUSTERWATCH_* variable, the file,
 the built-in default.
 
+Every user reads the file (the [cli] section is theirs), so it holds no secret: the agents' token goes in a
+token file only root (on the collector host: the collector's user) may read, named by `token_file`. A file
+that holds a `token` and that group or others may read is refused (load_default_map).
+
 The deployment's collectors are one top-level list, read by every [cli] command (clusterwatch/shards.py):
 
     collectors = ["c1:50051", "c2:50051", "c3:50051"]
@@ -28,6 +32,61 @@ SECTIONS = {"agent": ("agent",), "collector": ("collector",),
             "cli": ("status", "jobs", "alerts", "record", "health", "diagnose")}
 # Top-level keys: the collectors list, in the one order every host uses
 TOP_LEVEL = ("collectors", "collectors_before")
+
+
+# Keys whose value is a secret: a config file readable by others must not hold them.
+SECRET_KEYS = ("token",)
+# A token is one line of visible ASCII (it travels as a gRPC metadata value); a file past this is not one.
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def read_token_file(path: str) -> str:
+    """The token in `path` (its first line): a file only its owner, this user or root, may read or change.
+
+    Raises:
+        ConfigError: the file is missing, open to group or others, owned by someone else, or holds no token;
+            the message says what to do.
+    """
+    flag = f"token file {path}"
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            text = f.read(MAX_TOKEN_FILE_BYTES)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: {exc.strerror}; give a file holding the agents' token "
+                          "(openssl rand -hex 32 > FILE; chmod 600 FILE)") from None
+    import stat
+
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{flag}: not a regular file; give a file holding the agents' token")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(f"{flag}: owned by uid {st.st_uid}, who may change it; give it to root or to this "
+                          "command's user")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{flag}: group or others may read or change it (mode {stat.S_IMODE(st.st_mode):04o}), "
+                          f"and anyone who reads it may send samples as any node; chmod 600 {path}")
+    token = text.split(b"\n", 1)[0].strip()
+    if not token or not all(0x21 <= c < 0x7F for c in token):
+        raise ConfigError(f"{flag}: its first line must be the token, visible ASCII without spaces "
+                          "(openssl rand -hex 32 > FILE)")
+    return token.decode()
+
+
+def _refuse_readable_secret(found: str, doc: dict) -> None:
+    """ConfigError when a file group or others may read holds a secret key (SECRET_KEYS)."""
+    held = sorted(f"[{section}] {key}" for section, values in doc.items() if isinstance(values, dict)
+                  for key in values if key.replace("-", "_") in SECRET_KEYS)
+    if not held:
+        return
+    try:
+        mode = os.stat(found).st_mode
+    except OSError:
+        return
+    if mode & 0o044:
+        raise ConfigError(f"config file {found} holds {', '.join(held)} and other users may read it "
+                          f"(mode {mode & 0o777:04o}): move the token into a token file only root may read "
+                          "(install -m 0600 /dev/stdin /etc/clusterwatch/token; token_file = "
+                          '"/etc/clusterwatch/token" in the file), or chmod 600 the file')
 
 
 def find_config(path: str | None) -> str | None:
@@ -59,6 +118,7 @@ def load_default_map(path: str | None) -> dict[str, dict]:
         raise ConfigError(f"config file {found} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {found}: {exc.strerror}") from None
+    _refuse_readable_secret(found, doc)
     unknown = set(doc) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:
         raise ConfigError(f"config file {found}: unknown section(s) {', '.join(sorted(unknown))}; "
