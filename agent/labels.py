@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterwatch.model import ProcessSample
+from clusterwatch.procfs import ExecInProgress
 
-from .backends.procs import ExecInProgress
 from .roots import same_start
 
 

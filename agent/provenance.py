@@ -48,12 +48,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clusterwatch.agent.backends.procs import read_boot_time
 from clusterwatch.agent.gitrun import GitError, GitRunner, RunAs
 from clusterwatch.agent.redact import redact_argv, select_env, strip_url_credentials
 
 from clusterwatch.git_safety import driver_overrides
-from clusterwatch.procfs import parse_environ, parse_stat
+from clusterwatch.procfs import parse_environ, parse_stat, read_boot_time
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ job's variables too (SLURM_SCRIPT_CONTEXT tells them apart) and are never counte
 from __future__ import annotations
 
 from clusterwatch.errors import ParseError
-from clusterwatch.procfs import probe
+from clusterwatch.procfs import ExecInProgress, probe, read_environ
 from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
 
-from .backends.procs import ExecInProgress, NewPids, read_environ
+from .backends.procs import NewPids
 from .labels import JobLabels
 
 _NOT_TASK_STEPS = ("batch", "extern", "interactive")

@@ -1,7 +1,8 @@
-"""Parsers of Linux /proc texts (a process's stat line, its environ, /proc/stat's btime): pure functions over bytes.
+"""Linux /proc: parsers of its texts (a process's stat line, its environ, /proc/stat's btime), pure functions
+over bytes, and the two thin readers that several parts of the agent share (a process's environ, the boot time).
 
-The one place their layout is known; reading the files (and racing with a process that exits) is the
-caller's business. Field numbers are those of proc(5).
+The one place their layout is known. Reading a file kept open, and racing with a process that exits, is the
+caller's business (the process source keeps its own descriptors). Field numbers are those of proc(5).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from clusterwatch.errors import ParseError
 STATE, PPID, UTIME, STIME, NUM_THREADS, STARTTIME, RSS, EXIT_SIGNAL, ENV_END = 3, 4, 14, 15, 20, 22, 24, 38, 51
 # Where field n lies in the list split_stat returns.
 FIRST_AFTER_COMM = 3
+STAT_MAX = 4096  # enough for any stat text: a stat line is well under 1 KiB (comm is at most 64 bytes)
 
 
 def split_stat(text: bytes, upto: int = RSS) -> tuple[int, list[bytes]]:
@@ -134,3 +136,42 @@ def parse_environ(data: bytes) -> dict[str, str]:
         if sep and name:
             env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
+
+
+class ExecInProgress(Exception):
+    """A process is inside execve: its environment reads empty until the new program's is laid out.
+
+    Whoever reads it reads it again later (the agent: at its next poll) rather than keep "no variables" for it.
+    """
+
+
+def read_environ(proc: str, pid: int, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of /proc/<pid>/environ (up to `limit`); None when it cannot be read (gone, another user's).
+
+    Raises:
+        ExecInProgress: it read empty and the process's stat says its environment is not in place yet.
+    """
+    path = f"{proc}/{pid}/environ"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+        if data:
+            return data
+        # Empty: inside execve, or an empty environment. The stat read after it tells; when it says laid out,
+        # the execve may have got there meanwhile: the environment is read once more.
+        with open(f"{proc}/{pid}/stat", "rb", buffering=0) as f:
+            if not environ_laid_out(f.read(STAT_MAX)):
+                raise ExecInProgress(pid)
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def read_boot_time(proc: str = "/proc") -> float:
+    """Boot time in Unix seconds, from the `btime` line of /proc/stat."""
+    with open(f"{proc}/stat", "rb") as f:
+        boot = parse_btime(f.read())
+    if boot is None:
+        raise OSError(f"{proc}/stat has no btime line")
+    return boot

@@ -135,7 +135,7 @@ def popen_exec_done(args: list[str], **kwargs) -> subprocess.Popen:
     Popen returns when execve has switched the child to the new program, before its environment is laid out:
     a test that reads the child at once, as an agent that polls right then would, finds it looked up later.
     """
-    from clusterwatch.agent.backends.procs import ExecInProgress, read_environ
+    from clusterwatch.procfs import ExecInProgress, read_environ
 
     child = subprocess.Popen(args, **kwargs)
 

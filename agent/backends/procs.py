@@ -37,13 +37,13 @@ from clusterwatch.procfs import (
     PPID,
     RSS,
     STARTTIME,
+    STAT_MAX,
     STATE,
     STIME,
     UTIME,
-    environ_laid_out,
-    parse_btime,
     parse_stat,
     probe,
+    read_boot_time,
     split_stat,
     stat_comm,
 )
@@ -52,7 +52,6 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _RO = os.O_RDONLY | os.O_CLOEXEC
 _RO_DIR = _RO | os.O_DIRECTORY
-_STAT_MAX = 4096  # a stat line is well under 1 KiB (comm is at most 64 bytes)
 _GONE_STATES = (b"Z", b"X")  # exited, waiting to be reaped: its figures are zeros, not readings
 # The states that hold a process where it is (clusterwatch.model.HELD_STATES), as the stat text spells them.
 _HELD_STATES = {b"D": "D", b"T": "T", b"t": "t"}
@@ -72,45 +71,6 @@ DEFAULT_MAX_PROBE = 256
 # sample carries the last count (None stays "unknown": a count that failed). Counting costs an
 # fstat (a listing on Linux < 6.2) per process, a sixth of a poll's /proc work.
 DEFAULT_FD_COUNT_EVERY_S = 5.0
-
-
-class ExecInProgress(Exception):
-    """A process is inside execve: its environment reads empty until the new program's is laid out.
-
-    Whoever reads it reads it again at a later poll (NewPids.again) rather than keep "no variables" for it.
-    """
-
-
-def read_environ(proc: str, pid: int, limit: int = 1 << 20) -> bytes | None:
-    """The bytes of /proc/<pid>/environ (up to `limit`); None when it cannot be read (gone, another user's).
-
-    Raises:
-        ExecInProgress: it read empty and the process's stat says its environment is not in place yet.
-    """
-    path = f"{proc}/{pid}/environ"
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit)
-        if data:
-            return data
-        # Empty: inside execve, or an empty environment. The stat read after it tells; when it says laid out,
-        # the execve may have got there meanwhile: the environment is read once more.
-        with open(f"{proc}/{pid}/stat", "rb", buffering=0) as f:
-            if not environ_laid_out(f.read(_STAT_MAX)):
-                raise ExecInProgress(pid)
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except OSError:
-        return None
-
-
-def read_boot_time(proc: str = "/proc") -> float:
-    """Boot time in Unix seconds, from the `btime` line of /proc/stat."""
-    with open(f"{proc}/stat", "rb") as f:
-        boot = parse_btime(f.read())
-    if boot is None:
-        raise OSError(f"{proc}/stat has no btime line")
-    return boot
 
 
 class NewPids:
@@ -384,7 +344,7 @@ class ProcSource:
         held = self._held.get(pid)
         if held is not None:
             try:
-                data = os.pread(held.stat_fd, _STAT_MAX, 0)
+                data = os.pread(held.stat_fd, STAT_MAX, 0)
             except ProcessLookupError:
                 data = b""  # reaped: the pid may already be another process's, read below anew
             except OSError:
@@ -400,12 +360,12 @@ class ProcSource:
                 return None
             if held is not None:
                 try:
-                    return os.pread(held.stat_fd, _STAT_MAX, 0) or self._drop(pid)
+                    return os.pread(held.stat_fd, STAT_MAX, 0) or self._drop(pid)
                 except OSError:
                     return self._drop(pid)
         try:
             with open(f"{self.proc}/{pid}/stat", "rb", buffering=0) as f:
-                return f.read(_STAT_MAX) or None
+                return f.read(STAT_MAX) or None
         except (FileNotFoundError, ProcessLookupError):
             return None
         except OSError:
@@ -459,7 +419,7 @@ class ProcSource:
             held = held_of(pid)
             if held is not None:
                 try:
-                    data = pread(held.stat_fd, _STAT_MAX, 0)
+                    data = pread(held.stat_fd, STAT_MAX, 0)
                 except OSError:
                     data = b""
                 last = last_of(pid)
@@ -547,7 +507,7 @@ class ProcSource:
                 continue
             try:
                 with open(f"{self.proc}/{name}/stat", "rb", buffering=0) as f:
-                    got = probe(f.read(_STAT_MAX))
+                    got = probe(f.read(STAT_MAX))
             except OSError:
                 continue
             if got is not None:

@@ -36,12 +36,12 @@ from importlib import resources
 from pathlib import Path
 
 from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.procs import ExecInProgress, NewPids, read_environ
+from clusterwatch.agent.backends.procs import NewPids
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
-from clusterwatch.procfs import parse_btime, probe
+from clusterwatch.procfs import ExecInProgress, parse_btime, probe, read_environ
 
 __all__ = ["SimGpuSource", "open_sim_source", "SimSpec", "parse_sim_environ", "DEFAULT_SCENARIO"]
 

@@ -13,13 +13,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.backends.procs import ExecInProgress, NewPids, read_environ
+from clusterwatch.agent.backends.procs import NewPids
 from clusterwatch.agent.backends.sim import SimGpuSource, open_sim_source
 from clusterwatch.agent.labels import JobLabeler
 from clusterwatch.agent.slurm_lookup import ProcLookup
 
 from clusterwatch.model import ProcessSample
-from clusterwatch.procfs import environ_laid_out
+from clusterwatch.procfs import ExecInProgress, environ_laid_out, read_environ
 from tests.helpers import SIM_RUN
 
 SLEEP = "/usr/bin/sleep" if os.path.exists("/usr/bin/sleep") else "/bin/sleep"

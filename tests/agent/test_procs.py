@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.backends.procs import NewPids, ProcSource, parse_stat, probe
+from clusterwatch.agent.backends.procs import NewPids, ProcSource
 
 from clusterwatch.model import GpuUse, ProcessSample
+from clusterwatch.procfs import parse_stat, probe
 from tests.helpers import wait_for
 
 # A real /proc/<pid>/stat line of a process, with {comm} and a few fields to vary.

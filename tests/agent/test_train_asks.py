@@ -84,8 +84,9 @@ def trainer(tmp_path, endpoint):
 
 
 def _start_time(pid: int) -> float | None:
-    from clusterwatch.agent.backends.procs import read_boot_time
     from clusterwatch.agent.provenance import process_start_time
+
+    from clusterwatch.procfs import read_boot_time
 
     try:
         return process_start_time(pid, "/proc", read_boot_time("/proc"))

@@ -19,6 +19,7 @@ from clusterwatch.procfs import (
     parse_environ,
     parse_stat,
     probe,
+    read_boot_time,
     split_stat,
     stat_comm,
     stat_parent,
@@ -86,6 +87,15 @@ def test_btime_and_environ():
     assert parse_environ(b"A=1\0B=x=y\0junk\0=v\0A=2\0") == {"A": "2", "B": "x=y"}
     with pytest.raises(ParseError):
         parse_environ("text")  # type: ignore[arg-type]
+
+
+def test_read_boot_time(tmp_path):
+    (tmp_path / "stat").write_bytes(b"cpu  1 2 3\nbtime 1700000000\nprocesses 9\n")
+    assert read_boot_time(str(tmp_path)) == 1700000000.0
+    (tmp_path / "stat").write_bytes(b"cpu  1 2 3\n")
+    with pytest.raises(OSError, match="no btime line"):
+        read_boot_time(str(tmp_path))
+    assert abs(read_boot_time() - psutil.boot_time()) < 2.0  # the real one, beside psutil's
 
 
 @pytest.fixture
