@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
 from benchlib import CLI, Children, CollectorProc, median, spread, table, verdict  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 # What `nvidia-smi --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total,power.draw
 # --format=csv,noheader,nounits` prints for 8 GPUs, then the compute apps (pid, used memory).
@@ -420,8 +421,8 @@ def measure_real_agent(children: Children, tmp: str, node: str, seconds: float, 
                         "--train-socket", os.path.join(tmp, f"train-{tag}.sock"), *extra],
                        stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        benchlib.wait_for(lambda: (benchlib.metric_value(collector.metrics(), "clusterwatch_ingest_samples_total")
-                                   or 0) > 0 or p.poll() is not None, timeout=30, what="the agent's first batch")
+        wait_for(lambda: (benchlib.metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 0
+                 or p.poll() is not None, timeout=30, interval=0.05, what="the agent's first batch")
         if p.poll() is not None:
             raise RuntimeError("clusterwatch agent exited early; see " + log.name)
         time.sleep(2 * interval)  # settle: imports done, first polls taken

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
 from benchlib import PYTHON, Children, CollectorProc, median, spread, table, verdict  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 STATUS_TARGET_MS = 300
 PROLOG_TARGET_MS = 200
@@ -116,7 +117,8 @@ def measure_prolog(cw: list[str], tmp: str, repeat: int) -> dict | None:
         env = prolog_env(spool, str(5000 + i), f"bench-prolog-{i}")
         try:
             first.append(wall_ms([*cw, "prolog"], env))  # no agent yet: it starts one, detached
-            benchlib.wait_for(lambda s=spool: os.path.exists(os.path.join(s, "agent.pid")), 10, "agent pid file")
+            wait_for(lambda s=spool: os.path.exists(os.path.join(s, "agent.pid")), 10, interval=0.05,
+                     what="agent pid file")
             env["SLURM_JOB_ID"] = str(6000 + i)
             again.append(wall_ms([*cw, "prolog"], env))  # the agent runs: the hook only finds it
         finally:

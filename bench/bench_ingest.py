@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
 from benchlib import PYTHON, Children, CollectorProc, median, spread, table, verdict  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 TARGET = 250_000
 HERE = os.path.abspath(__file__)
@@ -165,7 +166,8 @@ def run(quick: bool = False, rounds: int = 3, streams: int = 8, batches: int = 1
         ports = os.path.join(tmp, "trivial-ports.json")
         tlog = open(os.path.join(tmp, "trivial.log"), "ab")
         tp = children.start([PYTHON, HERE, "--serve-trivial", ports], stdout=tlog, stderr=subprocess.STDOUT)
-        benchlib.wait_for(lambda: os.path.exists(ports) or tp.poll() is not None, what="trivial server")
+        wait_for(lambda: os.path.exists(ports) or tp.poll() is not None, timeout=30.0, interval=0.05,
+                 what="trivial server")
         if tp.poll() is not None:
             raise RuntimeError("the trivial server exited; see " + tlog.name)
         with open(ports) as f:

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
 from benchlib import Children, CollectorProc, NodeSim, table  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 
 class SyncStream:
@@ -119,7 +120,7 @@ def measure(kind: str, target: str, sim: NodeSim, idle_s: float, batches: int) -
     client = (AgentSender if kind == "aio" else SyncStream)(target, hello)
     try:
         client.submit(made[0])
-        benchlib.wait_for(lambda: client.acked >= 1, timeout=30, what=f"{kind}: the first ack")
+        wait_for(lambda: client.acked >= 1, timeout=30, interval=0.05, what=f"{kind}: the first ack")
         time.sleep(1.0)  # settle: channel up, threads started
         c0, w0 = other_threads_cpu_ms(), time.monotonic()
         time.sleep(idle_s)
@@ -128,7 +129,7 @@ def measure(kind: str, target: str, sim: NodeSim, idle_s: float, batches: int) -
         for batch in made[1:]:
             client.submit(batch)
             time.sleep(0.05)
-        benchlib.wait_for(lambda: client.acked >= batches + 1, timeout=60, what=f"{kind}: every ack")
+        wait_for(lambda: client.acked >= batches + 1, timeout=60, interval=0.05, what=f"{kind}: every ack")
         cpu_ms, wall = other_threads_cpu_ms() - c0, time.monotonic() - w0
         per_batch = (cpu_ms - idle_ms_per_s * wall) / batches
         return {"idle": idle_ms_per_s, "per_batch": per_batch, "acked": client.acked, "sent": batches + 1,

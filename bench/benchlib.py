@@ -18,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from waiting import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 CLI = [PYTHON, "-m", "clusterwatch.cli.main"]
@@ -163,17 +165,6 @@ class Children:
         self.stop_all()
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
 def env_with_repo() -> dict:
     env = dict(os.environ)
     env.pop("CLUSTERWATCH_COLLECTOR", None)
@@ -197,7 +188,8 @@ class CollectorProc:
              *([] if any(a in extra for a in ("--agent-auth", "--token")) else ["--agent-auth", "none"]), *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env_with_repo(),
         )
-        wait_for(lambda: os.path.exists(self.ports_file) or self.popen.poll() is not None, what="collector ports")
+        wait_for(lambda: os.path.exists(self.ports_file) or self.popen.poll() is not None, timeout=30.0,
+                 interval=0.05, what="collector ports")
         if self.popen.poll() is not None:
             raise RuntimeError(f"collector exited: {Path(self.log_path).read_text(errors='replace')[-2000:]}")
         with open(self.ports_file) as f:

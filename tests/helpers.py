@@ -12,6 +12,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from bench.waiting import wait_for as wait_for  # the one wait of the tests and benches, re-exported
 from tests.hermetic import SUITE_SETTINGS
 
 CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
@@ -50,18 +51,6 @@ def clean_environ(base: dict | None = None) -> dict[str, str]:
     caller's settings (a token, a collector address, a config file) must not reach the processes a test starts."""
     return {k: v for k, v in (os.environ if base is None else base).items()
             if not k.startswith("CLUSTERWATCH_") or k in SUITE_SETTINGS}
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
-    """Poll until predicate() returns a truthy value; return it, or fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Proc:

@@ -7,12 +7,13 @@ import os
 import shutil
 import signal
 import socket
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from bench.waiting import poll_until
 
 # Daemons live in sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
@@ -77,17 +78,6 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-
-
 def wait_http_ready(popen, url: str, name: str, log: Callable[[], str], timeout: float) -> None:
     """Wait until ``url`` answers 200; raise with the server's log when it exits or is not ready in time."""
     def ready() -> bool:
@@ -99,7 +89,7 @@ def wait_http_ready(popen, url: str, name: str, log: Callable[[], str], timeout:
         except OSError:
             return False
 
-    is_ready = wait_for(ready, timeout, interval=0.1)
+    is_ready = poll_until(ready, timeout, interval=0.1)
     if popen.poll() is not None:
         raise AssertionError(f"{name} exited with {popen.returncode}:\n{log()}")
     if not is_ready:
@@ -113,5 +103,5 @@ def stop_pid(pid: int, grace: float = 5.0) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        if wait_for(lambda: not pid_alive(pid), wait):
+        if poll_until(lambda: not pid_alive(pid), wait):
             return

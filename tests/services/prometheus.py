@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.procs import free_port, require_binary, stop_pid, wait_for, wait_http_ready
+from bench.waiting import poll_until
+from tests.services.procs import free_port, require_binary, stop_pid, wait_http_ready
 
 #: Bound on /-/ready (seen at 0.2 s on these machines).
 READY_TIMEOUT_S = 20.0
@@ -107,7 +108,7 @@ class Prometheus:
             seen = self.query(expr)
             return len(seen) >= count
 
-        if not wait_for(enough, timeout, interval=0.5):
+        if not poll_until(enough, timeout, interval=0.5):
             raise AssertionError(f"{expr} returned {len(seen)} series, not {count}, within {timeout:.0f} s; "
                                  f"Prometheus log:\n{self.log()}")
         return seen

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.waiting import poll_until
 from clusterwatch.slurm.listpids import parse_listpids
-from tests.services.procs import free_port, pid_alive, read_pid, require_binary, stop_pid, wait_for
+from tests.services.procs import free_port, pid_alive, read_pid, require_binary, stop_pid
 
 #: Simulated node names, in the order of the slurm.conf lines.
 NODES = ("n1", "n2")
@@ -362,7 +363,7 @@ def running_slurm_cluster(
             states = cluster.node_states()
             return all(states.get(n) == "idle" for n in NODES)
 
-        if not wait_for(all_idle, start_timeout, interval=0.2):
+        if not poll_until(all_idle, start_timeout, interval=0.2):
             pytest.fail(
                 f"Slurm nodes not idle within {start_timeout} s: {cluster.node_states()}\n{cluster.logs()}",
                 pytrace=False,
@@ -378,7 +379,7 @@ def _start(args: list[str], env: dict[str, str], pid_file: Path, cluster: SlurmC
             f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}\n{cluster.logs()}",
             pytrace=False,
         )
-    if not wait_for(lambda: (p := read_pid(pid_file)) is not None and pid_alive(p), 10.0):
+    if not poll_until(lambda: (p := read_pid(pid_file)) is not None and pid_alive(p), 10.0):
         pytest.fail(f"{args[0]} wrote no live pid to {pid_file}\n{cluster.logs()}", pytrace=False)
     return read_pid(pid_file)  # type: ignore[return-value]
 
@@ -396,7 +397,7 @@ def _stop_cluster(cluster: SlurmCluster, pid_files: list[Path]) -> None:
                     out = cluster.run(["squeue", "-h", "-t", "all", "-o", "%T"], check=False, timeout=5)
                     return not any(s in {"RUNNING", "PENDING", "COMPLETING"} for s in out.stdout.split())
 
-                wait_for(no_jobs, 10.0, interval=0.2)
+                poll_until(no_jobs, 10.0, interval=0.2)
     # slurmd first (they talk to slurmctld on the way out), munged last (everyone authenticates with it).
     for pid_file in [*pid_files[2:], pid_files[1]]:
         pid = read_pid(pid_file)
@@ -473,7 +474,7 @@ def two_node_gpu_job(
                     return False
             return True
 
-        if not wait_for(tasks_up, timeout, interval=0.2):
+        if not poll_until(tasks_up, timeout, interval=0.2):
             raise AssertionError(f"job {job_id}: tasks did not start on every node\n{cluster.logs()}")
         yield job_id
     finally:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.procs import free_port, pid_alive, read_pid, require_binary, stop_pid, wait_for
+from bench.waiting import poll_until
+from tests.services.procs import free_port, pid_alive, read_pid, require_binary, stop_pid
 from tests.services.slurm import SlurmCluster
 
 
@@ -144,7 +145,7 @@ def running_sshd(root: Path | None = None, set_env: Mapping[str, str] | None = N
         )
         if started.returncode != 0:
             pytest.fail(f"sshd did not start: {started.stderr.strip()}", pytrace=False)
-        up = wait_for(lambda: (p := read_pid(pid_file)) is not None and pid_alive(p) and _accepts(port), 10.0)
+        up = poll_until(lambda: (p := read_pid(pid_file)) is not None and pid_alive(p) and _accepts(port), 10.0)
         if not up:
             log = (root / "sshd.log").read_text(errors="replace") if (root / "sshd.log").exists() else ""
             pytest.fail(f"sshd not accepting on 127.0.0.1:{port} within 10 s\n{log}", pytrace=False)

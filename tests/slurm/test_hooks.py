@@ -13,9 +13,10 @@ from clusterwatch.agent.ensure import EnsureResult, agent_alive, claim_spool, en
 from clusterwatch.agent.spool import resolve_gpus, spool_dir_for
 from clusterwatch.cli.hooks_cmd import exit_code_from
 
+from bench.waiting import poll_until
 from clusterwatch.model import GpuInfo
 from tests.helpers import CLI, ROOT
-from tests.services.procs import free_port, pid_alive, stop_pid, wait_for
+from tests.services.procs import free_port, pid_alive, stop_pid
 
 
 def hook_env(spool: Path, **extra: str) -> dict[str, str]:
@@ -103,7 +104,7 @@ def test_two_prologs_at_once_start_one_agent(spool: Path) -> None:
         assert p.wait(timeout=10) == 0
         # each wrote its event (the agent the first one started may already have taken some: not counted)
         assert b"cannot" not in p.stderr.read()
-    wait_for(lambda: len(agents_of(spool)) >= 1, 5.0)
+    poll_until(lambda: len(agents_of(spool)) >= 1, 5.0)
     time.sleep(0.5)  # a second agent, if one were started, would show by now
     assert agents_of(spool) == [read_pid(str(spool / "hk1" / "agent.pid"))]
 
@@ -197,7 +198,7 @@ def test_a_second_agent_for_the_same_spool_exits_with_one_line(spool: Path) -> N
             "--spool-dir", str(spool / "dup1"), "--train-socket", str(spool / "dup1.sock")]
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: read_pid(str(spool / "dup1" / "agent.pid")) == first.pid, 20.0)
+        poll_until(lambda: read_pid(str(spool / "dup1" / "agent.pid")) == first.pid, 20.0)
         second = subprocess.run(args, capture_output=True, text=True, timeout=30)
         assert second.returncode == 1
         assert second.stderr.strip().splitlines()[-1] == (

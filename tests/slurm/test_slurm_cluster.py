@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.waiting import poll_until
 from clusterwatch.slurm import hostlist
 from clusterwatch.slurm.listpids import parse_listpids
 from clusterwatch.slurm.scontrol import parse_show_job
-from tests.services.procs import wait_for
 from tests.services.slurm import (  # noqa: F401  (fixtures)
     WORKLOAD,
     SlurmCluster,
@@ -72,4 +72,4 @@ def test_listpids_on_the_second_node(slurm_cluster: SlurmCluster, two_node_job: 
         with open(f"/proc/{tasks[0].pid}/cmdline", "rb") as f:
             return f.read().split(b"\0")
 
-    assert wait_for(lambda: WORKLOAD.encode() in cmdline(), 5.0), cmdline()
+    assert poll_until(lambda: WORKLOAD.encode() in cmdline(), 5.0), cmdline()
