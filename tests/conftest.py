@@ -3,7 +3,9 @@ the real git repositories of the provenance tests (tests/git_repos.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +31,23 @@ def pytest_configure(config: pytest.Config) -> None:
     for sig in _STOP_SIGNALS:
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, _ignore)
+    _hypothesis_home(config)
+
+
+def _hypothesis_home(config: pytest.Config) -> None:
+    """Hypothesis keeps its example database and caches in `.hypothesis/` under the working directory (the
+    checkout): here they go into pytest's cache (kept between runs, so a failing example is tried first next
+    time), or a temporary folder under `-p no:cacheprovider`. Its home, not a profile's `database`: the
+    database setting moves the examples alone, not its other caches."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        set_hypothesis_home_dir(cache.mkdir("hypothesis"))
+    else:
+        home = tempfile.mkdtemp(prefix="hypothesis-")
+        config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+        set_hypothesis_home_dir(home)
 
 
 def _suite_settings(patch: pytest.MonkeyPatch) -> None:
