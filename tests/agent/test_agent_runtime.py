@@ -12,13 +12,14 @@ from clusterwatch.agent.stream import Sender
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import Collector, metric_value, wait_for
+from tests.helpers import AGENT_TOKEN, Collector, metric_value, wait_for
 
 
 def _config(tmp_path, collector: str | None, pid: int, **kw) -> AgentConfig:
     return AgentConfig(collector=collector, node="rt-node", interval_s=0.2, send_interval_s=0.0, gpu_source="none",
                        pids=((pid, None),), local_job_id="rt-1", spool_dir=str(tmp_path / "spool"),
-                       train_socket=str(tmp_path / "train.sock"), provenance=False, **kw)
+                       train_socket=str(tmp_path / "train.sock"), provenance=False,
+                       **{"token": AGENT_TOKEN, **kw})  # the harness's collectors take the tests' token
 
 
 @pytest.fixture
