@@ -60,7 +60,9 @@ def test_a_real_loopback_connection_is_ours(family, host):
 
 def test_the_pages_answer_only_their_owners_connections_and_roots():
     uids = {("127.0.0.1", 1): 1001, ("127.0.0.1", 2): 0, ("127.0.0.1", 3): 1002}
-    access = BrowserAccess(NoAuth(), owner_uid=1001, peer_uid=lambda client, server: uids.get(client))
+    # as `run` starts its own collector: its user's page, actions opted in (--allow-unauthenticated-actions)
+    access = BrowserAccess(NoAuth(), owner_uid=1001, peer_uid=lambda client, server: uids.get(client),
+                           unauthenticated_actions=True)
 
     def browser(port: int | None):
         environ = {"REMOTE_ADDR": "127.0.0.1"}
@@ -75,6 +77,10 @@ def test_the_pages_answer_only_their_owners_connections_and_roots():
         b = browser(port)
         assert b.refused == NOT_THE_OWNERS and not b.may_see("alice") and b.why_not_act("alice", True)
     assert access.other_users == 3
+    # not opted in: the owner's connection sees the job and may not act on it
+    seeing = BrowserAccess(NoAuth(), owner_uid=1001, peer_uid=lambda client, server: uids.get(client))
+    b = seeing.browser({"REMOTE_ADDR": "127.0.0.1", PEER_KEY: (("127.0.0.1", 1), ("127.0.0.1", 9752))})
+    assert not b.refused and b.may_see("alice") and "--allow-unauthenticated-actions" in b.why_not_act("alice", True)
     # without an owner: anyone's, as before
     assert not BrowserAccess(NoAuth(), peer_uid=lambda c, s: 1002).browser({}).refused
 
