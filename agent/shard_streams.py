@@ -8,7 +8,7 @@ compute, so no collector redirects anyone:
   a job numbered below `collectors_before`'s first job keeps the list it started on);
 - the job's prolog and epilog events go there too, and so do the readings of the GPUs the job holds
   (allocated by its prolog, or used by its processes), so that its rules (`idle_gpu`) and its status see
-  them: that collector does not export them (collector/exporter.py `owns_node`);
+  them: that collector does not export them (collector/export/snapshot.py `owns_node`);
 - the node's own data (every GPU reading, processes of no job, health records and the node's
   heartbeat) goes to the node's collector (`for_node`, always the current list): it gets every batch.
 

@@ -70,7 +70,7 @@ def feed_health(server) -> None:
 def cluster_exposition(server, health: str = "basic"):
     """The collector's scrape path, wired as CollectorServer._start_metrics wires it, with its GPU health
     families at `health` (the collector's --gpu-health-metrics: basic, full or none)."""
-    from clusterwatch.collector.exporter import ClusterCollector, Exposition
+    from clusterwatch.collector.export import ClusterCollector, Exposition
     from clusterwatch.collector.health.metrics import HealthFamilies, health_snapshot
 
     core, config = server.core, server.config
@@ -142,7 +142,7 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-
 
 
 def run(quick: bool = False, nodes: int = 1000, repeat: int = 5, show: bool = True) -> dict:
-    from clusterwatch.collector.exporter import same_exposition, serve_metrics
+    from clusterwatch.collector.export import same_exposition, serve_metrics
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 

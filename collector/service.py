@@ -22,7 +22,7 @@ from .alerts import AlertStore
 from .config import CollectorConfig
 from .core import CollectorCore, new_cluster_state
 from .counter_metrics import counter_families
-from .exporter import ClusterCollector, Exposition, serve_metrics
+from .export import ClusterCollector, Exposition, serve_metrics
 from .gc_tuning import tune_gc
 from .grpc_guard import MalformedMessageInterceptor
 from .grpc_limits import connection_caps, raise_open_file_limit, server_options
@@ -227,7 +227,7 @@ class CollectorServer:
 
     def _start_metrics(self) -> None:
         # A scrape copies what it exports under the core's lock (ingest writes the state under it)
-        # and writes the text outside it (collector/exporter.py).
+        # and writes the text outside it (collector/export/).
         exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.counter_values, alerts=self.active_alerts,

@@ -12,7 +12,7 @@ of the batch is applied and acknowledged as usual (refused whole, it would be re
 items are counted (clusterwatch_ingest_other_shard_dropped_total) and each node is named once in the log.
 
 GPU readings stay: a job's collector gets those of the GPUs its jobs hold, and exports a node's own GPU
-series only when the node is its own (collector/exporter.py `owns_node`).
+series only when the node is its own (collector/export/snapshot.py `owns_node`).
 """
 from __future__ import annotations
 

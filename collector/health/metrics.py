@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clusterwatch.collector.exporter import Family, format_value, label_string
+from clusterwatch.collector.export import Family, format_value, label_string
 from clusterwatch.collector.health.decisions import THROTTLE_REASONS
 
 __all__ = ["HEALTH_FAMILIES", "CLOCK_EVENT_REASONS", "HealthFamilies", "HealthSnapshot", "health_snapshot"]

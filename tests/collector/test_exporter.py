@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from clusterwatch.collector.exporter import (
+from clusterwatch.collector.export import (
     ClusterCollector,
     Exposition,
     format_value,

@@ -5,7 +5,7 @@ node (and its GPU inventory) from the stream's Hello. Sums across shards must co
 """
 from __future__ import annotations
 
-from clusterwatch.collector.exporter import ClusterCollector
+from clusterwatch.collector.export import ClusterCollector
 from clusterwatch.collector.state import ClusterState
 
 from clusterwatch.model import GpuInfo

@@ -12,7 +12,7 @@ import subprocess
 import threading
 
 import pytest
-from clusterwatch.collector.exporter import MAX_TAG_LABELS, ClusterCollector, Exposition, tag_labels
+from clusterwatch.collector.export import MAX_TAG_LABELS, ClusterCollector, Exposition, tag_labels
 from clusterwatch.collector.state import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import HealthCheck, example, given, settings

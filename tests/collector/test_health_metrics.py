@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from clusterwatch.collector.exporter import ClusterCollector, same_exposition
+from clusterwatch.collector.export import ClusterCollector, same_exposition
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.metrics import HealthFamilies, health_snapshot
 from clusterwatch.collector.health.xid_catalog import load_catalog

@@ -14,7 +14,7 @@ import pytest
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.counter_metrics import counter_families
-from clusterwatch.collector.exporter import ClusterCollector, Exposition
+from clusterwatch.collector.export import ClusterCollector, Exposition
 from clusterwatch.collector.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 

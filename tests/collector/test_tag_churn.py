@@ -1,7 +1,7 @@
 """A job's run tags are bounded in churn: a tag whose value changes at every report makes a handful of
 clusterwatch_job_info series over a job's life, not one a scrape.
 
-Tags become labels of clusterwatch_job_info (collector/exporter.py), and every new label value is a new
+Tags become labels of clusterwatch_job_info (collector/export/families.py), and every new label value is a new
 Prometheus series. Each key may change MAX_TAG_CHANGES times in a job; then it shows TAG_CHANGING, and
 the values after that are counted (clusterwatch_ingest_tag_changes_dropped_total), not shown.
 """
@@ -12,7 +12,7 @@ import urllib.request
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.counter_metrics import counter_families
-from clusterwatch.collector.exporter import ClusterCollector, Exposition, serve_metrics
+from clusterwatch.collector.export import ClusterCollector, Exposition, serve_metrics
 from clusterwatch.collector.state import MAX_TAG_CHANGES, TAG_CHANGING
 from clusterwatch.collector.store import Store, open_db
 from clusterwatch.collector.views import job_view

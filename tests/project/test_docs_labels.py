@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clusterwatch.collector.exporter import MAX_TAG_LABELS, MAX_TAG_NAME, MAX_TAG_VALUE
+from clusterwatch.collector.export import MAX_TAG_LABELS, MAX_TAG_NAME, MAX_TAG_VALUE
 
 from tests.helpers import ROOT
 

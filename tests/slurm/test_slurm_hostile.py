@@ -506,7 +506,7 @@ def test_skipped_records_reach_metrics(tmp_path):
     """The registry's count of records left out is exported, so an operator sees hostile names at work."""
     from types import SimpleNamespace
 
-    from clusterwatch.collector.exporter import ClusterCollector
+    from clusterwatch.collector.export import ClusterCollector
     from clusterwatch.collector.service import CollectorServer
 
     server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))

@@ -1,0 +1,168 @@
+"""What one scrape exports, copied out of the collector's state under the core's lock into plain rows.
+
+`take_snapshot()` is the only part of the exporter that reads the state; what it returns holds no state
+objects, so the text is written after the lock is let go.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..state import ClusterState
+from .families import JOB_INFO, tag_labels
+
+
+class JobRow(NamedTuple):
+    """A running job in a snapshot."""
+
+    job_id: str
+    user: str
+    name: str
+    partition: str
+    state: str
+    tags: tuple[tuple[str, str], ...]  # tag label (name, value) pairs
+    code: list[str] | None  # JOB_CODE's label values after job_id, None without provenance
+    processes: int  # live
+    gpu_memory_bytes: int
+    rss_bytes: int
+
+
+class GpuRow(NamedTuple):
+    """A GPU in a snapshot (None: not reported)."""
+
+    node: str
+    uuid: str
+    index: str
+    job_id: str  # the job it is allocated to or used by, "" for none
+    utilization_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_watts: float | None
+
+
+class NodeRow(NamedTuple):
+    """A node in a snapshot."""
+
+    node: str
+    up: float  # 1.0 or 0.0
+    memory_total_bytes: int
+    last_seen: float
+    samples_dropped: int
+
+
+class Snapshot(NamedTuple):
+    """What one scrape exports, copied out of the state (no state objects).
+
+    ranks: ((job_id, node, rank), then one value or None per RANK_FAMILIES entry); processes: ((job_id,
+    node, pid, command), then one value or None per PROCESS_FAMILIES entry): rows of family columns, as
+    the writer reads them. alerts: label values in ALERT_FAMILY order, or None when alerts are not
+    exported; counters: (name, help, value).
+    """
+
+    jobs: list[JobRow]
+    ranks: list[tuple]
+    processes: list[tuple] | None
+    gpus: list[GpuRow]
+    nodes: list[NodeRow]
+    alerts: list[tuple[str, ...]] | None
+    counters: list[tuple[str, str, float]] | None
+    extra: Any = None   # the `extra` families' own snapshot (the GPU health ones), None without them
+
+
+def code_labels(records) -> list[str]:
+    """commit, branch, dirty, remote and the number of versions over a job's provenance records."""
+    counts: dict[str, list[dict]] = {}
+    for r in records:
+        counts.setdefault(r.get("code_id", "unknown"), []).append(r)
+    known = {k: v for k, v in counts.items() if k != "unknown"} or counts
+    main = max(known.values(), key=len)[0].get("git") or {}
+    dirty = main.get("dirty")
+    return [str(main.get("commit", "unknown")), str(main.get("branch", "unknown")),
+            "unknown" if dirty in (None, "unknown") else str(bool(dirty)).lower(),
+            str(main.get("remote_url", "") or ""), str(len(known))]
+
+
+def take_snapshot(state: ClusterState, now: float, per_process: bool, after_intervals: float,
+                  owns_node: Callable[[str], bool] | None) -> Snapshot:
+    """The state's rows of a snapshot (alerts, counters and extra left None); the caller holds the core's lock.
+
+    Args:
+        state: the collector's state.
+        now: the current time (Unix seconds), for whether a node is up.
+        per_process: also copy per-process rows.
+        after_intervals: a node is down after this many of its poll intervals without a batch.
+        owns_node: whether a node's own series (its GPUs and node rows) are this collector's; None: all are.
+    """
+    st = state
+    procs_by_key = st.processes
+    pids = st.pids
+    jobs, ranks = [], []
+    processes = [] if per_process else None
+    alloc_owner: dict[str, str] = {}
+    use_owner: dict[str, str] = {}
+    for job in st.jobs.values():
+        if job.ended:
+            continue
+        job_id = job.job_id
+        for uuids in job.gpus_by_node.values():
+            for u in uuids:
+                alloc_owner[u] = job_id
+        n = gsum = rsum = 0
+        for key in job.processes:
+            series = procs_by_key.get(key)
+            if series is None or not series.alive:
+                continue
+            n += 1
+            s = series.latest
+            gpus = s.gpus
+            gmem = s.gpu_memory_bytes if gpus else None
+            rss = s.rss_bytes
+            for g in gpus:
+                if g.gpu_uuid not in use_owner:
+                    use_owner[g.gpu_uuid] = job_id
+            if gmem:
+                gsum += gmem
+            if rss:
+                rsum += rss
+            # Ranks are the unit users reason in; a rank's children (DataLoader workers)
+            # share its rank label, so only the rank's own process (or an unranked
+            # process) gets a rank series (and a process series), and children add to the
+            # job totals.
+            rank = s.rank
+            if s.mapped_by == "tree" and rank is not None:
+                parent = pids.get(s.node, {}).get(s.ppid)
+                if parent is not None and parent.alive and parent.latest.rank == rank:
+                    continue
+            cpu = s.cpu_percent
+            if per_process:
+                processes.append(((job_id, s.node, str(s.pid), s.command), gmem, rss,
+                                  cpu / 100.0 if cpu is not None else None))
+            gutil = s.gpu_utilization if gpus else None
+            ranks.append((
+                (job_id, s.node, str(rank) if rank is not None else f"pid{s.pid}"),
+                gmem, rss, cpu / 100.0 if cpu is not None else None,
+                gutil / 100.0 if gutil is not None else None, s.threads, s.open_fds,
+                series.step, series.steps_per_s, series.loss, series.lr,
+            ))
+        code = code_labels(job.provenance.values()) if job.provenance else None
+        tags = tuple(tag_labels(job.tags, JOB_INFO.labels).items())
+        jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
+    use_owner.update(alloc_owner)  # a GPU allocated to a job is that job's; else the first job using it
+    gpus = []
+    owns = owns_node
+    for uuid, gs in st.gpus.items():
+        if owns is not None and not owns(gs.node):
+            continue
+        r = gs.latest
+        job_id = use_owner.get(uuid, "")
+        if r is None:
+            gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, None, None, gs.info.memory_total_bytes,
+                               None))
+            continue
+        util = r.utilization
+        gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, util / 100.0 if util is not None else None,
+                           r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts))
+    node_up = st.node_up
+    nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after_intervals) else 0.0, ns.memory_total_bytes,
+                     ns.last_seen, ns.samples_dropped) for ns in st.nodes.values() if owns is None or owns(ns.node)]
+    return Snapshot(jobs, ranks, processes, gpus, nodes, None, None)
