@@ -35,8 +35,8 @@ def parse_root(text: str) -> tuple[int, float | None]:
     except ValueError:
         raise ValueError(f"--pid {text!r}: expected PID or PID:STARTTIME (the process's start time in "
                          "Unix seconds, as `clusterwatch agent --once --json` shows it)") from None
-    if pid <= 1 or (start is not None and not start > 0):
-        raise ValueError(f"--pid {text!r}: the pid must be above 1 and the start time a positive number")
+    if pid < 1 or (start is not None and not start > 0):
+        raise ValueError(f"--pid {text!r}: the pid and the start time must be positive numbers")
     return pid, start
 
 
