@@ -11,12 +11,15 @@ Each call sends one small JSON datagram over a Unix datagram socket to the agent
 never blocks and never raises: when the agent is absent, or its queue is full, the
 report is dropped and counted (`dropped()`); `sent()` counts the ones the kernel
 took. After the agent was found absent, reports are dropped without a system call
-for one second, so an absent agent costs even less than a present one. The first
-report that cannot reach the agent (no socket, nobody reading it, no permission;
-not a full queue) is said once on this process's stderr, in one line with the
-reason: the collector sees no new step while reports do not arrive, and the line
-tells the user that training went on. Lost reports are not resent: each one
-carries the current step, so the first that arrives again moves it.
+for one second, so an absent agent costs even less than a present one. Reports
+that cannot reach the agent (no socket, nobody reading it, no permission; not a
+full queue) are said once on this process's stderr, in one line with the reason:
+at once when the agent had been reached before (its socket went away), after 10 s
+of failing when it never was (an agent that starts after the training process, as
+under `clusterwatch run`, is not called missing). The collector sees no new step
+while reports do not arrive; the line tells the user that training went on. Lost
+reports are not resent: each carries the current step, so the first that arrives
+again moves it.
 
 Values: `step` must be an int; `loss`, `lr`, `epoch` and metric values finite
 numbers (int, float, or anything with `__float__` such as a NumPy scalar; bools are
@@ -76,6 +79,7 @@ MAX_METRICS = 32
 MAX_NAME = 64
 MAX_TAG_VALUE = 256
 _ABSENT_BACKOFF_S = 1.0
+UNREACHED_GRACE_S = 10.0     # an agent never reached is said to be missing after this long
 _TAGS_RESEND_S = 30.0        # an agent restarted since tags() learns them again
 ALLOCATOR_EVERY_S = 5.0      # torch's allocator figures ride along at most this often
 MAX_GPUS = 16                # allocator entries in one report
@@ -101,6 +105,7 @@ class _State:
         self.uuids: dict[int, str] = {}  # torch device index -> its UUID (read once)
         self.channel: RequestChannel | None = None  # requests from the agent, once the socket is bound
         self.told = False  # whether this process was told (on stderr) that its reports cannot reach the agent
+        self.failing_since = 0.0  # monotonic time of the first report that could not reach it
 
 
 _state = _State()
@@ -255,8 +260,14 @@ def _send(st: _State, body: str, now: float, with_tags: bool, extra: str = "") -
                 st.absent_until = now + _ABSENT_BACKOFF_S
             if with_tags:
                 st.tags_due = 0.0
-            tell = not full and not st.told
-            st.told = st.told or tell
+            tell = False
+            if not full and not st.told:
+                # an agent reached before is gone: said at once; one never reached may be starting
+                # after this process (`clusterwatch run` starts the command first): said after a grace
+                if not st.failing_since:
+                    st.failing_since = now
+                tell = st.sent > 0 or now - st.failing_since >= UNREACHED_GRACE_S
+                st.told = tell
         if tell:
             _tell_unreachable(st.path, exc)
         return False
