@@ -1,8 +1,9 @@
 """Who may listen at the training socket's path: one agent at a time, and never over a live socket.
 
 The agent that listens at PATH holds an exclusive flock on PATH.lock (beside it, in the agent's own
-0755 folder) for as long as it listens, and writes its pid there; the kernel lets go of the lock
-however the agent ends. A second agent (another spool folder, the same --train-socket) cannot take
+0755 folder; mode 0600, as any process that can open a file can flock it) for as long as it
+listens, and writes its pid there; the kernel lets go of the lock however the agent ends, and a
+stopping agent removes the file. A second agent (another spool folder, the same --train-socket) cannot take
 the lock and refuses, naming the first one's pid, before it touches the path.
 
 Once an agent holds the lock, what it finds at PATH is judged so:
@@ -49,7 +50,9 @@ def claim(path: str) -> int:
     where = lock_path(path)
     for _ in range(8):
         try:
-            fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # 0600: flock needs no write permission, so a user who could open it could hold it, and the next
+            # agent would refuse to start
+            fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot make the training socket's lock file {where}: {exc.strerror or exc}; "
                               f"fix its folder or {_WHAT_TO_DO}") from None
@@ -57,12 +60,14 @@ def claim(path: str) -> int:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 raise ConfigError(f"{where} is not a plain file of uid {os.geteuid()}; remove it or {_WHAT_TO_DO}")
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 pid = _pid_in(fd)
                 raise SocketTaken(f"another agent (pid {pid or 'unknown'}) listens on the training socket {path}; "
-                                  f"this one leaves it alone and exits: stop that agent first, or "
+                                  f"this one leaves it alone: stop that agent first, or "
                                   f"{_WHAT_TO_DO}") from None
             # its holder may have removed the file (closing) between our open and our lock: then the lock
             # is on a file nobody else will open, and the one at the path now is another
@@ -120,7 +125,7 @@ def make_way(path: str, log: logging.Logger) -> None:
                     os.path.dirname(path) or ".")
     elif is_live(path):
         raise SocketTaken(f"a program that holds no {os.path.basename(lock_path(path))} (an older agent?) "
-                          f"listens on the training socket {path}; this agent leaves it alone and exits: stop "
+                          f"listens on the training socket {path}; this agent leaves it alone: stop "
                           f"that program first, or {_WHAT_TO_DO}")
     try:
         os.unlink(path)

@@ -146,3 +146,43 @@ def test_a_socket_owned_by_another_user_is_never_trusted(tmp_path: Path, sock_di
     finally:
         planted.close()
         collector.stop()
+
+
+HOLD = """
+import fcntl, sys, time
+fd = open(sys.argv[1], "rb")  # flock needs no write permission
+print("opened", flush=True)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_user_cannot_hold_the_lock_against_the_next_agent(tmp_path: Path, sock_dir: Path) -> None:
+    """An ordinary user who opens the lock file while an agent runs, and takes the lock the moment that agent is
+    killed, would make every later agent refuse to start (and name a dead pid). (/usr/bin/python3: the test's
+    virtualenv may not be open to that user.)"""
+    collector = Collector(tmp_path)
+    sock = sock_dir / "train.sock"
+    lock = Path(f"{sock}.lock")
+    first = _start(tmp_path, collector, "a", sock)
+    holder = subprocess.Popen(["/usr/bin/python3", "-c", HOLD, str(lock)], user=NOBODY, group=NOBODY, extra_groups=[],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert oct(lock.stat().st_mode & 0o777) == "0o600"
+        first.stop(signal.SIGKILL)
+        try:
+            out, err = holder.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
+            out, err = "opened: it holds the file open", ""
+        assert "opened" not in out and "Permission denied" in err, out + err
+        second = _start(tmp_path, collector, "b", sock)
+        try:
+            assert _reaches(sock)
+        finally:
+            assert second.stop() == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        first.stop()
+        collector.stop()
