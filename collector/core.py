@@ -142,6 +142,10 @@ class IngestCounters:
     store_errors: int = 0  # flushes and job closes the store could not take (retried)
     callback_errors: int = 0  # rules, alerts or registry callbacks that raised during ingest
 
+    def add(self, name: str, n: int = 1) -> None:
+        """Count `n` more of `name`, one of the int fields above (another name raises AttributeError)."""
+        setattr(self, name, getattr(self, name) + n)
+
 
 class CollectorCore:
     """State, store and job lifecycle of one collector.
@@ -187,6 +191,11 @@ class CollectorCore:
         self._listeners: list[CoreListener] = list(listeners)
         self._alerts = alerts
         self._restore()
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Count `n` more of `name` (an IngestCounters field: rejected, unauthenticated, throttled, ...); what
+        the servicers count goes through here, and collector/counter_metrics.py names it for /metrics."""
+        self.counters.add(name, n)
 
     def add_listener(self, listener: CoreListener) -> None:
         """One more listener, for a part built on the core it listens to (the job registry)."""

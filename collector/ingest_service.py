@@ -54,8 +54,9 @@ class TokenBucket:
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
-async def _hello_in_time(request_iterator, context, counters):
-    """The stream's messages; the first must come within HELLO_TIMEOUT_S (an agent sends its Hello at once).
+async def _hello_in_time(request_iterator, context, count: Callable[[str], None]):
+    """The stream's messages; the first must come within HELLO_TIMEOUT_S (an agent sends its Hello at once);
+    `count` (CollectorCore.count) takes a stream that misses it as rejected.
 
     A stream that opens and says nothing would otherwise hold its connection for ever.
     """
@@ -65,7 +66,7 @@ async def _hello_in_time(request_iterator, context, counters):
     except StopAsyncIteration:
         return
     except asyncio.TimeoutError:
-        counters.rejected += 1
+        count("rejected")
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no hello within {HELLO_TIMEOUT_S:.0f} s of opening the stream")
     yield first
@@ -174,15 +175,15 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         node = boot_id = proof = None
         bucket = TokenBucket(self.max_samples_per_s, burst_s=10.0)
         try:
-            async for msg in _hello_in_time(request_iterator, context, self.core.counters):
+            async for msg in _hello_in_time(request_iterator, context, self.core.count):
                 kind = msg.WhichOneof("body")
                 if kind == "hello":
                     refused = hello_refusal(msg.hello)  # ingest_bounds: before its node is named anywhere
                     if refused is not None:
-                        self.core.counters.rejected += 1
+                        self.core.count("rejected")
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
                     if node is not None and msg.hello.node != node:
-                        self.core.counters.rejected += 1
+                        self.core.count("rejected")
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                             f"a stream speaks for one node: this one is {node!r}'s")
                     if proof is None:  # once a stream: a munge credential is good once
@@ -192,17 +193,17 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     self.core.node_notes.hello(msg.hello)  # e.g. GPU memory it cannot tie to processes
                 elif kind == "batch":
                     if node is None:
-                        self.core.counters.rejected += 1
+                        self.core.count("rejected")
                         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a batch before the hello")
                     n = len(msg.batch.processes.pid)
                     if n > MAX_SAMPLES_PER_BATCH:
-                        self.core.counters.rejected += 1
+                        self.core.count("rejected")
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                             f"a batch of {n} process samples; at most {MAX_SAMPLES_PER_BATCH}")
                     # a flooding agent is slowed down (its acks come later), never allowed to starve the rest
                     delay = bucket.take(n, time.monotonic())
                     if delay > 0:
-                        self.core.counters.throttled += 1
+                        self.core.count("throttled")
                         await asyncio.sleep(delay)
                     self.core.batch(node, boot_id, msg.batch)  # a refused batch is acked too, or resent forever
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
@@ -210,7 +211,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                 elif kind == "train_answer" and node is not None and self.outboxes.on_train_answer is not None:
                     self.outboxes.on_train_answer(node, msg.train_answer)  # it checks the node is the one asked
                 else:
-                    self.core.counters.rejected += 1
+                    self.core.count("rejected")
         finally:
             # a stream that was taken over leaves the node to the one that took it
             if node is not None and self.outboxes.by_node.get(node) is outbox:
@@ -228,17 +229,17 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         refusal = node_identity_error(node, certificate_node_names(context.auth_context()))
         if refusal is not None:
             self.identity_refused += 1
-            self.core.counters.unauthenticated += 1
+            self.core.count("unauthenticated")
             await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, refusal, node)
         try:
             proof = await self.auth.prove(context.invocation_metadata(), context.auth_context())
         except StreamRefused as exc:
-            self.core.counters.unauthenticated += 1
+            self.core.count("unauthenticated")
             await self._refuse(context, exc.code, str(exc), node)
         refusal = self.auth.bind(node, proof)
         if refusal is not None:
             self.identity_refused += 1
-            self.core.counters.unauthenticated += 1
+            self.core.count("unauthenticated")
             await self._refuse(context, grpc.StatusCode.PERMISSION_DENIED, refusal, node)
         return proof
 

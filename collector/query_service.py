@@ -49,7 +49,7 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         try:
             return await self.auth.caller(context.invocation_metadata())
         except AuthError as exc:
-            self.core.counters.unauthenticated += 1
+            self.core.count("unauthenticated")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
     async def _check_job(self, context, caller: Caller, job_id: str, owner: str) -> None:

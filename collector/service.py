@@ -201,10 +201,10 @@ class CollectorServer:
         os.replace(path + ".tmp", path)
 
     def _count_unauthenticated(self) -> None:
-        self.core.counters.unauthenticated += 1
+        self.core.count("unauthenticated")
 
     def _count_rejected(self) -> None:
-        self.core.counters.rejected += 1
+        self.core.count("rejected")
 
     def counter_values(self) -> dict[str, tuple[float, str]]:
         """The core's ingest counters, the servicer's own and the job registry's, as /metrics names them."""
