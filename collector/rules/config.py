@@ -2,10 +2,11 @@
 
 `load_rules(path)` and `parse_rules(text, source)` validate the whole file once and
 return a `RuleSet`; an unknown key, a wrong type or a bad pattern raises
-`ConfigError` naming the file, the line and what is wrong. The file's schema (which key sets
-which field, in which unit) is declared below the dataclasses and checked by `schema.py`. Units in the file are
-the ones people think in (MB, MB/h, seconds, percent); the dataclasses hold base
-units (bytes, bytes/h). docs/rules.md documents every key and default.
+`ConfigError` naming the file, the line and what is wrong (clusterwatch/toml_file.py). The
+file's schema (which key sets which field, in which unit) is declared below the dataclasses and
+checked by clusterwatch/toml_schema.py. Units in the file are the ones people think in (MB,
+MB/h, seconds, percent); the dataclasses hold base units (bytes, bytes/h).
+docs/rules.md documents every key and default.
 """
 from __future__ import annotations
 
@@ -19,15 +20,23 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from clusterwatch.errors import ConfigError
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from clusterwatch import toml_file
+from clusterwatch.toml_schema import (
+    ArrayOf,
+    Bool,
+    Converted,
+    Invalid,
+    Key,
+    Number,
+    Strings,
+    Table,
+    Text,
+    Value,
+    is_number,
+    keys_of,
+)
 
 from .model import RULE_NAMES
-from .schema import ArrayOf, Bool, Converted, Invalid, Key, Number, Strings, Table, Text, Value, is_number, keys_of
 
 MB = 1024 * 1024
 SEVERITIES = ("info", "warning", "critical")
@@ -358,7 +367,7 @@ class RuleSet:
 
 
 # ---- the rules file's schema -----------------------------------------------------------------
-# Which file key sets which field, in which unit, and what it may hold; schema.py checks a
+# Which file key sets which field, in which unit, and what it may hold; toml_schema checks a
 # parsed file against it and builds the dataclasses above.
 
 _MATCH_KEYS = ("job_name", "user", "partition", "command")
@@ -484,21 +493,7 @@ def parse_rules(text: str, source: str = "<rules>") -> RuleSet:
         ConfigError: The text is not TOML, or a key, type or pattern is wrong; the
             message names the file and, where it can, the line.
     """
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        m = re.search(r"\(at line (\d+), column \d+\)", msg)
-        where = f"{source}: line {m.group(1)}" if m else source
-        what = re.sub(r" \(at line.*", "", msg)
-        raise ConfigError(f"{where}: not valid TOML: {what}") from exc
-    try:
-        return RULES_FILE.read(data)
-    except Invalid as exc:
-        line = exc.locate(text)
-        where = f"{source}: line {line}" if line else source
-        table = f"[{exc.where}] " if exc.path else ""
-        raise ConfigError(f"{where}: {table}{exc.what}") from None
+    return toml_file.load(text, source, RULES_FILE)
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:
@@ -516,12 +511,8 @@ def load_rules(path: str | Path | None = None) -> RuleSet:
     if path is None:
         text = resources.files(__package__).joinpath("default_rules.toml").read_text()
         return parse_rules(text, "default_rules.toml")
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the rules file: {exc.strerror or exc}") from exc
-    return parse_rules(text, str(p))
+    text = toml_file.read_text(path, f"rules file {path}", "fix --rules, or drop it for the shipped rules")
+    return parse_rules(text, str(path))
 
 
 def packaged_rules_text(name: str) -> str:

@@ -3,8 +3,9 @@
 A `Table` maps file keys to `Key`s (the field a key sets and the `Value` it must be); its
 `read` checks a parsed table and returns the converted fields in file order, or raises
 `Invalid` naming the table's path, the key and what is allowed. `Invalid.locate` finds the
-key's line in the file's text, so the caller can say file and line. Rule knowledge lives in
-`config.py`; nothing here knows a rule.
+key's line in the file's text, so the caller can say file and line (toml_file.py does). What
+each file holds lives with its reader (collector/rules/config.py declares the rules file);
+nothing here knows one file.
 """
 from __future__ import annotations
 

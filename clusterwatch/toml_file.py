@@ -1,0 +1,89 @@
+"""Reading clusterwatch's TOML files (rules, XID catalog, sim scenario, config): one error form.
+
+Every problem is one `ConfigError` line that starts with the file's label ("scenario x.toml",
+"XID catalog x.toml", or the bare path), then the line where it can be told, then what is wrong:
+
+    rules.toml: line 3: [gpu_stall] for_s must not be negative
+    scenario x.toml: line 1: not valid TOML: Expected ']' at the end of a table declaration
+
+What a file may hold is declared with `toml_schema` (Table, Key, values), or checked by the
+reader itself, which raises `Invalid` with the table's path so the line can be found here.
+tomllib is imported on first use: the CLI reads no TOML on most commands, and it costs ~4 ms.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .toml_schema import Invalid, Table
+
+__all__ = ["read_text", "parse", "load", "at_line", "error_at"]
+
+_TOML_LINE = re.compile(r" \(at line (\d+), column \d+\)")
+
+
+def read_text(path: str | Path, label: str, hint: str) -> str:
+    """The text of a TOML file (UTF-8, as TOML is).
+
+    Args:
+        path: The file.
+        label: How errors name it ("XID catalog /etc/x.toml").
+        hint: What to do when it cannot be read ("fix the path or drop the option").
+
+    Raises:
+        ConfigError: `{label}: cannot read it ({why}); {hint}`.
+    """
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    raise ConfigError(f"{label}: cannot read it ({why}); {hint}") from None
+
+
+def parse(text: str, label: str) -> dict[str, Any]:
+    """TOML text as a dict.
+
+    Raises:
+        ConfigError: `{label}: line N: not valid TOML: {what}`.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = _TOML_LINE.search(msg)
+        where = f"{label}: line {m.group(1)}" if m else label
+        raise ConfigError(f"{where}: not valid TOML: {_TOML_LINE.sub('', msg)}") from None
+
+
+def at_line(label: str, text: str, path: tuple[str | int, ...] = (), key: str | None = None) -> str:
+    """`{label}: line N` for a key (or its table) of the file's text; the bare label where it cannot be told."""
+    line = Invalid("", path, key).locate(text)
+    return f"{label}: line {line}" if line else label
+
+
+def error_at(label: str, text: str, exc: Invalid) -> ConfigError:
+    """The ConfigError for an Invalid: `{label}: line N: [table] what` (no table at the top level)."""
+    table = f"[{exc.where}] " if exc.path else ""
+    return ConfigError(f"{at_line(label, text, exc.path, exc.key)}: {table}{exc.what}")
+
+
+def load(text: str, label: str, schema: Table) -> Any:
+    """Parse TOML text and read it with `schema`: what the schema's table builds.
+
+    Raises:
+        ConfigError: the text is not TOML, or a key or value is wrong (see `parse`, `error_at`).
+    """
+    data = parse(text, label)
+    try:
+        return schema.read(data)
+    except Invalid as exc:
+        raise error_at(label, text, exc) from None
