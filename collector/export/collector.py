@@ -8,7 +8,7 @@ from prometheus_client.registry import Collector
 
 from ..state import ClusterState
 from .series import ExtraFamilies, FamilyRows, client_families, series
-from .snapshot import Snapshot, take_snapshot
+from .snapshot import AlertRow, CounterRow, Snapshot, take_snapshot
 from .text import render
 
 
@@ -58,11 +58,11 @@ class ClusterCollector(Collector):
         snap = take_snapshot(self.state, self.clock(), self.per_process, self.after_intervals, self.owns_node)
         alerts = None
         if self.alerts is not None:
-            alerts = [(a["rule"], a["severity"], a["state"], a.get("job_id", ""), a.get("node", ""), a.get("rank", ""))
-                      for a in self.alerts()]
+            alerts = [AlertRow(a["rule"], a["severity"], a["state"], a.get("job_id", ""), a.get("node", ""),
+                               a.get("rank", "")) for a in self.alerts()]
         counters = None
         if self.counters is not None:
-            counters = [(name, help_text, value) for name, (value, help_text) in self.counters().items()]
+            counters = [CounterRow(name, help_text, value) for name, (value, help_text) in self.counters().items()]
         extra = self.extra.snapshot() if self.extra is not None else None
         return snap._replace(alerts=alerts, counters=counters, extra=extra)
 

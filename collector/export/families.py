@@ -80,7 +80,7 @@ JOB_FAMILIES = (
     family("clusterwatch_job_gpu_memory_used_bytes", "gauge", "GPU memory used by all the job's processes.", "job_id"),
     family("clusterwatch_job_rss_bytes", "gauge", "Resident host memory of all the job's processes.", "job_id"),
 )
-# in the order of the values in a snapshot's rank rows
+# in the order of a RankRow's values (snapshot.py), each named as its field after "clusterwatch_rank_"
 RANK_FAMILIES = (
     family("clusterwatch_rank_gpu_memory_used_bytes", "gauge", "GPU memory used by the rank's process.",
            *RANK_LABELS),
@@ -96,7 +96,7 @@ RANK_FAMILIES = (
     family("clusterwatch_rank_learning_rate", "gauge", "Learning rate the rank last reported.", *RANK_LABELS),
 )
 PROCESS_LABELS = ("job_id", "node", "pid", "command")
-# in the order of the values in a snapshot's process rows
+# in the order of a ProcessRow's values (snapshot.py), each named as its field after "clusterwatch_process_"
 PROCESS_FAMILIES = (
     family("clusterwatch_process_gpu_memory_used_bytes", "gauge", "GPU memory used by the process.",
            *PROCESS_LABELS),

@@ -25,7 +25,7 @@ from .families import (
     RANK_LABELS,
     Family,
 )
-from .snapshot import GpuRow, JobRow, Snapshot
+from .snapshot import GpuRow, JobRow, ProcessRow, RankRow, Snapshot
 
 if TYPE_CHECKING:
     from .text import TextWriter
@@ -77,7 +77,7 @@ def job_series(jobs: list[JobRow]) -> FamilyRows:
 
 
 def _value_columns(families: tuple[Family, ...], labels: tuple[str, ...],
-                   rows_in: Iterable[tuple]) -> FamilyRows:
+                   rows_in: Iterable[RankRow | ProcessRow]) -> FamilyRows:
     """Rows that hold their labels then one value per family: a series per value that is not None."""
     rows_by_family: list[list] = [[] for _ in families]
     for key, *values in rows_in:
@@ -112,8 +112,8 @@ def other_series(snap: Snapshot) -> FamilyRows:
     out.extend(zip(NODE_FAMILIES, node_rows, strict=True))
     if snap.alerts is not None:
         out.append((ALERT_FAMILY, [(ALERT_FAMILY.labels, a, 1) for a in snap.alerts]))
-    for name, help_text, value in snap.counters or ():
-        out.append((Family(name, "counter", help_text, ()), [((), (), value)]))
+    for c in snap.counters or ():
+        out.append((Family(c.name, "counter", c.help, ()), [((), (), c.value)]))
     return out
 
 

@@ -1,4 +1,4 @@
-"""What one scrape exports, copied out of the collector's state under the core's lock into plain rows.
+"""What one scrape exports, copied out of the collector's state under the core's lock into named rows.
 
 `take_snapshot()` is the only part of the exporter that reads the state; what it returns holds no state
 objects, so the text is written after the lock is let go.
@@ -12,6 +12,16 @@ from ..state import ClusterState
 from .families import JOB_INFO, tag_labels
 
 
+class JobCode(NamedTuple):
+    """The code a job runs (clusterwatch_job_code's labels after job_id)."""
+
+    commit: str
+    branch: str
+    dirty: str  # "true", "false" or "unknown"
+    remote: str
+    versions: str  # how many versions its ranks run
+
+
 class JobRow(NamedTuple):
     """A running job in a snapshot."""
 
@@ -21,10 +31,37 @@ class JobRow(NamedTuple):
     partition: str
     state: str
     tags: tuple[tuple[str, str], ...]  # tag label (name, value) pairs
-    code: list[str] | None  # JOB_CODE's label values after job_id, None without provenance
+    code: JobCode | None  # None without provenance
     processes: int  # live
     gpu_memory_bytes: int
     rss_bytes: int
+
+
+# Rank and process rows are NamedTuples, not dataclasses: the writer's hottest loop (text.py _write_ranks)
+# unpacks them in one step, where a dataclass's eleven fields would be read one by one, slower.
+class RankRow(NamedTuple):
+    """A rank in a snapshot: its labels, then one value or None per RANK_FAMILIES entry, in that order."""
+
+    labels: tuple[str, str, str]  # job_id, node, rank (the rank's number, or "pid<pid>" when it has none)
+    gpu_memory_used_bytes: int | None
+    rss_bytes: int | None
+    cpu_ratio: float | None
+    gpu_utilization_ratio: float | None
+    threads: int | None
+    open_fds: int | None
+    step: int | None
+    steps_per_second: float | None
+    loss: float | None
+    learning_rate: float | None
+
+
+class ProcessRow(NamedTuple):
+    """A process in a snapshot: its labels, then one value or None per PROCESS_FAMILIES entry, in that order."""
+
+    labels: tuple[str, str, str, str]  # job_id, node, pid, command
+    gpu_memory_used_bytes: int | None
+    rss_bytes: int | None
+    cpu_ratio: float | None
 
 
 class GpuRow(NamedTuple):
@@ -50,26 +87,42 @@ class NodeRow(NamedTuple):
     samples_dropped: int
 
 
+class AlertRow(NamedTuple):
+    """An active alert: clusterwatch_alert's label values, in ALERT_FAMILY's order."""
+
+    rule: str
+    severity: str
+    state: str
+    job_id: str
+    node: str
+    rank: str
+
+
+class CounterRow(NamedTuple):
+    """An ingest counter, exported as a counter family of its own."""
+
+    name: str
+    help: str
+    value: float
+
+
 class Snapshot(NamedTuple):
     """What one scrape exports, copied out of the state (no state objects).
 
-    ranks: ((job_id, node, rank), then one value or None per RANK_FAMILIES entry); processes: ((job_id,
-    node, pid, command), then one value or None per PROCESS_FAMILIES entry): rows of family columns, as
-    the writer reads them. alerts: label values in ALERT_FAMILY order, or None when alerts are not
-    exported; counters: (name, help, value).
+    processes: None when per-process series are not exported; alerts and counters: None when not exported.
     """
 
     jobs: list[JobRow]
-    ranks: list[tuple]
-    processes: list[tuple] | None
+    ranks: list[RankRow]
+    processes: list[ProcessRow] | None
     gpus: list[GpuRow]
     nodes: list[NodeRow]
-    alerts: list[tuple[str, ...]] | None
-    counters: list[tuple[str, str, float]] | None
+    alerts: list[AlertRow] | None
+    counters: list[CounterRow] | None
     extra: Any = None   # the `extra` families' own snapshot (the GPU health ones), None without them
 
 
-def code_labels(records) -> list[str]:
+def code_labels(records) -> JobCode:
     """commit, branch, dirty, remote and the number of versions over a job's provenance records."""
     counts: dict[str, list[dict]] = {}
     for r in records:
@@ -77,9 +130,9 @@ def code_labels(records) -> list[str]:
     known = {k: v for k, v in counts.items() if k != "unknown"} or counts
     main = max(known.values(), key=len)[0].get("git") or {}
     dirty = main.get("dirty")
-    return [str(main.get("commit", "unknown")), str(main.get("branch", "unknown")),
-            "unknown" if dirty in (None, "unknown") else str(bool(dirty)).lower(),
-            str(main.get("remote_url", "") or ""), str(len(known))]
+    return JobCode(str(main.get("commit", "unknown")), str(main.get("branch", "unknown")),
+                   "unknown" if dirty in (None, "unknown") else str(bool(dirty)).lower(),
+                   str(main.get("remote_url", "") or ""), str(len(known)))
 
 
 def take_snapshot(state: ClusterState, now: float, per_process: bool, after_intervals: float,
@@ -135,10 +188,10 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
                     continue
             cpu = s.cpu_percent
             if per_process:
-                processes.append(((job_id, s.node, str(s.pid), s.command), gmem, rss,
-                                  cpu / 100.0 if cpu is not None else None))
+                processes.append(ProcessRow((job_id, s.node, str(s.pid), s.command), gmem, rss,
+                                            cpu / 100.0 if cpu is not None else None))
             gutil = s.gpu_utilization if gpus else None
-            ranks.append((
+            ranks.append(RankRow(
                 (job_id, s.node, str(rank) if rank is not None else f"pid{s.pid}"),
                 gmem, rss, cpu / 100.0 if cpu is not None else None,
                 gutil / 100.0 if gutil is not None else None, s.threads, s.open_fds,

@@ -13,7 +13,7 @@ from prometheus_client.utils import floatToGoString
 
 from .families import GPU_FAMILIES, GPU_LABELS, PROCESS_FAMILIES, PROCESS_LABELS, RANK_FAMILIES, RANK_LABELS, Family
 from .series import ExtraFamilies, Row, job_series, other_series
-from .snapshot import GpuRow, Snapshot
+from .snapshot import GpuRow, ProcessRow, RankRow, Snapshot
 
 
 def format_value(v) -> str:
@@ -136,7 +136,7 @@ def render(snap: Snapshot, cache: dict[str, dict], openmetrics: bool = False, na
     return "".join(out.parts).encode("utf-8"), out.new
 
 
-def _write_ranks(out: TextWriter, ranks: list[tuple]) -> None:
+def _write_ranks(out: TextWriter, ranks: list[RankRow]) -> None:
     """The ten rank families: one label string per rank, the loop written out (most of a scrape's time)."""
     cache, used = out.caches("rank")
     get, fmt = cache.get, format_value
@@ -172,7 +172,7 @@ def _write_ranks(out: TextWriter, ranks: list[tuple]) -> None:
         out.emit(fam, lines)
 
 
-def _write_processes(out: TextWriter, processes: list[tuple]) -> None:
+def _write_processes(out: TextWriter, processes: list[ProcessRow]) -> None:
     """The per-process families (label `pid`), when asked for."""
     cache, used = out.caches("process")
     fmt = format_value

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from clusterwatch.collector.export import Family, format_value, label_string
+from clusterwatch.collector.export import Family, TextWriter, family, format_value, label_string
 from clusterwatch.collector.health.decisions import THROTTLE_REASONS
 
 __all__ = ["HEALTH_FAMILIES", "CLOCK_EVENT_REASONS", "HealthFamilies", "HealthSnapshot", "health_snapshot"]
 
 GPU = ("node", "gpu", "index")
-
-
-def fam(name: str, type_: str, help_text: str, *labels: str) -> Family:
-    return Family(name, type_, help_text, labels)
 
 
 # nvmlClocksEventReason* bits (nvml.h), by the names Prometheus rules use
@@ -40,36 +36,36 @@ EXPORTED_REASONS = {bit: CLOCK_EVENT_REASONS[bit] for bit in (0x4, 0x8, 0x20, 0x
 # Violation policies exported (NVML's sync_boost and low_utilization time is not about health).
 EXPORTED_POLICIES = ("power", "thermal", "board_limit", "reliability")
 
-XIDS = fam("clusterwatch_gpu_xid_errors", "counter",
-           "XID errors the driver reported on the GPU (NVML events and the kernel log, each once), by XID.",
-           *GPU, "xid")
-EVENTS = fam("clusterwatch_gpu_events", "counter",
-             "NVML health events other than XIDs (ecc_single_bit, ecc_double_bit, dram_retirement, "
-             "fatal_poison, recovery_action, ...), by kind.", *GPU, "kind")
-RECOVERY = fam("clusterwatch_gpu_recovery_action", "gauge",
-               "1 for the recovery action NVML last asked for on the GPU (none, gpu_reset, node_reboot, drain_p2p, "
-               "drain_and_reset).", *GPU, "action")
-LOST = fam("clusterwatch_gpu_lost", "gauge", "1 while the GPU is lost (XID 79 or NVML GPU_IS_LOST) and has not "
-           "answered since.", *GPU)
-ECC = fam("clusterwatch_gpu_ecc_errors", "counter",
-          "ECC errors NVML counts: volatile since the driver load or GPU reset, aggregate over the GPU's life.",
-          *GPU, "error", "scope")
-REMAPPED = fam("clusterwatch_gpu_remapped_rows", "gauge", "Memory rows remapped, by the errors that caused it.",
-               *GPU, "cause")
-REMAP_PENDING = fam("clusterwatch_gpu_remapped_rows_pending", "gauge", "1 when a row remap waits for a GPU reset.",
-                    *GPU)
-REMAP_FAILED = fam("clusterwatch_gpu_remapped_rows_failure", "gauge", "1 when a row could not be remapped.", *GPU)
-RETIRED = fam("clusterwatch_gpu_retired_pages", "gauge", "Memory pages retired (GPUs before Ampere), by cause.",
-              *GPU, "cause")
-REASONS = fam("clusterwatch_gpu_clock_event_reason_active", "gauge",
-              "1 while the clock-event (throttle) reason holds the GPU's clocks down, 0 when not (the reasons of its "
-              "health, and the power cap).", *GPU, "reason")
-VIOLATION = fam("clusterwatch_gpu_clock_event_seconds", "counter",
-                "Time the GPU's clocks were held down, by policy (NVML violation status).", *GPU, "policy")
-TEMPERATURE = fam("clusterwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", *GPU)
-PCIE_REPLAYS = fam("clusterwatch_gpu_pcie_replays", "counter", "PCIe replays of the GPU's link.", *GPU)
-NVLINK = fam("clusterwatch_gpu_nvlink_errors", "counter", "NVLink error counters, summed over the links.",
-             *GPU, "counter")
+XIDS = family("clusterwatch_gpu_xid_errors", "counter",
+              "XID errors the driver reported on the GPU (NVML events and the kernel log, each once), by XID.",
+              *GPU, "xid")
+EVENTS = family("clusterwatch_gpu_events", "counter",
+                "NVML health events other than XIDs (ecc_single_bit, ecc_double_bit, dram_retirement, "
+                "fatal_poison, recovery_action, ...), by kind.", *GPU, "kind")
+RECOVERY = family("clusterwatch_gpu_recovery_action", "gauge",
+                  "1 for the recovery action NVML last asked for on the GPU (none, gpu_reset, node_reboot, drain_p2p, "
+                  "drain_and_reset).", *GPU, "action")
+LOST = family("clusterwatch_gpu_lost", "gauge", "1 while the GPU is lost (XID 79 or NVML GPU_IS_LOST) and has not "
+              "answered since.", *GPU)
+ECC = family("clusterwatch_gpu_ecc_errors", "counter",
+             "ECC errors NVML counts: volatile since the driver load or GPU reset, aggregate over the GPU's life.",
+             *GPU, "error", "scope")
+REMAPPED = family("clusterwatch_gpu_remapped_rows", "gauge", "Memory rows remapped, by the errors that caused it.",
+                  *GPU, "cause")
+REMAP_PENDING = family("clusterwatch_gpu_remapped_rows_pending", "gauge", "1 when a row remap waits for a GPU reset.",
+                       *GPU)
+REMAP_FAILED = family("clusterwatch_gpu_remapped_rows_failure", "gauge", "1 when a row could not be remapped.", *GPU)
+RETIRED = family("clusterwatch_gpu_retired_pages", "gauge", "Memory pages retired (GPUs before Ampere), by cause.",
+                 *GPU, "cause")
+REASONS = family("clusterwatch_gpu_clock_event_reason_active", "gauge",
+                 "1 while the clock-event (throttle) reason holds the GPU's clocks down, 0 when not (the reasons of "
+                 "its health, and the power cap).", *GPU, "reason")
+VIOLATION = family("clusterwatch_gpu_clock_event_seconds", "counter",
+                   "Time the GPU's clocks were held down, by policy (NVML violation status).", *GPU, "policy")
+TEMPERATURE = family("clusterwatch_gpu_temperature_celsius", "gauge", "GPU core temperature.", *GPU)
+PCIE_REPLAYS = family("clusterwatch_gpu_pcie_replays", "counter", "PCIe replays of the GPU's link.", *GPU)
+NVLINK = family("clusterwatch_gpu_nvlink_errors", "counter", "NVLink error counters, summed over the links.",
+                *GPU, "counter")
 
 HEALTH_FAMILIES = (XIDS, EVENTS, RECOVERY, LOST, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS,
                    VIOLATION, TEMPERATURE, PCIE_REPLAYS, NVLINK)
@@ -83,18 +79,55 @@ _ECC_FIELDS = (("ecc_corrected_volatile", "corrected", "volatile"),
                ("ecc_uncorrected_aggregate", "uncorrected", "aggregate"))
 
 
+# The snapshot's rows are NamedTuples, as the exporter's are: _rows() unpacks them in one step.
+class GpuHealthRow(NamedTuple):
+    """A GPU's health: whether it is lost, and its latest counters (a GpuHealth the engine holds is its own
+    copy, replaced and never changed, so it can be read after the lock is let go)."""
+
+    node: str
+    uuid: str
+    index: str
+    lost: bool
+    counters: Any  # the latest GpuHealth message, None before the first
+
+
+class XidRow(NamedTuple):
+    """XID errors of a GPU, by XID."""
+
+    node: str
+    uuid: str
+    index: str
+    xid: int
+    events: int
+
+
+class EventRow(NamedTuple):
+    """NVML health events other than XIDs of a GPU, by kind."""
+
+    node: str
+    uuid: str
+    index: str
+    kind: str
+    events: int
+
+
+class RecoveryRow(NamedTuple):
+    """The recovery action NVML last asked for on a GPU."""
+
+    node: str
+    uuid: str
+    index: str
+    action: str
+
+
 @dataclass(slots=True)
 class HealthSnapshot:
-    """What a scrape exports of GPU health, copied under the core's lock (the rows are built outside it).
+    """What a scrape exports of GPU health, copied under the core's lock (the rows are built outside it)."""
 
-    gpus: (node, UUID, index, lost, the latest GpuHealth or None); a GpuHealth the engine holds is its own
-    copy, replaced and never changed, so it can be read after the lock is let go.
-    """
-
-    gpus: list[tuple[str, str, str, bool, Any]]
-    xids: list[tuple[str, str, str, int, int]]          # node, UUID, index, XID, events
-    events: list[tuple[str, str, str, str, int]]        # node, UUID, index, kind, events
-    recovery: list[tuple[str, str, str, str]]           # node, UUID, index, action
+    gpus: list[GpuHealthRow]
+    xids: list[XidRow]
+    events: list[EventRow]
+    recovery: list[RecoveryRow]
 
 
 def health_snapshot(engine: Any, state: Any) -> HealthSnapshot:
@@ -106,11 +139,12 @@ def health_snapshot(engine: Any, state: Any) -> HealthSnapshot:
         return str(gs.info.index) if gs is not None else ""
 
     return HealthSnapshot(
-        gpus=[(node, uuid, index(uuid), v.lost, v.counters) for (node, uuid), v in sorted(engine.gpus.items())
-              if v.lost or v.counters is not None],
-        xids=[(node, uuid, index(uuid), xid, n) for (node, uuid, xid), n in sorted(engine.xid_counts.items())],
-        events=[(node, uuid, index(uuid), kind, n) for (node, uuid, kind), n in sorted(engine.event_counts.items())],
-        recovery=[(node, uuid, index(uuid), RECOVERY_ACTIONS.get(a, str(a)))
+        gpus=[GpuHealthRow(node, uuid, index(uuid), v.lost, v.counters)
+              for (node, uuid), v in sorted(engine.gpus.items()) if v.lost or v.counters is not None],
+        xids=[XidRow(node, uuid, index(uuid), xid, n) for (node, uuid, xid), n in sorted(engine.xid_counts.items())],
+        events=[EventRow(node, uuid, index(uuid), kind, n)
+                for (node, uuid, kind), n in sorted(engine.event_counts.items())],
+        recovery=[RecoveryRow(node, uuid, index(uuid), RECOVERY_ACTIONS.get(a, str(a)))
                   for (node, uuid), a in sorted(engine.recovery.items())])
 
 
@@ -202,7 +236,7 @@ class HealthFamilies:
             rows[i].append((HEALTH_FAMILIES[i].labels, (*gpu, *extra), value))
         return list(zip(HEALTH_FAMILIES, rows, strict=True))
 
-    def write(self, snap: HealthSnapshot, out: Any) -> None:
+    def write(self, snap: HealthSnapshot, out: TextWriter) -> None:
         """The families' text into the exporter's writer (its `caches` and `emit`): the lines series() gives."""
         cache, used = out.caches("health")
         lines: list[list[str]] = [[] for _ in HEALTH_FAMILIES]

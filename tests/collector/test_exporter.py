@@ -23,6 +23,8 @@ from clusterwatch.collector.export import (
     same_exposition,
     serve_metrics,
 )
+from clusterwatch.collector.export.families import PROCESS_FAMILIES, RANK_FAMILIES
+from clusterwatch.collector.export.snapshot import ProcessRow, RankRow
 from clusterwatch.collector.state import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given
@@ -242,6 +244,16 @@ def test_name_filter_keeps_only_the_asked_families():
     text = c.render(c.snapshot(), names={"clusterwatch_node_up", "clusterwatch_job_info",
                                          "clusterwatch_process_rss_bytes"}).decode()
     assert {f.name for f in text_string_to_metric_families(text)} == {"clusterwatch_node_up", "clusterwatch_job_info"}
+
+
+def test_rank_and_process_rows_hold_their_families_values_in_order():
+    # the writer reads a row's values by position, one per family: each field is its family's name
+    assert [f"clusterwatch_rank_{name}" for name in RankRow._fields[1:]] == [f.name for f in RANK_FAMILIES]
+    assert [f"clusterwatch_process_{name}" for name in ProcessRow._fields[1:]] == [f.name for f in PROCESS_FAMILIES]
+    snap = _collector(_state(), per_process=True).snapshot()
+    rank = next(r for r in snap.ranks if r.labels[2] == "0")
+    assert rank.labels[0] == "7001" and rank.learning_rate == pytest.approx(3e-4)
+    assert snap.processes and all(p.labels[2].isdigit() for p in snap.processes)
 
 
 @given(hst.one_of(hst.integers(min_value=-(1 << 70), max_value=1 << 70), hst.floats(allow_nan=True),

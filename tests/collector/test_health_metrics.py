@@ -77,3 +77,10 @@ def test_the_snapshot_holds_no_view_into_the_engine_after_the_lock() -> None:
     engine.xid_counts.clear()
     engine.gpus.clear()
     assert b'xid="48"' in c.render(snap) and b"clusterwatch_gpu_temperature_celsius" in c.render(snap)
+
+
+def test_the_snapshot_names_each_gpus_figures() -> None:
+    snap = _collector(False)[0].snapshot().extra
+    assert [(g.node, g.uuid, g.index, g.lost) for g in snap.gpus] == [("n1", "GPU-a", "3", False)]
+    assert snap.gpus[0].counters.temperature_c == 71
+    assert [(x.index, x.xid, x.events) for x in snap.xids] == [("3", 48, 1)]
