@@ -22,7 +22,6 @@ The deployment's collectors are one top-level list, read by every [cli] command 
 from __future__ import annotations
 
 import os
-import sys
 
 from .errors import ConfigError
 
@@ -104,20 +103,12 @@ def load_default_map(path: str | None) -> dict[str, dict]:
     found = find_config(path)
     if found is None:
         return {}
-    # imported only when there is a file: every command reads this, and tomllib costs ~4 ms
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    try:
-        with open(found, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {found} does not exist; fix --config or CLUSTERWATCH_CONFIG") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {found} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {found}: {exc.strerror}") from None
+    from . import toml_file  # imported only when there is a file: every command reads this
+
+    label = f"config file {found}"
+    if not os.path.exists(found):
+        raise ConfigError(f"{label} does not exist; fix --config or CLUSTERWATCH_CONFIG")
+    doc = toml_file.parse(toml_file.read_text(found, label, "fix --config or CLUSTERWATCH_CONFIG"), label)
     _refuse_readable_secret(found, doc)
     unknown = set(doc) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:

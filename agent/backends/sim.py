@@ -33,13 +33,12 @@ import stat
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 from clusterwatch.agent.backends.gpu import GpuPoll
 from clusterwatch.agent.backends.procs import NewPids
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
-from clusterwatch.errors import ConfigError
+from clusterwatch import toml_file
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
 from clusterwatch.procfs import ExecInProgress, parse_btime, probe, read_environ
 
@@ -412,12 +411,6 @@ def open_sim_source(path: str | None, *, node: str | None = None, run: str | Non
         text = resources.files(__package__).joinpath(DEFAULT_SCENARIO).read_text(encoding="utf-8")
         scenario = parse_scenario(text, f"<default {DEFAULT_SCENARIO}>")
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ConfigError(
-                f"scenario {path}: cannot read it ({reason}); pass an existing TOML file"
-            ) from None
+        text = toml_file.read_text(path, f"scenario {path}", "pass an existing TOML file")
         scenario = parse_scenario(text, path)
     return SimGpuSource(scenario, node=node, run=run)

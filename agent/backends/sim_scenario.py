@@ -26,15 +26,10 @@ process started, a seed). `sim.py` does the I/O. The file format:
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 
+from clusterwatch import toml_file
 from clusterwatch.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = ["GpuSpec", "Profile", "Scenario", "parse_scenario", "KINDS"]
 
@@ -53,6 +48,7 @@ KINDS: dict[str, dict[str, float]] = {
 _COMMON = {"kind", "memory_mib", "utilization", "noise"}
 _GPU_KEYS = {"count", "name", "memory_mib", "base_memory_mib", "idle_power_watts", "max_power_watts"}
 _MAX_GPUS = 64
+_GPUS = ("gpus",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +143,19 @@ def parse_scenario(text: str, source: str) -> Scenario:
         The scenario.
 
     Raises:
-        ConfigError: one line naming the file and what is wrong in it.
+        ConfigError: one line naming the file, the line where it can be told, and what is wrong.
     """
+    label = f"scenario {source}"
 
-    def fail(problem: str) -> ConfigError:
-        return ConfigError(f"scenario {source}: {problem}")
+    def fail(problem: str, table: tuple[str, ...] = (), key: str | None = None) -> ConfigError:
+        """The error for `problem`, at the line of `key` in `table` (the table's header without a key)."""
+        return ConfigError(f"{toml_file.at_line(label, text, table, key)}: {problem}")
 
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise fail(f"not valid TOML: {exc}") from None
+    doc = toml_file.parse(text, label)
     unknown = set(doc) - {"gpus", "defaults", "profiles"}
     if unknown:
-        raise fail(f"unknown table(s) {', '.join(sorted(unknown))} (expected gpus, defaults, profiles)")
+        raise fail(f"unknown table(s) {', '.join(sorted(unknown))} (expected gpus, defaults, profiles)",
+                   key=sorted(unknown)[0])
     gpus = _gpus(_table(doc, "gpus", fail), fail)
     raw_profiles = _table(doc, "profiles", fail)
     if not raw_profiles:
@@ -167,73 +163,76 @@ def parse_scenario(text: str, source: str) -> Scenario:
     profiles = {name: _profile(name, raw, fail) for name, raw in raw_profiles.items()}
     defaults = _table(doc, "defaults", fail)
     if set(defaults) - {"profile"}:
-        raise fail(f"unknown key(s) in [defaults]: {', '.join(sorted(set(defaults) - {'profile'}))}")
+        extra = sorted(set(defaults) - {"profile"})
+        raise fail(f"unknown key(s) in [defaults]: {', '.join(extra)}", ("defaults",), extra[0])
     default = defaults.get("profile", next(iter(profiles)))
     if default not in profiles:
-        raise fail(f"[defaults] profile = {default!r} names no profile (have: {', '.join(profiles)})")
+        raise fail(f"[defaults] profile = {default!r} names no profile (have: {', '.join(profiles)})",
+                   ("defaults",), "profile")
     return Scenario(gpus=gpus, profiles=profiles, default_profile=default, source=source)
 
 
 def _table(doc: dict, key: str, fail) -> dict:
     value = doc.get(key, {})
     if not isinstance(value, dict):
-        raise fail(f"{key} must be a table ([{key}])")
+        raise fail(f"{key} must be a table ([{key}])", key=key)
     return value
 
 
-def _number(raw: dict, key: str, where: str, fail, default: float) -> float:
+def _number(raw: dict, key: str, where: tuple[str, ...], fail, default: float) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
-        raise fail(f"{where}.{key} must be a number >= 0, not {value!r}")
+        raise fail(f"{'.'.join(where)}.{key} must be a number >= 0, not {value!r}", where, key)
     return float(value)
 
 
 def _gpus(raw: dict, fail) -> GpuSpec:
-    unknown = set(raw) - _GPU_KEYS
+    unknown = sorted(set(raw) - _GPU_KEYS)
     if unknown:
-        raise fail(f"unknown key(s) in [gpus]: {', '.join(sorted(unknown))}")
+        raise fail(f"unknown key(s) in [gpus]: {', '.join(unknown)}", _GPUS, unknown[0])
     d = GpuSpec()
     count = raw.get("count", d.count)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_GPUS:
-        raise fail(f"gpus.count must be a whole number from 1 to {_MAX_GPUS}, not {count!r}")
+        raise fail(f"gpus.count must be a whole number from 1 to {_MAX_GPUS}, not {count!r}", _GPUS, "count")
     name = raw.get("name", d.name)
     if not isinstance(name, str) or not name:
-        raise fail(f"gpus.name must be a non-empty string, not {name!r}")
-    memory = int(_number(raw, "memory_mib", "gpus", fail, d.memory_bytes / MiB) * MiB)
-    base = int(_number(raw, "base_memory_mib", "gpus", fail, d.base_memory_bytes / MiB) * MiB)
+        raise fail(f"gpus.name must be a non-empty string, not {name!r}", _GPUS, "name")
+    memory = int(_number(raw, "memory_mib", _GPUS, fail, d.memory_bytes / MiB) * MiB)
+    base = int(_number(raw, "base_memory_mib", _GPUS, fail, d.base_memory_bytes / MiB) * MiB)
     if memory <= 0 or base >= memory:
-        raise fail("gpus.memory_mib must be > 0 and above gpus.base_memory_mib")
-    idle = _number(raw, "idle_power_watts", "gpus", fail, d.idle_power_watts)
-    top = _number(raw, "max_power_watts", "gpus", fail, d.max_power_watts)
+        raise fail("gpus.memory_mib must be > 0 and above gpus.base_memory_mib", _GPUS, "memory_mib")
+    idle = _number(raw, "idle_power_watts", _GPUS, fail, d.idle_power_watts)
+    top = _number(raw, "max_power_watts", _GPUS, fail, d.max_power_watts)
     if top < idle:
-        raise fail("gpus.max_power_watts must be >= gpus.idle_power_watts")
+        raise fail("gpus.max_power_watts must be >= gpus.idle_power_watts", _GPUS, "max_power_watts")
     return GpuSpec(count, name, memory, base, idle, top)
 
 
 def _profile(name: str, raw: object, fail) -> Profile:
+    table = ("profiles", name)
     where = f"profiles.{name}"
     if not isinstance(raw, dict):
-        raise fail(f"{where} must be a table ([{where}])")
+        raise fail(f"{where} must be a table ([{where}])", ("profiles",), name)
     kind = raw.get("kind")
     if kind not in KINDS:
-        raise fail(f"{where}.kind = {kind!r} is not one of {', '.join(KINDS)}")
+        raise fail(f"{where}.kind = {kind!r} is not one of {', '.join(KINDS)}", table, "kind")
     extra = KINDS[kind]
-    unknown = set(raw) - _COMMON - set(extra)
+    unknown = sorted(set(raw) - _COMMON - set(extra))
     if unknown:
-        raise fail(f"unknown key(s) in [{where}] for kind {kind}: {', '.join(sorted(unknown))}")
-    utilization = _number(raw, "utilization", where, fail, 0.0 if kind == "idle" else 80.0)
+        raise fail(f"unknown key(s) in [{where}] for kind {kind}: {', '.join(unknown)}", table, unknown[0])
+    utilization = _number(raw, "utilization", table, fail, 0.0 if kind == "idle" else 80.0)
     if utilization > 100:
-        raise fail(f"{where}.utilization must be 0 to 100, not {utilization:g}")
-    params = {key: _number(raw, key, where, fail, default) for key, default in extra.items()}
+        raise fail(f"{where}.utilization must be 0 to 100, not {utilization:g}", table, "utilization")
+    params = {key: _number(raw, key, table, fail, default) for key, default in extra.items()}
     for key in ("period_s", "step_every_s"):
         if key in params and params[key] == 0:
-            raise fail(f"{where}.{key} must be > 0")
+            raise fail(f"{where}.{key} must be > 0", table, key)
     return Profile(
         name=name,
         kind=kind,
-        memory_bytes=int(_number(raw, "memory_mib", where, fail, 4096.0) * MiB),
+        memory_bytes=int(_number(raw, "memory_mib", table, fail, 4096.0) * MiB),
         utilization=utilization,
-        noise=_number(raw, "noise", where, fail, 0.0),
+        noise=_number(raw, "noise", table, fail, 0.0),
         **params,
     )
 

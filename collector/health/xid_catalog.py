@@ -1,8 +1,8 @@
 """The XID catalog (xid_catalog.toml beside this file, with a site's overrides): severity and advice per XID.
 
 The catalog is data: every entry names its sources, and a site's file of the same form overrides
-entries field by field or adds new ones. A wrong file is one line that names the file, the table
-and what is allowed (CatalogError), never a traceback.
+entries field by field or adds new ones. A wrong file is one line that names the file, the line,
+the table and what is allowed (CatalogError, a ConfigError; clusterwatch/toml_file.py), never a traceback.
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
+from clusterwatch import toml_file
+from clusterwatch.errors import ConfigError
 
 __all__ = ["XidEntry", "XidCatalog", "CatalogError", "load_catalog", "SEVERITIES", "ACTIONS", "DEFAULT_PATH"]
 
@@ -21,7 +22,7 @@ _FIELDS = {"name": str, "severity": str, "action": str, "advice": str, "sources"
 SITE_SOURCE = "site"
 
 
-class CatalogError(ValueError):
+class CatalogError(ConfigError):
     """A catalog file that cannot be used; the message is one line for the operator."""
 
 
@@ -52,31 +53,49 @@ class XidCatalog:
                                "and add it to the site's catalog file.")
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> tuple[str, dict[str, Any]]:
+    label = _label(path)
     try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise CatalogError(f"XID catalog {path}: cannot read it ({exc.strerror}); "
-                           "fix the path or drop the option") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"XID catalog {path}: not TOML ({exc}); fix the file") from None
+        text = toml_file.read_text(path, label, "fix the path or drop the option")
+        return text, toml_file.parse(text, label)
+    except ConfigError as exc:
+        raise CatalogError(str(exc)) from None
 
 
-def _entry(path: Path, key: str, table: Any, base: XidEntry | None, sources: dict[str, str],
+def _label(path: Path) -> str:
+    return f"XID catalog {path}"
+
+
+class _File:
+    """One catalog file being read: its errors name the file, the line and the table."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path, self.text = path, text
+
+    def error(self, what: str, table: tuple[str, ...] = (), key: str | None = None) -> CatalogError:
+        where = toml_file.at_line(_label(self.path), self.text, table, key)
+        return CatalogError(f"{where}: {what}")
+
+
+def _entry(file: _File, key: str, table: Any, base: XidEntry | None, sources: dict[str, str],
            site: bool) -> XidEntry:
-    where = f"XID catalog {path}: [xid.{key}]"
+    here = ("xid", key)
+
+    def fail(what: str, field: str | None = None) -> CatalogError:
+        return file.error(f"[xid.{key}]: {what}", here, field)
+
     try:
         xid = int(key)
     except ValueError:
-        raise CatalogError(f"{where}: the table's name must be an XID number, e.g. [xid.79]") from None
+        raise fail("the table's name must be an XID number, e.g. [xid.79]") from None
     if not isinstance(table, dict):
-        raise CatalogError(f"{where}: must be a table with {', '.join(_FIELDS)}")
+        raise fail(f"must be a table with {', '.join(_FIELDS)}")
     for name, value in table.items():
         want = _FIELDS.get(name)
         if want is None:
-            raise CatalogError(f"{where}: unknown field {name!r}; allowed: {', '.join(_FIELDS)}")
+            raise fail(f"unknown field {name!r}; allowed: {', '.join(_FIELDS)}", name)
         if not isinstance(value, want):
-            raise CatalogError(f"{where}: {name} must be a {want.__name__}")
+            raise fail(f"{name} must be a {want.__name__}", name)
     fields = dict(table)
     if "sources" in fields:
         fields["sources"] = tuple(fields["sources"])
@@ -85,35 +104,37 @@ def _entry(path: Path, key: str, table: Any, base: XidEntry | None, sources: dic
     if base is None:
         missing = [f for f in ("name", "severity", "action", "advice") if f not in fields]
         if missing:
-            raise CatalogError(f"{where}: a new entry needs {', '.join(missing)}")
+            raise fail(f"a new entry needs {', '.join(missing)}")
         entry = XidEntry(xid=xid, name=fields["name"], severity=fields["severity"], action=fields["action"],
                          advice=fields["advice"], sources=fields.get("sources", ()),
                          application=fields.get("application", False))
     else:
         entry = replace(base, **fields)
     if entry.severity not in SEVERITIES:
-        raise CatalogError(f"{where}: severity {entry.severity!r}; allowed: {', '.join(SEVERITIES)}")
+        raise fail(f"severity {entry.severity!r}; allowed: {', '.join(SEVERITIES)}", "severity")
     if entry.action not in ACTIONS:
-        raise CatalogError(f"{where}: action {entry.action!r}; allowed: {', '.join(ACTIONS)}")
+        raise fail(f"action {entry.action!r}; allowed: {', '.join(ACTIONS)}", "action")
     if not entry.sources:
-        raise CatalogError(f"{where}: sources must name at least one key of [sources]")
+        raise fail("sources must name at least one key of [sources]", "sources")
     unknown = [s for s in entry.sources if s not in sources and s != SITE_SOURCE]
     if unknown:
-        raise CatalogError(f"{where}: source {unknown[0]!r} is not in [sources] ({', '.join(sorted(sources))})")
+        raise fail(f"source {unknown[0]!r} is not in [sources] ({', '.join(sorted(sources))})", "sources")
     return entry
 
 
-def _merge(path: Path, data: dict[str, Any], entries: dict[int, XidEntry], sources: dict[str, str],
-           site: bool) -> None:
+def _merge(path: Path, entries: dict[int, XidEntry], sources: dict[str, str], site: bool) -> None:
+    text, data = _read(path)
+    file = _File(path, text)
     unknown = set(data) - {"sources", "xid"}
     if unknown:
-        raise CatalogError(f"XID catalog {path}: unknown table [{sorted(unknown)[0]}]; allowed: [sources], [xid.N]")
-    for key, text in (data.get("sources") or {}).items():
-        if not isinstance(text, str):
-            raise CatalogError(f"XID catalog {path}: [sources] {key} must be a string (where the entry comes from)")
-        sources[key] = text
+        first = sorted(unknown)[0]
+        raise file.error(f"unknown table [{first}]; allowed: [sources], [xid.N]", key=first)
+    for key, value in (data.get("sources") or {}).items():
+        if not isinstance(value, str):
+            raise file.error(f"[sources] {key} must be a string (where the entry comes from)", ("sources",), key)
+        sources[key] = value
     for key, table in (data.get("xid") or {}).items():
-        entry = _entry(path, key, table, entries.get(_int_or(key)), sources, site)
+        entry = _entry(file, key, table, entries.get(_int_or(key)), sources, site)
         entries[entry.xid] = entry
 
 
@@ -128,7 +149,7 @@ def load_catalog(site: Path | None = None, *, shipped: Path = DEFAULT_PATH) -> X
     """The shipped catalog, with a site's file (same form) laid over it field by field."""
     entries: dict[int, XidEntry] = {}
     sources: dict[str, str] = {}
-    _merge(shipped, _read(shipped), entries, sources, site=False)
+    _merge(shipped, entries, sources, site=False)
     if site is not None:
-        _merge(site, _read(site), entries, sources, site=True)
+        _merge(site, entries, sources, site=True)
     return XidCatalog(entries=entries, sources=sources)

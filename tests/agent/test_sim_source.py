@@ -347,12 +347,12 @@ def test_profile_memory_curves(kind: str, params: str, times_s: tuple, mib: tupl
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("[gpus\ncount = 2", "not valid TOML"),
-        ('[profiles.x]\nkind = "leek"', "profiles.x.kind = 'leek' is not one of steady, warmup"),
+        ("[gpus\ncount = 2", "line 1: not valid TOML"),
+        ('[profiles.x]\nkind = "leek"', "line 2: profiles.x.kind = 'leek' is not one of steady, warmup"),
         ('[profiles.x]\nkind = "steady"\nleak_mib_per_min = 5', "unknown key(s) in [profiles.x] for kind"),
         ('[profiles.x]\nkind = "steady"\nmemory_mib = -1', "profiles.x.memory_mib must be a number >= 0"),
-        ('[profiles.x]\nkind = "steady"\nutilization = 140', "profiles.x.utilization must be 0 to 100"),
-        ('[gpus]\ncount = 0\n[profiles.x]\nkind = "idle"', "gpus.count must be a whole number from 1 to 64"),
+        ('[profiles.x]\nkind = "steady"\nutilization = 140', "line 3: profiles.x.utilization must be 0 to 100"),
+        ('[gpus]\ncount = 0\n[profiles.x]\nkind = "idle"', "line 2: gpus.count must be a whole number from 1 to 64"),
         ('[defaults]\nprofile = "y"\n[profiles.x]\nkind = "idle"', "profile = 'y' names no profile"),
         ("[gpus]\ncount = 2", "no [profiles.NAME] table"),
     ],

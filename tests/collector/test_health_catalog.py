@@ -69,14 +69,14 @@ def test_a_site_overrides_field_by_field_and_adds_entries(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("text, says", [
-    ('[xid.13]\nseverity = "fatal"\n', "severity 'fatal'; allowed: info, warning, critical"),
+    ('[xid.13]\nseverity = "fatal"\n', "line 2: [xid.13]: severity 'fatal'; allowed: info, warning, critical"),
     ('[xid.13]\naction = "pray"\n', "action 'pray'; allowed: none, restart_app"),
     ('[xid.13]\ncolour = "red"\n', "unknown field 'colour'"),
     ('[xid.thirteen]\nseverity = "info"\n', "must be an XID number"),
     ('[xid.500]\nseverity = "info"\n', "a new entry needs name, action, advice"),
     ('[xid.13]\nsources = ["blog"]\n', "source 'blog' is not in [sources]"),
     ('[xids.13]\n', "unknown table [xids]"),
-    ('[xid.13\n', "not TOML"),
+    ('[xid.13\n', "line 1: not valid TOML"),
 ])
 def test_a_wrong_site_file_is_one_line_naming_file_and_table(tmp_path: Path, text: str, says: str) -> None:
     site = tmp_path / "site.toml"

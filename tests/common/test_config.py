@@ -37,7 +37,7 @@ def test_the_environment_names_the_file_when_no_flag_does(tmp_path: Path, monkey
 
 
 @pytest.mark.parametrize("text, says", [
-    ("[cli\ncollector = 1\n", "is not valid TOML"),
+    ("[cli\ncollector = 1\n", "line 1: not valid TOML"),
     ("[clie]\ncollector = 'x'\n", "unknown section(s) clie; expected agent, collector, cli"),
     ("cli = 3\n", "[cli] must be a table"),
 ])
@@ -69,7 +69,7 @@ def test_a_broken_file_stops_a_command_with_one_line_but_never_a_hook(tmp_path: 
     proc = cli("--config", str(path), "status", "42")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert any("is not valid TOML" in line for line in lines) and "Traceback" not in proc.stderr
+    assert any("line 1: not valid TOML" in line for line in lines) and "Traceback" not in proc.stderr
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_UID": "0", "SLURMD_NODENAME": "cfg1", "SLURM_JOB_EXIT_CODE2": "0:0",
            "SLURM_SCRIPT_CONTEXT": "epilog_slurmd", "CLUSTERWATCH_SPOOL": str(tmp_path / "spool"),
            "CLUSTERWATCH_COLLECTOR": f"127.0.0.1:{free_port()}", "CLUSTERWATCH_GPU_SOURCE": "none"}
