@@ -283,10 +283,14 @@ def open_train_endpoint(path: str | None):
         log.warning("training reports need Linux peer credentials (SO_PASSCRED); running without them")
         return None
     from .train_endpoint import TrainEndpoint
+    from .train_socket import SocketTaken
 
     endpoint = TrainEndpoint(path)
     try:
         endpoint.start()
+    except SocketTaken as exc:  # another agent's socket: left alone; this agent still samples the node
+        log.warning("%s", exc)
+        return None
     except OSError as exc:
         log.warning("cannot listen for training reports on %s (%s); running without them. "
                     "Pass --train-socket with a writable path.", path, exc.strerror or exc)

@@ -3,16 +3,16 @@
 The agent that listens at PATH holds an exclusive flock on PATH.lock (beside it, in the agent's own
 0755 folder; mode 0600, as any process that can open a file can flock it) for as long as it
 listens, and writes its pid there; the kernel lets go of the lock however the agent ends, and a
-stopping agent removes the file. A second agent (another spool folder, the same --train-socket) cannot take
-the lock and refuses, naming the first one's pid, before it touches the path.
+stopping agent removes the file. A second agent (another spool folder, the same --train-socket)
+cannot take the lock and refuses the path before it touches it, in one line naming the first one's
+pid: it runs on without training reports (it still samples the node).
 
 Once an agent holds the lock, what it finds at PATH is judged so:
 - nothing: it binds;
 - a socket of its own uid that nobody reads (connect() refused: an agent killed without closing):
   stale, removed and bound again;
 - a socket of its own uid that somebody reads (connect() succeeds): a program that holds no lock (an
-  agent of an older version, another root program) listens there; it is left alone and the agent
-  refuses;
+  agent of an older version, another root program) listens there; it is left alone and refused;
 - a socket of another uid: no agent's (only the agent's uid can create entries in its folder, so one
   was planted, or left from when the folder was another's); never trusted, whether read or not: it
   is replaced, with one line, so that its owner does not receive every rank's reports;
@@ -67,8 +67,8 @@ def claim(path: str) -> int:
             except BlockingIOError:
                 pid = _pid_in(fd)
                 raise SocketTaken(f"another agent (pid {pid or 'unknown'}) listens on the training socket {path}; "
-                                  f"this one leaves it alone: stop that agent first, or "
-                                  f"{_WHAT_TO_DO}") from None
+                                  "this one leaves it alone and gets no training reports: stop that agent first, "
+                                  f"or {_WHAT_TO_DO}") from None
             # its holder may have removed the file (closing) between our open and our lock: then the lock
             # is on a file nobody else will open, and the one at the path now is another
             if not _same_file(where, st):
@@ -125,8 +125,8 @@ def make_way(path: str, log: logging.Logger) -> None:
                     os.path.dirname(path) or ".")
     elif is_live(path):
         raise SocketTaken(f"a program that holds no {os.path.basename(lock_path(path))} (an older agent?) "
-                          f"listens on the training socket {path}; this agent leaves it alone: stop "
-                          f"that program first, or {_WHAT_TO_DO}")
+                          f"listens on the training socket {path}; this agent leaves it alone and gets no training "
+                          f"reports: stop that program first, or {_WHAT_TO_DO}")
     try:
         os.unlink(path)
     except FileNotFoundError:
