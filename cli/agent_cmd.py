@@ -66,7 +66,7 @@ from .common import fail, resolve_token, setup_logging, token_file_option
               help="Unacknowledged samples kept while the collector is away (oldest dropped first).")
 @click.option("--train-socket", envvar="CLUSTERWATCH_TRAIN_SOCKET", default="/run/clusterwatch/train.sock",
               show_default=True, help="Unix socket where clusterwatch.train reports arrive; one agent per path "
-                                      "(it holds PATH.lock), a second one exits.")
+                                      "(it holds PATH.lock): a second one runs without training reports.")
 @click.option("--kmsg", envvar="CLUSTERWATCH_KMSG", default="/dev/kmsg", show_default=True, metavar="PATH",
               help="Kernel log read for the NVIDIA driver's XID lines, from this boot on ('none': not read) "
                    "(CLUSTERWATCH_KMSG).")
