@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from clusterwatch.errors import ClusterwatchError, ConfigError
+
 # name → "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
     "agent": "clusterwatch.cli.agent_cmd:agent",
@@ -64,7 +66,6 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
     stall alerts, and serves one Prometheus endpoint. `status JOBID` shows a job.
     """
     from clusterwatch.config import load_default_map
-    from clusterwatch.errors import ConfigError
 
     try:
         ctx.default_map = load_default_map(config_path)
@@ -84,7 +85,6 @@ def _check_keys(ctx: click.Context, config_path: str | None) -> None:
     module for it; a [cli] key counts when any of status, jobs, alerts, record takes it.
     """
     from clusterwatch.config import SECTIONS, find_config
-    from clusterwatch.errors import ConfigError
 
     name = ctx.invoked_subcommand
     for section, commands in SECTIONS.items():
@@ -106,6 +106,10 @@ def main() -> None:
     except SystemExit as exc:
         _quick_exit(exc)
         raise
+    except ClusterwatchError as exc:
+        # the error tree's one handler: a command that did not say it itself still says one line, no traceback
+        click.echo(f"clusterwatch: {exc}", err=True)
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
 def _quick_exit(exc: SystemExit) -> None:

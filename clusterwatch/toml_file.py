@@ -8,21 +8,25 @@ Every problem is one `ConfigError` line that starts with the file's label ("scen
 
 What a file may hold is declared with `toml_schema` (Table, Key, values), or checked by the
 reader itself, which raises `Invalid` with the table's path so the line can be found here.
-tomllib is imported on first use: the CLI reads no TOML on most commands, and it costs ~4 ms.
+tomllib and toml_schema are imported on first use: every CLI command may read the config file, and
+they cost ~1.5 ms and ~5 ms (toml_schema's dataclasses) where the config file needs neither.
 """
 from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .toml_schema import Invalid, Table
+
+if TYPE_CHECKING:
+    from .toml_schema import Invalid, Table
 
 __all__ = ["read_text", "parse", "load", "at_line", "error_at"]
 
-_TOML_LINE = re.compile(r" \(at line (\d+), column \d+\)")
+# where tomllib puts the line in its message (compiled on the first error: start-up pays nothing)
+_TOML_LINE = r" \(at line (\d+), column \d+\)"
 
 
 def read_text(path: str | Path, label: str, hint: str) -> str:
@@ -59,13 +63,15 @@ def parse(text: str, label: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
-        m = _TOML_LINE.search(msg)
+        m = re.search(_TOML_LINE, msg)
         where = f"{label}: line {m.group(1)}" if m else label
-        raise ConfigError(f"{where}: not valid TOML: {_TOML_LINE.sub('', msg)}") from None
+        raise ConfigError(f"{where}: not valid TOML: {re.sub(_TOML_LINE, '', msg)}") from None
 
 
 def at_line(label: str, text: str, path: tuple[str | int, ...] = (), key: str | None = None) -> str:
     """`{label}: line N` for a key (or its table) of the file's text; the bare label where it cannot be told."""
+    from .toml_schema import Invalid
+
     line = Invalid("", path, key).locate(text)
     return f"{label}: line {line}" if line else label
 
@@ -82,6 +88,8 @@ def load(text: str, label: str, schema: Table) -> Any:
     Raises:
         ConfigError: the text is not TOML, or a key or value is wrong (see `parse`, `error_at`).
     """
+    from .toml_schema import Invalid
+
     data = parse(text, label)
     try:
         return schema.read(data)
