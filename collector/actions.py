@@ -84,18 +84,21 @@ class Dispatcher:
         send_signal: Callback that delivers a signal to a process on its node, or None.
         logger: Where the log action writes.
         drain_node: Callback that drains a node with a reason (Slurm), or None: drain steps are skipped.
+        ask_train: Asks a job's training processes (TrainAsks.ask_for_alert), or None: checkpoint and stop
+            steps are skipped.
+        node_trusted: Whether a node's agent is authenticated: a drain on what an unauthenticated stream said
+            is refused, since anyone may have sent it; None: every node (a Dispatcher of its own).
     """
 
     def __init__(self, store: AlertStore, config: ActionsConfig, send_signal: SendSignal | None = None,
-                 logger: logging.Logger = log, drain_node: DrainNode | None = None) -> None:
+                 logger: logging.Logger = log, drain_node: DrainNode | None = None, ask_train: AskTrain | None = None,
+                 node_trusted: Callable[[str], bool] | None = None) -> None:
         self.store = store
         self.config = config
         self.send_signal = send_signal
         self.drain_node = drain_node
-        self.ask_train: AskTrain | None = None  # given by the collector (TrainAsks.ask_for_alert)
-        # whether a node's agent is authenticated (given by the collector): a drain on what an unauthenticated
-        # stream said is refused, since anyone may have sent it; None: every node (a Dispatcher of its own)
-        self.node_trusted: Callable[[str], bool] | None = None
+        self.ask_train = ask_train
+        self.node_trusted = node_trusted
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
         self.dropped = 0  # actions dropped because their lane was full

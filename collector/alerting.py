@@ -48,17 +48,24 @@ class Alerting(CoreListener):
         send_signal: delivers a signal to a process through its node's agent.
         min_interval_s: a process is observed at most this often. Every rule works in minutes,
             so a node polled every second costs the engine what one polled every 5 s does.
+        xid_catalog: the XID catalogue of a health engine made here; None: the shipped one.
+        dispatcher: the alert actions (the collector's service builds them with what they reach);
+            None: a Dispatcher of `rules.actions` that sends signals through `send_signal`.
+        health: the GPU health rules' engine (the core reads its history for traces); None: one made here.
+        kmsg_marks: where the kernel-log records taken are kept (HealthListener); None: in memory only.
     """
 
     def __init__(self, rules: RuleSet, state: ClusterState, store: AlertStore,
                  send_signal: Callable[[str, int, float, int, str], bool] | None = None,
-                 min_interval_s: float = 5.0, xid_catalog=None) -> None:
+                 min_interval_s: float = 5.0, xid_catalog=None, dispatcher: Dispatcher | None = None,
+                 health=None, kmsg_marks=None) -> None:
         self.rules = rules
         self.state = state
         self.store = store
         # a stall names its likely cause: what the engine holds, and the health findings on the job's GPUs
         self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine))
-        self.dispatcher = Dispatcher(store, rules.actions, send_signal=send_signal)
+        self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(store, rules.actions,
+                                                                               send_signal=send_signal)
         # a stalled job's stacks, once, through the process asker the collector gives the dispatcher
         self.stall_stacks = StallStacks(store, lambda: self.dispatcher.ask_train, rules.training_stall.take_stacks)
         self._observed: dict[str, set[ProcessKey]] = {}
@@ -72,7 +79,9 @@ class Alerting(CoreListener):
         from .health.xid_catalog import load_catalog
 
         # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle, gpu_link_errors: from the agents' health records
-        self.health = HealthListener(HealthEngine(xid_catalog or load_catalog()), state, self._handle)
+        if health is None:
+            health = HealthEngine(xid_catalog or load_catalog())
+        self.health = HealthListener(health, state, self._handle, marks=kmsg_marks)
 
     # -- feeding the engine ---------------------------------------------------------------------
 

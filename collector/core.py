@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from clusterwatch.v1 import agent_pb2, query_pb2
 
@@ -38,6 +38,9 @@ from .store import STALE_AFTER_S, Store, job_row
 from .summary import write_summary
 from .trace import job_trace_lines
 from .views import job_info, job_view
+
+if TYPE_CHECKING:
+    from .health.engine import HealthEngine
 
 log = logging.getLogger("clusterwatch.collector")
 T = TypeVar("T")
@@ -157,11 +160,13 @@ class CollectorCore:
         listeners: told of samples, provenance, closed jobs and ticks, in this order.
         alerts: a job's alerts, put into its summary when it closes; None: summaries carry none.
         state: the state to work on (the alert rules read the same one); None: a new one.
+        health: the GPU health rules' engine, whose health history a job's trace carries; None: traces
+            carry none.
     """
 
     def __init__(self, config: CollectorConfig, store: Store, clock: Callable[[], float] = time.time,
                  listeners: Sequence[CoreListener] = (), alerts: AlertSource | None = None,
-                 state: ClusterState | None = None) -> None:
+                 state: ClusterState | None = None, health: HealthEngine | None = None) -> None:
         self.config = config
         self.store = store
         self.clock = clock
@@ -190,6 +195,7 @@ class CollectorCore:
         self._started = clock()
         self._listeners: list[CoreListener] = list(listeners)
         self._alerts = alerts
+        self._health = health
         self._restore()
 
     def count(self, name: str, n: int = 1) -> None:
@@ -700,10 +706,7 @@ class CollectorCore:
             job = self.state.jobs.get(job_id)
             if job is None:
                 return None
-            # the health rules' engine keeps the GPUs' health history (Alerting.health)
-            health = next((h.engine for h in (getattr(x, "health", None) for x in self._listeners)
-                           if h is not None and hasattr(h, "engine")), None)
-            return job_trace_lines(self.state, job, health), job.user
+            return job_trace_lines(self.state, job, self._health), job.user
 
     def counts(self) -> dict[str, int]:
         """What this core counted since it started, by name (collector/counter_metrics.py names them for /metrics)."""

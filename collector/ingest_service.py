@@ -84,8 +84,6 @@ class AgentOutboxes:
         self.by_node: dict[str, asyncio.Queue] = {}
         # node → what its connected stream proved (AgentProof): requests go only where it is authenticated
         self.proofs: dict[str, AgentProof] = {}
-        # where the agents' answers to TrainRequests go (collector/train_asks.py); None: refused
-        self.on_train_answer: Callable[[str, agent_pb2.TrainAnswer], None] | None = None
 
     def why_not(self, node: str) -> str | None:
         """Why nothing may be sent to `node`'s processes now; None when its authenticated agent is connected."""
@@ -125,12 +123,22 @@ class AgentOutboxes:
 
 
 class IngestServicer(agent_pb2_grpc.IngestServicer):
-    """One stream per agent: a Hello, then batches; each stored batch is acknowledged."""
+    """One stream per agent: a Hello, then batches; each stored batch is acknowledged.
+
+    Args:
+        core: the collector's core, which takes the hellos and batches.
+        outboxes: the connected agents' outboxes (shared with what sends to processes); None: its own.
+        max_samples_per_s: one agent's rate past which its batches are slowed down.
+        auth: what agents must prove; None: nothing.
+        on_train_answer: where the agents' answers to TrainRequests go (TrainAsks.on_answer); None: refused.
+    """
 
     def __init__(self, core: CollectorCore, outboxes: AgentOutboxes | None = None,
-                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT, auth: AgentAuth | None = None) -> None:
+                 max_samples_per_s: float = MAX_SAMPLES_PER_S_PER_AGENT, auth: AgentAuth | None = None,
+                 on_train_answer: Callable[[str, agent_pb2.TrainAnswer], None] | None = None) -> None:
         self.core = core
         self.outboxes = outboxes if outboxes is not None else AgentOutboxes()
+        self.on_train_answer = on_train_answer
         # what agents must prove (collector/agent_auth.py); the collector sets it at start
         self.auth = auth if auth is not None else AgentAuth("none")
         self.max_samples_per_s = max_samples_per_s
@@ -208,8 +216,8 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
                     self.core.batch(node, boot_id, msg.batch)  # a refused batch is acked too, or resent forever
                     ack = agent_pb2.CollectorMessage(ack=agent_pb2.Ack(seq=msg.batch.seq))
                     self.after_flush.append((outbox, ack))
-                elif kind == "train_answer" and node is not None and self.outboxes.on_train_answer is not None:
-                    self.outboxes.on_train_answer(node, msg.train_answer)  # it checks the node is the one asked
+                elif kind == "train_answer" and node is not None and self.on_train_answer is not None:
+                    self.on_train_answer(node, msg.train_answer)  # it checks the node is the one asked
                 else:
                     self.core.count("rejected")
         finally:

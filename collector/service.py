@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+from pathlib import Path
 
 import grpc
 from clusterwatch.v1 import agent_pb2_grpc, query_pb2_grpc
@@ -16,6 +17,7 @@ from clusterwatch.v1 import agent_pb2_grpc, query_pb2_grpc
 from clusterwatch.errors import ConfigError
 from clusterwatch.tls import server_credentials
 
+from .actions import Dispatcher
 from .agent_auth import TokenInterceptor, agent_auth_from_config
 from .alerting import Alerting
 from .alerts import AlertStore
@@ -26,12 +28,15 @@ from .export import ClusterCollector, Exposition, serve_metrics
 from .gc_tuning import tune_gc
 from .grpc_guard import MalformedMessageInterceptor
 from .grpc_limits import connection_caps, raise_open_file_limit, server_options
+from .health.engine import HealthEngine
+from .health.kmsg_marks import KmsgMarks
 from .ingest_service import FLUSH_S, AgentOutboxes, IngestServicer
 from .listen_check import NO_REUSEPORT, bind, taken_error
 from .query_auth import auth_from_config
 from .query_service import QueryServicer
 from .rules import load_rules
 from .store import Store, open_db
+from .train_asks import TrainAsks
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -68,8 +73,6 @@ class CollectorServer:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         rules = load_rules(config.rules_path)  # a bad rules file stops the start with one line
-        from pathlib import Path
-
         from .health.xid_catalog import CatalogError, load_catalog
 
         try:  # so does a bad XID catalog
@@ -78,8 +81,8 @@ class CollectorServer:
             raise ConfigError(str(exc)) from None
         conn = open_db(config.db_path)
         store = Store(conn)
+        alert_store = AlertStore(conn)
         state = new_cluster_state(config)
-        outboxes = AgentOutboxes()
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s,
                    rules.gpu_memory_fragmentation.bucket_s)
@@ -87,25 +90,26 @@ class CollectorServer:
         # `record` writes the history as the trace `replay` runs the rules over: a point less often than the
         # rules look leaves buckets without a sample there, and the replay misses leaks raised here
         state.history_step_s = min(state.history_step_s, look_s)
-        self.alerting = Alerting(rules, state, AlertStore(conn), send_signal=outboxes.send_signal,
-                                 min_interval_s=look_s, xid_catalog=catalog)
-        from .health.kmsg_marks import KmsgMarks
-
-        self.alerting.health.remember_kmsg(KmsgMarks(conn))
-        if config.slurm:  # the drain action (off unless a rules file has a drain step)
-            self.alerting.dispatcher.drain_node = slurm_drain(config.slurm_timeout_s)
-        # an alert drains a node only on what its authenticated agent said (a forged sample drains nothing)
-        self.alerting.dispatcher.node_trusted = lambda node: bool(
-            (ns := state.nodes.get(node)) is not None and ns.authenticated)
-        self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting)
-        self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit)
-        from .train_asks import TrainAsks  # requests back to training processes (diagnose, checkpoint/stop steps)
-
+        # Built in the order they need one another; the core comes last, as it tells the alerting of ingest.
+        outboxes = AgentOutboxes()
+        # requests back to training processes (diagnose, checkpoint/stop steps); an alert of a whole job asks
+        # its processes as the core's live view names them (self.core, built below, by the time one is asked)
         self.train_asks = TrainAsks(conn, outboxes.send_train_request,
-                                    lambda job_id: self.core.live_job_view(job_id, 2))
-        outboxes.on_train_answer = self.train_asks.on_answer
-        self.train_asks.why_unreachable = outboxes.why_not
-        self.alerting.dispatcher.ask_train = self.train_asks.ask_for_alert
+                                    lambda job_id: self.core.live_job_view(job_id, 2), why_unreachable=outboxes.why_not)
+        dispatcher = Dispatcher(
+            alert_store, rules.actions, send_signal=outboxes.send_signal,
+            # the drain action (off unless a rules file has a drain step)
+            drain_node=slurm_drain(config.slurm_timeout_s) if config.slurm else None,
+            ask_train=self.train_asks.ask_for_alert,
+            # an alert drains a node only on what its authenticated agent said (a forged sample drains nothing)
+            node_trusted=lambda node: bool((ns := state.nodes.get(node)) is not None and ns.authenticated))
+        health = HealthEngine(catalog)
+        self.alerting = Alerting(rules, state, alert_store, min_interval_s=look_s, dispatcher=dispatcher,
+                                 health=health, kmsg_marks=KmsgMarks(conn))
+        self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting,
+                                  health=health)
+        self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit,
+                                     on_train_answer=self.train_asks.on_answer)
         running = self.core.running_nodes()
         self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
         self.grpc_port = 0

@@ -145,6 +145,8 @@ class TrainAsks:
         send: node, TrainRequest -> whether that node's agent is connected (ingest_service.AgentOutboxes).
         job_view: job id -> its live view (CollectorCore.live_job_view), for an alert of a whole job.
         clock: wall clock.
+        why_unreachable: node -> why a request cannot reach it now, None when it can (AgentOutboxes.why_not:
+            not connected, not authenticated); None: every node is asked.
 
     Attributes:
         answers_refused: answers from another node than the one asked, for another process, of no request
@@ -153,15 +155,15 @@ class TrainAsks:
 
     def __init__(self, conn: sqlite3.Connection, send: Callable[[str, agent_pb2.TrainRequest], bool],
                  job_view: Callable[[str], query_pb2.JobView | None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 why_unreachable: Callable[[str], str | None] | None = None) -> None:
         self.conn = conn
         self.send = send
         self.job_view = job_view
         self.clock = clock
         self.answers_refused = 0
         self.asked = 0
-        # node → why a request cannot reach it (AgentOutboxes.why_not: not connected, not authenticated)
-        self.why_unreachable: Callable[[str], str | None] | None = None
+        self.why_unreachable = why_unreachable
         self._waiting: dict[str, _Waiting] = {}
         self._collections: dict[str, _Collection] = {}  # first request id → its collection
         self._collected: dict[str, str] = {}  # request id → its collection's first request id

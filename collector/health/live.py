@@ -53,18 +53,18 @@ class HealthListener:
         engine: the health engine.
         state: the collector's ClusterState.
         handle: takes the alert events (Alerting's handler: the alert table and the actions).
+        marks: where the kernel-log records taken are kept (the store): none of those it holds is taken
+            again; None: kept in memory only.
     """
 
-    def __init__(self, engine: HealthEngine, state: Any, handle: Callable[[list[AlertEvent], float], None]) -> None:
+    def __init__(self, engine: HealthEngine, state: Any, handle: Callable[[list[AlertEvent], float], None],
+                 marks: KmsgMarks | None = None) -> None:
         self.engine = engine
         self.state = state
         self.handle = handle
-        self.marks: KmsgMarks | None = None
-
-    def remember_kmsg(self, marks: KmsgMarks) -> None:
-        """Keep the kernel-log records taken in the store, and take none of those it holds again."""
         self.marks = marks
-        self.engine.kmsg_seq.update(marks.load())
+        if marks is not None:
+            engine.kmsg_seq.update(marks.load())
 
     def on_health(self, node: str, batch: Any, now: float) -> None:
         events: list[AlertEvent] = []

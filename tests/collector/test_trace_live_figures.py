@@ -62,7 +62,8 @@ def _live(tmp_path, polls: int, every: float, poll):
     state = new_cluster_state(config)
     alerting = Alerting(rules, state, AlertStore(conn), min_interval_s=every)
     clock = Clock()
-    core = CollectorCore(config, Store(conn), state=state, clock=clock, listeners=[alerting], alerts=alerting)
+    core = CollectorCore(config, Store(conn), state=state, clock=clock, listeners=[alerting], alerts=alerting,
+                         health=alerting.health.engine)
     core.hello(agent_pb2.Hello(node="n1", boot_id="b", agent_version="t", interval_s=every, send_interval_s=every,
                                node_memory_total_bytes=64 * GIB,
                                gpus=[agent_pb2.GpuInfo(uuid="GPU-a", index=0, memory_total_bytes=80 * GIB)]))

@@ -1,0 +1,42 @@
+"""The collector's composition root (CollectorServer.__init__): each part is built with what it reaches."""
+from __future__ import annotations
+
+from clusterwatch.collector.config import CollectorConfig
+from clusterwatch.collector.health.kmsg_marks import KmsgMarks
+from clusterwatch.collector.service import CollectorServer
+from clusterwatch.collector.store import open_db
+from clusterwatch.v1 import agent_pb2
+
+
+def test_the_actions_ask_and_answer_through_the_same_train_asks(tmp_path):
+    server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
+    dispatcher, asks = server.alerting.dispatcher, server.train_asks
+    assert dispatcher.ask_train == asks.ask_for_alert
+    assert server.ingest.on_train_answer == asks.on_answer
+    assert asks.why_unreachable == server.ingest.outboxes.why_not
+    assert asks.send == server.ingest.outboxes.send_train_request
+    assert dispatcher.send_signal == server.ingest.outboxes.send_signal
+    assert dispatcher.store is server.alerting.store
+    assert dispatcher.drain_node is None  # no Slurm, no drain
+    # the trace of a job carries the health history of the engine the health rules run
+    assert server.core._health is server.alerting.health.engine
+
+
+def test_a_drain_is_trusted_only_on_an_authenticated_agent(tmp_path):
+    server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
+    trusted = server.alerting.dispatcher.node_trusted
+    hello = agent_pb2.Hello(node="n1", boot_id="b1", agent_version="t", interval_s=1.0)
+    assert not trusted("n1")
+    server.core.hello(hello, authenticated=False)
+    assert not trusted("n1")
+    server.core.hello(hello, authenticated=True)
+    assert trusted("n1")
+
+
+def test_the_kernel_log_records_taken_before_a_restart_are_not_taken_again(tmp_path):
+    db = str(tmp_path / "cw.db")
+    CollectorServer(CollectorConfig(db_path=db))  # makes the tables
+    KmsgMarks(open_db(db)).save({("n1", "kboot"): 41})
+    server = CollectorServer(CollectorConfig(db_path=db))
+    assert server.alerting.health.engine.kmsg_seq[("n1", "kboot")] == 41
+    assert server.alerting.health.marks is not None
