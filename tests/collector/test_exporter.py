@@ -65,7 +65,8 @@ def _state(t: float = NOW) -> ClusterState:
     st = ClusterState()
     for node, base in (("gpu001", 100), ("gpu002", 200)):
         gpus = [GpuInfo(f"GPU-{node}-{i}", i, "H100", 80 * GiB) for i in range(2)]
-        st.hello(node, f"boot-{node}", "1.0", 1.0, "sim", 512 * GiB, gpus, t)
+        # an authenticated agent's node: the user its samples name owns the job
+        st.hello(node, f"boot-{node}", "1.0", 1.0, "sim", 512 * GiB, gpus, t).authenticated = True
         st.job_event(node, JobEvent("start", "7001", t - 60, 1000, "alice", (f"GPU-{node}-0",)))
         rank = 0 if node == "gpu001" else 1
         samples = [
