@@ -4,7 +4,9 @@ The gRPC servicers (collector/ingest_service.py, collector/query_service.py) are
 messages into calls here. Everything runs on the collector's event loop; the only other thread is
 the Prometheus HTTP server, which reads the state under `lock`. What else reacts to ingest (the
 alert rules, the job registry) is a CoreListener, handed in at construction; what they and the
-query service ask of the state are methods here, which take the lock themselves.
+query service ask of the state are methods here, which take the lock themselves. What ingest leaves
+for the store waits in collector/durability.py for flush(); an ended job's summary is stored by
+collector/job_closing.py.
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ from clusterwatch.wire import (
 )
 
 from .config import CollectorConfig
+from .durability import PendingWrites
 from .ingest_bounds import bound_batch, check_hello
 from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
+from .job_closing import JobClosing
 from .node_notes import NodeNotes
 from .shard_gate import shard_gate
 from .state import ClusterState, JobState, ProcessSeries
-from .store import STALE_AFTER_S, Store, job_row
-from .summary import write_summary
+from .store import STALE_AFTER_S, Store
 from .trace import job_trace_lines
 from .views import job_info, job_view
 
@@ -176,25 +179,16 @@ class CollectorCore:
         self.shard_gate = shard_gate(config)  # one shard of several: what of a batch is its own
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
-        # what changed since the last durable flush (see flush())
-        self._dirty_seqs: set[str] = set()
-        self._dirty_nodes: set[str] = set()
-        # store writes waiting for the next flush's transaction: node rows, job rows, provenance records
-        self._pending_nodes: dict[str, tuple] = {}
-        self._pending_jobs: dict[str, JobState] = {}
-        self._pending_provenance: list[tuple[str, str, int, float, str]] = []
-        # job id → (job, final view): closed, not yet stored (the store refused); retried by flush()
-        self._closing: dict[str, tuple[JobState, query_pb2.JobView]] = {}
-        self._close_said: set[str] = set()
+        # what ingest leaves for the store, written by flush() (collector/durability.py)
+        self._writes = PendingWrites(store, self.state, self._seqs, self.lock, self.count)
+        # ended jobs' summaries stored, then the jobs forgotten (collector/job_closing.py)
+        self._jobs_closing = JobClosing(config, store, self.state, self.lock, clock, self.node_notes, self._writes,
+                                        lambda job, now: self._notify("on_job_closed", job, now), alerts, self.count)
         self._refusals_said: set[tuple[str, str]] = set()
         self._callbacks_said: set[str] = set()
-        # Jobs first seen through samples are written to the store once; after that on change only.
-        self._saved: set[str] = set()
-        self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
         self._swept = float("-inf")  # when tick() last swept every process
         self._started = clock()
         self._listeners: list[CoreListener] = list(listeners)
-        self._alerts = alerts
         self._health = health
         self._restore()
 
@@ -241,9 +235,7 @@ class CollectorCore:
             ns = self.state.hello(msg.node, msg.boot_id, msg.agent_version, msg.interval_s, msg.gpu_source,
                                   msg.node_memory_total_bytes, gpus, now, msg.send_interval_s)
             ns.authenticated = authenticated
-            # written with the next flush: a full or locked store never refuses an agent's stream
-            self._pending_nodes[ns.node] = (ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes,
-                                            list(ns.gpus), now)
+            self._writes.hello(ns, now)  # written with the next flush: a full or locked store never refuses a stream
         return msg.node
 
     def batch(self, node: str, boot_id: str, batch: agent_pb2.Batch) -> bool:
@@ -275,7 +267,7 @@ class CollectorCore:
         if refusal is not None:
             self._refuse(node, batch.seq, refusal)
             tracker.add(batch.seq)
-            self._dirty_seqs.add(boot_id)
+            self._writes.seq(boot_id)
             return False
         if self.shard_gate is not None:  # another shard's jobs (or node) are dropped, counted: shard_gate.py
             batch, cols = self.shard_gate.own_share(node, batch, cols)
@@ -283,10 +275,10 @@ class CollectorCore:
         with self.lock:
             touched, changed, records = self._apply(node, batch, cols, now, closed, events, trainings, provenance)
             # jobs first named by these samples are written to the store once
-            changed |= {j for j in late if j in self.state.jobs and j not in self._saved}
+            changed |= {j for j in late if j in self.state.jobs and j not in self._writes.saved}
             # Applied whole: only now is its number recorded (a resend before this is applied afresh).
             tracker.add(batch.seq)
-            self._queue_writes(node, boot_id, records, changed)
+            self._writes.batch(node, boot_id, records, changed)
         self.counters.batches += 1
         self.counters.samples += cols.rows
         if batch.health_events or batch.gpu_health:  # the samples are in the state: an XID's pid names a process
@@ -302,7 +294,7 @@ class CollectorCore:
         # A job closed already stays closed: late samples lose its label, late events are dropped.
         late = {lab.job_id for lab in cols.label_sets if lab.job_id and lab.job_id not in jobs}
         late |= {e.job_id for e in batch.job_events if e.job_id not in jobs}
-        closed = frozenset(j for j in late if self._is_closed(j))
+        closed = frozenset(j for j in late if self._jobs_closing.is_closed(j))
         events = [job_event_from_proto(e) for e in batch.job_events if e.job_id not in closed]
         trainings = [training_from_proto(t) for t in batch.training]
         provenance = []
@@ -337,17 +329,6 @@ class CollectorCore:
                 records.append((job.job_id, node, prov.pid, prov.start_time, prov.json))
         return touched, changed, records
 
-    def _queue_writes(self, node: str, boot_id: str, records: list, changed: set[str]) -> None:
-        """Under the lock: what an applied batch leaves for the next flush to write."""
-        self._dirty_seqs.add(boot_id)
-        self._dirty_nodes.add(node)
-        self._pending_provenance.extend(records)
-        for job_id in changed:
-            job = self.state.jobs.get(job_id)
-            if job is not None:
-                self._pending_jobs[job_id] = job
-                self._saved.add(job_id)
-
     def _after_batch(self, node: str, now: float, touched: list, changed: set[str], records: list) -> None:
         """Outside the lock: tell the listeners, and close the jobs the batch ended."""
         for job_id in {r[0] for r in records}:
@@ -364,7 +345,7 @@ class CollectorCore:
         """Write a job's row with the next flush, in its transaction (kept pending while the store refuses
         it), rather than at once: a full or locked store then never raises into the caller."""
         with self.lock:
-            self._pending_jobs[job.job_id] = job
+            self._writes.job(job)
 
     def _count_refusal(self, reason: str) -> None:
         self.counters.rejected += 1
@@ -395,15 +376,6 @@ class CollectorCore:
                     log.exception("%s failed (counted in clusterwatch_ingest_callback_errors_total; said once)",
                                   name)
 
-    def _is_closed(self, job_id: str) -> bool:
-        """Whether a job not in memory was closed before (its summary is stored)."""
-        if job_id in self._closed:
-            return True
-        if self.store.load_summary(job_id) is not None:
-            self._closed.add(job_id)
-            return True
-        return False
-
     def flush(self) -> None:
         """Make what was ingested since the last flush durable: batch numbers, per-process counts, node and
         job rows, provenance, in one transaction; then retry job closes the store refused.
@@ -414,50 +386,13 @@ class CollectorCore:
         the error is raised: the caller holds the acknowledgements back. So it is while a closed
         job's summary waits to be stored (StoreBehind).
         """
-        if self._dirty_seqs or self._dirty_nodes or self._pending_jobs or self._pending_nodes \
-                or self._pending_provenance:
-            self._flush_ingest()
-        for job_id in list(self._closing):
-            self._persist_close(job_id)
-        if self._closing:
+        if self._writes:
+            self._writes.write()
+        self._jobs_closing.retry()
+        if self._jobs_closing.waiting:
             # an epilog's end is acknowledged only once its job's summary is stored
-            raise StoreBehind(f"the summaries of {len(self._closing)} ended job(s) are not stored yet; "
+            raise StoreBehind(f"the summaries of {self._jobs_closing.waiting} ended job(s) are not stored yet; "
                               "acknowledgements wait")
-
-    def _flush_ingest(self) -> None:
-        with self.lock:
-            st = self.state
-            dirty_nodes, dirty_seqs = self._dirty_nodes, self._dirty_seqs
-            jobs, nodes, provenance = self._pending_jobs, self._pending_nodes, self._pending_provenance
-            self._dirty_nodes, self._dirty_seqs = set(), set()
-            self._pending_jobs, self._pending_nodes, self._pending_provenance = {}, {}, []
-            node_counts = []
-            for node in dirty_nodes:
-                # with each process's whole-life totals (CPU time, first sample), so a restart counts on
-                node_counts.append((node, [(s.key.pid, s.key.start_time, s.samples, round(s.cpu_seconds, 3),
-                                            s.first_time)
-                                           for s in st.pids.get(node, {}).values() if s.alive]))
-            seqs = [(b, t.low, sorted(t.above)) for b in dirty_seqs if (t := self._seqs.get(b))]
-            # when each node was last heard of, so agent_down after a restart starts from the truth
-            seen = [(ns.last_seen, n) for n in dirty_nodes if (ns := st.nodes.get(n)) is not None]
-            # running jobs with GPU totals on the nodes heard from: their totals go on growing (issue 17 item 11)
-            for job in st.jobs.values():
-                if (job.gpu_totals and not job.ended and job.job_id not in jobs
-                        and not dirty_nodes.isdisjoint(job.nodes)):
-                    jobs[job.job_id] = job
-            job_rows = [job_row(job) for job in jobs.values()]
-        try:
-            self.store.save_ingest(node_counts, seqs, seen, nodes=list(nodes.values()), jobs=job_rows,
-                                   provenance=provenance)
-        except sqlite3.Error:
-            self.counters.store_errors += 1
-            with self.lock:  # all of it again next time, newer changes kept
-                self._dirty_nodes |= dirty_nodes
-                self._dirty_seqs |= dirty_seqs
-                self._pending_jobs = {**jobs, **self._pending_jobs}
-                self._pending_nodes = {**nodes, **self._pending_nodes}
-                self._pending_provenance[:0] = provenance
-            raise
 
     def disconnected(self, node: str) -> None:
         with self.lock:
@@ -471,83 +406,13 @@ class CollectorCore:
         When the store refuses the summary (a full disk, a locked database), the job stays in
         memory, ended, and every flush tries again; it leaves memory only once stored.
         """
-        if job.job_id in self._closing:
-            self._persist_close(job.job_id)
-            return
-        now = self.clock()
-        if not job.end_time:
-            job.end_time = now
-        with self.lock:
-            view = job_view(self.state, job, now, after_intervals=self.config.agent_down_after_intervals)
-            self.node_notes.fill(view)
-            for pv in view.processes:
-                pv.alive = False
-        self._notify("on_job_closed", job, now)
-        if self._alerts is not None:
-            try:
-                view.alerts.extend(self._alerts.alert_views(job.job_id))
-            except sqlite3.Error:
-                self.counters.store_errors += 1  # the summary goes without its alerts rather than not at all
-        self._closing[job.job_id] = (job, view)
-        self._persist_close(job.job_id)
-
-    def _persist_close(self, job_id: str) -> bool:
-        """Store a closed job's row and summary (one transaction); then forget it. False when the store
-        refused (the job waits in memory for the next try)."""
-        job, view = self._closing[job_id]
-        try:
-            self.store.save_closed_job(job_row(job), job_id, view.SerializeToString())
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            if job_id not in self._close_said:
-                self._close_said.add(job_id)
-                log.warning("cannot store the summary of job %s (%s); it stays in memory and is retried with "
-                            "every flush", job_id, exc)
-            return False
-        del self._closing[job_id]
-        self._close_said.discard(job_id)
-        with self.lock:
-            self._pending_jobs.pop(job_id, None)  # the row just written is the final one
-        if self.config.summary_dir:
-            try:
-                write_summary(self.config.summary_dir, view)
-            except OSError as exc:
-                log.warning("cannot write the summary of job %s into %s: %s", job_id,
-                            self.config.summary_dir, exc.strerror or exc)
-        with self.lock:
-            self.state.forget_job(job_id)
-        self._closed.add(job_id)
-        log.info("job %s ended (%s); summary stored", job_id, job.state)
-        return True
+        self._jobs_closing.close(job)
 
     def amend_closed_job(self, job_id: str, state: str, exit_code: int | None, end_time: float) -> bool:
         """Slurm's final word on a job closed before Slurm had one (by its epilogs, which know exit codes but
         not CANCELLED, TIMEOUT or OUT_OF_MEMORY): its stored summary and record take Slurm's state, exit code
         and end time. Returns whether anything changed."""
-        data = self.store.load_summary(job_id)
-        if data is None:
-            return False
-        view = query_pb2.JobView()
-        view.ParseFromString(data)
-        info = view.job
-        before = (info.state, info.exit_code if info.HasField("exit_code") else None, info.end_time)
-        info.state = state
-        if exit_code is not None:
-            info.exit_code = exit_code
-        if end_time:
-            info.end_time = end_time
-        if (info.state, info.exit_code if info.HasField("exit_code") else None, info.end_time) == before:
-            return False
-        self.store.save_summary(job_id, view.SerializeToString())
-        self.store.amend_job_end(job_id, state, exit_code, info.end_time)
-        if self.config.summary_dir:
-            try:
-                write_summary(self.config.summary_dir, view)
-            except OSError as exc:
-                log.warning("cannot write the summary of job %s into %s: %s", job_id, self.config.summary_dir,
-                            exc.strerror or exc)
-        log.info("job %s: Slurm's final state %s (its epilogs had it %s)", job_id, state, before[0])
-        return True
+        return self._jobs_closing.amend(job_id, state, exit_code, end_time)
 
     def tick(self) -> None:
         """Periodic housekeeping: end agent-only jobs whose processes are all gone, prune.
@@ -589,11 +454,11 @@ class CollectorCore:
         try:
             gone = self.store.forget_stale(STALE_AFTER_S)
         except sqlite3.Error:
-            self.counters.store_errors += 1  # tried again at the next sweep
+            self.count("store_errors")  # tried again at the next sweep
             return
         with self.lock:
             for boot_id in gone:
-                if boot_id not in self._dirty_seqs:  # heard of again since: its next flush writes it back
+                if boot_id not in self._writes.boot_ids:  # heard of again since: its next flush writes it back
                     self._seqs.pop(boot_id, None)
 
     # -- queries ----------------------------------------------------------------------------
