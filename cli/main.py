@@ -101,6 +101,9 @@ def _check_keys(ctx: click.Context, config_path: str | None) -> None:
 
 def main() -> None:
     """The console script."""
+    from clusterwatch.grpc_fork import fork_handlers_off
+
+    fork_handlers_off()  # before any subcommand loads grpc
     try:
         cli()
     except SystemExit as exc:

@@ -115,6 +115,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
     from clusterwatch.agent.spool import write_event
 
     from clusterwatch.errors import ClusterwatchError
+    from clusterwatch.grpc_fork import as_the_caller_had_it
     from clusterwatch.model import JobEvent
 
     from .proctree import become_subreaper
@@ -155,7 +156,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 sys.exit(signals.exit_code)
             try:
                 # the command reports training progress (clusterwatch.train) to the embedded agent
-                env = dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node)))
+                env = as_the_caller_had_it(dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node))))
                 # simulated GPUs play this command's processes, not others on the host (unless the caller
                 # named a run of their own)
                 sim_run = env.get("CLUSTERWATCH_SIM_RUN") or f"run-{uuid.uuid4().hex[:12]}"

@@ -10,7 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from clusterwatch.grpc_fork import fork_handlers_off
 from tests.hermetic import SUITE_SETTINGS, callers_settings
+
+# As the console script does (clusterwatch/grpc_fork.py): the suite runs gRPC servers and channels in its
+# own process and forks git and py-spy beside them, which gRPC's fork handlers could crash before the exec.
+fork_handlers_off()
 
 pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge",
                   "tests.git_repos"]
