@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clusterwatch.slurm.listpids import parse_listpids
-from tests.helpers import Collector, cli, metric_value, wait_for
+from tests.helpers import AGENT_TOKEN, Collector, cli, metric_value, wait_for
 from tests.services.procs import pid_alive, read_pid, stop_pid
 from tests.services.slurm import (  # noqa: F401  (fixtures)
     SlurmCluster,
@@ -99,9 +99,15 @@ def hooked() -> Iterator[tuple[SlurmCluster, Collector, Path]]:
             with _environ(SLURM_CONF=str(cluster.conf)):
                 collector = Collector(root, "--slurm", "--slurm-refresh", "1")
             try:
+                # The collector takes the tests' token; the prologs read it from a root-only token file, as
+                # docs/operators.md sets a cluster up, and hand it to the agents they start.
+                token_file = root / "token"
+                token_file.write_text(AGENT_TOKEN + "\n")
+                token_file.chmod(0o600)
                 # Read by the hooks at each job: where the agents they start report, and how.
                 env_file.write_text(
                     f"CLUSTERWATCH_COLLECTOR={collector.address}\n"
+                    f"CLUSTERWATCH_TOKEN_FILE={token_file}\n"
                     f"CLUSTERWATCH_SPOOL={spool}/{{node}}\n"
                     "CLUSTERWATCH_GPU_SOURCE=sim\n"
                     "CLUSTERWATCH_INTERVAL=1\n"
