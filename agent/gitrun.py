@@ -13,7 +13,7 @@ with git-lfs or a diff tool configured). So every git call made here:
 - has a deadline, reads its output as a stream with a size cap, and on timeout is
   killed with its whole process group (`start_new_session`).
 
-What remains is documented in `agent/provenance.py`; none of it can run as anyone
+What remains is documented in `agent/provenance/__init__.py`; none of it can run as anyone
 but the repository's owner.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 git in a large repository can take a second or more; the poll must not wait for it.
 New rank processes are queued; a single worker thread records them (as each
-process's owner, see provenance.py) and the poll loop drains the finished records
+process's owner, see provenance/) and the poll loop drains the finished records
 into the next batch.
 """
 from __future__ import annotations

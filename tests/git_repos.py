@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent import provenance as prov
+from clusterwatch.agent.provenance import failures as provenance_failures
 
 NOBODY = 65534
 
@@ -59,7 +59,7 @@ def stat_dirty(path: Path) -> None:
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     # the warn-once memory is per process; each test starts without it
-    monkeypatch.setattr(prov, "_warned", set())
+    monkeypatch.setattr(provenance_failures, "_warned", set())
 
 
 @pytest.fixture

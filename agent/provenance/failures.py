@@ -1,0 +1,28 @@
+"""Why a record says "unknown", logged once per kind of failure (a node's every rank would repeat it)."""
+from __future__ import annotations
+
+import logging
+import threading
+
+# the package's logger: operators filter on "clusterwatch.agent.provenance"
+log = logging.getLogger(__package__)
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(kind: str, reason: str) -> None:
+    """Log a failure as a warning the first time its kind is seen, at debug level after that.
+
+    Args:
+        kind: a short stable word for the kind of failure ("proc", "dir", a GitError's kind).
+        reason: one line for a person.
+    """
+    with _warned_lock:
+        first = kind not in _warned
+        _warned.add(kind)
+    if first:
+        log.warning("provenance unknown: %s (further ones of this kind are logged at debug level)",
+                    reason)
+    else:
+        log.debug("provenance unknown: %s", reason)
