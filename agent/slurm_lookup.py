@@ -14,7 +14,7 @@ from clusterwatch.errors import ParseError
 from clusterwatch.procfs import ExecInProgress, probe, read_environ
 from clusterwatch.slurm.proc import EnvLabels, environ_labels, parse_cgroup, parse_environ
 
-from .backends.procs import NewPids
+from .backends.new_pids import NewPids
 from .labels import JobLabels
 
 _NOT_TASK_STEPS = ("batch", "extern", "interactive")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from clusterwatch.agent.backends.gpu import GpuPoll
-from clusterwatch.agent.backends.procs import NewPids
+from clusterwatch.agent.backends.new_pids import NewPids
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch import toml_file

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.backends.procs import NewPids
+from clusterwatch.agent.backends.new_pids import NewPids
 from clusterwatch.agent.backends.sim import SimGpuSource, open_sim_source
 from clusterwatch.agent.labels import JobLabeler
 from clusterwatch.agent.slurm_lookup import ProcLookup

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.backends.procs import NewPids, ProcSource
+from clusterwatch.agent.backends.new_pids import NewPids
+from clusterwatch.agent.backends.procs import ProcSource
 
 from clusterwatch.model import GpuUse, ProcessSample
 from clusterwatch.procfs import parse_stat, probe

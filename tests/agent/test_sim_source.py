@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 from clusterwatch.agent.agent import Agent
-from clusterwatch.agent.backends.procs import NewPids, ProcSource
+from clusterwatch.agent.backends.new_pids import NewPids
+from clusterwatch.agent.backends.procs import ProcSource
 from clusterwatch.agent.backends.sim import SimGpuSource, SimSpec, open_sim_source, parse_sim_environ
 from clusterwatch.agent.backends.sim_scenario import KINDS, MiB, parse_scenario
 from clusterwatch.agent.config import AgentConfig
