@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
+from clusterwatch.log_once import SaidOnce
+
 from .munge_credential import MungeCredentials, MungeUnavailable
 from .thread_names import name_os_thread
 
@@ -199,7 +201,7 @@ class Sender:
         self.counters = SenderCounters()
         self.connected = False
         self.last_error = ""
-        self._said: set[str] = set()  # the failures said since the stream was last up
+        self._said = SaidOnce(log)  # the failures said since the stream was last up
         self._seq = 0
         # Guards the buffer, the counters and the sequence number between the poll thread and the sender's.
         self._cond = threading.Condition()
@@ -368,10 +370,7 @@ class Sender:
     def _first_time(self, text: str) -> bool:
         """Whether `text` is new since the stream was last up: each failure said once while it lasts, even
         where two alternate (a refused write can end as INTERNAL, its status lost in gRPC's core)."""
-        if text in self._said:
-            return False
-        self._said.add(text)
-        return True
+        return self._said.first(text)
 
     async def _one_stream(self) -> None:
         """One stream, from connecting to its end; raises what ended it (grpc.RpcError when it broke)."""

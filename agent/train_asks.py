@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from clusterwatch.agent.signals import identity_refusal
 from clusterwatch.v1 import agent_pb2
 
+from clusterwatch.log_once import SaidOnce
 from clusterwatch.train_requests import ACCEPTED, DONE, FAILED, MAX_MESSAGE, MAX_NAME, MAX_REPLY, NO_HANDLER, REFUSED
 
 log = logging.getLogger("clusterwatch.agent")
@@ -100,7 +101,7 @@ class TrainAsker:
         self.clock = clock
         self.answers_refused = 0
         self.requests = 0
-        self._said_refused = False
+        self._said = SaidOnce(log)  # one line for the first refused answer; the rest are counted
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._workers = threading.BoundedSemaphore(MAX_WORKERS)
@@ -188,10 +189,8 @@ class TrainAsker:
         why = self._take(pid, data, cut)
         if why:
             self.answers_refused += 1
-            if not self._said_refused:  # one line for the first; the rest are counted
-                self._said_refused = True
-                log.warning("training endpoint: refused an answer from pid %d: %s (further ones are counted "
-                            "only)", pid, why)
+            self._said.warning("refused", "training endpoint: refused an answer from pid %d: %s (further ones "
+                               "are counted only)", pid, why)
 
     def _take(self, pid: int, data: bytes, cut: bool) -> str:
         if cut or len(data) > MAX_REPLY:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.errors import ClusterwatchError
+from clusterwatch.log_once import SaidOnce
 from clusterwatch.model import ProcessKey
 from clusterwatch.wire import (
     ProcessColumns,
@@ -184,8 +185,8 @@ class CollectorCore:
         # ended jobs' summaries stored, then the jobs forgotten (collector/job_closing.py)
         self._jobs_closing = JobClosing(config, store, self.state, self.lock, clock, self.node_notes, self._writes,
                                         lambda job, now: self._notify("on_job_closed", job, now), alerts, self.count)
-        self._refusals_said: set[tuple[str, str]] = set()
-        self._callbacks_said: set[str] = set()
+        self._refusals_said = SaidOnce(log)
+        self._callbacks_said = SaidOnce(log)
         self._swept = float("-inf")  # when tick() last swept every process
         self._started = clock()
         self._listeners: list[CoreListener] = list(listeners)
@@ -354,9 +355,8 @@ class CollectorCore:
     def _refuse(self, node: str, seq: int, refusal: Refusal) -> None:
         """Count a refused batch; say so once per node and reason (the counter shows how often)."""
         self._count_refusal(refusal.reason)
-        said = (node, refusal.reason)
-        if said not in self._refusals_said and len(self._refusals_said) < 10_000:
-            self._refusals_said.add(said)
+        # Bounded: past 10,000 nodes and reasons, new ones are only counted.
+        if len(self._refusals_said) < 10_000 and self._refusals_said.first((node, refusal.reason)):
             log.warning("node %s: batch %d refused, nothing of it stored: %s; the agent sends wrong data (check "
                         "its clock and version); counted in clusterwatch_ingest_refused_%s_total, said once",
                         node[:128], seq, refusal.detail, refusal.reason)
@@ -371,8 +371,7 @@ class CollectorCore:
             except Exception:
                 self.counters.callback_errors += 1
                 name = getattr(cb, "__qualname__", repr(cb))
-                if name not in self._callbacks_said:
-                    self._callbacks_said.add(name)
+                if self._callbacks_said.first(name):
                     log.exception("%s failed (counted in clusterwatch_ingest_callback_errors_total; said once)",
                                   name)
 

@@ -12,21 +12,18 @@ from collections.abc import Callable
 
 import grpc
 
+from clusterwatch.log_once import SaidOnce
+
 log = logging.getLogger("clusterwatch.collector")
 
 # What was said once already: a bounded memory, so a flood of peers cannot grow it.
 MAX_SAID = 10_000
-_said: set[str] = set()
+_said = SaidOnce(log, limit=MAX_SAID)
 
 
 def say_once(key: str, message: str, *args) -> None:
     """Log `message` (a warning) the first time `key` is seen; counters say how often since."""
-    if key in _said:
-        return
-    if len(_said) >= MAX_SAID:
-        _said.clear()
-    _said.add(key)
-    log.warning(message, *args)
+    _said.warning(key, message, *args)
 
 
 def peer_host(peer: str | None) -> str:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from clusterwatch.v1 import query_pb2
 
+from clusterwatch.log_once import SaidOnce
+
 from .config import CollectorConfig
 from .durability import PendingWrites
 from .node_notes import NodeNotes
@@ -60,7 +62,7 @@ class JobClosing:
         self.count = count
         # job id → (job, final view): closed, not yet stored (the store refused); retried by retry()
         self._closing: dict[str, tuple[JobState, query_pb2.JobView]] = {}
-        self._said: set[str] = set()
+        self._said = SaidOnce(log)
         self._closed: set[str] = set()  # jobs closed by this collector (older ones are looked up)
 
     @property
@@ -112,13 +114,11 @@ class JobClosing:
             self.store.save_closed_job(job_row(job), job_id, view.SerializeToString())
         except sqlite3.Error as exc:
             self.count("store_errors")
-            if job_id not in self._said:
-                self._said.add(job_id)
-                log.warning("cannot store the summary of job %s (%s); it stays in memory and is retried with "
-                            "every flush", job_id, exc)
+            self._said.warning(job_id, "cannot store the summary of job %s (%s); it stays in memory and is retried "
+                               "with every flush", job_id, exc)
             return False
         del self._closing[job_id]
-        self._said.discard(job_id)
+        self._said.forget(job_id)
         with self.lock:
             self.writes.job_stored(job_id)  # the row just written is the final one
         self._write_summary_file(job_id, view)

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from clusterwatch.log_once import SaidOnce
 from clusterwatch.slurm.scontrol import JobRecord
 
 from .core import CollectorCore, CoreListener
@@ -106,7 +107,7 @@ class JobRegistry(CoreListener):
         self._ended_seen: dict[str, float] = {}
         self._saved: dict[str, tuple] = {}
         self._task: asyncio.Task | None = None
-        self._listpids_warned: set[str] = set()
+        self._listpids_warned = SaidOnce(log)
         core.add_listener(self)  # it acts on the core, so it is built after it
         # Slurm jobs that ended shortly before a restart still wait for Slurm's final word.
         held = set(core.job_ids())
@@ -339,11 +340,9 @@ class JobRegistry(CoreListener):
             except SlurmUnavailable as exc:
                 self.listpids_errors += 1
                 # One line per node, then quiet: a node without sshd would fill the log every pass.
-                if node not in self._listpids_warned:
-                    self._listpids_warned.add(node)
-                    log.warning("listpids for job %s on %s: %s", job.job_id, node, exc)
+                self._listpids_warned.warning(node, "listpids for job %s on %s: %s", job.job_id, node, exc)
                 return
-        self._listpids_warned.discard(node)
+        self._listpids_warned.forget(node)
         pids = {e.pid: e.global_id for e in entries if e.pid > 0}
 
         def record_pids(held: JobState) -> None:

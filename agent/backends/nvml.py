@@ -44,6 +44,7 @@ from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, q
 from clusterwatch.agent.backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE, PidListings, proc_pid_namespace
 
 from clusterwatch.errors import SourceUnavailable
+from clusterwatch.log_once import SaidOnce
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse
 
 __all__ = ["NvmlGpuSource", "open_nvml_source", "host_pid_visible"]
@@ -218,7 +219,7 @@ class NvmlGpuSource:
         self._log = log or logging.getLogger(__name__)
         self._clock = clock
         self._closed = False
-        self._said: set[str] = set()  # one-time warnings already given
+        self._said = SaidOnce(self._log)  # one-time warnings already given
         self._nvml_error: type[Exception] = nvml.NVMLError
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         # Not an NVMLError subclass: raised by unversioned wrappers when the library lacks
@@ -649,9 +650,7 @@ class NvmlGpuSource:
         return process_util(live, fresh, dev.util_seen, now, self._hold_s, answered)
 
     def _once(self, key: str, fmt: str, *args: Any) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            self._log.warning(fmt, *args)
+        self._said.warning(key, fmt, *args)
 
     def _shutdown(self) -> None:
         self._closed = True
