@@ -1,10 +1,9 @@
 """The live side of the rules: state changes in, engine observations out, alerts stored and acted on.
 
 The engine (collector/rules) is pure and knows nothing of the collector; this module
-turns each stored sample into an observation (with the process's GPU size, the node's
-memory, the job's name and partition for overrides), feeds GPU readings and node
-heartbeats, tells the engine when processes and jobs go away, raises `code_mismatch`
-from provenance, and hands every event to the alert table and the actions.
+feeds it the observations of each stored batch (its processes, GPUs and node, built by
+collector/observations.py), tells the engine when processes and jobs go away, raises
+`code_mismatch` from provenance, and hands every event to the alert table and the actions.
 """
 from __future__ import annotations
 
@@ -17,12 +16,13 @@ from clusterwatch.model import ProcessKey
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
 from .core import CoreListener
+from .observations import job_owners, node_observations
 from .rules import Engine, RuleSet
 from .rules.engine import ENDED_WHILE_FIRING
-from .rules.model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat
+from .rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
 from .stall_causes import HealthCauses
 from .stall_stacks import StallStacks
-from .state import ClusterState, JobState, ProcessSeries, allocator_totals
+from .state import ClusterState, JobState, ProcessSeries
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -87,105 +87,30 @@ class Alerting(CoreListener):
 
     def on_samples(self, node: str, touched: list[ProcessSeries], now: float) -> None:
         """One batch of a node was stored: observe its processes, GPUs and the node itself."""
-        st = self.state
+        seen = node_observations(self.state, node, touched, self._gpu_owner, now, self.min_interval_s)
+        engine = self.engine
         events: list[AlertEvent] = []
-        ns = st.nodes.get(node)
-        node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
-        live = {series.key for series in touched}
-        has_jobs = False
-        min_interval = self.min_interval_s
-        observe = self.engine.observe_fields
-        jobs, gpus = st.jobs, st.gpus
-        job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
-        gpu_totals: dict[str, int | None] = {}
-        job_ids: set[str] = set()
-        # the room each job has on this node under its allocation: Slurm's memory over its nodes, less what the
-        # job's processes here hold (a leak ends with the job killed at its --mem, long before the node's RAM)
-        job_rss: dict[str, int] = {}
-        for series in touched:
-            s = series.latest
-            if s.job_id and s.rss_bytes and series.alive:
-                job_rss[s.job_id] = job_rss.get(s.job_id, 0) + s.rss_bytes
-        for series in touched:
-            s = series.latest
-            if s.job_id:
-                has_jobs = True
-                job_ids.add(s.job_id)
-            if s.time - series.rules_t < min_interval:
-                continue
-            series.rules_t = s.time
-            if s.job_id != job_id:
-                job_id = s.job_id
-                job = jobs.get(job_id) if job_id else None
-            gpu_uuid = gtotal = gmem = gutil = None
-            if s.gpus:
-                gpu_uuid = s.gpus[0].gpu_uuid
-                gtotal = gpu_totals.get(gpu_uuid, -1)
-                if gtotal == -1:  # not looked up yet in this batch (None: looked up, size unknown)
-                    gs = gpus.get(gpu_uuid)
-                    gtotal = gpu_totals[gpu_uuid] = (
-                        (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
-                         else gs.info.memory_total_bytes) or None) if gs is not None else None
-                if len(s.gpus) == 1:  # the usual case, without the properties' lists
-                    gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
-                else:
-                    gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
-            ntotal, host_full = node_mem, "node memory"
-            if job is not None and job.memory_bytes and s.rss_bytes is not None:
-                share = job.memory_bytes / max(1, len(job.nodes))
-                # this process's ceiling: its own RSS plus the room the job has left on the node
-                ntotal = max(0, share - job_rss.get(s.job_id, 0)) + s.rss_bytes
-                host_full = "the job's memory allocation"
-            if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
-                allocated, reserved, retries = allocator_totals(series, s.time)
-                found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user,
-                                s.command, job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
-                                s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full,
-                                allocated=allocated, reserved=reserved, retries=retries)
-            else:
-                found = observe(node, s.pid, s.start_time, s.time, s.job_id, gpu_uuid or "", s.rank, s.user,
-                                s.command, job.name if job else "", job.partition if job else "", gmem, gtotal, gutil,
-                                s.rss_bytes, ntotal, s.threads, s.open_fds, series.step, host_full)
+        observe = engine.observe
+        for obs in seen.processes:
+            found = observe(obs)
             if found:
                 events.extend(found)
         # processes of this node that were watched and are gone now
+        live = {series.key for series in touched}
         for key in self._observed.get(node, set()) - live:
-            series = st.processes.get(key)
+            series = self.state.processes.get(key)
             if series is None or not series.alive:
-                events.extend(self.engine.forget_process(key.node, key.pid, key.start_time, now))
+                events.extend(engine.forget_process(key.node, key.pid, key.start_time, now))
             else:
                 live.add(key)
         self._observed[node] = live
-        events.extend(self._gpu_events(node, now, touched))
-        every = ns.send_interval_s if ns is not None else 0.0
-        events.extend(self.engine.heartbeat(NodeHeartbeat(now, node, has_jobs, every, tuple(sorted(job_ids)))))
+        for gpu in seen.gpus:
+            found = engine.observe_gpu(gpu)
+            if found:
+                events.extend(found)
+        events.extend(engine.heartbeat(seen.heartbeat))
         if events:
             self._handle(events, now)
-
-    def _gpu_events(self, node: str, now: float, touched: list[ProcessSeries]) -> list[AlertEvent]:
-        st = self.state
-        ns = st.nodes.get(node)
-        if ns is None:
-            return []
-        users: dict[str, int] = {}
-        for series in touched:
-            if series.alive:
-                for g in series.latest.gpus:
-                    users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
-        owner = self._gpu_owner
-        out: list[AlertEvent] = []
-        observe = self.engine.observe_gpu
-        for uuid in ns.gpus:
-            gs = st.gpus.get(uuid)
-            reading = gs.latest if gs is not None else None
-            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index, power
-            found = observe(GpuObservation(now, node, uuid, owner.get(uuid, ""),
-                                           reading.utilization if reading else None, users.get(uuid, 0),
-                                           gs.info.index if gs is not None else None,
-                                           reading.power_watts if reading else None))
-            if found:
-                out.extend(found)
-        return out
 
     def on_health(self, node: str, batch, now: float) -> None:
         """A batch brought GPU health records: the health rules' events go the way of the others."""
@@ -235,8 +160,7 @@ class Alerting(CoreListener):
         self._handle([event], now)
 
     def on_tick(self, now: float) -> None:
-        self._gpu_owner = {u: j.job_id for j in self.state.jobs.values() if not j.ended
-                           for uuids in j.gpus_by_node.values() for u in uuids}
+        self._gpu_owner = job_owners(self.state)
         self._handle(self.engine.tick(now), now)
         if now - self._refreshed >= REFRESH_EVERY_S:
             self.refresh(now)

@@ -272,7 +272,7 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
             kind = d.get("kind")
             if kind is None:
                 d["pid"] + 0  # noqa: B018 - a non-numeric pid is a bad line, caught below
-                events = observe(d) if "job_mem_total_bytes" not in d else _observe_allocated(eng, d)
+                events = observe(d)
                 track(d)
             elif kind == "gpu":
                 st.records += 1
@@ -312,19 +312,6 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
         for ev in events:
             yield lineno, ev
     st.samples += n
-
-
-def _observe_allocated(eng: Engine, d: dict[str, Any]) -> Any:
-    """A process line whose host memory the collector measured against the job's memory allocation (Slurm's
-    --mem): the engine takes that ceiling, and names it, as it did live (collector/alerting.py)."""
-    g = d.get
-    gpu = g("gpu", "")
-    return eng.observe_fields(d["node"], d["pid"], g("start_time", 0.0), d["t"], g("job_id", ""),
-                              "" if gpu is None else str(gpu), g("rank"), g("user", ""), g("command", ""),
-                              g("job_name", ""), g("partition", ""), g("gpu_mem_bytes"), g("gpu_mem_total_bytes"),
-                              g("gpu_util"), g("rss_bytes"), g("job_mem_total_bytes"), g("threads"), g("open_fds"),
-                              g("step"), "the job's memory allocation", allocated=g("gpu_allocated_bytes"),
-                              reserved=g("gpu_reserved_bytes"), retries=g("gpu_alloc_retries"))
 
 
 #: The rules whose alerts name a stall's likely cause, worked out over the job's ranks and GPUs (rules/causes.py).

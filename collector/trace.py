@@ -32,6 +32,7 @@ import json
 from typing import Any
 
 from .health.mig import with_parents
+from .observations import gpu_figures, gpu_memory_total
 from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
@@ -123,15 +124,6 @@ def _allocation_room(share: float, procs: list[list[dict[str, Any]]]) -> None:
             r["job_mem_total_bytes"] = int(max(0.0, share - held)) + rss
 
 
-def _gpu_total(state: ClusterState, uuid: str) -> int | None:
-    """The GPU's size as the live rules take it (collector/alerting.py): its latest reading's, else its inventory's."""
-    gs = state.gpus.get(uuid)
-    if gs is None:
-        return None
-    return (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
-            else gs.info.memory_total_bytes) or None
-
-
 def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> list[dict[str, Any]]:
     s = series.latest
     uuid = s.gpus[0].gpu_uuid if s.gpus else ""
@@ -139,15 +131,12 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
     ns = state.nodes.get(s.node)
     same = {"node": s.node, "job_id": job.job_id, "pid": s.pid, "start_time": s.start_time,
             "gpu": uuid or None, "gpu_index": gs.info.index if gs is not None else None, "rank": s.rank,
-            "gpu_mem_total_bytes": _gpu_total(state, uuid) if uuid else None,
+            "gpu_mem_total_bytes": gpu_memory_total(state, uuid) if uuid else None,
             "node_mem_total_bytes": (ns.memory_total_bytes or None) if ns is not None else None}
     # (t, cpu, rss, gpu memory, gpu utilisation, threads, fds): the history, then the latest sample
     points: list[tuple] = [tuple(p) for p in series.history]
     if not points or s.time > points[-1][0]:
-        if len(s.gpus) == 1:  # what the live rules read (collector/alerting.py)
-            gmem, gutil = s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
-        else:
-            gmem, gutil = s.gpu_memory_bytes, s.gpu_utilization
+        gmem, gutil = gpu_figures(s)
         points.append((s.time, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
     steps = list(series.step_history)
     step_times = [t for t, _ in steps]

@@ -27,6 +27,9 @@ from .units import PROCESS_RULES
 __all__ = ["ENDED_WHILE_FIRING", "Engine", "evaluate"]
 
 _NO_EVENTS: tuple[AlertEvent, ...] = ()
+#: What a host leak fills, for its text: the node's RAM, or where Slurm gives the job memory, its allocation.
+NODE_MEMORY = "node memory"
+JOB_ALLOCATION = "the job's memory allocation"
 _GUARDS = tuple(u.guard for u in PROCESS_RULES if hasattr(u, "guard"))
 _DESCRIBE = {name.value: u.describe for u in PROCESS_RULES for name in u.NAMES}
 
@@ -76,34 +79,24 @@ class Engine:
 
         Args:
             obs: The observation; its labels (user, command, job name, partition) are
-                read when the process is first seen or its job id changes.
+                read when the process is first seen or its job id or rank changes. Its host
+                memory is measured against `job_mem_total_bytes` where given (the job's
+                memory allocation), else `node_mem_total_bytes`.
 
         Returns:
             Alert events caused by it.
         """
-        return self.observe_fields(obs.node, obs.pid, obs.start_time, obs.t, obs.job_id, obs.gpu, obs.rank,
-                                   obs.user, obs.command, obs.job_name, obs.partition, obs.gpu_mem_bytes,
-                                   obs.gpu_mem_total_bytes, obs.gpu_util, obs.rss_bytes, obs.node_mem_total_bytes,
-                                   obs.threads, obs.open_fds, obs.step, allocated=obs.gpu_allocated_bytes,
-                                   reserved=obs.gpu_reserved_bytes, retries=obs.gpu_alloc_retries)
-
-    def observe_fields(self, node: str, pid: int, start_time: float, t: float, job_id: str, gpu: str,
-                       rank: int | None, user: str, command: str, job_name: str, partition: str, gmem: Any,
-                       gtotal: Any, util: Any, rss: Any, ntotal: Any, threads: Any, fds: Any, step: Any,
-                       host_full: str = "node memory", *, allocated: Any = None, reserved: Any = None,
-                       retries: Any = None) -> list[AlertEvent] | tuple[AlertEvent, ...]:
-        """observe() with the observation's fields as arguments, in ProcessObservation's order
-        (cpu_percent aside, which no rule reads): the collector calls it for every process of
-        every batch, and building an object each time would cost as much as the rules' common path.
-        `host_full` names what `ntotal` is, for the alert's text: the collector gives the room left in the
-        job's memory allocation where Slurm says it ("the job's memory allocation"), else the node's RAM.
-        `allocated`, `reserved`, `retries`: the allocator's figures where the process reports them."""
+        (t, node, job_id, pid, start_time, gpu, rank, user, command, job_name, partition, gmem, gtotal, util, _cpu,
+         rss, ceiling, job_ceiling, threads, fds, step, allocated, reserved, retries) = obs
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
             p = self._labels(key, p, t, job_id, gpu, rank, user, command, job_name, partition)
-        p.host_full = host_full
-        out = self._ingest(p, t, gmem, gtotal, util, rss, ntotal, threads, fds, step, allocated is not None)
+        if job_ceiling is None:
+            p.host_full = NODE_MEMORY
+        else:
+            ceiling, p.host_full = job_ceiling, JOB_ALLOCATION
+        out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
             if found:
@@ -114,7 +107,8 @@ class Engine:
         """Take one process observation given as a mapping with ProcessObservation's field names.
 
         This is what `replay` uses: it skips building an object per sample. Missing
-        keys read as None (labels as "", start_time as 0.0).
+        keys read as None (labels as "", start_time as 0.0); `job_mem_total_bytes`, where the
+        line has it, is the host memory's ceiling, as in `observe`.
 
         Args:
             d: The observation (a parsed trace line, for example).
@@ -132,9 +126,16 @@ class Engine:
             gpu = g("gpu", "")
             p = self._labels(key, p, t, job_id, "" if gpu is None else str(gpu), rank,
                              g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
+        if "job_mem_total_bytes" in d:
+            ceiling = d["job_mem_total_bytes"]
+            p.host_full = JOB_ALLOCATION
+        else:
+            # the name stays the process's last: `record` gives the ceiling only on lines with an RSS, and a
+            # line without one must not rename a leak measured against the allocation
+            ceiling = g("node_mem_total_bytes")
         allocated = g("gpu_allocated_bytes")
         out = self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), g("rss_bytes"),
-                           g("node_mem_total_bytes"), g("threads"), g("open_fds"), g("step"), allocated is not None)
+                           ceiling, g("threads"), g("open_fds"), g("step"), allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, g("gpu_reserved_bytes"), g("gpu_alloc_retries"),
                                     g("gpu_mem_bytes"), g("gpu_mem_total_bytes"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Rule(StrEnum):
@@ -43,9 +43,13 @@ FIRING = "firing"
 RESOLVED = "resolved"
 
 
-@dataclass(slots=True)
-class ProcessObservation:
+class ProcessObservation(NamedTuple):
     """One process at one poll. Identity is (node, pid, start_time).
+
+    The one input of the process rules: the collector builds it from its state
+    (collector/observations.py), and a trace's process line is its fields written down.
+    A NamedTuple, not a dataclass: the collector builds one for every process of every batch
+    (`_make` costs a third of a dataclass's `__init__`), and the engine unpacks it in one step.
 
     Attributes:
         t: Time of the poll in seconds (trace seconds or Unix time).
@@ -62,6 +66,9 @@ class ProcessObservation:
         cpu_percent: CPU in percent of one core.
         rss_bytes: Resident host memory.
         node_mem_total_bytes: Node memory, for the time until it is full.
+        job_mem_total_bytes: Where Slurm gives the job memory, the process's ceiling under that allocation
+            (its RSS plus the room the job's share of the node has left): a host leak is measured against
+            it instead of the node's memory, and named "the job's memory allocation".
         threads, open_fds: Handle counts.
         step: Training step the process last reported.
         gpu_allocated_bytes, gpu_reserved_bytes: What the framework's allocator holds in live tensors and
@@ -87,6 +94,7 @@ class ProcessObservation:
     cpu_percent: float | None = None
     rss_bytes: float | None = None
     node_mem_total_bytes: float | None = None
+    job_mem_total_bytes: float | None = None
     threads: int | None = None
     open_fds: int | None = None
     step: int | None = None

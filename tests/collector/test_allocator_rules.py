@@ -20,9 +20,9 @@ def _run(points, allocator: bool = True, mapping: bool = False) -> list:
         obs = ProcessObservation(t=t, node="n1", job_id="5", pid=7, rank=0, gpu="GPU-a",
                                  gpu_mem_bytes=CONTEXT + reserved, gpu_mem_total_bytes=80 * GIB, gpu_util=90.0)
         if allocator:
-            obs.gpu_allocated_bytes, obs.gpu_reserved_bytes, obs.gpu_alloc_retries = allocated, reserved, retries
+            obs = obs._replace(gpu_allocated_bytes=allocated, gpu_reserved_bytes=reserved, gpu_alloc_retries=retries)
         if mapping:  # as replay reads a trace line
-            d = {k: getattr(obs, k) for k in obs.__slots__ if getattr(obs, k) is not None}
+            d = {k: v for k, v in obs._asdict().items() if v is not None}
             evs += eng.observe_mapping(d)
         else:
             evs += eng.observe(obs)

@@ -67,7 +67,7 @@ def test_oom_leak_caught_well_before_the_crash():
 def test_both_entry_points_agree():
     # observe(ProcessObservation) is the live entry, observe_mapping(dict) replay's, each reading
     # its fields its own way into the one hot path: the same trace must give the same events.
-    fields = set(ProcessObservation.__dataclass_fields__)
+    fields = set(ProcessObservation._fields)
     for kind in (*KINDS_LEAK, "util_stall", "nccl_hang", "ckpt_spikes", "eval_sawtooth"):
         tr = make(kind, random.Random(f"agree-{kind}"), interval=20)
         a, b = Engine(RULES), Engine(RULES)

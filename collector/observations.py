@@ -1,0 +1,144 @@
+"""The collector's state as the rule engine's typed observations.
+
+One place derives what the rules read beyond a raw sample: the process's GPU and that GPU's
+size, the figures of a process on several GPUs, the host memory's ceiling (the node's, or
+where Slurm gives the job memory, the room its allocation leaves the process), the
+allocator's figures, a GPU's job and its users, a node's jobs. The live rules take these
+observations (collector/alerting.py); `record` writes the same derivations down
+(collector/trace.py), and `replay` reads them back.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from clusterwatch.model import ProcessSample
+
+from .rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
+from .state import ClusterState, NodeState, ProcessSeries, allocator_totals
+
+
+def gpu_memory_total(state: ClusterState, uuid: str) -> int | None:
+    """The GPU's size as the rules take it: its latest reading's, else its inventory's; None where unknown."""
+    gs = state.gpus.get(uuid)
+    if gs is None:
+        return None
+    return (gs.latest.memory_total_bytes if gs.latest and gs.latest.memory_total_bytes
+            else gs.info.memory_total_bytes) or None
+
+
+def gpu_figures(s: ProcessSample) -> tuple[int | None, float | None]:
+    """(GPU memory, SM utilisation) of a process as the rules read them: its one GPU's, or over its GPUs."""
+    if len(s.gpus) == 1:  # the usual case, without the properties' lists
+        return s.gpus[0].used_memory_bytes, s.gpus[0].sm_utilization
+    return s.gpu_memory_bytes, s.gpu_utilization
+
+
+def allocation_ceiling(share: float, held: float, rss: float) -> float:
+    """A process's host memory ceiling under its job's allocation: its own RSS plus the room the job's share
+    of the node (`share`) has left, less what the job's processes there hold (`held`, its own RSS included).
+    A leak ends with the job killed at its --mem, long before the node's RAM is full."""
+    return max(0, share - held) + rss
+
+
+class NodeObservations(NamedTuple):
+    """What a node's batch shows the rules, in the order the collector feeds them (the processes found gone
+    go between the processes and the GPUs: collector/alerting.py).
+
+    Attributes:
+        processes: The batch's processes due for a look (see `node_observations`).
+        gpus: The node's GPUs.
+        heartbeat: The node's agent reported.
+    """
+
+    processes: list[ProcessObservation]
+    gpus: list[GpuObservation]
+    heartbeat: NodeHeartbeat
+
+
+def node_observations(state: ClusterState, node: str, touched: list[ProcessSeries], owners: dict[str, str],
+                      t: float, min_interval_s: float) -> NodeObservations:
+    """The observations of a node's batch.
+
+    Args:
+        state: The collector's state (read under its lock by the caller).
+        node: The node whose batch this is.
+        touched: The processes the batch brought samples of.
+        owners: GPU UUID → the running job it is allocated to (`job_owners`).
+        t: The batch's time.
+        min_interval_s: A process is observed at most this often: each process the batch touched and the
+            rules have not looked at for that long, as of its latest sample (it is marked looked at).
+
+    Returns:
+        The processes due, in the order of `touched`; every GPU of the node, with its job and how many of the
+        batch's live processes use it; the node's heartbeat, with the jobs of the batch's processes.
+    """
+    ns = state.nodes.get(node)
+    job_ids: set[str] = set()
+    # what each job's live processes on this node hold (their allocation's room is shared), and each GPU's users
+    job_rss: dict[str, int] = {}
+    users: dict[str, int] = {}
+    for series in touched:
+        s = series.latest
+        if s.job_id:
+            job_ids.add(s.job_id)
+        if series.alive:
+            if s.job_id and s.rss_bytes:
+                job_rss[s.job_id] = job_rss.get(s.job_id, 0) + s.rss_bytes
+            for g in s.gpus:
+                users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
+    processes = _processes(state, ns, node, touched, job_rss, min_interval_s)
+    gpus = []
+    if ns is not None:
+        for uuid in ns.gpus:
+            gs = state.gpus.get(uuid)
+            reading = gs.latest if gs is not None else None
+            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index, power
+            gpus.append(GpuObservation(t, node, uuid, owners.get(uuid, ""), reading.utilization if reading else None,
+                                       users.get(uuid, 0), gs.info.index if gs is not None else None,
+                                       reading.power_watts if reading else None))
+    heartbeat = NodeHeartbeat(t, node, bool(job_ids), ns.send_interval_s if ns is not None else 0.0,
+                              tuple(sorted(job_ids)))
+    return NodeObservations(processes, gpus, heartbeat)
+
+
+def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: list[ProcessSeries],
+               job_rss: dict[str, int], min_interval_s: float) -> list[ProcessObservation]:
+    node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
+    jobs = state.jobs
+    job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
+    gpu_totals: dict[str, int | None] = {}
+    make = ProcessObservation._make
+    out = []
+    for series in touched:
+        s = series.latest
+        if s.time - series.rules_t < min_interval_s:
+            continue
+        series.rules_t = s.time
+        if s.job_id != job_id:
+            job_id = s.job_id
+            job = jobs.get(job_id) if job_id else None
+        gpu_uuid, gtotal, gmem, gutil = "", None, None, None
+        if s.gpus:
+            gpu_uuid = s.gpus[0].gpu_uuid
+            gtotal = gpu_totals.get(gpu_uuid, -1)
+            if gtotal == -1:  # not looked up yet in this batch (None: looked up, size unknown)
+                gtotal = gpu_totals[gpu_uuid] = gpu_memory_total(state, gpu_uuid)
+            gmem, gutil = gpu_figures(s)
+        ceiling = None
+        if job is not None and job.memory_bytes and s.rss_bytes is not None:
+            ceiling = allocation_ceiling(job.memory_bytes / max(1, len(job.nodes)), job_rss.get(s.job_id, 0),
+                                         s.rss_bytes)
+        allocated = reserved = retries = None
+        if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
+            allocated, reserved, retries = allocator_totals(series, s.time)
+        out.append(make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
+                         job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
+                         s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
+                         retries)))
+    return out
+
+
+def job_owners(state: ClusterState) -> dict[str, str]:
+    """GPU UUID → the running job it is allocated to (Slurm's allocation)."""
+    return {u: j.job_id for j in state.jobs.values() if not j.ended
+            for uuids in j.gpus_by_node.values() for u in uuids}

@@ -1,0 +1,75 @@
+"""The collector's state as the engine's observations (collector/observations.py): each derived field once."""
+from __future__ import annotations
+
+from collections import deque
+
+from clusterwatch.collector.observations import (
+    allocation_ceiling,
+    gpu_figures,
+    gpu_memory_total,
+    job_owners,
+    node_observations,
+)
+from clusterwatch.collector.rules import ProcessObservation
+from clusterwatch.collector.state import ClusterState, GpuSeries, JobState, NodeState, ProcessSeries
+
+from clusterwatch.model import GpuInfo, GpuReading, GpuUse, ProcessKey, ProcessSample
+
+GIB = 1 << 30
+T0 = 1_800_000_000.0
+
+
+def _state() -> tuple[ClusterState, list[ProcessSeries]]:
+    state = ClusterState()
+    state.nodes["n1"] = NodeState("n1", memory_total_bytes=512 * GIB, send_interval_s=5.0, gpus=["GPU-a", "GPU-b"])
+    state.gpus["GPU-a"] = GpuSeries("n1", GpuInfo("GPU-a", 0, "H100", 80 * GIB),
+                                    latest=GpuReading("GPU-a", utilization=97.0, power_watts=650.0))
+    state.gpus["GPU-b"] = GpuSeries("n1", GpuInfo("GPU-b", 1, "H100", 80 * GIB),
+                                    latest=GpuReading("GPU-b", utilization=0.0, memory_total_bytes=79 * GIB))
+    state.jobs["7"] = JobState("7", name="train", partition="gpu", nodes=["n1", "n2"], memory_bytes=16 * GIB,
+                               gpus_by_node={"n1": ["GPU-a", "GPU-b"]})
+    touched = []
+    for pid, rank, gpus in ((11, 0, (GpuUse("GPU-a", 30 * GIB, 95.0),)),
+                            (12, 1, (GpuUse("GPU-a", 2 * GIB, 10.0), GpuUse("GPU-b", 4 * GIB, 30.0)))):
+        key = ProcessKey("n1", pid, T0 - 10)
+        sample = ProcessSample(T0, "n1", pid, T0 - 10, user="ana", command="python", job_id="7", rank=rank,
+                               cpu_percent=99.0, rss_bytes=(rank + 1) * GIB, threads=12, open_fds=40, gpus=gpus)
+        series = ProcessSeries(key, sample, deque())
+        state.processes[key] = series
+        touched.append(series)
+    return state, touched
+
+
+def test_a_batch_becomes_the_observations_of_its_processes_gpus_and_node():
+    state, touched = _state()
+    seen = node_observations(state, "n1", touched, job_owners(state), T0, min_interval_s=5.0)
+    first, second = seen.processes
+    # the job's share of the node (16 GiB over 2 nodes) less what its ranks here hold (3 GiB), plus its own RSS
+    assert first == ProcessObservation(
+        T0, "n1", "7", 11, T0 - 10, "GPU-a", 0, "ana", "python", "train", "gpu", 30 * GIB, 80 * GIB, 95.0, 99.0,
+        GIB, 512 * GIB, 5 * GIB + GIB, 12, 40, None)
+    # on two GPUs: the first names it (its size its latest reading's), its memory over both, its busiest utilisation
+    assert (second.gpu, second.gpu_mem_total_bytes, second.gpu_mem_bytes, second.gpu_util) == \
+        ("GPU-a", 80 * GIB, 6 * GIB, 30.0)
+    assert [(g.gpu, g.job_id, g.processes, g.index, g.utilization, g.power_watts) for g in seen.gpus] == \
+        [("GPU-a", "7", 2, 0, 97.0, 650.0), ("GPU-b", "7", 1, 1, 0.0, None)]
+    assert (seen.heartbeat.has_jobs, seen.heartbeat.every_s, seen.heartbeat.job_ids) == (True, 5.0, ("7",))
+
+
+def test_a_process_is_observed_at_most_every_min_interval():
+    state, touched = _state()
+    owners = job_owners(state)
+    assert len(node_observations(state, "n1", touched, owners, T0, 5.0).processes) == 2
+    for series in touched:
+        series.latest.time = T0 + 4
+    assert node_observations(state, "n1", touched, owners, T0 + 4, 5.0).processes == []
+    touched[0].latest.time = T0 + 5
+    assert [o.pid for o in node_observations(state, "n1", touched, owners, T0 + 5, 5.0).processes] == [11]
+
+
+def test_the_derivations_record_shares():
+    state, touched = _state()
+    assert gpu_memory_total(state, "GPU-b") == 79 * GIB   # the reading's size before the inventory's
+    assert gpu_memory_total(state, "GPU-x") is None
+    assert gpu_figures(touched[1].latest) == (6 * GIB, 30.0)
+    assert allocation_ceiling(8 * GIB, 10 * GIB, GIB) == GIB   # over the allocation: its own RSS, no room
