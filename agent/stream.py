@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 from collections import OrderedDict, deque
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
+from clusterwatch.backoff import Backoff
 from clusterwatch.log_once import SaidOnce
 
 from .munge_credential import MungeCredentials, MungeUnavailable
@@ -196,7 +196,7 @@ class Sender:
         # answers to the collector's TrainRequests, written before batches; kept while the stream is down
         self._answers: deque[agent_pb2.TrainAnswer] = deque(maxlen=MAX_TRAIN_ANSWERS)
         self._backoff_initial = backoff_initial_s
-        self._backoff_max = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s, factor=1.6, jitter=(0.8, 1.2))
         self.buffer = BatchBuffer(max_buffer_samples, budget)
         self.counters = SenderCounters()
         self.connected = False
@@ -322,7 +322,6 @@ class Sender:
         self._wake = asyncio.Event()
         self._retry = asyncio.Event()
         self._started.set()
-        delay = self._backoff_initial
         while not self._stopping:
             started = time.monotonic()
             try:
@@ -343,15 +342,14 @@ class Sender:
             if self._stopping:
                 break
             if time.monotonic() - started > 10:
-                delay = self._backoff_initial  # the stream lived a while: start backing off afresh
+                self._backoff.reset()  # the stream lived a while: start backing off afresh
             if self._flushing:
-                delay = min(self._backoff_initial, FLUSH_RETRY_S)
+                self._backoff.reset(min(self._backoff_initial, FLUSH_RETRY_S))
             self._retry.clear()
             try:
-                await asyncio.wait_for(self._retry.wait(), delay * random.uniform(0.8, 1.2))
+                await asyncio.wait_for(self._retry.wait(), self._backoff.next_wait())
             except TimeoutError:
                 pass
-            delay = min(delay * 1.6, self._backoff_max)
             self.counters.reconnects += 1
 
     def _note_refused(self, code: grpc.StatusCode, details: str) -> None:

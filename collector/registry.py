@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from clusterwatch.backoff import Backoff
 from clusterwatch.log_once import SaidOnce
 from clusterwatch.slurm.scontrol import JobRecord
 
@@ -166,9 +167,9 @@ class JobRegistry(CoreListener):
         if self.turn is None:  # one collector
             if not self.failures:
                 return self.interval_s
-            return min(self.interval_s * 2 ** self.failures, self.max_backoff_s)
+            return Backoff(self.interval_s, self.max_backoff_s).after(self.failures)
         if self.failures:
-            return min(self.period_s * 2 ** self.failures, max(self.max_backoff_s, self.period_s))
+            return Backoff(self.period_s, max(self.max_backoff_s, self.period_s)).after(self.failures)
         index, _ = self.turn
         now = self.clock()
         # Half an interval ahead: a sleep that wakes a little early, at the end of the slot before its

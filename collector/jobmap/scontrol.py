@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from clusterwatch.collector.bounded_exec import run_bounded
 from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, SlurmUnavailable
 
+from clusterwatch.backoff import Backoff
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
 from clusterwatch.slurm.node_names import shown_node_names, why_not_a_node_name
@@ -145,7 +145,7 @@ class ScontrolMapper:
         self, args: Sequence[str], answers: Sequence[str] = (), binary: str | None = None
     ) -> tuple[int, str, str]:
         """Run with retries. A non-zero exit whose stderr holds one of ``answers`` is returned as is."""
-        delay = self._backoff_s
+        backoff = Backoff(self._backoff_s, self._max_backoff_s, jitter=(1.0, 1.5))
         for attempt in range(self._retries + 1):
             try:
                 code, out, err = await self._exec(args, binary)
@@ -160,8 +160,7 @@ class ScontrolMapper:
                 if attempt == self._retries:
                     raise
             # Jitter keeps many collectors (or many calls) from retrying in lockstep.
-            await self._sleep(min(delay, self._max_backoff_s) * (1 + 0.5 * random.random()))
-            delay *= 2
+            await self._sleep(backoff.next_wait())
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _json(self) -> bool:
