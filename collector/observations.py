@@ -4,12 +4,12 @@ One place derives what the rules read beyond a raw sample: the process's GPU and
 size, the figures of a process on several GPUs, the host memory's ceiling (the node's, or
 where Slurm gives the job memory, the room its allocation leaves the process), the
 allocator's figures, a GPU's job and its users, a node's jobs. The live rules take these
-observations (collector/alerting.py); `record` writes the same derivations down
-(collector/trace.py), and `replay` reads them back.
+observations (collector/alerting.py); `record` writes a job's down, a process line an
+observation (`observation_record`, collector/trace.py), and `replay` reads them back.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from clusterwatch.model import ProcessSample
 
@@ -33,11 +33,28 @@ def gpu_figures(s: ProcessSample) -> tuple[int | None, float | None]:
     return s.gpu_memory_bytes, s.gpu_utilization
 
 
-def allocation_ceiling(share: float, held: float, rss: float) -> float:
-    """A process's host memory ceiling under its job's allocation: its own RSS plus the room the job's share
-    of the node (`share`) has left, less what the job's processes there hold (`held`, its own RSS included).
-    A leak ends with the job killed at its --mem, long before the node's RAM is full."""
-    return max(0, share - held) + rss
+def allocation_room(share: float, held: float) -> float:
+    """The room a job's allocation leaves on a node: its share of the job's memory (`share`) less what the
+    job's processes there hold (`held`), never below 0. A process's host memory ceiling is its own RSS plus
+    this room: a leak ends with the job killed at its --mem, long before the node's RAM is full."""
+    return max(0, share - held)
+
+
+#: The labels rule overrides match: a trace writes them where a process first appears, not on every line.
+LABELS = ("user", "command", "job_name", "partition")
+
+
+def observation_record(obs: ProcessObservation, labels: bool = True) -> dict[str, Any]:
+    """The observation as a trace's process line (docs/traces.md): its fields by name, those unknown (None)
+    or empty left out; its labels only with `labels`."""
+    skip = () if labels else LABELS
+    return {k: v for k, v in zip(ProcessObservation._fields, obs, strict=True)
+            if v is not None and v != "" and k not in skip}
+
+
+def labels_record(user: str, command: str, job_name: str, partition: str) -> dict[str, str]:
+    """The labels of a process's first trace line, those known."""
+    return {k: v for k, v in zip(LABELS, (user, command, job_name, partition), strict=True) if v}
 
 
 class NodeObservations(NamedTuple):
@@ -126,8 +143,8 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
             gmem, gutil = gpu_figures(s)
         ceiling = None
         if job is not None and job.memory_bytes and s.rss_bytes is not None:
-            ceiling = allocation_ceiling(job.memory_bytes / max(1, len(job.nodes)), job_rss.get(s.job_id, 0),
-                                         s.rss_bytes)
+            ceiling = allocation_room(job.memory_bytes / max(1, len(job.nodes)), job_rss.get(s.job_id, 0)) \
+                + s.rss_bytes
         allocated = reserved = retries = None
         if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
             allocated, reserved, retries = allocator_totals(series, s.time)

@@ -31,8 +31,11 @@ import bisect
 import json
 from typing import Any
 
+from clusterwatch.model import ProcessKey
+
 from .health.mig import with_parents
-from .observations import gpu_figures, gpu_memory_total
+from .observations import allocation_room, gpu_figures, gpu_memory_total, labels_record, observation_record
+from .rules.model import ProcessObservation
 from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
@@ -66,12 +69,10 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
     users: dict[str, list[tuple[float, float]]] = {}
     node_times: dict[str, set[float]] = {}
     ended: list[tuple[ProcessSeries, float]] = []  # processes gone, each with its last line's time
-    on_node: dict[str, list[list[dict[str, Any]]]] = {}  # node → the lines of each of the job's processes there
-    for series in state.job_processes(job):
-        lines = _process_rows(state, job, series)
-        if not lines:
-            continue
-        on_node.setdefault(series.key.node, []).append(lines)
+    procs = [(series, _points(series)) for series in state.job_processes(job)]
+    ceilings = _allocation_ceilings(job, procs) if job.memory_bytes else {}
+    for series, points in procs:
+        lines = _process_rows(state, job, series, points, ceilings.get(series.key))
         rows.extend((r["t"], _PROCESS, r) for r in lines)
         times = node_times.setdefault(series.key.node, set())
         times.update(r["t"] for r in lines if "gpu_mem_bytes" in r or "rss_bytes" in r or "gpu_util" in r)
@@ -79,9 +80,6 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
             users.setdefault(g.gpu_uuid, []).append((lines[0]["t"], lines[-1]["t"]))
         if not series.alive:
             ended.append((series, lines[-1]["t"]))
-    if job.memory_bytes:
-        for procs in on_node.values():
-            _allocation_room(job.memory_bytes / max(1, len(job.nodes)), procs)
     for node in sorted(set(job.nodes) | set(node_times) | set(job.gpus_by_node)):
         times = node_times.setdefault(node, set())
         for r in _gpu_rows(state, job, node, users):
@@ -106,51 +104,68 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
 
 
-def _allocation_room(share: float, procs: list[list[dict[str, Any]]]) -> None:
-    """`job_mem_total_bytes` on each line with an RSS: the ceiling the live rules give a process's host
-    memory where Slurm gives the job memory (collector/alerting.py): its RSS plus the room the job's share of
-    the node has left, less what all the job's processes on the node hold then (each as of its latest line)."""
-    series = [([r["t"] for r in lines], [r.get("rss_bytes") for r in lines]) for lines in procs]
-    for lines in procs:
-        for r in lines:
-            rss = r.get("rss_bytes")
-            if rss is None:
-                continue
-            t, held = r["t"], 0
-            for times, values in series:
-                if times[0] <= t <= times[-1]:
-                    v = values[bisect.bisect_right(times, t) - 1]
-                    held += v or 0
-            r["job_mem_total_bytes"] = int(max(0.0, share - held)) + rss
-
-
-def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> list[dict[str, Any]]:
+def _points(series: ProcessSeries) -> list[tuple]:
+    """(t, cpu, rss, gpu memory, gpu utilisation, threads, fds) of the process: its history, then its latest
+    sample where newer (the sample that made an alert fire is often that one)."""
     s = series.latest
-    uuid = s.gpus[0].gpu_uuid if s.gpus else ""
-    gs = state.gpus.get(uuid) if uuid else None
-    ns = state.nodes.get(s.node)
-    same = {"node": s.node, "job_id": job.job_id, "pid": s.pid, "start_time": s.start_time,
-            "gpu": uuid or None, "gpu_index": gs.info.index if gs is not None else None, "rank": s.rank,
-            "gpu_mem_total_bytes": gpu_memory_total(state, uuid) if uuid else None,
-            "node_mem_total_bytes": (ns.memory_total_bytes or None) if ns is not None else None}
-    # (t, cpu, rss, gpu memory, gpu utilisation, threads, fds): the history, then the latest sample
     points: list[tuple] = [tuple(p) for p in series.history]
     if not points or s.time > points[-1][0]:
         gmem, gutil = gpu_figures(s)
         points.append((s.time, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
+    return points
+
+
+def _allocation_ceilings(job: JobState, procs: list[tuple[ProcessSeries, list[tuple]]]
+                         ) -> dict[ProcessKey, list[int | None]]:
+    """Each process's host memory ceiling at each of its points, where Slurm gives the job memory, as the
+    live rules take it (collector/observations.py): its RSS plus the room the job's share of the node has
+    left, less what all the job's processes on the node hold then (each as of its latest point); None at a
+    point without an RSS."""
+    share = job.memory_bytes / max(1, len(job.nodes))
+    on_node: dict[str, list[tuple[list[float], list[Any]]]] = {}
+    for series, points in procs:
+        on_node.setdefault(series.key.node, []).append(([p[0] for p in points], [p[2] for p in points]))
+    out: dict[ProcessKey, list[int | None]] = {}
+    for series, points in procs:
+        ceilings: list[int | None] = []
+        for t, _cpu, rss, *_ in points:
+            if rss is None:
+                ceilings.append(None)
+                continue
+            held = 0
+            for times, values in on_node[series.key.node]:
+                if times[0] <= t <= times[-1]:
+                    held += values[bisect.bisect_right(times, t) - 1] or 0
+            ceilings.append(int(allocation_room(share, held)) + rss)
+        out[series.key] = ceilings
+    return out
+
+
+def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries, points: list[tuple],
+                  ceilings: list[int | None] | None) -> list[dict[str, Any]]:
+    """The process's lines: its observation at each point, written down (collector/observations.py), with its
+    GPU's index for people and its hold (D, T, t) where it is held; its labels on its first line."""
+    s = series.latest
+    uuid = s.gpus[0].gpu_uuid if s.gpus else ""
+    gs = state.gpus.get(uuid) if uuid else None
+    ns = state.nodes.get(s.node)
+    gtotal = gpu_memory_total(state, uuid) if uuid else None
+    node_mem = (ns.memory_total_bytes or None) if ns is not None else None
+    gpu_index = gs.info.index if gs is not None else None
     steps = list(series.step_history)
     step_times = [t for t, _ in steps]
     alloc = list(series.allocator_history)
     alloc_times = [a[0] for a in alloc]
     out = []
-    for t, cpu, rss, gmem, gutil, threads, fds in points:
-        row = {"t": t, **same, "gpu_mem_bytes": gmem, "gpu_util": gutil, "cpu_percent": cpu, "rss_bytes": rss,
-               "threads": threads, "open_fds": fds}
-        i = bisect.bisect_right(step_times, t)
-        if i:
-            row["step"] = steps[i - 1][1]
-        if alloc:
-            _allocator_fields(row, series, alloc, alloc_times, t, t == s.time)
+    for i, (t, cpu, rss, gmem, gutil, threads, fds) in enumerate(points):
+        j = bisect.bisect_right(step_times, t)
+        figures = _allocator_figures(series, alloc, alloc_times, t, t == s.time) if alloc else (None, None, None)
+        obs = ProcessObservation(t, s.node, job.job_id, s.pid, s.start_time, uuid, s.rank, s.user, s.command,
+                                 job.name, job.partition, gmem, gtotal, gutil, cpu, rss, node_mem,
+                                 ceilings[i] if ceilings else None, threads, fds, steps[j - 1][1] if j else None,
+                                 *figures)
+        row = observation_record(obs, labels=False)
+        row["gpu_index"] = gpu_index
         if series.state and t >= series.state_since:
             # held (D, T, t) since then: a stall's likely cause (rules/causes.py); the collector keeps the
             # current state alone, so an earlier hold is not in the trace
@@ -158,30 +173,28 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries) -> 
             if s.wchan:
                 row["wchan"] = s.wchan
         out.append(row)
-    labels = {"user": s.user or None, "command": s.command or None, "job_name": job.name or None,
-              "partition": job.partition or None}
     if len(series.history) == series.history.maxlen and s.start_time < out[0]["t"]:
         # The collector dropped this process's oldest points: its warm-up began before the
         # first one kept. A line without readings at its start tells the engine so (a replay
         # would otherwise ignore the first warm-up's worth of the trace again).
-        out.insert(0, {"t": s.start_time, **{k: v for k, v in same.items() if not k.endswith("_bytes")}})
-    out[0].update(labels)
+        opening = ProcessObservation(s.start_time, s.node, job.job_id, s.pid, s.start_time, uuid, s.rank)
+        out.insert(0, {**observation_record(opening, labels=False), "gpu_index": gpu_index})
+    out[0].update(labels_record(s.user, s.command, job.name, job.partition))
     return out
 
 
-def _allocator_fields(row: dict[str, Any], series: ProcessSeries, alloc: list[tuple], alloc_times: list[float],
-                      t: float, latest: bool) -> None:
-    """The allocator's figures on a process line, as the live rules took them at `t` (collector/alerting.py:
-    `allocator_totals` at the sample's time, None where absent or stale): the latest sample's from the
+def _allocator_figures(series: ProcessSeries, alloc: list[tuple], alloc_times: list[float], t: float,
+                       latest: bool) -> tuple[Any, Any, Any]:
+    """The allocator's figures (allocated, reserved, retries) as the live rules took them at `t`
+    (`allocator_totals` at the sample's time, None where absent or stale): the latest sample's from the
     process's current figures, a history point's from the report held for it (state.allocator_history)."""
     if latest:
-        allocated, reserved, retries = allocator_totals(series, t)
-    else:
-        i = bisect.bisect_right(alloc_times, t)
-        if not i or t - alloc[i - 1][0] > ALLOCATOR_FRESH_S:
-            return
-        _, allocated, reserved, retries = alloc[i - 1]
-    row["gpu_allocated_bytes"], row["gpu_reserved_bytes"], row["gpu_alloc_retries"] = allocated, reserved, retries
+        return allocator_totals(series, t)
+    i = bisect.bisect_right(alloc_times, t)
+    if not i or t - alloc[i - 1][0] > ALLOCATOR_FRESH_S:
+        return None, None, None
+    _, allocated, reserved, retries = alloc[i - 1]
+    return allocated, reserved, retries
 
 
 def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, list[tuple[float, float]]]

@@ -4,11 +4,12 @@ from __future__ import annotations
 from collections import deque
 
 from clusterwatch.collector.observations import (
-    allocation_ceiling,
+    allocation_room,
     gpu_figures,
     gpu_memory_total,
     job_owners,
     node_observations,
+    observation_record,
 )
 from clusterwatch.collector.rules import ProcessObservation
 from clusterwatch.collector.state import ClusterState, GpuSeries, JobState, NodeState, ProcessSeries
@@ -72,4 +73,14 @@ def test_the_derivations_record_shares():
     assert gpu_memory_total(state, "GPU-b") == 79 * GIB   # the reading's size before the inventory's
     assert gpu_memory_total(state, "GPU-x") is None
     assert gpu_figures(touched[1].latest) == (6 * GIB, 30.0)
-    assert allocation_ceiling(8 * GIB, 10 * GIB, GIB) == GIB   # over the allocation: its own RSS, no room
+    assert allocation_room(8 * GIB, 10 * GIB) == 0   # over the allocation: no room, never less
+
+
+def test_a_process_line_is_the_observation_written_down():
+    state, touched = _state()
+    obs = node_observations(state, "n1", touched, job_owners(state), T0, 5.0).processes[0]
+    line = observation_record(obs)
+    assert ProcessObservation(**line) == obs   # every field known, by its own name
+    assert "user" not in observation_record(obs, labels=False)
+    bare = observation_record(ProcessObservation(T0, "n1", pid=3))
+    assert bare == {"t": T0, "node": "n1", "pid": 3, "start_time": 0.0}   # unknown and empty fields left out
