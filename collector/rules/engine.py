@@ -104,11 +104,14 @@ class Engine:
         return out
 
     def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
-        """Take one process observation given as a mapping with ProcessObservation's field names.
+        """Take one process observation in its written-down form: a trace's process line
+        (collector/observations.py `observation_record`), ProcessObservation's fields by name.
 
-        This is what `replay` uses: it skips building an object per sample. Missing
-        keys read as None (labels as "", start_time as 0.0); `job_mem_total_bytes`, where the
-        line has it, is the host memory's ceiling, as in `observe`.
+        This is what `replay` uses: building the ProcessObservation from a parsed line
+        first costs 0.7 us a line beside the engine's 5 us (2026-12-03), so the line is read
+        here directly. Missing keys read as None (labels as "", start_time as 0.0);
+        `job_mem_total_bytes`, where the line has it, is the host memory's ceiling, as in
+        `observe`.
 
         Args:
             d: The observation (a parsed trace line, for example).
