@@ -9,12 +9,15 @@ observation (`observation_record`, collector/trace.py), and `replay` reads them 
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
-from clusterwatch.model import ProcessSample
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
-from .state import ClusterState, NodeState, ProcessSeries, allocator_totals
+
+if TYPE_CHECKING:  # `replay` reads records with this module and has no state: its start stays as quick
+    from clusterwatch.model import ProcessSample
+
+    from .state import ClusterState, NodeState, ProcessSeries
 
 
 def gpu_memory_total(state: ClusterState, uuid: str) -> int | None:
@@ -120,6 +123,8 @@ def node_observations(state: ClusterState, node: str, touched: list[ProcessSerie
 
 def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: list[ProcessSeries],
                job_rss: dict[str, int], min_interval_s: float) -> list[ProcessObservation]:
+    from .state import allocator_totals
+
     node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
     jobs = state.jobs
     job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
@@ -159,3 +164,34 @@ def job_owners(state: ClusterState) -> dict[str, str]:
     """GPU UUID → the running job it is allocated to (Slurm's allocation)."""
     return {u: j.job_id for j in state.jobs.values() if not j.ended
             for uuids in j.gpus_by_node.values() for u in uuids}
+
+
+def gpu_record(obs: GpuObservation, parent: str = "") -> dict[str, Any]:
+    """The GPU observation as a trace's `gpu` record (docs/traces.md); `parent`, a MIG instance's whole GPU."""
+    rec: dict[str, Any] = {"kind": "gpu", "node": obs.node, "gpu": obs.gpu, "index": obs.index,
+                           "job_id": obs.job_id, "t": obs.t, "utilization": obs.utilization,
+                           "power_watts": obs.power_watts, "processes": obs.processes}
+    if parent:
+        rec["parent"] = parent
+    return {k: v for k, v in rec.items() if v is not None}
+
+
+def gpu_from_record(d: Mapping[str, Any]) -> GpuObservation:
+    """A trace's `gpu` record read back (KeyError, TypeError or ValueError where it is malformed)."""
+    g = d.get
+    return GpuObservation(float(d["t"]), str(d["node"]), str(d["gpu"]), str(g("job_id", "")), g("utilization"),
+                          g("processes"), g("index"), g("power_watts"))
+
+
+def heartbeat_record(hb: NodeHeartbeat) -> dict[str, Any]:
+    """The heartbeat as a trace's `node` record: its send interval where known. Its jobs are not written:
+    a trace is one job's, and replay's `agent_down` names none (docs/traces.md)."""
+    rec: dict[str, Any] = {"kind": "node", "t": hb.t, "node": hb.node, "has_jobs": hb.has_jobs}
+    if hb.every_s:
+        rec["every_s"] = hb.every_s
+    return rec
+
+
+def heartbeat_from_record(d: Mapping[str, Any]) -> NodeHeartbeat:
+    """A trace's `node` record read back (KeyError, TypeError or ValueError where it is malformed)."""
+    return NodeHeartbeat(float(d["t"]), str(d["node"]), bool(d.get("has_jobs", True)), float(d.get("every_s") or 0.0))

@@ -24,7 +24,8 @@ import orjson
 from clusterwatch.errors import ParseError
 
 from .health.xid_catalog import XidCatalog
-from .rules import AlertEvent, Engine, GpuObservation, NodeHeartbeat, RuleSet
+from .observations import gpu_from_record, heartbeat_from_record
+from .rules import AlertEvent, Engine, RuleSet
 
 
 @dataclass
@@ -277,14 +278,10 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
             elif kind == "gpu":
                 st.records += 1
                 health.gpu(d)
-                events = eng.observe_gpu(GpuObservation(
-                    t=float(t), node=str(d["node"]), gpu=str(d["gpu"]), job_id=str(d.get("job_id", "")),
-                    utilization=d.get("utilization"), processes=d.get("processes"), index=d.get("index"),
-                    power_watts=d.get("power_watts")))
+                events = eng.observe_gpu(gpu_from_record(d))
             elif kind == "node":
                 st.records += 1
-                hb = NodeHeartbeat(t=float(t), node=str(d["node"]), has_jobs=bool(d.get("has_jobs", True)),
-                                   every_s=float(d.get("every_s") or 0.0))
+                hb = heartbeat_from_record(d)
                 events = [*eng.tick(hb.t), *eng.heartbeat(hb)]
             elif kind == "end":  # the process was found gone: its alerts end as they did live
                 events = eng.forget_process(str(d["node"]), d["pid"] + 0, float(d.get("start_time", 0.0)), float(t))

@@ -34,8 +34,16 @@ from typing import Any
 from clusterwatch.model import ProcessKey
 
 from .health.mig import with_parents
-from .observations import allocation_room, gpu_figures, gpu_memory_total, labels_record, observation_record
-from .rules.model import ProcessObservation
+from .observations import (
+    allocation_room,
+    gpu_figures,
+    gpu_memory_total,
+    gpu_record,
+    heartbeat_record,
+    labels_record,
+    observation_record,
+)
+from .rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
 from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
@@ -88,10 +96,7 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
         ns = state.nodes.get(node)
         every = ns.send_interval_s if ns is not None else 0.0
         for t in times:
-            rec: dict[str, Any] = {"kind": "node", "t": t, "node": node, "has_jobs": True}
-            if every:
-                rec["every_s"] = every
-            rows.append((t, _NODE, rec))
+            rows.append((t, _NODE, heartbeat_record(NodeHeartbeat(t, node, True, every))))
     for series, last in ended:
         # the collector forgets a process at its node's first report without it
         t = min((x for x in node_times.get(series.key.node, ()) if x > last), default=last)
@@ -208,12 +213,12 @@ def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, li
         if gs is None:
             continue
         spans = users.get(uuid, [])
-        base = {"kind": "gpu", "node": node, "gpu": uuid, "index": gs.info.index,
-                "job_id": job.job_id if uuid in allocated else "", "parent": gs.info.parent_uuid or None}
+        job_id = job.job_id if uuid in allocated else ""
         power = dict(gs.power_history)  # appended beside history, at the same reading's time (state.py)
         for t, util, _mem in gs.history:
-            out.append({**base, "t": t, "utilization": util, "power_watts": power.get(t),
-                        "processes": sum(1 for a, b in spans if a <= t <= b)})
+            obs = GpuObservation(t, node, uuid, job_id, util, sum(1 for a, b in spans if a <= t <= b),
+                                 gs.info.index, power.get(t))
+            out.append(gpu_record(obs, gs.info.parent_uuid))
     return out
 
 

@@ -8,7 +8,11 @@ import orjson
 from clusterwatch.collector.observations import (
     allocation_room,
     gpu_figures,
+    gpu_from_record,
     gpu_memory_total,
+    gpu_record,
+    heartbeat_from_record,
+    heartbeat_record,
     job_owners,
     node_observations,
     observation_record,
@@ -110,3 +114,14 @@ def test_the_observations_written_down_replay_to_the_live_events():
     assert any(e["rule"] == "host_memory_leak" and "the job's memory allocation" in e["description"]
                for e in fired), fired
     assert [e.to_dict() for e in replay_lines(iter(lines), rules)] == fired
+
+
+def test_gpu_and_node_records_read_back_as_the_observations_written():
+    state, touched = _state()
+    seen = node_observations(state, "n1", touched, job_owners(state), T0, 5.0)
+    for gpu in seen.gpus:
+        assert gpu_from_record(orjson.loads(orjson.dumps(gpu_record(gpu)))) == gpu
+    assert gpu_record(seen.gpus[1], parent="GPU-whole")["parent"] == "GPU-whole"
+    # a trace is one job's: the heartbeat's jobs are not written, the rest reads back
+    hb = heartbeat_from_record(orjson.loads(orjson.dumps(heartbeat_record(seen.heartbeat))))
+    assert (hb.t, hb.node, hb.has_jobs, hb.every_s, hb.job_ids) == (T0, "n1", True, 5.0, ())
