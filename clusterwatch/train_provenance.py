@@ -1,6 +1,6 @@
 """Which code this training process runs, from inside it: the git state behind `train.provenance()`.
 
-The agent takes a fuller record from outside (agent/provenance.py, git run as the process's
+The agent takes a fuller record from outside (agent/provenance/, git run as the process's
 owner); when it has sent that record back over the request channel, `train.provenance()`
 returns it. Otherwise this module asks git itself, as this process's own user, with the same
 rule as the agent: the repository's configuration must not make git run anything. A checkout

@@ -204,7 +204,7 @@ class JobState:
     owner_disputed: bool = False
     tag_changes: dict[str, int] = field(default_factory=dict)  # tag key → how often its value changed
     nodes_ended: set[str] = field(default_factory=set)
-    # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance.py)
+    # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance/record.py)
     provenance: dict[ProcessKey, dict] = field(default_factory=dict)
     # node → {pid: global rank or None}: processes `scontrol listpids` named on a node whose agent is
     # not reporting (collector/registry.py); shown as "mapped by listpids", without figures
