@@ -166,7 +166,7 @@ def test_malformed_datagrams_are_rejected_and_counted(endpoint):
 
 def test_a_claimed_pid_is_ignored_and_users_cannot_forge_credentials(endpoint):
     code = (
-        "import os, socket, struct\n"
+        "import os, socket, struct, sys\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
         "s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)\n"
         f"path = {endpoint.path!r}\n"
@@ -174,18 +174,23 @@ def test_a_claimed_pid_is_ignored_and_users_cannot_forge_credentials(endpoint):
         "forged = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack('iII', 1, 0, 0))]\n"
         "try:\n"
         "    s.sendmsg([b'{\"v\": 1, \"step\": 6}'], forged, 0, path)\n"
-        "    print(os.getpid(), 'forged')\n"
+        "    print(os.getpid(), 'forged', flush=True)\n"
         "except PermissionError:\n"
-        "    print(os.getpid(), 'refused')\n"
+        "    print(os.getpid(), 'refused', flush=True)\n"
+        "sys.stdin.read()  # alive until the test has its report\n"
     )
-    out = subprocess.run(["/usr/bin/python3", "-c", code], user=NOBODY, group=NOBODY, extra_groups=[],
-                         capture_output=True, text=True, timeout=30, check=True).stdout.split()
-    reports = wait_reports(endpoint, 1)
+    sender = subprocess.Popen(["/usr/bin/python3", "-c", code], user=NOBODY, group=NOBODY, extra_groups=[],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        out = sender.stdout.readline().split()
+        reports = wait_reports(endpoint, 1)
+    finally:
+        sender.communicate(timeout=30)
     time.sleep(0.1)
     reports += endpoint.drain()
     assert out[1] == "refused"  # the kernel refuses another pid/uid from a normal user
     assert [(r.pid, r.step) for r in reports] == [(int(out[0]), 5)]
-    # the sender is gone by now; its report still carries the start time read on arrival
+    # the sender's identity, its start time with its pid, is read from /proc when its report arrives
     assert reports[0].start_time > 0
 
 
