@@ -194,7 +194,8 @@ def test_malformed_and_oversized_messages_are_refused_and_counted(tmp_path):
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         # a hello without a node name
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello())]), metadata=AGENT_METADATA, timeout=10))
+            list(stub.Stream(iter([agent_pb2.AgentMessage(hello=agent_pb2.Hello())]), metadata=AGENT_METADATA,
+                             timeout=10))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # an oversized message (beyond the 64 MiB limit)
         huge = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="x" * (65 * 1024 * 1024)))
