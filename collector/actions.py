@@ -102,6 +102,7 @@ class Dispatcher:
         self.logger = logger
         self.errors = 0  # failed webhooks/commands/signals, counted rather than raised
         self.dropped = 0  # actions dropped because their lane was full
+        self.drains_refused = 0  # drains of a name that is not one node, or of an unauthenticated agent's node
         self._count_lock = threading.Lock()
         self._lanes = _Lanes(self._deliver_counted)
 
@@ -164,11 +165,13 @@ class Dispatcher:
             # the alert's node is its agent's Hello's: a keyword or node set would drain other nodes
             self.logger.warning("drain step for %s refused: not draining %r: %s", a.rule, a.node[:200],
                                 why_not_a_node_name(a.node))
+            self.drains_refused += 1
             return
         if step.action == "drain" and self.node_trusted is not None and not self.node_trusted(a.node):
             self.logger.warning("drain step for %s refused: the agent of %s is not authenticated (no token, "
                                 "certificate or munge credential), so what raised the alert may be forged",
                                 a.rule, _one_line(a.node))
+            self.drains_refused += 1
             return
         if not self._lanes.put((a.rule, index), (step, payload)):
             with self._count_lock:

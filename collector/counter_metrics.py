@@ -35,6 +35,14 @@ COUNTERS: dict[str, tuple[str, str]] = {
                    "Agent streams refused: another stream speaks for the hello's node."),
     "health_repeated": ("clusterwatch_health_records_repeated",
                         "GPU health records dropped as had before: a kernel-log record read again, one XID twice."),
+    "drains_refused": ("clusterwatch_actions_drains_refused",
+                       "Drain steps refused: the alert's node is not one plain node name, or its agent proved "
+                       "nothing."),
+    "web_forged": ("clusterwatch_web_requests_forged",
+                   "Page requests refused (403): they carried the user header or a proxy secret without the "
+                   "proxy's own secret, or from another address than the proxy's."),
+    "web_other_users": ("clusterwatch_web_requests_other_users",
+                        "Page requests refused (403): a loopback connection of another user than --web-owner-uid's."),
     "slurm_records_skipped": ("clusterwatch_slurm_records_skipped",
                               "Slurm job records left out because their values could forge another record's lines."),
 }

@@ -121,6 +121,7 @@ class CollectorServer:
         self.query_port = 0
         self.web_port = 0
         self._web = None
+        self._web_access = None  # who the pages took requests from (its refusals are counted on /metrics)
         self._query_cap = 0
         self._registry = None
 
@@ -213,7 +214,11 @@ class CollectorServer:
     def counter_values(self) -> dict[str, tuple[float, str]]:
         """The core's ingest counters, the servicer's own and the job registry's, as /metrics names them."""
         counts = {**self.core.counts(), **self.ingest.counts(),
-                  "health_repeated": self.alerting.health.engine.duplicates}
+                  "health_repeated": self.alerting.health.engine.duplicates,
+                  "drains_refused": self.alerting.dispatcher.drains_refused}
+        if self._web_access is not None:
+            counts["web_forged"] = self._web_access.forged
+            counts["web_other_users"] = self._web_access.other_users
         if self._registry is not None:
             counts["slurm_records_skipped"] = self._registry.records_skipped
         return counter_families(counts)
@@ -271,6 +276,7 @@ class CollectorServer:
                                frozenset(cfg.query_admins), cfg.show_all_jobs, owner_uid=cfg.web_owner_uid,
                                unauthenticated_actions=cfg.allow_unauthenticated_actions,
                                proxy_secret=self._proxy_secret)
+        self._web_access = access
         # actions (--web-actions) ask through TrainAsks on this loop, where its store connection lives;
         # a Unix socket needs no Host check (no browser reaches it to be rebound)
         app = WebApp(self.core, self.alerting, access, loopback=socket_path is None and is_loopback(host),

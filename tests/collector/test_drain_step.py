@@ -78,3 +78,26 @@ esac
     assert "update" not in calls.read_text()
     asyncio.run(mapper.drain_node("n1", "clusterwatch: x"))
     assert calls.read_text().splitlines()[-1] == "update NodeName=n1 State=DRAIN Reason=clusterwatch: x"
+
+
+@pytest.mark.parametrize("node, trusted", [("ALL", True), ("n[1-2]", True), ("n1", False)])
+def test_a_refused_drain_is_counted(node: str, trusted: bool, caplog) -> None:
+    """A drain the Dispatcher refuses (not one node name; an agent that proved nothing) is logged once and
+    counted (clusterwatch_actions_drains_refused_total): drain_node never runs."""
+    import logging
+    import sqlite3
+
+    from clusterwatch.collector.actions import Dispatcher
+    from clusterwatch.collector.alerts import AlertStore
+    from clusterwatch.collector.rules.config import ActionsConfig, ActionStep
+    from clusterwatch.collector.rules.model import FIRING, AlertEvent
+
+    drained = []
+    dispatcher = Dispatcher(AlertStore(sqlite3.connect(":memory:")), ActionsConfig(steps=(ActionStep("drain"),)),
+                            drain_node=lambda n, reason: drained.append(n), node_trusted=lambda n: trusted)
+    caplog.set_level(logging.WARNING, "clusterwatch.alerts")
+    dispatcher.process([AlertEvent(t=1.0, rule="gpu_lost", state=FIRING, severity="critical", node=node,
+                                   job_id="1", pid=-1, start_time=0.0, description="GPU lost")], 1.0)
+    dispatcher.drain(5.0)
+    assert drained == [] and dispatcher.drains_refused == 1
+    assert sum("drain step for gpu_lost refused" in r.getMessage() for r in caplog.records) == 1

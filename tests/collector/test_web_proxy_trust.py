@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_cli_mistakes import one_line
-from tests.helpers import CLI, clean_environ, cli
+from tests.helpers import CLI, clean_environ, cli, metric_value
 from tests.local_users import group_and_two_users, run_as
 from tests.web_stack import JOB_ID, PROXY_SECRET, PROXY_SECRET_HEADER, start_web_stack
 
@@ -114,6 +114,8 @@ def test_with_the_secret_only_the_proxy_names_the_user(tmp_path, munged):
         code, body = _get(s.web_port, page, {})
         assert code == 403 and "not shown here" in body
         assert SECRET not in s.collector.text()
+        # the three forged requests above (two of the outsider's, one from another address) are counted
+        assert metric_value(s.collector.metrics(), "clusterwatch_web_requests_forged_total") == 3
     finally:
         s.stop()
 
