@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 
 from clusterwatch.model import ProcessSample
+from clusterwatch.thread_names import name_os_thread
 
 from .gitrun import kill_running
 from .provenance import GitStateCache, Provenance, ProvenanceConfig, provenance_of_pid
-from .thread_names import name_os_thread
 
 # At most this many processes wait for a record; a burst beyond it is skipped, not queued forever.
 MAX_PENDING = 256

@@ -23,9 +23,9 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 from clusterwatch.backoff import Backoff
 from clusterwatch.log_once import SaidOnce
+from clusterwatch.thread_names import name_os_thread
 
 from .munge_credential import MungeCredentials, MungeUnavailable
-from .thread_names import name_os_thread
 
 log = logging.getLogger("clusterwatch.agent")
 

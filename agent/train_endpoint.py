@@ -39,11 +39,11 @@ from collections.abc import Callable
 
 from clusterwatch.agent import train_socket
 from clusterwatch.agent.provenance import process_start_time
-from clusterwatch.agent.thread_names import name_os_thread
 
 from clusterwatch.errors import ClusterwatchError, ConfigError
 from clusterwatch.model import AllocatorFigures, TrainingReport
 from clusterwatch.procfs import read_boot_time
+from clusterwatch.thread_names import name_os_thread
 from clusterwatch.train import DEFAULT_SOCKET, MAX_DATAGRAM, MAX_GPUS, MAX_METRICS, MAX_NAME, MAX_TAG_VALUE
 from clusterwatch.train_requests import MAX_REPLY
 

@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import Any, Callable
 
-from clusterwatch.agent.thread_names import name_os_thread
+from clusterwatch.thread_names import name_os_thread
 
 __all__ = ["Lane", "Job"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from clusterwatch.agent.health.devices import GONE, UNSUPPORTED, nvml_code, physical_gpus
-from clusterwatch.agent.thread_names import name_os_thread
+
+from clusterwatch.background import BackgroundThread
 
 __all__ = ["GpuEvent", "EventWatcher", "EVENT_KINDS", "WANTED_EVENTS"]
 
@@ -64,8 +64,8 @@ class EventWatcher:
         self._wait_ms = wait_ms
         self._clock = clock
         self._log = log or logging.getLogger(__name__)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="clusterwatch-nvml-events", os_name="cw-nvml-events")
+        self._stop = self._thread.stopping
         self.errors = 0
         self.events = 0
         self.registered: dict[str, int] = {}   # UUID → the event types registered for it
@@ -94,17 +94,13 @@ class EventWatcher:
             self._uuid_by_key[_key(handle)] = uuid
 
     def start(self) -> EventWatcher:
-        self._thread = threading.Thread(target=self._run, name="clusterwatch-nvml-events", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ends the thread (within one wait) and lets go of the event set."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return   # still inside the driver: freeing the set under it would crash
+        if not self._thread.stop(timeout):
+            return   # still inside the driver: freeing the set under it would crash
         try:
             self._nvml.nvmlEventSetFree(self._set)
         except self._nvml.NVMLError:
@@ -123,7 +119,6 @@ class EventWatcher:
 
     def _run(self) -> None:
         nvml = self._nvml
-        name_os_thread("cw-nvml-events")   # as top -H and ps -L show it
         # bindings before the _v2 wait (whose data carries the MIG instance ids) have the first one only
         wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
         while not self._stop.is_set():

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from clusterwatch.agent.thread_names import name_os_thread
+from clusterwatch.thread_names import name_os_thread
 
 __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "parse_gpu_at", "parse_record",
            "pci_key", "unescape", "KERNEL_FACILITY"]

@@ -16,8 +16,9 @@ from clusterwatch.agent.health.counters import CounterReader, GpuCounters
 from clusterwatch.agent.health.devices import physical_gpus
 from clusterwatch.agent.health.events import EventWatcher, GpuEvent
 from clusterwatch.agent.health.kmsg import KmsgReader, XidEvent
-from clusterwatch.agent.thread_names import name_os_thread
 from clusterwatch.v1 import agent_pb2
+
+from clusterwatch.background import BackgroundThread
 
 __all__ = ["HealthMonitor", "open_health", "kernel_boot_id", "xid_event_to_proto", "gpu_event_to_proto",
            "counters_to_proto"]
@@ -84,7 +85,8 @@ class HealthMonitor:
         self._lock = threading.Lock()
         self._events: list[Callable[[agent_pb2.HealthEvent], None]] = []
         self._counters: list[GpuCounters] = []
-        self._stop = threading.Event()
+        self._nvml_thread = BackgroundThread(self._run_nvml, name="clusterwatch-gpu-health", os_name="cw-gpu-health")
+        self._stop = self._nvml_thread.stopping
         self.dropped = 0
         self.boot_id = kernel_boot_id() if boot_id is None else boot_id
         self.counters_every_s = counters_every_s
@@ -92,7 +94,6 @@ class HealthMonitor:
         self._reader: CounterReader | None = None
         self._kmsg: KmsgReader | None = None
         self._nvml = nvml
-        self._nvml_thread: threading.Thread | None = None
         self._pci: dict[str, str] = {}   # bus address → UUID, filled in place (the kmsg reader holds .get)
         if kmsg_path:
             try:
@@ -109,7 +110,6 @@ class HealthMonitor:
     def start(self) -> HealthMonitor:
         """Start the parts; NVML's are opened on their own thread, so a wedged GPU never holds up the agent."""
         if self._nvml is not None:
-            self._nvml_thread = threading.Thread(target=self._run_nvml, name="clusterwatch-gpu-health", daemon=True)
             self._nvml_thread.start()
         elif self._kmsg is not None:
             self._kmsg.start()
@@ -118,11 +118,10 @@ class HealthMonitor:
     def stop(self) -> None:
         """Stop every part within about a second; never waits on a driver call (the NVML thread ends its
         parts itself when it gets back from one)."""
-        self._stop.set()
+        self._stop.set()   # before the kernel log's reader stops: the NVML thread must not start it after
         if self._kmsg is not None:
             self._kmsg.stop()
-        if self._nvml_thread is not None:
-            self._nvml_thread.join(1.5)
+        self._nvml_thread.stop(1.5)
 
     def _open_nvml(self, nvml: Any) -> None:
         try:
@@ -141,7 +140,6 @@ class HealthMonitor:
             self._log.warning("NVML events unavailable (%s); XIDs come from the kernel log only", exc)
 
     def _run_nvml(self) -> None:
-        name_os_thread("cw-gpu-health")   # as top -H and ps -L show it
         self._open_nvml(self._nvml)
         # the kernel log after the bus addresses are known, so its XIDs carry their GPU's UUID
         if self._kmsg is not None and not self._stop.is_set():

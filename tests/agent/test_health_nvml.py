@@ -157,3 +157,52 @@ print(json.dumps({"events": got, "errors": watcher.errors}))
 def test_bindings_without_the_v2_wait_use_the_first(stub_lib: Path, tmp_path: Path) -> None:
     out, calls = _child(stub_lib, tmp_path, "gpu GPU-aaaa util=9 name=X\nevent GPU-aaaa 0x8 48\n", OLD_BINDINGS)
     assert out == {"events": [["GPU-aaaa", "xid", 48]], "errors": 0}
+
+
+class _WedgedNvml:
+    """Just enough NVML for a watcher with no GPUs whose event wait does not come back until released."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        import threading
+
+        self.calls: list[str] = []
+        self.waiting = threading.Event()
+        self.release = threading.Event()
+
+    def nvmlInit(self) -> None:
+        self.calls.append("nvmlInit")
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 0
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> None:
+        self.waiting.set()
+        self.release.wait(30)   # a driver call: deaf to the watcher's stop
+        raise self.NVMLError("timeout")
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.calls.append("nvmlEventSetFree")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("nvmlShutdown")
+
+
+def test_a_watcher_stuck_in_the_driver_keeps_its_event_set() -> None:
+    from clusterwatch.agent.health.events import EventWatcher
+
+    nvml = _WedgedNvml()
+    watcher = EventWatcher(nvml, lambda e: None, wait_ms=100).start()
+    assert nvml.waiting.wait(10)
+    try:
+        watcher.stop(timeout=0.05)
+        assert nvml.calls == ["nvmlInit"]   # freeing the set under the wait would crash the agent
+    finally:
+        nvml.release.set()
+    watcher.stop(timeout=10)
+    assert nvml.calls == ["nvmlInit", "nvmlEventSetFree", "nvmlShutdown"]

@@ -1,6 +1,6 @@
-"""Names for the agent's threads that the system shows (`top -H`, `ps -L`, /proc/<pid>/task/*/comm).
+"""Names for the threads that the system shows (`top -H`, `ps -L`, /proc/<pid>/task/*/comm).
 
-Python 3.11 names threads for itself only: without this, every thread of the agent reads as the
+Python 3.11 names threads for itself only: without this, every thread of a process reads as the
 process's name, and an operator asking which one uses the CPU cannot tell the sender from the poll loop.
 """
 from __future__ import annotations

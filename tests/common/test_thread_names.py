@@ -1,11 +1,11 @@
-"""agent/thread_names.py: the agent's threads carry names ps and top show."""
+"""clusterwatch/thread_names.py: the agent's threads carry names ps and top show."""
 from __future__ import annotations
 
 
 def test_agent_threads_carry_names_the_system_shows():
     import threading
 
-    from clusterwatch.agent.thread_names import name_os_thread
+    from clusterwatch.thread_names import name_os_thread
 
     seen = []
 
