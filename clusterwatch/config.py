@@ -35,8 +35,6 @@ TOP_LEVEL = ("collectors", "collectors_before")
 
 # Keys whose value is a secret: a config file readable by others must not hold them.
 SECRET_KEYS = ("token",)
-# A token is one line of visible ASCII (it travels as a gRPC metadata value); a file past this is not one.
-MAX_TOKEN_FILE_BYTES = 4096
 
 
 def read_token_file(path: str) -> str:
@@ -46,29 +44,9 @@ def read_token_file(path: str) -> str:
         ConfigError: the file is missing, open to group or others, owned by someone else, or holds no token;
             the message says what to do.
     """
-    flag = f"token file {path}"
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            text = f.read(MAX_TOKEN_FILE_BYTES)
-    except OSError as exc:
-        raise ConfigError(f"{flag}: {exc.strerror}; give a file holding the agents' token "
-                          "(openssl rand -hex 32 > FILE; chmod 600 FILE)") from None
-    import stat
+    from .secret_file import read_secret_file
 
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{flag}: not a regular file; give a file holding the agents' token")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ConfigError(f"{flag}: owned by uid {st.st_uid}, who may change it; give it to root or to this "
-                          "command's user")
-    if st.st_mode & 0o077:
-        raise ConfigError(f"{flag}: group or others may read or change it (mode {stat.S_IMODE(st.st_mode):04o}), "
-                          f"and anyone who reads it may send samples as any node; chmod 600 {path}")
-    token = text.split(b"\n", 1)[0].strip()
-    if not token or not all(0x21 <= c < 0x7F for c in token):
-        raise ConfigError(f"{flag}: its first line must be the token, visible ASCII without spaces "
-                          "(openssl rand -hex 32 > FILE)")
-    return token.decode()
+    return read_secret_file(path, f"token file {path}", "the agents' token").decode()
 
 
 def _refuse_readable_secret(found: str, doc: dict) -> None:

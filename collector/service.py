@@ -138,10 +138,7 @@ class CollectorServer:
         if cfg.web_listen and cfg.web_proxy_secret_file:
             from .web.access import read_proxy_secret
 
-            try:
-                self._proxy_secret = read_proxy_secret(cfg.web_proxy_secret_file)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+            self._proxy_secret = read_proxy_secret(cfg.web_proxy_secret_file)  # ConfigError: one line
         tune_gc()
         # what agents must prove: one warning line where nothing is asked (then no action reaches a process)
         self.ingest.auth = await agent_auth_from_config(cfg.agent_auth, cfg.token, cfg.tls_client_ca,

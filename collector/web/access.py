@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
-import stat
 from dataclasses import dataclass
 
 from .. import action_rights
@@ -128,29 +126,11 @@ def read_proxy_secret(path: str) -> bytes:
     no access for group or others), its first line, at least MIN_SECRET visible ASCII characters.
 
     Raises:
-        ValueError: the file is missing, open to others, or its secret too short; the message says what to do.
+        ConfigError: the file is missing, open to others, or its secret too short; the message says what to do.
     """
-    flag = f"--web-proxy-secret-file {path}"
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            text = f.read(4096)
-    except OSError as exc:
-        raise ValueError(f"{flag}: {exc.strerror}; give a file holding the proxy's secret "
-                         "(openssl rand -hex 32 > FILE; chmod 600 FILE)") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{flag}: not a regular file; give a file holding the proxy's secret")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ValueError(f"{flag}: owned by uid {st.st_uid}, who may change it: give it to the collector's user "
-                         "or root")
-    if st.st_mode & 0o077:
-        raise ValueError(f"{flag}: readable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o}), who "
-                         "could pass for the proxy: chmod 600 it")
-    secret = text.split(b"\n", 1)[0].strip()
-    if len(secret) < MIN_SECRET or not all(0x21 <= c < 0x7F for c in secret):
-        raise ValueError(f"{flag}: the secret must be at least {MIN_SECRET} visible ASCII characters on the first "
-                         "line (openssl rand -hex 32 > FILE)")
-    return secret
+    from clusterwatch.secret_file import read_secret_file
+
+    return read_secret_file(path, f"--web-proxy-secret-file {path}", "the proxy's secret", MIN_SECRET)
 
 
 class BrowserAccess:
