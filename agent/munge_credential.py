@@ -2,7 +2,7 @@
 
 Every Slurm node runs munged with the cluster's key, so nothing needs setting up: `munge` run by the
 agent (root) makes a credential of uid 0 that the collector decodes with `unmunge`
-(collector/agent_auth.py), learning the uid and the host that made it. A credential is good once
+(collector/ingest/agent_auth.py), learning the uid and the host that made it. A credential is good once
 (munged refuses a replay), hence one per stream.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-# The payload the collector takes from an agent (collector/agent_auth.py AGENT_PAYLOAD): a query's
+# The payload the collector takes from an agent (collector/ingest/agent_auth.py AGENT_PAYLOAD): a query's
 # credential (cli/common.py) or Slurm's is not an agent's.
 AGENT_PAYLOAD = "clusterwatch-agent-v1"
 METADATA_KEY = "x-clusterwatch-munge"

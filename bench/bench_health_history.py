@@ -11,7 +11,7 @@ Rows:
   differs at every reading; and HISTORY_EVENTS XIDs from the kernel log on a GPU (most GPUs have none);
 - observe: CPU per HealthEngine.observe_counters call with the history, beside the same engine with the two
   appends taken out (the baseline in the same run);
-- trace: CPU to write the health records of one job's 8 GPUs with full histories (collector/trace.py).
+- trace: CPU to write the health records of one job's 8 GPUs with full histories (collector/traces/record.py).
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def main() -> None:
     without = run(bare)
 
     # writing one job's health records: 8 GPUs, full histories
-    from clusterwatch.collector.trace import gpu_health_record, health_event_record
+    from clusterwatch.collector.traces.record import gpu_health_record, health_event_record
     from clusterwatch.v1 import agent_pb2
 
     start = time.process_time()

@@ -19,7 +19,7 @@ step changes when a point is kept, not what it holds. Printed: the RSS curve of 
 Before them, the two layouts of a process's history side by side, in this process (tracemalloc, 64
 processes × the first --history): the deque of named tuples the collector kept until issue 19 (a tuple
 and a float or int object a field; built here as ingest built them, fresh objects a point) and the ring
-of columns it keeps now (collector/point_ring.py), bytes a point each.
+of columns it keeps now (collector/state/point_ring.py), bytes a point each.
 """
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ STEP_S = 0.15  # below the poll interval: every poll a point, whatever the float
 
 def layouts(points: int, processes: int = 64) -> list[list[str]]:
     """Bytes a point of `processes` histories of `points` each, as a deque of Points and as a ring."""
-    from clusterwatch.collector.state import Point, process_history
+    from clusterwatch.collector.state.cluster import Point, process_history
 
     rng = random.Random(7)
     rows = []
     for name, make, row in (("deque of named tuples (until issue 19)", lambda: deque(maxlen=points), Point),
-                            ("ring of array columns (collector/point_ring.py)", lambda: process_history(points),
+                            ("ring of array columns (collector/state/point_ring.py)", lambda: process_history(points),
                              lambda *v: v)):
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]

@@ -121,7 +121,7 @@ def measure_server(pid: int, address: str, streams: int, batches: int, window: i
 # -- CollectorCore.batch in this process ----------------------------------------------------------
 
 def inprocess(streams: int, batches: int, polls: int, profile: bool = False) -> dict:
-    from clusterwatch.collector.gc_tuning import tune_gc
+    from clusterwatch.collector.serving.gc_tuning import tune_gc
     from clusterwatch.v1 import agent_pb2
 
     with benchlib.tmpdir("cw-bench-ingest-") as tmp:

@@ -9,7 +9,7 @@ import click
 
 DEFAULT_COLLECTOR = "127.0.0.1:50051"
 MUNGE_TIMEOUT_S = 5.0
-# The payload of a query's munge credential; the collector takes no other (collector/query_auth.py
+# The payload of a query's munge credential; the collector takes no other (collector/queries/auth.py
 # QUERY_PAYLOAD), so a credential made for something else is not a query's.
 MUNGE_PAYLOAD = "clusterwatch-query-v1"
 

@@ -33,8 +33,8 @@ def replay(trace: str, rules_path: str | None, fmt: str, xid_catalog_path: str |
     from pathlib import Path
 
     from clusterwatch.collector.health.xid_catalog import CatalogError, load_catalog
-    from clusterwatch.collector.replay import ReplayStats, event_human, event_json, replay_file
     from clusterwatch.collector.rules import load_rules
+    from clusterwatch.collector.traces.replay import ReplayStats, event_human, event_json, replay_file
 
     from clusterwatch.report.text import printable
 

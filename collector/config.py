@@ -48,7 +48,7 @@ class CollectorConfig:
             kernel's socket table names them (collector/web/peer.py; `clusterwatch run`); None: anyone's.
         allow_unauthenticated_actions: without query authentication, every caller (the query service's, and
             a browser without a proxy with web_actions) may ask every job's processes for stacks, snapshots, a
-            checkpoint or a stop (collector/action_rights.py); False: nobody may ask them.
+            checkpoint or a stop (collector/queries/action_rights.py); False: nobody may ask them.
         db_path: SQLite file for nodes, jobs, summaries and alerts (":memory:" for none).
         history_points: samples kept in memory per process and GPU series.
         history_step_s: at most one history point per process this often (trends, `record`).
@@ -60,12 +60,12 @@ class CollectorConfig:
         xid_catalog_path: a site's XID catalog (TOML, the form of collector/health/xid_catalog.toml) laid
             over the shipped one, entry by entry and field by field; None: the shipped catalog alone.
         token: shared secret agents must send; None: no token check.
-        agent_auth: what agents' streams must prove (collector/agent_auth.py): "token", "tls", "munge" (a
+        agent_auth: what agents' streams must prove (collector/ingest/agent_auth.py): "token", "tls", "munge" (a
             credential of root on the agent's host, the node bound to that host), "none" (no action reaches a
             process, and samples own no job), or "auto" (tls or token when configured, else munge where it is
             installed: while munged does not answer streams are refused and munge tried again; else none).
         tls_cert / tls_key / tls_client_ca: server TLS, and client certificates checked against the CA.
-        slurm: ask Slurm (scontrol) about jobs (collector/registry.py).
+        slurm: ask Slurm (scontrol) about jobs (collector/jobmap/registry.py).
         slurm_refresh_s: seconds between the registry's passes while Slurm answers (it backs off when not).
         slurm_timeout_s: seconds before one scontrol call counts as Slurm not answering.
         ssh_known_hosts: known_hosts file the nodes' host keys are checked against; with ssh_key, the

@@ -1,6 +1,6 @@
 """The collector application: builds the core, alerting, the job registry and the exporter, and owns
-start, stop, the tick and the flush loop. The servicers it serves are collector/ingest_service.py
-(agents) and collector/query_service.py (users).
+start, stop, the tick and the flush loop. The servicers it serves are collector/ingest/service.py
+(agents) and collector/queries/service.py (users).
 """
 from __future__ import annotations
 
@@ -17,26 +17,26 @@ from clusterwatch.v1 import agent_pb2_grpc, query_pb2_grpc
 from clusterwatch.errors import ConfigError
 from clusterwatch.tls import server_credentials
 
-from .actions import Dispatcher
-from .agent_auth import TokenInterceptor, agent_auth_from_config
-from .alerting import Alerting
-from .alerts import AlertStore
+from .alerting.actions import Dispatcher
+from .alerting.alerts import AlertStore
+from .alerting.live import Alerting
+from .alerting.train_asks import TrainAsks
 from .config import CollectorConfig
-from .core import CollectorCore, new_cluster_state
-from .counter_metrics import counter_families
 from .export import ClusterCollector, Exposition, serve_metrics
-from .gc_tuning import tune_gc
-from .grpc_guard import MalformedMessageInterceptor
-from .grpc_limits import connection_caps, raise_open_file_limit, server_options
+from .export.counter_metrics import counter_families
 from .health.engine import HealthEngine
 from .health.kmsg_marks import KmsgMarks
-from .ingest_service import FLUSH_S, AgentOutboxes, IngestServicer
-from .listen_check import NO_REUSEPORT, bind, taken_error
-from .query_auth import auth_from_config
-from .query_service import QueryServicer
+from .ingest.agent_auth import TokenInterceptor, agent_auth_from_config
+from .ingest.service import FLUSH_S, AgentOutboxes, IngestServicer
+from .queries.auth import auth_from_config
+from .queries.service import QueryServicer
 from .rules import load_rules
-from .store import Store, open_db
-from .train_asks import TrainAsks
+from .serving.gc_tuning import tune_gc
+from .serving.grpc_guard import MalformedMessageInterceptor
+from .serving.grpc_limits import connection_caps, raise_open_file_limit, server_options
+from .serving.listen_check import NO_REUSEPORT, bind, taken_error
+from .state.core import CollectorCore, new_cluster_state
+from .state.store import Store, open_db
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -148,7 +148,7 @@ class CollectorServer:
         query = QueryServicer(self.core, await auth_from_config(
             cfg.query_auth, frozenset(cfg.query_admins), cfg.show_all_jobs, cfg.munge_socket, cfg.listen),
             alerts=self.alerting, asks=self.train_asks, unauthenticated_actions=cfg.allow_unauthenticated_actions)
-        from .action_rights import start_warning
+        from .queries.action_rights import start_warning
 
         # a page whose connections are one user's (--web-owner-uid) is that user's alone
         pages = cfg.web_listen if cfg.web_actions and cfg.web_owner_uid is None else None
@@ -163,7 +163,7 @@ class CollectorServer:
         if cfg.query_listen:
             await self._start_query_server(query)
         if cfg.slurm:
-            from .registry import build_registry
+            from .jobmap.registry import build_registry
 
             self._registry = build_registry(self.core, cfg)
             self._registry.start()

@@ -64,7 +64,7 @@ WCHAN_EVERY_S = 10.0
 WCHAN_READS_A_POLL = 8
 
 # Count a process's open descriptors when it is first seen and then at most this often (seconds).
-# The collector's rules look at a process at most every 5 s (collector/alerting.py min_interval_s)
+# The collector's rules look at a process at most every 5 s (collector/alerting/live.py min_interval_s)
 # and judge fd leaks over minutes, so a count up to this old loses them nothing; between counts a
 # sample carries the last count (None stays "unknown": a count that failed). Counting costs an
 # fstat (a listing on Linux < 6.2) per process, a sixth of a poll's /proc work.

@@ -15,7 +15,7 @@ under the core's lock, and the text is written from it outside the lock. By job:
     series.py     each family's rows from a snapshot, and as prometheus_client families
     text.py       the exposition text, written by hand for speed (prometheus_client's, line for line)
     collector.py  ClusterCollector (a prometheus_client Collector) and Exposition, the scrape path
-    http.py       /metrics over HTTP on the collector's bounded server (collector/bounded_http.py)
+    http.py       /metrics over HTTP on the collector's bounded server (collector/serving/bounded_http.py)
 """
 from .collector import ClusterCollector, Exposition
 from .families import MAX_TAG_LABELS, MAX_TAG_NAME, MAX_TAG_VALUE, Family, family, tag_label_name, tag_labels

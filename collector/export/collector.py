@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.registry import Collector
 
-from ..state import ClusterState
+from ..state.cluster import ClusterState
 from .series import ExtraFamilies, FamilyRows, client_families, series
 from .snapshot import AlertRow, CounterRow, Snapshot, take_snapshot
 from .text import render

@@ -9,7 +9,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted, make_wsgi_app
 
-from ..bounded_http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, serve_bounded
+from ..serving.bounded_http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, serve_bounded
 from .collector import Exposition
 
 # zlib level 1: a scrape of megabytes must not hold a thread for long; level 9 (gzip's default, and

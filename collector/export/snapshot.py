@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..state import ClusterState
+from ..state.cluster import ClusterState
 from .families import JOB_INFO, tag_labels
 
 

@@ -3,7 +3,7 @@
 Pure like the rules engine (time comes from the records, who uses a GPU from the caller): it
 drops what it has seen (a kernel-log record a restarted agent reads again, the same XID from NVML
 and the kernel log), decides with `decisions`, and keeps, per GPU, what `status` shows: the
-findings worst first and the latest counters, and, for `record` (collector/trace.py), a bounded
+findings worst first and the latest counters, and, for `record` (collector/traces/record.py), a bounded
 history of the events it took and the counter readings (`HISTORY_EVENTS`, `HISTORY_READINGS`).
 
 XID 79 raises gpu_lost (not also gpu_xid: one fault, one alert). An XID or a lost GPU is an
@@ -43,7 +43,7 @@ HEALTH_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu
 _KEEP_FINDINGS = 20        # per GPU, for status
 _EVENT_KINDS_LOST = frozenset({"gpu_unavailable", "gpu_lost"})   # NVML's event; the agent's counters reader
 _MEMORY = MemoryErrorThresholds()
-# What `record` can write of a GPU (collector/trace.py), per GPU: the events taken (not the duplicates
+# What `record` can write of a GPU (collector/traces/record.py), per GPU: the events taken (not the duplicates
 # dropped), and the counter readings: 140 are 70 min at the agent's 30 s default, the hour of process
 # history the collector keeps (720 points at 5 s) and the throttle rule's 10 min look-back before it.
 # Kept serialized (a message taken from a batch would hold the whole batch), the rules' counters and the

@@ -24,8 +24,8 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from clusterwatch.collector.bounded_exec import run_bounded
 from clusterwatch.collector.jobmap.base import ACTIVE_STATES, Reachability, SlurmUnavailable
+from clusterwatch.collector.serving.bounded_exec import run_bounded
 
 from clusterwatch.backoff import Backoff
 from clusterwatch.errors import ParseError

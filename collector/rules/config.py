@@ -150,7 +150,7 @@ class TrainingStallRule:
         for_s: No new step for this long fires.
         pending_after_s: No new step for this long raises a pending alert.
         take_stacks: When it fires, the collector takes the job's Python stacks once (through the agents' py-spy,
-            collector/stall_stacks.py) and adds the grouped summary to the alert. The file's top level only: it
+            collector/alerting/stall_stacks.py) and adds the grouped summary to the alert. The file's top level only: it
             is the collector's, not a process's, so overrides do not take it.
     """
 

@@ -105,7 +105,7 @@ class Engine:
 
     def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         """Take one process observation in its written-down form: a trace's process line
-        (collector/observations.py `observation_record`), ProcessObservation's fields by name.
+        (collector/state/observations.py `observation_record`), ProcessObservation's fields by name.
 
         This is what `replay` uses: building the ProcessObservation from a parsed line
         first costs 0.7 us a line beside the engine's 5 us (2026-12-03), so the line is read
@@ -375,7 +375,7 @@ class Engine:
 
         The engine speaks on transitions only, so an alert's text would say what held when it fired
         ("for 1 min; full in ~1 h 24 min" six minutes later). The collector applies these to the alerts it
-        holds, now and then (collector/alerting.py); `evaluate` and replay never call it.
+        holds, now and then (collector/alerting/live.py); `evaluate` and replay never call it.
         """
         out: list[AlertEvent] = []
         for p in self._procs.values():

@@ -47,7 +47,7 @@ class ProcessObservation(NamedTuple):
     """One process at one poll. Identity is (node, pid, start_time).
 
     The one input of the process rules: the collector builds it from its state
-    (collector/observations.py), and a trace's process line is its fields written down.
+    (collector/state/observations.py), and a trace's process line is its fields written down.
     A NamedTuple, not a dataclass: the collector builds one for every process of every batch
     (`_make` costs a third of a dataclass's `__init__`), and the engine unpacks it in one step.
 

@@ -21,7 +21,7 @@ shared host every user reaches loopback, and the run's job is its user's alone.
 
 Actions (--web-actions, off by default) need the job's owner or an admin as the header names them; with
 no proxy configured, only where queries are unauthenticated and the collector opts in to that
-(--allow-unauthenticated-actions, collector/action_rights.py: the page is then one user's own, as
+(--allow-unauthenticated-actions, collector/queries/action_rights.py: the page is then one user's own, as
 `clusterwatch run` and `demo` give it): a browser that is nobody in particular acts on nothing.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 
-from .. import action_rights
-from ..query_auth import Caller, NoAuth
+from ..queries import action_rights
+from ..queries.auth import Caller, NoAuth
 from . import peer
 
 NOT_THE_OWNERS = ("these pages answer only their user's own browser (the collector's --web-owner-uid, as "

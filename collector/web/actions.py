@@ -4,7 +4,7 @@ Each goes job page → confirmation page (GET, no effect) → POST, which is ref
 site (Origin, Sec-Fetch-Site) and carries the token the confirmation page was built with: an HMAC of the
 browser's user, the job and the page's time under the collector's key (kept beside its store across
 restarts), so that neither another site nor another user's page can make one, and an old page expires. The
-requests go through collector/train_asks.py on the collector's event loop (its store connection lives there)
+requests go through collector/alerting/train_asks.py on the collector's event loop (its store connection lives there)
 and are recorded in its answers table with who asked.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..train_asks import targets
+from ..alerting.train_asks import targets
 
 ACTIONS = {"diagnose": "Diagnose", "checkpoint": "Request checkpoint", "stop": "Stop"}
 ANSWER_WAIT_S = 8.0  # as `clusterwatch diagnose`: the ranks' answers are waited for this long a request

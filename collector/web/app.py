@@ -9,8 +9,8 @@ import logging
 import time
 from urllib.parse import parse_qs, unquote
 
-from ..query_auth import Caller
-from ..store import web_token_secret
+from ..queries.auth import Caller
+from ..state.store import web_token_secret
 from .access import FixedAccess
 from .action_pages import actions_section, confirm_page, outcome_page, refused_page
 from .actions import ACTIONS, MAX_FORM, Tokens, run_action, why_not_same_site
@@ -205,7 +205,7 @@ class WebApp:
         why = self.tokens.refusal((form.get("token") or [""])[0], browser.user, job_id)
         if why:
             return self._refuse(job_id, why)
-        from ..train_asks import targets
+        from ..alerting.train_asks import targets
 
         if not targets(view, None):
             return self._refuse(job_id, f"job {job_id} has no live process to ask", "409 Conflict")

@@ -1,4 +1,4 @@
-"""Serve the pages from a daemon thread, on the /metrics endpoint's bounded server (collector/bounded_http.py),
+"""Serve the pages from a daemon thread, on the /metrics endpoint's bounded server (collector/serving/bounded_http.py),
 over TCP or a Unix socket (for the site's proxy alone: serve_web_unix)."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from wsgiref.simple_server import make_server
 
 from clusterwatch.errors import ConfigError
 
-from ..bounded_http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
-from ..bounded_http import BoundedServer as _Server
-from ..bounded_http import QuietHandler as _QuietHandler
+from ..serving.bounded_http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from ..serving.bounded_http import BoundedServer as _Server
+from ..serving.bounded_http import QuietHandler as _QuietHandler
 from .access import UNIX_KEY
 from .peer import PEER_KEY
 

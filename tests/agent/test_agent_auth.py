@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from clusterwatch.collector.agent_auth import (
+from clusterwatch.collector.ingest.agent_auth import (
     certificate_node_names,
     has_token,
     is_loopback_listen,

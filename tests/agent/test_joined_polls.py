@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from clusterwatch.agent.agent import PollJoiner
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st

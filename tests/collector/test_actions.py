@@ -11,10 +11,10 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from clusterwatch.collector.actions import Dispatcher
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.actions import Dispatcher
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.webhook import post_json
 from clusterwatch.collector.rules import AlertEvent, parse_rules
-from clusterwatch.collector.webhook import post_json
 
 from tests.helpers import wait_for
 from tests.services.procs import refused_port

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from clusterwatch.collector.agent_auth import AgentAuth, TokenInterceptor
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.ingest_service import AgentOutboxes, IngestServicer
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.ingest.agent_auth import AgentAuth, TokenInterceptor
+from clusterwatch.collector.ingest.service import AgentOutboxes, IngestServicer
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 TOKEN = "t0ken-of-the-agents"

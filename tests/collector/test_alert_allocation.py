@@ -8,10 +8,10 @@ import sqlite3
 from collections import deque
 from importlib import resources
 
-from clusterwatch.collector.alerting import Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import Alerting
 from clusterwatch.collector.rules import load_rules
-from clusterwatch.collector.state import ClusterState, JobState, NodeState, ProcessSeries
+from clusterwatch.collector.state.cluster import ClusterState, JobState, NodeState, ProcessSeries
 
 from clusterwatch.model import ProcessKey, ProcessSample
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
 from clusterwatch.collector.rules import Engine, GpuObservation, NodeHeartbeat, ProcessObservation, load_rules
 from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
 

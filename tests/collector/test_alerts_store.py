@@ -1,7 +1,7 @@
 """The SQLite alert table: lifecycle, restart without loss or repeat."""
 import sqlite3
 
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
 from clusterwatch.collector.rules import AlertEvent
 
 

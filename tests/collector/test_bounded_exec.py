@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clusterwatch.collector.bounded_exec import run_bounded
+from clusterwatch.collector.serving.bounded_exec import run_bounded
 
 
 def _running(pid: int) -> bool:

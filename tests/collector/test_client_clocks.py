@@ -7,9 +7,9 @@ process (every true sample after it looked older).
 from __future__ import annotations
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import AGENT_JOB_GONE_S, HOUSEKEEPING_S, CollectorCore
-from clusterwatch.collector.ingest_checks import MAX_AHEAD_S
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.ingest.checks import MAX_AHEAD_S
+from clusterwatch.collector.state.core import AGENT_JOB_GONE_S, HOUSEKEEPING_S, CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample, TrainingReport

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, IngestCounters
-from clusterwatch.collector.counter_metrics import COUNTERS, counter_families
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.export.counter_metrics import COUNTERS, counter_families
+from clusterwatch.collector.state.core import CollectorCore, IngestCounters
+from clusterwatch.collector.state.store import Store, open_db
 
 COLLECTOR = Path(__file__).resolve().parents[2] / "collector"
 

@@ -6,9 +6,9 @@ The registry and the query service ask the core, through its methods, for what t
 from __future__ import annotations
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, CoreListener
-from clusterwatch.collector.counter_metrics import COUNTERS, counter_families
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.export.counter_metrics import COUNTERS, counter_families
+from clusterwatch.collector.state.core import CollectorCore, CoreListener
+from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.model import JobEvent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from clusterwatch.collector.actions import drain_reason
+from clusterwatch.collector.alerting.actions import drain_reason
 from clusterwatch.collector.jobmap.scontrol import ScontrolMapper
 
 
@@ -31,8 +31,8 @@ def test_the_log_action_writes_one_line_whatever_the_description(caplog) -> None
     import logging
     import sqlite3
 
-    from clusterwatch.collector.actions import Dispatcher
-    from clusterwatch.collector.alerts import AlertStore
+    from clusterwatch.collector.alerting.actions import Dispatcher
+    from clusterwatch.collector.alerting.alerts import AlertStore
     from clusterwatch.collector.rules.config import ActionsConfig, ActionStep
     from clusterwatch.collector.rules.model import FIRING, AlertEvent
 
@@ -87,8 +87,8 @@ def test_a_refused_drain_is_counted(node: str, trusted: bool, caplog) -> None:
     import logging
     import sqlite3
 
-    from clusterwatch.collector.actions import Dispatcher
-    from clusterwatch.collector.alerts import AlertStore
+    from clusterwatch.collector.alerting.actions import Dispatcher
+    from clusterwatch.collector.alerting.alerts import AlertStore
     from clusterwatch.collector.rules.config import ActionsConfig, ActionStep
     from clusterwatch.collector.rules.model import FIRING, AlertEvent
 

@@ -25,7 +25,7 @@ from clusterwatch.collector.export import (
 )
 from clusterwatch.collector.export.families import PROCESS_FAMILIES, RANK_FAMILIES
 from clusterwatch.collector.export.snapshot import ProcessRow, RankRow
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import given
 from hypothesis import strategies as hst

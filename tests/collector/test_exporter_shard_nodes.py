@@ -6,7 +6,7 @@ node (and its GPU inventory) from the stream's Hello. Sums across shards must co
 from __future__ import annotations
 
 from clusterwatch.collector.export import ClusterCollector
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 
 from clusterwatch.model import GpuInfo
 

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from clusterwatch.collector.export import MAX_TAG_LABELS, ClusterCollector, Exposition, tag_labels
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st

@@ -1,7 +1,7 @@
 """A GPU's power over time, kept in its series beside the (t, util, mem) history (the job page's power chart)."""
 from __future__ import annotations
 
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 
 

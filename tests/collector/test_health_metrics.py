@@ -9,7 +9,7 @@ from clusterwatch.collector.export import ClusterCollector, same_exposition
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.metrics import HealthFamilies, health_snapshot
 from clusterwatch.collector.health.xid_catalog import load_catalog
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -3,12 +3,12 @@ instance's parent (GpuInfo.parent_uuid, on the wire too); the collector maps an 
 health (status, the job page), its stall's cause, and the GPU's users (the ranks on its instances)."""
 from __future__ import annotations
 
+from clusterwatch.collector.alerting.stall_causes import HealthCauses
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.live import HealthListener, gpu_users
 from clusterwatch.collector.health.mig import gpu_index, slices_of, with_parents
 from clusterwatch.collector.health.xid_catalog import load_catalog
-from clusterwatch.collector.stall_causes import HealthCauses
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuInfo, GpuUse, ProcessSample

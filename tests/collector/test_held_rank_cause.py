@@ -3,12 +3,12 @@ cause: the collector's state keeps since when each process has been held (both i
 source names it after any health event on the job's GPUs, and a moment in D (every disk read) is none."""
 from __future__ import annotations
 
+from clusterwatch.collector.alerting.stall_causes import HealthCauses
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.xid_catalog import load_catalog
 from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
 from clusterwatch.collector.rules.causes import HELD_MIN_S, held_long_enough, held_rank
-from clusterwatch.collector.stall_causes import HealthCauses
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, ProcessKey, ProcessSample

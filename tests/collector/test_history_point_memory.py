@@ -5,8 +5,8 @@ from __future__ import annotations
 import tracemalloc
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, ProcessSample

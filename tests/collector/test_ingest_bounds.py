@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.ingest_bounds import MAX_COMMAND, MAX_WCHAN, HelloRefused
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.ingest.bounds import MAX_COMMAND, MAX_WCHAN, HelloRefused
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 from clusterwatch.model import JobEvent, ProcessSample

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.state import JobState
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.cluster import JobState
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample, TrainingReport

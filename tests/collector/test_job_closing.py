@@ -1,12 +1,12 @@
-"""collector/job_closing.py through the core: a closed job's summary stored and written as a file, Slurm's
+"""collector/state/job_closing.py through the core: a closed job's summary stored and written as a file, Slurm's
 later word amending both, and a job the store refused closed once it takes it."""
 from __future__ import annotations
 
 import json
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.model import JobEvent
 

@@ -6,9 +6,9 @@ its views."""
 from __future__ import annotations
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.views import job_view
+from clusterwatch.collector.queries.views import job_view
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.model import GpuUse, ProcessSample
@@ -160,7 +160,7 @@ def test_the_totals_of_a_running_job_survive_a_collector_restart(tmp_path):
 def test_the_json_summary_carries_the_whole_job_totals(tmp_path):
     import json
 
-    from clusterwatch.collector.summary import write_summary
+    from clusterwatch.collector.state.summary import write_summary
 
     v = _view(state="COMPLETED", end_time=T0 + 3600)
     v.processes.add(node="n1", pid=11, rank=0, alive=False, rss_peak_bytes=40 * GIB, cpu_seconds=16 * 3600.0,

@@ -13,13 +13,13 @@ import time
 import urllib.request
 
 from clusterwatch.collector.export import ClusterCollector, Exposition, serve_metrics
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 
 # serve_metrics in a process of its own, with a low descriptor limit (what a busy collector has left)
 SERVER = r"""
 import resource, sys, threading, time
 from clusterwatch.collector.export import ClusterCollector, Exposition, serve_metrics
-from clusterwatch.collector.state import ClusterState
+from clusterwatch.collector.state.cluster import ClusterState
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 httpd = serve_metrics(Exposition(ClusterCollector(ClusterState(), time.time), threading.Lock()), "127.0.0.1", 0)
 print(httpd.server_port, flush=True)

@@ -1,11 +1,13 @@
-"""The collector's state as the engine's observations (collector/observations.py): each derived field once."""
+"""The collector's state as the engine's observations (collector/state/observations.py): each derived field once."""
 from __future__ import annotations
 
 from collections import deque
 from importlib import resources
 
 import orjson
-from clusterwatch.collector.observations import (
+from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
+from clusterwatch.collector.state.cluster import ClusterState, GpuSeries, JobState, NodeState, ProcessSeries
+from clusterwatch.collector.state.observations import (
     allocation_room,
     gpu_figures,
     gpu_from_record,
@@ -17,9 +19,7 @@ from clusterwatch.collector.observations import (
     node_observations,
     observation_record,
 )
-from clusterwatch.collector.replay import replay_lines
-from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
-from clusterwatch.collector.state import ClusterState, GpuSeries, JobState, NodeState, ProcessSeries
+from clusterwatch.collector.traces.replay import replay_lines
 
 from clusterwatch.model import GpuInfo, GpuReading, GpuUse, ProcessKey, ProcessSample
 

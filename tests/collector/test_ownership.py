@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.jobmap.fake import FakeJobMapper
-from clusterwatch.collector.registry import JobRegistry
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.jobmap.registry import JobRegistry
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 from clusterwatch.model import JobEvent, ProcessSample

@@ -1,4 +1,4 @@
-"""History as columns in a ring (collector/point_ring.py, issue 19): what a deque of tuples gave its readers
+"""History as columns in a ring (collector/state/point_ring.py, issue 19): what a deque of tuples gave its readers
 (order, len, maxlen, [-1], None for unknown)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 from collections import deque
 
 import pytest
-from clusterwatch.collector.point_ring import GpuRing, PowerRing
-from clusterwatch.collector.state import Point, process_history
+from clusterwatch.collector.state.cluster import Point, process_history
+from clusterwatch.collector.state.point_ring import GpuRing, PowerRing
 
 T0 = 1_800_000_000.0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from clusterwatch.cli.common import MUNGE_PAYLOAD
-from clusterwatch.collector.query_auth import QUERY_PAYLOAD, AuthError, check_payload, parse_unmunge
+from clusterwatch.collector.queries.auth import QUERY_PAYLOAD, AuthError, check_payload, parse_unmunge
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
@@ -136,7 +136,7 @@ def test_auto_refuses_queries_while_munge_is_down_and_takes_munged_when_it_comes
 def test_awaiting_munge_tries_again_no_more_often_than_its_interval():
     import asyncio
 
-    from clusterwatch.collector.query_auth import AuthError, AwaitingMunge, Caller
+    from clusterwatch.collector.queries.auth import AuthError, AwaitingMunge, Caller
 
     now = [100.0]
     answers = [False, True]

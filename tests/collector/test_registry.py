@@ -7,12 +7,12 @@ import time
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.jobmap.fake import FakeJobMapper
+from clusterwatch.collector.jobmap.registry import SETTLE_WINDOW_S, JobRegistry
 from clusterwatch.collector.jobmap.scontrol import ScontrolMapper
-from clusterwatch.collector.registry import SETTLE_WINDOW_S, JobRegistry
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.views import job_view
+from clusterwatch.collector.queries.views import job_view
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import query_pb2
 
 from clusterwatch.model import GpuInfo, JobEvent

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
 from clusterwatch.collector.jobmap.fake import FakeJobMapper
-from clusterwatch.collector.registry import JobRegistry, build_registry
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.jobmap.registry import JobRegistry, build_registry
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.shards import Collectors
 from tests.collector.test_registry import T0, Clock, record

@@ -1,13 +1,13 @@
 """A trace's held ranks (`state`, `state_since` on its process lines, docs/traces.md) in replay: a stall names a
-rank held long enough as its likely cause, as the collector does (collector/stall_causes.py); a hold a hostile
+rank held long enough as its likely cause, as the collector does (collector/alerting/stall_causes.py); a hold a hostile
 or broken trace spells wrongly is no hold, and crashes nothing."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from clusterwatch.collector.replay import ReplayStats, replay_lines
 from clusterwatch.collector.rules import load_rules
+from clusterwatch.collector.traces.replay import ReplayStats, replay_lines
 
 T0 = 1_800_000_000.0
 

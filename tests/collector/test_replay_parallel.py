@@ -4,8 +4,8 @@ import random
 
 from click.testing import CliRunner
 from clusterwatch.cli.replay_cmd import replay
-from clusterwatch.collector.replay import ReplayStats, replay_file
 from clusterwatch.collector.rules import load_rules
+from clusterwatch.collector.traces.replay import ReplayStats, replay_file
 
 from tests.synth_traces import make
 

@@ -1,7 +1,7 @@
-"""collector/core.py SeqTracker: the batch numbers a collector has applied, each once."""
+"""collector/state/core.py SeqTracker: the batch numbers a collector has applied, each once."""
 from __future__ import annotations
 
-from clusterwatch.collector.core import SeqTracker
+from clusterwatch.collector.state.core import SeqTracker
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -96,7 +96,7 @@ def test_idle_connections_do_not_lock_agents_out(tmp_path):
 
 def test_a_stream_that_never_says_hello_is_closed(tmp_path):
     import grpc
-    from clusterwatch.collector.ingest_service import HELLO_TIMEOUT_S
+    from clusterwatch.collector.ingest.service import HELLO_TIMEOUT_S
     from clusterwatch.v1 import agent_pb2_grpc
 
     collector = LimitedCollector(tmp_path, FD_LIMIT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.health.kmsg_marks import KmsgMarks
 from clusterwatch.collector.service import CollectorServer
-from clusterwatch.collector.store import open_db
+from clusterwatch.collector.state.store import open_db
 from clusterwatch.v1 import agent_pb2
 
 

@@ -12,10 +12,10 @@ import logging
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.counter_metrics import counter_families
 from clusterwatch.collector.export import ClusterCollector, Exposition
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.export.counter_metrics import counter_families
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample, TrainingReport

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.store import STALE_AFTER_S, Store, open_db
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import STALE_AFTER_S, Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample

@@ -6,14 +6,14 @@ from __future__ import annotations
 import sqlite3
 from types import SimpleNamespace
 
-from clusterwatch.collector.alerting import HEALTH_CLEAR_S, Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import HEALTH_CLEAR_S, Alerting
+from clusterwatch.collector.alerting.stall_causes import HealthCauses
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.xid_catalog import load_catalog
 from clusterwatch.collector.rules import Engine, GpuObservation, NodeHeartbeat, ProcessObservation, load_rules
 from clusterwatch.collector.rules.causes import Cause, RankFigures, from_health, odd_rank_out
-from clusterwatch.collector.stall_causes import HealthCauses
-from clusterwatch.collector.state import ClusterState, JobState
+from clusterwatch.collector.state.cluster import ClusterState, JobState
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, ProcessKey, ProcessSample

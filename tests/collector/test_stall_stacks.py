@@ -1,20 +1,20 @@
-"""A stalled job's stacks taken once and kept with its alerts (collector/stall_stacks.py), through a real core, the
-live rules and a real TrainAsks on the store: every rank of a hung job raises training_stall, the job is asked
+"""A stalled job's stacks taken once and kept with its alerts (collector/alerting/stall_stacks.py), through a real core,
+the live rules and a real TrainAsks on the store: every rank of a hung job raises training_stall, the job is asked
 once (one dump_stacks a rank, not one a rank per alert), each alert carries the grouped summary, the engine's
 refreshes keep it, and an alert that fires again after a restart is not asked again. The summary is bounded."""
 from __future__ import annotations
 
 import time
 
-from clusterwatch.collector.alerting import Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import Alerting
+from clusterwatch.collector.alerting.stall_stacks import MAX_LINES, summary_lines
+from clusterwatch.collector.alerting.train_asks import TrainAsks
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, new_cluster_state
 from clusterwatch.collector.rules import parse_rules
 from clusterwatch.collector.rules.model import FIRING, AlertEvent
-from clusterwatch.collector.stall_stacks import MAX_LINES, summary_lines
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.train_asks import TrainAsks
+from clusterwatch.collector.state.core import CollectorCore, new_cluster_state
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 from clusterwatch.model import JobEvent, ProcessSample

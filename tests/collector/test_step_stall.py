@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from clusterwatch.collector.state import DEFAULT_STEP_STALE_S, stale_after
+from clusterwatch.collector.state.cluster import DEFAULT_STEP_STALE_S, stale_after
 
 
 def test_a_rank_reporting_every_step_is_stale_after_three_of_its_gaps_or_three_polls():

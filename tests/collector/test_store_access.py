@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clusterwatch.collector.state import JobState
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.cluster import JobState
+from clusterwatch.collector.state.store import Store, open_db
 
 from tests.helpers import CLI, clean_environ
 

@@ -5,8 +5,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clusterwatch.collector.state import JobState
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.cluster import JobState
+from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.errors import ConfigError
 from tests.helpers import CLI

@@ -5,7 +5,7 @@ import os
 import stat
 from pathlib import Path
 
-from clusterwatch.collector.summary import write_summary
+from clusterwatch.collector.state.summary import write_summary
 from clusterwatch.v1 import query_pb2
 
 

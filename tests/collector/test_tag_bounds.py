@@ -6,10 +6,10 @@ by hundreds of MB and made `status` of its job fail.
 from __future__ import annotations
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.state import MAX_TAG_KEYS, ClusterState
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.views import job_view
+from clusterwatch.collector.queries.views import job_view
+from clusterwatch.collector.state.cluster import MAX_TAG_KEYS, ClusterState
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample, TrainingReport

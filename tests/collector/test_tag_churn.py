@@ -10,12 +10,12 @@ from __future__ import annotations
 import urllib.request
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.counter_metrics import counter_families
 from clusterwatch.collector.export import ClusterCollector, Exposition, serve_metrics
-from clusterwatch.collector.state import MAX_TAG_CHANGES, TAG_CHANGING
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.views import job_view
+from clusterwatch.collector.export.counter_metrics import counter_families
+from clusterwatch.collector.queries.views import job_view
+from clusterwatch.collector.state.cluster import MAX_TAG_CHANGES, TAG_CHANGING
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -136,7 +136,7 @@ def test_a_changing_tag_stays_held_across_a_restart(tmp_path) -> None:
 
 
 def test_the_users_guide_and_the_counters_help_give_the_bound() -> None:
-    from clusterwatch.collector.counter_metrics import COUNTERS
+    from clusterwatch.collector.export.counter_metrics import COUNTERS
 
     from tests.helpers import ROOT
 

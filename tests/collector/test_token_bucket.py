@@ -1,7 +1,7 @@
-"""collector/ingest_service.py TokenBucket: a stream's rate limit."""
+"""collector/ingest/service.py TokenBucket: a stream's rate limit."""
 from __future__ import annotations
 
-from clusterwatch.collector.ingest_service import TokenBucket
+from clusterwatch.collector.ingest.service import TokenBucket
 
 
 def test_token_bucket_allows_the_rate_and_delays_beyond():

@@ -1,21 +1,21 @@
-"""GPU health records in the trace (collector/trace.py, collector/replay.py), through a real core and the live
-health rules: what `record` writes of a job's GPUs (XIDs with their pid and process, ECC, a lost GPU, throttling,
-a kernel-log XID read at the agent's start) replays to the health alerts the collector raised; and the records
-themselves, hostile process names included, round-trip safely."""
+"""GPU health records in the trace (collector/traces/record.py, collector/traces/replay.py), through a real core and
+the live health rules: what `record` writes of a job's GPUs (XIDs with their pid and process, ECC, a lost GPU,
+throttling, a kernel-log XID read at the agent's start) replays to the health alerts the collector raised; and the
+records themselves, hostile process names included, round-trip safely."""
 from __future__ import annotations
 
 import json
 
 import orjson
-from clusterwatch.collector.alerting import Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import Alerting
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, new_cluster_state
 from clusterwatch.collector.health.engine import HEALTH_RULES, HISTORY_READINGS
-from clusterwatch.collector.replay import ReplayStats, replay_file, replay_lines
 from clusterwatch.collector.rules import load_rules
-from clusterwatch.collector.store import Store, open_db
-from clusterwatch.collector.trace import gpu_health_record, health_event_record
+from clusterwatch.collector.state.core import CollectorCore, new_cluster_state
+from clusterwatch.collector.state.store import Store, open_db
+from clusterwatch.collector.traces.record import gpu_health_record, health_event_record
+from clusterwatch.collector.traces.replay import ReplayStats, replay_file, replay_lines
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample

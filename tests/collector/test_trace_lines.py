@@ -1,17 +1,17 @@
-"""collector/trace.py through a real core and the live rules: the trace `record` writes, replayed with the
+"""collector/traces/record.py through a real core and the live rules: the trace `record` writes, replayed with the
 rules the collector ran, raises what the collector raised, also once the collector has dropped a process's
 oldest samples (its warm-up began before the first one kept)."""
 from __future__ import annotations
 
 import json
 
-from clusterwatch.collector.alerting import Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import Alerting
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, new_cluster_state
-from clusterwatch.collector.replay import replay_lines
 from clusterwatch.collector.rules import load_rules
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.core import CollectorCore, new_cluster_state
+from clusterwatch.collector.state.store import Store, open_db
+from clusterwatch.collector.traces.replay import replay_lines
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample

@@ -1,4 +1,4 @@
-"""What the live rules read beyond a process's NVML figures, through a trace (collector/trace.py, replay.py):
+"""What the live rules read beyond a process's NVML figures, through a trace (collector/traces/record.py, replay.py):
 the allocator's figures (issue 16: a leak of allocated tensors under a flat NVML figure, a reserve that levels
 off), a GPU's power (a hung collective's cause) and the health findings a stall names as its cause. Each
 through a real core and the live rules, then `record`'s lines replayed with the same rules: the same alerts,
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 
-from clusterwatch.collector.alerting import Alerting
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.live import Alerting
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore, new_cluster_state
-from clusterwatch.collector.replay import replay_file, replay_lines
 from clusterwatch.collector.rules import load_rules
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.core import CollectorCore, new_cluster_state
+from clusterwatch.collector.state.store import Store, open_db
+from clusterwatch.collector.traces.replay import replay_file, replay_lines
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample

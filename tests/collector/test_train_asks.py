@@ -1,16 +1,16 @@
-"""The collector's requests to training processes (collector/train_asks.py) and the checkpoint/stop alert steps:
-answers kept in SQLite, taken only from the node and for the process asked, bounded; the steps ask the alert's
+"""The collector's requests to training processes (collector/alerting/train_asks.py) and the checkpoint/stop alert
+steps: answers kept in SQLite, taken only from the node and for the process asked, bounded; the steps ask the alert's
 process, or every rank of a job-wide alert, and are never run on resolution."""
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 
-from clusterwatch.collector.actions import Dispatcher
-from clusterwatch.collector.alerts import AlertStore
+from clusterwatch.collector.alerting.actions import Dispatcher
+from clusterwatch.collector.alerting.alerts import AlertStore
+from clusterwatch.collector.alerting.train_asks import MAX_PAYLOAD, Target, TrainAsks, collective_args, targets
 from clusterwatch.collector.rules.config import ActionsConfig, ActionStep, parse_rules
 from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
-from clusterwatch.collector.train_asks import MAX_PAYLOAD, Target, TrainAsks, collective_args, targets
 from clusterwatch.v1 import agent_pb2, query_pb2
 
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
-from clusterwatch.collector.state import ClusterState
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.cluster import ClusterState
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample, TrainingReport

@@ -5,7 +5,7 @@ import socket
 import subprocess
 
 import pytest
-from clusterwatch.collector.listen_check import taken_error
+from clusterwatch.collector.serving.listen_check import taken_error
 
 from clusterwatch.unix_address import unix_path
 from tests.cli.test_cli_mistakes import one_line

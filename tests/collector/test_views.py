@@ -1,7 +1,7 @@
-"""collector/views.py: resampled history for the views."""
+"""collector/queries/views.py: resampled history for the views."""
 from __future__ import annotations
 
-from clusterwatch.collector.views import resample
+from clusterwatch.collector.queries.views import resample
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -184,7 +184,7 @@ def test_a_loopback_page_answers_no_other_host_name(stack):
 
 
 def test_a_page_that_fails_answers_500_and_is_logged_once(caplog):
-    from clusterwatch.collector.query_auth import Caller
+    from clusterwatch.collector.queries.auth import Caller
     from clusterwatch.collector.web.app import WebApp
 
     class BrokenCore:

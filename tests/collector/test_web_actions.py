@@ -12,7 +12,7 @@ import io
 import re
 
 import pytest
-from clusterwatch.collector.query_auth import Caller, NoAuth
+from clusterwatch.collector.queries.auth import Caller, NoAuth
 from clusterwatch.collector.web.access import BrowserAccess, parse_proxies
 from clusterwatch.collector.web.app import WebApp
 

@@ -7,7 +7,7 @@ import os
 import socket
 
 import pytest
-from clusterwatch.collector.query_auth import NoAuth
+from clusterwatch.collector.queries.auth import NoAuth
 from clusterwatch.collector.web.access import NOT_THE_OWNERS, BrowserAccess
 from clusterwatch.collector.web.peer import PEER_KEY, find_uid, peer_uid
 

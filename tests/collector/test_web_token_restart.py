@@ -16,7 +16,7 @@ import urllib.request
 from urllib.parse import urlencode
 
 import pytest
-from clusterwatch.collector.store import web_token_secret
+from clusterwatch.collector.state.store import web_token_secret
 from clusterwatch.collector.web.actions import TOKEN_TTL_S, Tokens
 
 from tests.helpers import Collector

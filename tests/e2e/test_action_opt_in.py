@@ -199,8 +199,8 @@ def test_run_keeps_its_own_diagnose(tmp_path):
     (dict(uid=1002, user="ops", admin=True, operator=True), "alice", True),  # a --query-admin
 ])
 def test_who_may_act_under_munge(caller, owner, acts):
-    from clusterwatch.collector.action_rights import why_not_act
-    from clusterwatch.collector.query_auth import Caller
+    from clusterwatch.collector.queries.action_rights import why_not_act
+    from clusterwatch.collector.queries.auth import Caller
 
     why = why_not_act(Caller(**caller), owner, "42")
     assert (why == "") is acts, why

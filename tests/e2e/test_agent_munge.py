@@ -12,7 +12,7 @@ import grpc
 import pytest
 from clusterwatch.agent.munge_credential import AGENT_PAYLOAD as AGENTS_OWN
 from clusterwatch.cli.common import MUNGE_PAYLOAD
-from clusterwatch.collector.agent_auth import AGENT_PAYLOAD
+from clusterwatch.collector.ingest.agent_auth import AGENT_PAYLOAD
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 from tests.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for

@@ -73,7 +73,7 @@ def paragraph(doc, start):
 
 
 def test_operators_guide_says_what_query_auth_auto_does():
-    from clusterwatch.collector.query_auth import MUNGE_RETRY_S
+    from clusterwatch.collector.queries.auth import MUNGE_RETRY_S
 
     who = paragraph("docs/operators.md", "**Who sees which job.**")
     # installed but not working: refused, retried, never open; open only without munge at all

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from clusterwatch.collector.config import CollectorConfig
-from clusterwatch.collector.core import CollectorCore
+from clusterwatch.collector.jobmap.registry import JobRegistry
 from clusterwatch.collector.jobmap.scontrol import ScontrolMapper
-from clusterwatch.collector.registry import JobRegistry
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.core import CollectorCore
+from clusterwatch.collector.state.store import Store, open_db
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest

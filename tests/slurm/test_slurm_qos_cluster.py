@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from clusterwatch.collector.state import JobState
-from clusterwatch.collector.store import Store, open_db
+from clusterwatch.collector.state.cluster import JobState
+from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.slurm.scontrol import parse_show_job, parse_show_job_json
 from tests.helpers import TESTS

@@ -4,10 +4,10 @@ from __future__ import annotations
 import grpc
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
+from ..alerting.train_asks import KINDS, TrainAsks, targets
+from ..state.core import AlertSource, CollectorCore
 from . import action_rights
-from .core import AlertSource, CollectorCore
-from .query_auth import AuthError, Caller, NoAuth
-from .train_asks import KINDS, TrainAsks, targets
+from .auth import AuthError, Caller, NoAuth
 from .views import DEFAULT_TREND_POINTS
 
 # A view's trends are drawn in a terminal: more points than a wide one has columns is wasted work.
@@ -31,7 +31,7 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         core: the collector core, asked for jobs, views and traces.
         auth: who is asking (query_auth); None: everyone sees everything.
         alerts: the alerts of jobs; None: no alerts are shown.
-        asks: requests to training processes and their answers (collector/train_asks.py); None: AskTraining
+        asks: requests to training processes and their answers (collector/alerting/train_asks.py); None: AskTraining
             is refused.
         unauthenticated_actions: without query authentication, every caller may ask every job's processes
             (--allow-unauthenticated-actions); False: AskTraining is refused to them (action_rights.py).

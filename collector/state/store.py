@@ -3,7 +3,7 @@
 Samples stay in memory (bounded history); the store holds the few rows that change
 when a job or node changes, and each ended job's final view, so `status` still shows
 a job after it ended and after the collector restarted. Alerts have their own table,
-owned by collector/alerts.py, in the same database.
+owned by collector/alerting/alerts.py, in the same database.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from clusterwatch.errors import ConfigError
 
-from .state import GpuUseTotals, JobState
+from .cluster import GpuUseTotals, JobState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -82,7 +82,7 @@ _JOB_FIELDS = (
 def job_row(job: JobState) -> tuple[str, str, str, str, float, float]:
     """A job as the jobs table holds it (without `updated`): id, info JSON, state, user, start, end."""
     info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
-    # its GPU totals (collector/state.py GpuUseTotals), so that a restart goes on counting: figures only
+    # its GPU totals (collector/state/cluster.py GpuUseTotals), so that a restart goes on counting: figures only
     info["gpu_totals"] = {u: [t.busy_seconds, t.covered_seconds, t.memory_peak, t.last_time]
                           for u, t in job.gpu_totals.items()}
     return (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time)

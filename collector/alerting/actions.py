@@ -10,7 +10,7 @@ Webhooks, commands and signals run off the caller's thread (the collector's inge
 waits on a slow endpoint), in lanes: one queue and one worker thread per (rule, step), so a slow
 action holds only its own lane and never delays another rule's actions, while one step's
 actions for one rule still run in order (a firing before its resolved). Each call has a
-deadline for the whole of it, its `timeout_s` (collector/webhook.py: urllib's own timeout is
+deadline for the whole of it, its `timeout_s` (collector/alerting/webhook.py: urllib's own timeout is
 per read, and an endpoint dripping its answer held the only worker for 40 s on a 3 s
 timeout). A lane holds at most 100 waiting actions (more are dropped and counted) and its
 thread ends after a minute without work. Signals go through the
@@ -22,7 +22,7 @@ collector with --slurm); it is never run on resolution, and like every step it i
 node an operator resumed is not drained again for the same alert, even after a restart.
 
 `checkpoint` and `stop` ask the alert's process (or, for an alert of a whole job, each of its ranks)
-through its agent and its clusterwatch.train socket (`ask_train`, collector/train_asks.py): its handler
+through its agent and its clusterwatch.train socket (`ask_train`, collector/alerting/train_asks.py): its handler
 runs in the training loop at the next report(), so they come ahead of signals, which stay for processes
 that use no clusterwatch.train. They do not wait for the answer (it is stored and shown in `status`); a
 process that never reported answers `unreachable`. Neither runs on resolution.
@@ -41,9 +41,9 @@ from collections.abc import Callable
 
 from clusterwatch.slurm.node_names import why_not_a_node_name
 
+from ..rules.config import SEVERITIES, ActionsConfig, ActionStep
+from ..rules.model import FIRING, RESOLVED, AlertEvent
 from .alerts import Alert, AlertStore
-from .rules.config import SEVERITIES, ActionsConfig, ActionStep
-from .rules.model import FIRING, RESOLVED, AlertEvent
 from .webhook import post_json
 
 log = logging.getLogger("clusterwatch.alerts")

@@ -7,7 +7,7 @@ only for a node its certificate names (its CN or one of its DNS names), so one n
 send another's samples or end its jobs. Under munge (every Slurm node runs munged, nothing to set
 up) a stream proves it comes from root on some host, and a node name is bound to the host that
 first proved it. Queries are not agents' business: the token is asked of the Ingest service only
-(collector/query_auth.py identifies the users who query).
+(collector/queries/auth.py identifies the users who query).
 
 Without any of them the collector still runs (a laptop, the demo), says so in one line at start, and
 its agents' streams are unauthenticated: their samples own no job and no action reaches their processes.
@@ -208,7 +208,7 @@ class AgentAuth:
                 "running?): streams are refused until it does; its operator should start munged"))
 
     async def _munge_proof(self, metadata) -> AgentProof:
-        from .query_auth import METADATA_KEY, AuthError, decode_credential, parse_unmunge, unmunge_fields
+        from ..queries.auth import METADATA_KEY, AuthError, decode_credential, parse_unmunge, unmunge_fields
 
         cred = next((v for k, v in (metadata or ()) if k == METADATA_KEY and isinstance(v, str)), None)
         if not cred:
@@ -255,7 +255,7 @@ async def agent_auth_from_config(mode: str, token: str | None, client_ca: str | 
     """
     from clusterwatch.errors import ConfigError
 
-    from .query_auth import MUNGE_RETRY_S, munge_installed, munge_works
+    from ..queries.auth import MUNGE_RETRY_S, munge_installed, munge_works
 
     if mode == "token" and not token:
         raise ConfigError("--agent-auth token needs --token (CLUSTERWATCH_TOKEN): the secret agents must send")

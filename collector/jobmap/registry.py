@@ -30,11 +30,11 @@ from clusterwatch.backoff import Backoff
 from clusterwatch.log_once import SaidOnce
 from clusterwatch.slurm.scontrol import JobRecord
 
-from .core import CollectorCore, CoreListener
-from .jobmap.base import JobMapper, SlurmUnavailable
-from .state import ENDED_STATES, JobState
+from ..state.cluster import ENDED_STATES, JobState
+from ..state.core import CollectorCore, CoreListener
+from .base import JobMapper, SlurmUnavailable
 
-log = logging.getLogger("clusterwatch.collector.registry")
+log = logging.getLogger("clusterwatch.collector.jobmap.registry")
 
 #: After Slurm says a job ended, the agents get this long to deliver the epilog's end events (which
 #: close the job with its last samples) before the registry closes it itself.
@@ -369,14 +369,14 @@ def build_registry(core: CollectorCore, config) -> JobRegistry:
     """
     from pathlib import Path
 
-    from .jobmap.scontrol import ScontrolMapper
+    from .scontrol import ScontrolMapper
 
     # The registry backs off itself; retries inside one pass would only stretch a pass while Slurm is down.
     jobs = ScontrolMapper(timeout_s=config.slurm_timeout_s, retries=0)
     mapper: JobMapper = jobs
     fill_in = bool(config.ssh_known_hosts and config.ssh_key)
     if fill_in:
-        from .jobmap.ssh import SshJobMapper, SshListpids
+        from .ssh import SshJobMapper, SshListpids
 
         table = dict(config.ssh_address)
 

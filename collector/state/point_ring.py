@@ -13,7 +13,7 @@ GPU's power): a loop over the columns cost three times the named tuple it replac
 Readers see what a deque of tuples gave them: iteration oldest first yields the row type (``Point`` for a
 process, a plain tuple for a GPU), ``len``, ``maxlen``, ``ring[-1]``. An unknown value (None) is stored as
 NaN in a float column and -1 in an integer one (the wire's own "unknown" for those fields, never a real
-reading), and read back as None. Every value fits a ``q``: collector/ingest_checks.py refuses a batch with
+reading), and read back as None. Every value fits a ``q``: collector/ingest/checks.py refuses a batch with
 bytes over 2**52 or counts over 2**24 before it reaches the state; a process's GPU memory, a sum over as
 many GPU uses as a message holds, is kept as unknown past 2**63.
 """

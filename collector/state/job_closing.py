@@ -16,13 +16,13 @@ from clusterwatch.v1 import query_pb2
 
 from clusterwatch.log_once import SaidOnce
 
-from .config import CollectorConfig
+from ..config import CollectorConfig
+from ..queries.node_notes import NodeNotes
+from ..queries.views import job_view
+from .cluster import ClusterState, JobState
 from .durability import PendingWrites
-from .node_notes import NodeNotes
-from .state import ClusterState, JobState
 from .store import Store, job_row
 from .summary import write_summary
-from .views import job_view
 
 if TYPE_CHECKING:
     from .core import AlertSource

@@ -23,9 +23,9 @@ import orjson
 
 from clusterwatch.errors import ParseError
 
-from .health.xid_catalog import XidCatalog
-from .observations import gpu_from_record, heartbeat_from_record
-from .rules import AlertEvent, Engine, RuleSet
+from ..health.xid_catalog import XidCatalog
+from ..rules import AlertEvent, Engine, RuleSet
+from ..state.observations import gpu_from_record, heartbeat_from_record
 
 
 @dataclass
@@ -147,12 +147,12 @@ class _Health:
 
     def causes(self, job_id: str, since: float, now: float) -> list:
         """A stall's causes the health records give (rules/causes.py's CauseSource), as the collector's
-        HealthCauses gives them (collector/stall_causes.py): the health findings on the job's GPUs (those
+        HealthCauses gives them (collector/alerting/stall_causes.py): the health findings on the job's GPUs (those
         allocated to it and those its processes used) from `since`, not before the job, worst first, then its
         ranks held (D, T, t) long enough. The job's start is its first process's (a trace holds no Slurm start
         time)."""
-        from .rules.causes import CAUSE_LOOKBACK_S, from_health
-        from .stall_causes import _xid_of
+        from ..alerting.stall_causes import _xid_of
+        from ..rules.causes import CAUSE_LOOKBACK_S, from_health
 
         out = []
         gpus = self.job_gpus.get(job_id) or set()
@@ -172,7 +172,7 @@ class _Health:
     def _held_ranks(self, job_id: str, stall_for: float, now: float) -> list:
         """The job's ranks held (D, T, t) long enough to explain the stall, longest held first, as the
         collector's HealthCauses names them from its state."""
-        from .rules.causes import held_long_enough, held_rank
+        from ..rules.causes import held_long_enough, held_rank
 
         held = [d for d in self.held.values() if str(d.get("job_id") or "") == job_id
                 and held_long_enough(now - float(d["state_since"]), stall_for)]
@@ -218,7 +218,7 @@ class _Health:
     def counters(self, d: dict[str, Any]) -> list[AlertEvent]:
         from clusterwatch.v1 import agent_pb2
 
-        from .trace import HEALTH_COUNTERS
+        from .record import HEALTH_COUNTERS
 
         msg = agent_pb2.GpuHealth(time=float(d["t"]), uuid=str(d["gpu"]))
         for name in HEALTH_COUNTERS:

@@ -33,8 +33,10 @@ from typing import Any
 
 from clusterwatch.model import ProcessKey
 
-from .health.mig import with_parents
-from .observations import (
+from ..health.mig import with_parents
+from ..rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
+from ..state.cluster import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
+from ..state.observations import (
     allocation_room,
     gpu_figures,
     gpu_memory_total,
@@ -43,8 +45,6 @@ from .observations import (
     labels_record,
     observation_record,
 )
-from .rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
-from .state import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
 
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
 # processes found gone, the node's GPUs, the node's heartbeat; then the batch's health records,
@@ -123,7 +123,7 @@ def _points(series: ProcessSeries) -> list[tuple]:
 def _allocation_ceilings(job: JobState, procs: list[tuple[ProcessSeries, list[tuple]]]
                          ) -> dict[ProcessKey, list[int | None]]:
     """Each process's host memory ceiling at each of its points, where Slurm gives the job memory, as the
-    live rules take it (collector/observations.py): its RSS plus the room the job's share of the node has
+    live rules take it (collector/state/observations.py): its RSS plus the room the job's share of the node has
     left, less what all the job's processes on the node hold then (each as of its latest point); None at a
     point without an RSS."""
     share = job.memory_bytes / max(1, len(job.nodes))
@@ -148,7 +148,7 @@ def _allocation_ceilings(job: JobState, procs: list[tuple[ProcessSeries, list[tu
 
 def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries, points: list[tuple],
                   ceilings: list[int | None] | None) -> list[dict[str, Any]]:
-    """The process's lines: its observation at each point, written down (collector/observations.py), with its
+    """The process's lines: its observation at each point, written down (collector/state/observations.py), with its
     GPU's index for people and its hold (D, T, t) where it is held; its labels on its first line."""
     s = series.latest
     uuid = s.gpus[0].gpu_uuid if s.gpus else ""

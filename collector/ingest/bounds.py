@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from clusterwatch.v1 import agent_pb2
 
-from .ingest_checks import Refusal
+from .checks import Refusal
 
 # identities: refused beyond these (characters)
 MAX_NODE = 253          # a fully qualified DNS name

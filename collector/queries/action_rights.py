@@ -15,7 +15,7 @@ process, so it needs more than seeing:
 """
 from __future__ import annotations
 
-from .query_auth import Caller, NoAuth
+from .auth import Caller, NoAuth
 
 FLAG = "--allow-unauthenticated-actions"
 NOT_OPTED_IN = ("this collector's callers are not authenticated (--query-auth none, or auto where munge is not "

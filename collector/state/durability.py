@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .state import ClusterState, JobState, NodeState
+from .cluster import ClusterState, JobState, NodeState
 from .store import Store, job_row
 
 if TYPE_CHECKING:

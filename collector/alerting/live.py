@@ -2,7 +2,7 @@
 
 The engine (collector/rules) is pure and knows nothing of the collector; this module
 feeds it the observations of each stored batch (its processes, GPUs and node, built by
-collector/observations.py), tells the engine when processes and jobs go away, raises
+collector/state/observations.py), tells the engine when processes and jobs go away, raises
 `code_mismatch` from provenance, and hands every event to the alert table and the actions.
 """
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Callable
 from clusterwatch.humanize import duration
 from clusterwatch.model import ProcessKey
 
+from ..rules import Engine, RuleSet
+from ..rules.engine import ENDED_WHILE_FIRING
+from ..rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
+from ..state.cluster import ClusterState, JobState, ProcessSeries
+from ..state.core import CoreListener
+from ..state.observations import job_owners, node_observations
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
-from .core import CoreListener
-from .observations import job_owners, node_observations
-from .rules import Engine, RuleSet
-from .rules.engine import ENDED_WHILE_FIRING
-from .rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
 from .stall_causes import HealthCauses
 from .stall_stacks import StallStacks
-from .state import ClusterState, JobState, ProcessSeries
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -74,9 +74,9 @@ class Alerting(CoreListener):
         self._refreshed = float("-inf")  # when the alerts' figures were last brought up to date
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
-        from .health.engine import HealthEngine
-        from .health.live import HealthListener
-        from .health.xid_catalog import load_catalog
+        from ..health.engine import HealthEngine
+        from ..health.live import HealthListener
+        from ..health.xid_catalog import load_catalog
 
         # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle, gpu_link_errors: from the agents' health records
         if health is None:
@@ -182,7 +182,7 @@ class Alerting(CoreListener):
 
     def _clear_jobless_health(self, now: float) -> None:
         """Resolve the health alerts that name no job once their GPU has answered healthy (HEALTH_CLEAR_S)."""
-        from .health.engine import HEALTH_RULES
+        from ..health.engine import HEALTH_RULES
 
         engine = self.health.engine
         events = []

@@ -23,7 +23,7 @@ from clusterwatch.v1 import agent_pb2
 from clusterwatch.shards import Collectors
 from clusterwatch.wire import ProcessColumns, processes_to_table
 
-from .config import CollectorConfig
+from ..config import CollectorConfig
 
 log = logging.getLogger("clusterwatch.collector")
 

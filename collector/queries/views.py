@@ -11,7 +11,7 @@ from clusterwatch.v1 import query_pb2
 
 from clusterwatch.wire import gpu_reading_from_proto
 
-from .state import ClusterState, JobState, ProcessSeries, allocator_totals
+from ..state.cluster import ClusterState, JobState, ProcessSeries, allocator_totals
 
 DEFAULT_TREND_POINTS = 40
 

@@ -4,20 +4,20 @@ One place derives what the rules read beyond a raw sample: the process's GPU and
 size, the figures of a process on several GPUs, the host memory's ceiling (the node's, or
 where Slurm gives the job memory, the room its allocation leaves the process), the
 allocator's figures, a GPU's job and its users, a node's jobs. The live rules take these
-observations (collector/alerting.py); `record` writes a job's down, a process line an
-observation (`observation_record`, collector/trace.py), and `replay` reads them back.
+observations (collector/alerting/live.py); `record` writes a job's down, a process line an
+observation (`observation_record`, collector/traces/record.py), and `replay` reads them back.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
+from ..rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
 
 if TYPE_CHECKING:  # `replay` reads records with this module and has no state: its start stays as quick
     from clusterwatch.model import ProcessSample
 
-    from .state import ClusterState, NodeState, ProcessSeries
+    from .cluster import ClusterState, NodeState, ProcessSeries
 
 
 def gpu_memory_total(state: ClusterState, uuid: str) -> int | None:
@@ -62,7 +62,7 @@ def labels_record(user: str, command: str, job_name: str, partition: str) -> dic
 
 class NodeObservations(NamedTuple):
     """What a node's batch shows the rules, in the order the collector feeds them (the processes found gone
-    go between the processes and the GPUs: collector/alerting.py).
+    go between the processes and the GPUs: collector/alerting/live.py).
 
     Attributes:
         processes: The batch's processes due for a look (see `node_observations`).
@@ -123,7 +123,7 @@ def node_observations(state: ClusterState, node: str, touched: list[ProcessSerie
 
 def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: list[ProcessSeries],
                job_rss: dict[str, int], min_interval_s: float) -> list[ProcessObservation]:
-    from .state import allocator_totals
+    from .cluster import allocator_totals
 
     node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
     jobs = state.jobs

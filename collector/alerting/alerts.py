@@ -25,7 +25,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rules.model import FIRING, PENDING, RESOLVED, AlertEvent
+from ..rules.model import FIRING, PENDING, RESOLVED, AlertEvent
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (

@@ -1,12 +1,12 @@
 """The collector's core: batches in, state updated, jobs opened and closed, summaries stored.
 
-The gRPC servicers (collector/ingest_service.py, collector/query_service.py) are thin: they turn
+The gRPC servicers (collector/ingest/service.py, collector/queries/service.py) are thin: they turn
 messages into calls here. Everything runs on the collector's event loop; the only other thread is
 the Prometheus HTTP server, which reads the state under `lock`. What else reacts to ingest (the
 alert rules, the job registry) is a CoreListener, handed in at construction; what they and the
 query service ask of the state are methods here, which take the lock themselves. What ingest leaves
-for the store waits in collector/durability.py for flush(); an ended job's summary is stored by
-collector/job_closing.py.
+for the store waits in collector/state/durability.py for flush(); an ended job's summary is stored by
+collector/state/job_closing.py.
 """
 from __future__ import annotations
 
@@ -31,20 +31,20 @@ from clusterwatch.wire import (
     training_from_proto,
 )
 
-from .config import CollectorConfig
+from ..config import CollectorConfig
+from ..ingest.bounds import bound_batch, check_hello
+from ..ingest.checks import REFUSAL_REASONS, Refusal, check_batch
+from ..ingest.shard_gate import shard_gate
+from ..queries.node_notes import NodeNotes
+from ..queries.views import job_info, job_view
+from ..traces.record import job_trace_lines
+from .cluster import ClusterState, JobState, ProcessSeries
 from .durability import PendingWrites
-from .ingest_bounds import bound_batch, check_hello
-from .ingest_checks import REFUSAL_REASONS, Refusal, check_batch
 from .job_closing import JobClosing
-from .node_notes import NodeNotes
-from .shard_gate import shard_gate
-from .state import ClusterState, JobState, ProcessSeries
 from .store import STALE_AFTER_S, Store
-from .trace import job_trace_lines
-from .views import job_info, job_view
 
 if TYPE_CHECKING:
-    from .health.engine import HealthEngine
+    from ..health.engine import HealthEngine
 
 log = logging.getLogger("clusterwatch.collector")
 T = TypeVar("T")
@@ -180,9 +180,9 @@ class CollectorCore:
         self.shard_gate = shard_gate(config)  # one shard of several: what of a batch is its own
         self.lock = threading.Lock()
         self._seqs: dict[str, SeqTracker] = {}
-        # what ingest leaves for the store, written by flush() (collector/durability.py)
+        # what ingest leaves for the store, written by flush() (collector/state/durability.py)
         self._writes = PendingWrites(store, self.state, self._seqs, self.lock, self.count)
-        # ended jobs' summaries stored, then the jobs forgotten (collector/job_closing.py)
+        # ended jobs' summaries stored, then the jobs forgotten (collector/state/job_closing.py)
         self._jobs_closing = JobClosing(config, store, self.state, self.lock, clock, self.node_notes, self._writes,
                                         lambda job, now: self._notify("on_job_closed", job, now), alerts, self.count)
         self._refusals_said = SaidOnce(log)
@@ -195,7 +195,7 @@ class CollectorCore:
 
     def count(self, name: str, n: int = 1) -> None:
         """Count `n` more of `name` (an IngestCounters field: rejected, unauthenticated, throttled, ...); what
-        the servicers count goes through here, and collector/counter_metrics.py names it for /metrics."""
+        the servicers count goes through here, and collector/export/counter_metrics.py names it for /metrics."""
         self.counters.add(name, n)
 
     def add_listener(self, listener: CoreListener) -> None:
@@ -573,7 +573,10 @@ class CollectorCore:
             return job_trace_lines(self.state, job, self._health), job.user
 
     def counts(self) -> dict[str, int]:
-        """What this core counted since it started, by name (collector/counter_metrics.py names them for /metrics)."""
+        """What this core counted since it started, by name.
+
+        collector/export/counter_metrics.py names them for /metrics.
+        """
         c = self.counters
         return {
             "batches": c.batches, "samples": c.samples, "duplicates": c.duplicates, "rejected": c.rejected,

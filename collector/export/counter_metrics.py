@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .ingest_checks import REFUSAL_REASONS
+from ..ingest.checks import REFUSAL_REASONS
 
 # count name (CollectorCore.counts, IngestServicer.counts, JobRegistry) → (metric name without _total, help)
 COUNTERS: dict[str, tuple[str, str]] = {

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from clusterwatch.errors import ConfigError
 
-from .bounded_exec import DEVNULL, run_bounded
+from ..serving.bounded_exec import DEVNULL, run_bounded
 
 METADATA_KEY = "x-clusterwatch-munge"
 UNMUNGE_TIMEOUT_S = 5.0
@@ -49,7 +49,7 @@ class Caller:
     """An identified (or, without authentication, anonymous) caller.
 
     `admin` sees every job (an operator, or every user under --show-all-jobs); `operator` (root, a
-    --query-admin) also acts on every job: seeing is not acting (collector/action_rights.py).
+    --query-admin) also acts on every job: seeing is not acting (collector/queries/action_rights.py).
     """
 
     uid: int | None
@@ -106,7 +106,7 @@ def unmunge_fields(text: str) -> dict[str, str]:
 
 def check_payload(payload: bytes, expected: bytes = QUERY_PAYLOAD) -> None:
     """Raises AuthError unless `payload` is `expected`: what the clusterwatch CLI puts in a query's credential,
-    or (collector/agent_auth.py) an agent in its stream's."""
+    or (collector/ingest/agent_auth.py) an agent in its stream's."""
     if payload != expected:
         what = "a clusterwatch query" if expected == QUERY_PAYLOAD else "a clusterwatch agent"
         raise AuthError(f"the munge credential was not made for {what} (its payload is not "

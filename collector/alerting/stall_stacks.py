@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rules.model import FIRING, AlertEvent
 from .alerts import Alert, AlertStore
-from .rules.model import FIRING, AlertEvent
 
 log = logging.getLogger("clusterwatch.collector")
 

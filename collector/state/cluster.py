@@ -2,7 +2,7 @@
 
 Everything here is plain data updated by ingest and read by the exporter and the
 query service; no I/O. A process is keyed by (node, pid, start time); a GPU by its
-UUID; a job by its id. History per series is a bounded ring of columns (collector/point_ring.py: 56 bytes
+UUID; a job by its id. History per series is a bounded ring of columns (collector/state/point_ring.py: 56 bytes
 a process point, not a tuple of objects), so memory stays flat however long a job runs.
 """
 from __future__ import annotations
@@ -130,11 +130,11 @@ class ProcessSeries:
     first_time: float = 0.0
     cpu_seconds: float = 0.0
     labels: tuple = ()  # the labels as last sent (a wire.ProcessLabels), to tell a change cheaply
-    rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting.py)
+    rules_t: float = float("-inf")  # when the rules last looked at it (collector/alerting/live.py)
     # when a batch last carried it, by the collector's clock: liveness never trusts a node's clock
     seen: float = 0.0
     # its latest sample's held state (D, T, t; "" while it runs or sleeps) and since when, as of the first
-    # batch that showed it there (a stall's cause: collector/stall_causes.py)
+    # batch that showed it there (a stall's cause: collector/alerting/stall_causes.py)
     state: str = ""
     state_since: float = 0.0
 
@@ -207,7 +207,7 @@ class JobState:
     # (node, pid, start time) → the process's provenance record (a dict, see agent/provenance/record.py)
     provenance: dict[ProcessKey, dict] = field(default_factory=dict)
     # node → {pid: global rank or None}: processes `scontrol listpids` named on a node whose agent is
-    # not reporting (collector/registry.py); shown as "mapped by listpids", without figures
+    # not reporting (collector/jobmap/registry.py); shown as "mapped by listpids", without figures
     listed_pids: dict[str, dict[int, int | None]] = field(default_factory=dict)
     qos: str = ""      # Slurm's QOS, where it says
     cluster: str = ""  # Slurm's cluster name, where it says
@@ -468,7 +468,7 @@ class ClusterState:
         agent reads it; two such agents (or processes) naming different users leave it without an owner.
 
         A sample of an unauthenticated stream is a claim, not a reading: it owns nothing. With --slurm a
-        Slurm job id's owner is Slurm's word alone (collector/registry.py), nobody's until Slurm answers.
+        Slurm job id's owner is Slurm's word alone (collector/jobmap/registry.py), nobody's until Slurm answers.
         """
         node_state = self.nodes.get(node)
         if (not user or node_state is None or not node_state.authenticated or job.source == "slurm"
@@ -601,7 +601,7 @@ class ClusterState:
             source = "local" if event.job_id.startswith("local-") else "prolog"
             job = self.jobs[event.job_id] = JobState(event.job_id, source=source)
         # The event's user is never the job's owner: any client that reaches the port can send an event.
-        # The owner is Slurm's word (collector/registry.py) or, for a job Slurm does not know, the user the
+        # The owner is Slurm's word (collector/jobmap/registry.py) or, for a job Slurm does not know, the user the
         # node's agent sees running its processes (_join_job).
         if event.kind == "start":
             if node not in job.nodes:

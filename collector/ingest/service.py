@@ -19,10 +19,10 @@ from collections.abc import Callable
 import grpc
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
+from ..serving.grpc_guard import peer_host, say_once
+from ..state.core import CollectorCore
 from .agent_auth import AgentAuth, AgentProof, StreamRefused, certificate_node_names, node_identity_error
-from .core import CollectorCore
-from .grpc_guard import peer_host, say_once
-from .ingest_bounds import hello_refusal
+from .bounds import hello_refusal
 
 # One agent's batch holds its node's processes: thousands at most. More is a bug or an attack.
 MAX_SAMPLES_PER_BATCH = 50_000
@@ -139,7 +139,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         self.core = core
         self.outboxes = outboxes if outboxes is not None else AgentOutboxes()
         self.on_train_answer = on_train_answer
-        # what agents must prove (collector/agent_auth.py); the collector sets it at start
+        # what agents must prove (collector/ingest/agent_auth.py); the collector sets it at start
         self.auth = auth if auth is not None else AgentAuth("none")
         self.max_samples_per_s = max_samples_per_s
         # acks held until the next durable flush
@@ -150,7 +150,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         self.node_taken = 0
 
     def counts(self) -> dict[str, int]:
-        """The servicer's own counts, by name (collector/counter_metrics.py)."""
+        """The servicer's own counts, by name (collector/export/counter_metrics.py)."""
         return {"identity_refused": self.identity_refused, "node_taken": self.node_taken}
 
     async def Stream(self, request_iterator, context):

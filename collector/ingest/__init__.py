@@ -1,0 +1,1 @@
+"""What comes in from agents: the ingest stream, who is sending, and the checks a batch passes first."""
