@@ -78,8 +78,13 @@ class AgentRuntime:
         time.sleep(min(settle_s, self.config.interval_s))
         return self.agent.poll()
 
-    def run(self, stop: threading.Event) -> SenderCounters:
-        """Poll and stream until `stop` is set; then a last poll, the flush and close(). The sender's counters."""
+    def run(self, stop: threading.Event, wake: threading.Event | None = None) -> SenderCounters:
+        """Poll and stream until `stop` is set; then a last poll, the flush and close(). The sender's counters.
+
+        With `wake` (polls_on_sigusr1), the first poll waits until it is set, and each time it is set again a
+        poll is taken at once: `clusterwatch run` starts its command between the agent's start and its first
+        poll, and asks for a poll when the command has started and when it has ended.
+        """
         if not self.live:
             raise RuntimeError("AgentRuntime.run needs a runtime built with live=True")
         config, agent = self.config, self.agent
@@ -94,7 +99,10 @@ class AgentRuntime:
             log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
                      config.node, config.interval_s, agent.gpus.name, describe(sender))
             joiner = PollJoiner(config.interval_s, config.send_interval_s, build_table=False)
-            run_loop(agent, sender, stop, joiner)
+            if wake is not None:
+                wake.wait()  # set by SIGUSR1 or by a stop
+                wake.clear()
+            run_loop(agent, sender, stop, joiner, wake=wake)
             self._send_last_poll(joiner)
             sender.flush(timeout=FLUSH_TIMEOUT_S)
         finally:
@@ -166,6 +174,22 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def polls_on_sigusr1(stop: threading.Event) -> threading.Event:
+    """The event AgentRuntime.run's polls wait on: set by SIGUSR1 (a poll now) and, with `stop`, by SIGTERM
+    and SIGINT. Call from the main thread, after stop_on_signals and before the training socket is bound:
+    whoever sees that socket may send SIGUSR1 (whose default action would end the agent)."""
+    wake = threading.Event()
+
+    def stopping(*_) -> None:
+        stop.set()
+        wake.set()
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    signal.signal(signal.SIGUSR1, lambda *_: wake.set())
+    return wake
+
+
 def signal_handler(agent: Agent):
     """Delivers the signals the collector asks for, to processes this agent watches only."""
     from .signals import SignalHandler
@@ -223,7 +247,8 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
     try:
         from .health.monitor import open_health
 
-        health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log)
+        health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log,
+                             sim_nvml=getattr(gpus, "health_nvml", None))
         endpoint = open_train_endpoint(config.train_socket)
         if config.provenance:
             from .provenance_worker import ProvenanceWorker
@@ -298,4 +323,4 @@ def open_train_endpoint(path: str | None):
     return endpoint
 
 
-__all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "stop_on_signals"]
+__all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "polls_on_sigusr1", "stop_on_signals"]

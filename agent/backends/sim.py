@@ -23,6 +23,10 @@ Curves run from each process's start time; noise is seeded by (pid, start time),
 poll at a given time always reads the same. Device readings derive from the processes on
 each GPU: memory = base + their memory, utilisation = their sum (at most 100 %), power
 linear in utilisation. The scenario format is in `sim_scenario.py`.
+
+A scenario's [[events]] (an XID, a lost GPU, throttling; `sim_nvml.py`) reach the agent's health readers
+through `health_nvml`, in pynvml's place; a lost GPU also leaves this source's polls, as NVML's GPU_IS_LOST
+does the NVML source's.
 """
 from __future__ import annotations
 
@@ -30,12 +34,14 @@ import os
 import select
 import socket
 import stat
+import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
 
 from clusterwatch.agent.backends.gpu import GpuPoll
 from clusterwatch.agent.backends.new_pids import NewPids
+from clusterwatch.agent.backends.sim_nvml import SimNvml
 from clusterwatch.agent.backends.sim_scenario import MiB, Profile, Scenario, parse_scenario
 
 from clusterwatch import toml_file
@@ -145,12 +151,13 @@ class SimGpuSource:
         run: the run token: only processes whose CLUSTERWATCH_SIM_RUN is this are played
             (None: only processes without one).
         proc_root: where /proc is.
+        started: when the source started (Unix seconds; default now): the scenario's events count from it.
     """
 
     name = "sim"
 
     def __init__(self, scenario: Scenario, *, node: str | None = None, run: str | None = None,
-                 proc_root: str = "/proc") -> None:
+                 proc_root: str = "/proc", started: float | None = None) -> None:
         self.scenario = scenario
         self.run = run or None
         self._proc = proc_root
@@ -167,6 +174,10 @@ class SimGpuSource:
             for i in range(spec.count)
         ]
         self._uuids = [g.uuid for g in self._gpus]
+        events = [e for e in scenario.events if e.node is None or e.node == node]
+        # the health readers' NVML (None: a scenario without events has no health to give)
+        self.health_nvml = SimNvml(self._uuids, events, started=time.time() if started is None else started,
+                                   temperature_c=spec.temperature_c) if events else None
         self._known: dict[int, _Known] = {}
         self._played: dict[int, _SimProc] = {}  # the processes of _known that use a simulated GPU
         # New processes are found from /proc/loadavg's last pid (a listing of /proc only now and then); a
@@ -246,6 +257,10 @@ class SimGpuSource:
             u = min(100.0, util[i])
             readings.append(GpuReading(uuid_, u, min(total, base + mem[i]), total, round(spec.power(u), 1)))
         out.errors, self._pending_errors = self._pending_errors, 0
+        if self.health_nvml is not None:
+            lost = self.health_nvml.lost(now)
+            if lost:
+                _leave_out(out, {uuids[i] for i in lost})
         return out
 
     def use_new_pids(self, news: NewPids) -> bool:
@@ -361,6 +376,15 @@ class SimGpuSource:
             flat=profile.kind in _FLAT_KINDS and not spec.mem_file,
             stall_after_s=profile.stall_after_s if profile.kind == "stall" else float("inf"),
         )
+
+
+def _leave_out(out: GpuPoll, lost: set[str]) -> None:
+    """Lost GPUs read as NVML's do: no reading, their processes still listed on them without figures (a gap,
+    not a freed GPU)."""
+    out.readings[:] = [r for r in out.readings if r.uuid not in lost]
+    out.stale.extend(sorted(lost))
+    for pid, uses in out.processes.items():
+        out.processes[pid] = [GpuUse(u.gpu_uuid) if u.gpu_uuid in lost else u for u in uses]
 
 
 def _boot_time(proc_root: str) -> float:

@@ -22,6 +22,15 @@ process started, a seed). `sim.py` does the I/O. The file format:
     # kind-specific: warmup_s (warmup: memory ramps from 0 to memory_mib),
     # leak_mib_per_min (linear_leak), step_mib + step_every_s (stair_leak),
     # stall_after_s (stall: busy, then 0 %), amplitude_mib + period_s (sawtooth)
+
+    [[events]]                       # any number: what happens to a GPU, for `clusterwatch health`
+    at_s = 30                        # seconds after the agent started
+    gpu = 1                          # the GPU's index
+    kind = "xid"                     # xid | lost | throttle
+    xid = 48                         # xid: the XID number the driver raises
+    # throttle: reasons = ["hw_thermal_slowdown", ...] (THROTTLE_REASONS), for_s (default: for good),
+    # temperature_c (the GPU's temperature meanwhile); lost: none (the GPU falls off the bus for good)
+    # node = "demo-node1"            # any kind: only the source of that node plays it
 """
 from __future__ import annotations
 
@@ -30,8 +39,10 @@ from dataclasses import dataclass
 
 from clusterwatch import toml_file
 from clusterwatch.errors import ConfigError
+from clusterwatch.toml_schema import ArrayOf, Invalid, Key, Number, Strings, Table, Text
 
-__all__ = ["GpuSpec", "Profile", "Scenario", "parse_scenario", "KINDS"]
+__all__ = ["GpuSpec", "Profile", "Scenario", "SimEvent", "parse_scenario", "KINDS", "EVENT_KINDS",
+           "THROTTLE_REASONS"]
 
 MiB = 1024 * 1024
 
@@ -46,7 +57,8 @@ KINDS: dict[str, dict[str, float]] = {
     "sawtooth": {"amplitude_mib": 4096.0, "period_s": 120.0},
 }
 _COMMON = {"kind", "memory_mib", "utilization", "noise"}
-_GPU_KEYS = {"count", "name", "memory_mib", "base_memory_mib", "idle_power_watts", "max_power_watts"}
+_GPU_KEYS = {"count", "name", "memory_mib", "base_memory_mib", "idle_power_watts", "max_power_watts",
+             "temperature_c"}
 _MAX_GPUS = 64
 _GPUS = ("gpus",)
 
@@ -61,6 +73,7 @@ class GpuSpec:
     base_memory_bytes: int = 420 * MiB
     idle_power_watts: float = 70.0
     max_power_watts: float = 700.0
+    temperature_c: int = 40               # what the health counters read, but while a throttle event says
 
     def power(self, utilization: float) -> float:
         """Power in watts at a utilisation in percent."""
@@ -118,14 +131,80 @@ class Profile:
         return min(100.0, max(0.0, value))
 
 
+# the throttle reasons an event may name → their nvmlClocksEventReason* bits (nvml.h), by the names
+# `clusterwatch health` and /metrics give them; all but sw_power_cap (a busy GPU at its power cap) are
+# the gpu_throttle rule's
+THROTTLE_REASONS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal_slowdown": 0x20,
+                    "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
+# kind → the keys it takes beyond at_s, gpu, kind and node
+EVENT_KINDS: dict[str, frozenset[str]] = {
+    "xid": frozenset({"xid"}),
+    "lost": frozenset(),
+    "throttle": frozenset({"reasons", "for_s", "temperature_c"}),
+}
+_EVENT_NEEDS = {"xid": ("xid", "48"), "throttle": ("reasons", '["hw_thermal_slowdown"]')}
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """Something that happens to one simulated GPU, `at_s` seconds after the agent started.
+
+    An `xid` is raised once; a GPU `lost` stays lost; a `throttle` holds the clocks down for `for_s`.
+    """
+
+    at_s: float
+    gpu: int
+    kind: str
+    xid: int = 0
+    reasons: tuple[str, ...] = ()
+    for_s: float = math.inf
+    temperature_c: int | None = None
+    node: str | None = None         # only the source of this node plays it (None: every one)
+
+    @property
+    def reason_bits(self) -> int:
+        """The nvmlClocksEventReason* bits of a throttle's reasons."""
+        return sum(THROTTLE_REASONS[name] for name in self.reasons)
+
+
+def _event_fits_kind(fields: dict) -> None:
+    kind = fields["kind"]
+    common = ("at_s", "gpu", "kind", "node")
+    for key in sorted(set(fields) - set(common) - EVENT_KINDS[kind]):
+        takes = ", ".join([*common, *sorted(EVENT_KINDS[kind])])
+        raise Invalid(f"{key} is not a key of kind {kind} (it takes {takes})", key=key)
+    need = _EVENT_NEEDS.get(kind)
+    if need and need[0] not in fields:
+        raise Invalid(f"kind {kind} needs {need[0]} = {need[1]}", key="kind")
+
+
+_EVENT = Table(
+    keys={
+        "at_s": Key("at_s", Number(), needs="30"),
+        "gpu": Key("gpu", Number(integer=True), needs="0"),
+        "kind": Key("kind", Text(tuple(EVENT_KINDS)), needs='"xid"'),
+        "xid": Key("xid", Number(integer=True, at_least=1)),
+        "reasons": Key("reasons", Strings("a list of reasons, at least one", tuple(THROTTLE_REASONS), "reason",
+                                          non_empty=True)),
+        "for_s": Key("for_s", Number()),
+        "temperature_c": Key("temperature_c", Number(integer=True)),
+        "node": Key("node", Text()),
+    },
+    build=lambda fields: SimEvent(**fields),
+    checks=(_event_fits_kind,),
+)
+_EVENTS = ArrayOf(_EVENT)
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """A scenario file, parsed: the GPUs, the profiles, and the default profile's name."""
+    """A scenario file, parsed: the GPUs, the profiles, the default profile's name and the GPUs' events."""
 
     gpus: GpuSpec
     profiles: dict[str, Profile]
     default_profile: str
     source: str = "<scenario>"
+    events: tuple[SimEvent, ...] = ()
 
     def profile(self, name: str | None) -> Profile | None:
         """The profile called `name` (the default one for None); None if there is no such profile."""
@@ -152,9 +231,9 @@ def parse_scenario(text: str, source: str) -> Scenario:
         return ConfigError(f"{toml_file.at_line(label, text, table, key)}: {problem}")
 
     doc = toml_file.parse(text, label)
-    unknown = set(doc) - {"gpus", "defaults", "profiles"}
+    unknown = set(doc) - {"gpus", "defaults", "profiles", "events"}
     if unknown:
-        raise fail(f"unknown table(s) {', '.join(sorted(unknown))} (expected gpus, defaults, profiles)",
+        raise fail(f"unknown table(s) {', '.join(sorted(unknown))} (expected gpus, defaults, profiles, events)",
                    key=sorted(unknown)[0])
     gpus = _gpus(_table(doc, "gpus", fail), fail)
     raw_profiles = _table(doc, "profiles", fail)
@@ -169,7 +248,21 @@ def parse_scenario(text: str, source: str) -> Scenario:
     if default not in profiles:
         raise fail(f"[defaults] profile = {default!r} names no profile (have: {', '.join(profiles)})",
                    ("defaults",), "profile")
-    return Scenario(gpus=gpus, profiles=profiles, default_profile=default, source=source)
+    return Scenario(gpus=gpus, profiles=profiles, default_profile=default, source=source,
+                    events=_events(doc.get("events", []), gpus.count, label, text))
+
+
+def _events(raw: object, count: int, label: str, text: str) -> tuple[SimEvent, ...]:
+    """The [[events]] entries, each on a GPU the scenario has."""
+    try:
+        events = _EVENTS.check_at(raw, ("events",))
+        for i, event in enumerate(events, 1):
+            if event.gpu >= count:
+                raise Invalid(f"gpu {event.gpu} is not a GPU of the scenario (gpus.count = {count}: 0 to {count - 1})",
+                              ("events", i), "gpu")
+    except Invalid as exc:
+        raise toml_file.error_at(label, text, exc) from None
+    return events
 
 
 def _table(doc: dict, key: str, fail) -> dict:
@@ -205,7 +298,8 @@ def _gpus(raw: dict, fail) -> GpuSpec:
     top = _number(raw, "max_power_watts", _GPUS, fail, d.max_power_watts)
     if top < idle:
         raise fail("gpus.max_power_watts must be >= gpus.idle_power_watts", _GPUS, "max_power_watts")
-    return GpuSpec(count, name, memory, base, idle, top)
+    temperature = int(_number(raw, "temperature_c", _GPUS, fail, d.temperature_c))
+    return GpuSpec(count, name, memory, base, idle, top, temperature)
 
 
 def _profile(name: str, raw: object, fail) -> Profile:

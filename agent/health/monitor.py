@@ -200,13 +200,14 @@ class HealthMonitor:
 
 
 def open_health(gpu_source_name: str, kmsg_path: str | None, *, counters_every_s: float = 30.0,
-                log: logging.Logger | None = None) -> HealthMonitor | None:
+                log: logging.Logger | None = None, sim_nvml: Any = None) -> HealthMonitor | None:
     """The monitor for an agent whose GPU source is `gpu_source_name`; None when there is nothing to watch.
 
-    NVML's events and counters are read only where the GPU source is NVML (a simulated source has
-    no driver); the kernel log is read wherever it was asked for.
+    NVML's events and counters are read where the GPU source is NVML, or from `sim_nvml`, the simulated
+    source's stand-in for pynvml that plays its scenario's events (agent/backends/sim_nvml.py); the
+    kernel log is read wherever it was asked for.
     """
-    nvml = None
+    nvml = sim_nvml
     if gpu_source_name == "nvml":
         import pynvml  # the NVML source has loaded it already; this is the same module
 
