@@ -239,12 +239,14 @@ class PollJoiner:
         return batch, len(samples)
 
 
-def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | None = None) -> None:
+def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | None = None,
+             wake: threading.Event | None = None) -> None:
     """Poll every interval until `stop` is set; the joiner's batches go to the sender.
 
     Polls are aligned to the interval (not to the end of the previous poll) so a slow
     poll does not drift the series. Polls still held when `stop` is set stay in the
-    joiner (the caller sends them with a last poll).
+    joiner (the caller sends them with a last poll). `wake`, when given, is set to ask
+    for a poll now (and by whatever sets `stop`): the loop sleeps on it instead.
     """
     interval = agent.config.interval_s
     if joiner is None:
@@ -265,7 +267,10 @@ def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | N
         if delay < 0:
             next_at = time.monotonic()
             delay = 0
-        stop.wait(delay)
+        if wake is None:
+            stop.wait(delay)
+        elif wake.wait(delay):
+            wake.clear()
 
 
 def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples) -> None:
