@@ -1,15 +1,13 @@
-"""The HTML of the job page's actions: its buttons, the confirmation page and the answer (escaped throughout).
+"""The job page's actions: its buttons, the confirmation page and the answer (templates: escaped throughout).
 
 Every step works without JavaScript: the buttons are GET forms to the confirmation page, which holds
 the POST form with its token.
 """
 from __future__ import annotations
 
-from html import escape
-from urllib.parse import quote
-
 from .actions import ACTIONS, Outcome
-from .pages import page
+from .pages import page_context
+from .templating import render
 
 SAYS = {
     "diagnose": ("Ask every live rank for its Python stacks (py-spy, from outside: a hung rank answers too) "
@@ -22,24 +20,12 @@ SAYS = {
 }
 
 
-def _href(job_id: str, tail: str = "") -> str:
-    return f"/jobs/{quote(job_id, safe='')}{tail}"
-
-
-def actions_section(job_id: str, refusal: str, live: bool) -> str:
-    """The job page's buttons (each to its confirmation page), or why there are none."""
+def actions_section(job_id: str, refusal: str, live: bool) -> dict | None:
+    """What the job page's Actions section shows (actions.html): its buttons, each to its confirmation page,
+    or why there are none; None: no section (the job is not live)."""
     if not live:
-        return ""
-    if refusal:
-        return f'<h2>Actions</h2><p class="refused" id="actions-refused">{escape(refusal)}</p>'
-    forms = []
-    for action, label in ACTIONS.items():
-        extra = ('<label><input type="checkbox" name="snapshot" value="1" checked> with memory snapshots</label> '
-                 if action == "diagnose" else "")
-        forms.append(f'<form method="get" action="{escape(_href(job_id, "/confirm"))}">'
-                     f'<input type="hidden" name="action" value="{action}">{extra}'
-                     f'<button type="submit" id="action-{action}">{escape(label)}</button></form>')
-    return '<h2>Actions</h2><div class="actions">' + "".join(forms) + "</div>"
+        return None
+    return {"job_id": job_id, "refusal": refusal, "labels": ACTIONS}
 
 
 def confirm_page(job_id: str, job_name: str, action: str, snapshot: bool, token: str) -> str:
@@ -48,21 +34,14 @@ def confirm_page(job_id: str, job_name: str, action: str, snapshot: bool, token:
     what = SAYS[action]
     if action == "diagnose" and not snapshot:
         what = what.split(" and, unless")[0] + " (no memory snapshots)."
-    body = (f"<h1>{escape(label)}: job {escape(job_id)} <span class=\"name\">{escape(job_name)}</span></h1>"
-            f"<p>{escape(what)}</p>"
-            f'<form method="post" action="{escape(_href(job_id, "/act"))}" class="actions">'
-            f'<input type="hidden" name="action" value="{action}">'
-            f'<input type="hidden" name="token" value="{escape(token)}">'
-            f'<input type="hidden" name="snapshot" value="{1 if snapshot else 0}">'
-            f'<button type="submit" id="confirm">Yes, {escape(label.lower())}</button></form>'
-            f'<p><a href="{escape(_href(job_id))}" id="cancel">No, back to the job</a></p>')
-    return page(f"clusterwatch: {label} job {job_id}", body, refresh=False)
+    return render("confirm.html", label=label, job_id=job_id, job_name=job_name, what=what, action=action,
+                  token=token, snapshot=snapshot,
+                  **page_context(f"clusterwatch: {label} job {job_id}", refresh=False))
 
 
 def refused_page(job_id: str, why: str) -> str:
-    body = (f'<h1>Refused</h1><p class="refused" id="refused">{escape(why)}</p>'
-            f'<p><a href="{escape(_href(job_id))}">Back to the job</a></p>')
-    return page("clusterwatch: refused", body, refresh=False)
+    """An action refused, and why."""
+    return render("refused.html", job_id=job_id, why=why, **page_context("clusterwatch: refused", refresh=False))
 
 
 def outcome_page(job_id: str, outcome: Outcome, now: float) -> str:
@@ -70,31 +49,24 @@ def outcome_page(job_id: str, outcome: Outcome, now: float) -> str:
     from clusterwatch.report.requests import answer_line, who
     from clusterwatch.stacks import by_rank, group_ranks
 
-    parts = [f"<h1>{escape(ACTIONS[outcome.action])}: job {escape(job_id)}</h1>"]
-    stacks = outcome.answers.get("dump_stacks")
-    if stacks is not None:
-        parts.append("<h2>Stacks (main thread; ranks with the same stack once)</h2>")
-        dumps, noun = by_rank(stacks)
-        for group in group_ranks(dumps) if dumps else []:
-            frames = "\n".join(str(f) for f in group.frames)
-            parts.append(f'<div class="stack-group"><b>{escape(group.summary(noun))}</b>'
-                         f"<pre>{escape(frames)}</pre></div>")
-        for a in stacks:
-            if not a.payload:
-                parts.append(f"<p>{escape(who(a))}: no stacks: {escape(a.message or a.status)}</p>")
-            elif a.truncated:
-                parts.append(f"<p>{escape(who(a))}: its stacks were cut at 60000 bytes</p>")
-        if not stacks:
-            parts.append("<p>No process answered.</p>")
+    stacks = None
+    answered = outcome.answers.get("dump_stacks")
+    if answered is not None:
+        dumps, noun = by_rank(answered)
+        groups = [(g.summary(noun), "\n".join(str(f) for f in g.frames))
+                  for g in (group_ranks(dumps) if dumps else [])]
+        notes = [f"{who(a)}: no stacks: {a.message or a.status}" if not a.payload
+                 else f"{who(a)}: its stacks were cut at 60000 bytes" for a in answered
+                 if not a.payload or a.truncated]
+        if not answered:
+            notes.append("No process answered.")
+        stacks = {"groups": groups, "notes": notes}
+    answers = []
     for kind, title in (("memory_snapshot", "Memory snapshots (open one in PyTorch's memory viewer, "
                                             "https://pytorch.org/memory_viz)"),
                         ("checkpoint", "Answers"), ("stop", "Answers")):
-        answers = outcome.answers.get(kind)
-        if answers is None:
-            continue
-        lines = [answer_line(a, now).strip() for a in answers] or ["no process answered"]
-        parts.append(f"<h2>{escape(title)}</h2><ul id=\"answers-{kind}\">"
-                     + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>")
-    parts.append(f'<p><a href="{escape(_href(job_id))}">Back to the job</a> (its report lists the latest '
-                 "request to each rank)</p>")
-    return page(f"clusterwatch: {ACTIONS[outcome.action]} job {job_id}", "".join(parts), refresh=False)
+        got = outcome.answers.get(kind)
+        if got is not None:
+            answers.append((kind, title, [answer_line(a, now).strip() for a in got] or ["no process answered"]))
+    return render("outcome.html", label=ACTIONS[outcome.action], job_id=job_id, stacks=stacks, answers=answers,
+                  **page_context(f"clusterwatch: {ACTIONS[outcome.action]} job {job_id}", refresh=False))

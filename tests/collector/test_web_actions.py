@@ -124,7 +124,7 @@ def test_behind_the_proxy_only_the_owner_acts_and_another_user_is_told_why(tmp_p
     try:
         mallory = {"X-Remote-User": "mallory", PROXY_SECRET_HEADER: PROXY_SECRET}
         code, page = s.request(f"/jobs/{RUNNING_JOB}", headers=mallory)  # shown (--show-all-jobs) ...
-        assert code == 200 and "only the job&#x27;s owner or an admin may act" in page
+        assert code == 200 and "only the job's owner or an admin may act" in html.unescape(page)
         assert 'id="action-checkpoint"' not in page  # ... without its buttons
         code, page = s.request(f"/jobs/{RUNNING_JOB}/confirm?action=checkpoint", headers=mallory)
         assert code == 403 and "you are mallory" in page
@@ -134,7 +134,7 @@ def test_behind_the_proxy_only_the_owner_acts_and_another_user_is_told_why(tmp_p
         for who in (mallory, {}):  # another user with the owner's token; the proxy naming no one
             code, page = s.request(f"/jobs/{RUNNING_JOB}/act", {"action": "checkpoint", "token": token},
                                    {**origin, **who})
-            assert code == 403 and "only the job&#x27;s owner or an admin may act" in page, (who, page)
+            assert code == 403 and "only the job's owner or an admin may act" in html.unescape(page), (who, page)
         assert not _checkpoints(s), "a refused request reached the process"
         code, page = s.request(f"/jobs/{RUNNING_JOB}/act", {"action": "checkpoint", "token": token},
                                {**origin, "X-Remote-User": owner})
