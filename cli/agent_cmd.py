@@ -74,12 +74,15 @@ from .common import fail, resolve_token, setup_logging, token_file_option
               help="Record the git provenance of each rank process (git runs as the process's owner).")
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
+@click.option("--poll-on-sigusr1", is_flag=True, hidden=True,
+              help="The first poll waits for SIGUSR1, and each SIGUSR1 asks for a poll now (`clusterwatch run` "
+                   "starts its command once this agent listens for its reports, before its first poll).")
 @click.option("-v", "--verbose", count=True)
 def agent(collector, collectors_before, node, interval, send_interval, health_interval, gpu_source, sim_scenario,
           sim_run, process_source, pids,
           local_job_id, once,
           as_json, token, token_file, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
-          spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, poll_on_sigusr1, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
 
@@ -91,7 +94,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
     token = resolve_token(token, token_file)  # one line and exit 2 when unfit
 
     from clusterwatch.agent.config import AgentConfig
-    from clusterwatch.agent.runtime import AgentRuntime, SpoolTaken, stop_on_signals
+    from clusterwatch.agent.runtime import AgentRuntime, SpoolTaken, polls_on_sigusr1, stop_on_signals
     from clusterwatch.agent.spool import spool_dir_for
 
     from clusterwatch.errors import ClusterwatchError, ConfigError
@@ -133,6 +136,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
     # Before anything is opened: a SIGTERM while NVML opens stops the run it starts, and close()
     # removes the train socket (the default action would leave it behind).
     stop = None if once else stop_on_signals()
+    wake = polls_on_sigusr1(stop) if poll_on_sigusr1 and not once else None
     try:
         check_client_pair(tls_cert, tls_key, tls_ca)
         runtime = AgentRuntime.from_config(config, live=not once)
@@ -146,7 +150,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         print_one_poll(runtime, as_json)
         runtime.close()
         return
-    counters = runtime.run(stop)
+    counters = runtime.run(stop, wake)
     streams = runtime.sender.senders if runtime.sender is not None else {}
     if len(streams) > 1:  # each stream's own, then the whole (the last line, as with one collector)
         for address, sender in streams.items():

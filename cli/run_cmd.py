@@ -118,6 +118,7 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
     from clusterwatch.grpc_fork import as_the_caller_had_it
     from clusterwatch.model import JobEvent
 
+    from .held_command import HeldCommand, start_failure
     from .proctree import become_subreaper
     from .stack import Stack, make_workdir
     from .status_cmd import fetch_job
@@ -154,24 +155,39 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 fail(str(exc))
             if signals.received:  # stopped while the collector started: nothing of the user's ran yet
                 sys.exit(signals.exit_code)
-            try:
-                # the command reports training progress (clusterwatch.train) to the embedded agent
-                env = as_the_caller_had_it(dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node))))
-                # simulated GPUs play this command's processes, not others on the host (unless the caller
-                # named a run of their own)
-                sim_run = env.get("CLUSTERWATCH_SIM_RUN") or f"run-{uuid.uuid4().hex[:12]}"
-                env["CLUSTERWATCH_SIM_RUN"] = sim_run
-                child = subprocess.Popen(list(command), env=env)
-            except FileNotFoundError:
-                fail(f"command not found: {command[0]}", code=127)
-            except PermissionError:
-                fail(f"command not executable: {command[0]}", code=126)
+            # the command reports training progress (clusterwatch.train) to the embedded agent
+            env = as_the_caller_had_it(dict(os.environ, CLUSTERWATCH_TRAIN_SOCKET=str(stack.train_socket(node))))
+            # simulated GPUs play this command's processes, not others on the host (unless the caller
+            # named a run of their own)
+            sim_run = env.get("CLUSTERWATCH_SIM_RUN") or f"run-{uuid.uuid4().hex[:12]}"
+            env["CLUSTERWATCH_SIM_RUN"] = sim_run
+            # held until the agent listens for its reports: none of its first ones is lost
+            held = HeldCommand(list(command), env)
+            child = held.process
             command_tree = CommandTree(child, stack)
             job_id = f"local-{child.pid}"
             write_event(str(stack.spool(node)), JobEvent("start", job_id, time.time(), os.getuid()))
-            # one machine, a few processes: every poll goes out, so what is shown is never behind
+            # one machine, a few processes: every poll goes out, so what is shown is never behind; the first
+            # poll waits for the command to start (SIGUSR1), so even a command shorter than a poll is sampled
             agent = stack.start_agent(node, ["--pid", str(child.pid), "--job-id", job_id, "--interval", str(interval),
-                                     "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run])
+                                     "--send-interval", "0", "--gpu-source", gpu_source, "--sim-run", sim_run,
+                                     "--poll-on-sigusr1"])
+            try:
+                stack.wait_for_agent(node, agent)
+            except ClusterwatchError as exc:  # an unwatched command is not run
+                held.cancel()
+                log = f"agent-{node}.log"
+                fail(f"{exc}; the command was not run "
+                     + (f"(the agent's log: {workdir}/{log})" if keep is not None else "(--keep DIR keeps its log)"))
+            if signals.received:  # stopped while the agent started: the command never runs
+                held.cancel()
+                sys.exit(signals.exit_code)
+            try:
+                held.release()
+            except OSError as exc:
+                reason, start_code = start_failure(exc)
+                fail(f"{reason}: {command[0]}", code=start_code)
+            agent.send_signal(signal.SIGUSR1)  # the command sampled as it starts
             from clusterwatch.report.text import printable
 
             _say(f"[clusterwatch] watching {job_id} ({printable(' '.join(command))}); collector on {stack.address}")
@@ -185,6 +201,8 @@ def run(command, interval, status_every, gpu_source, rules, as_json, output, sum
                 code = signals.exit_code
             write_event(str(stack.spool(node)),
                         JobEvent("end", job_id, time.time(), os.getuid(), exit_code=code))
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGUSR1)  # a poll at the end: what is left of the tree, and the end event
             seen = len(signals.received)
             view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 3 * interval),
                                give_up=lambda: len(signals.received) > seen)

@@ -152,6 +152,25 @@ class Stack:
             "--train-socket", str(self.train_socket(node)), *extra,
         ], env=env)
 
+    def wait_for_agent(self, node: str, proc: subprocess.Popen) -> None:
+        """Wait until the agent of `node` is ready to poll: its training socket bound (or given up, with one line
+        in its log) and its signal handlers set, which its pid file, written next, says.
+
+        Raises:
+            ClusterwatchError: it stopped (with its log's last line), or is not ready after START_TIMEOUT_S.
+        """
+        from clusterwatch.agent.ensure import PID_FILE
+
+        pid_file = self.spool(node) / PID_FILE
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not pid_file.exists():
+            if proc.poll() is not None:
+                said = self.log_tail(f"agent-{node}", 1).strip() or f"exit status {proc.returncode}"
+                raise ClusterwatchError(f"the embedded agent stopped: {said}")
+            if time.monotonic() > deadline:
+                raise ClusterwatchError(f"the embedded agent was not ready within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.02)
+
     def train_socket(self, node: str) -> Path:
         """Each embedded agent listens on its own socket (two demo nodes share one host).
 
