@@ -96,15 +96,20 @@ class LeakRule:
     min_growth: float = 32 * MB
     warmup_s: float = 1800.0
     bucket_s: float = 60.0
-    # Windows from 15 min to 4 h: the noise decides which fires first (a slope's standard error
+    # Windows from 15 min to 8 h: the noise decides which fires first (a slope's standard error
     # falls as the window's length to the power 1.5), the floors keep short windows to fast growth.
+    # Past 45 min a window every 1.5x or so: a leak fires about when the next window up fills.
     windows: tuple[LeakWindow, ...] = (
         LeakWindow(900.0, 500 * MB),
         LeakWindow(1200.0, 100 * MB),
         LeakWindow(1800.0, 70 * MB),
         LeakWindow(2700.0, 50 * MB),
+        LeakWindow(4500.0, 50 * MB),
         LeakWindow(7200.0, 50 * MB),
+        LeakWindow(10800.0, 50 * MB),
         LeakWindow(14400.0, 50 * MB),
+        LeakWindow(21600.0, 50 * MB),
+        LeakWindow(28800.0, 50 * MB),
     )
     sub_buckets: int = 12
     min_t_stat: float = 4.0

@@ -17,7 +17,7 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    minimum of each third of the window must rise). The full test asks for:
    - a Theil–Sen slope at or above the window's rate floor and the rule's minimum rate;
    - growth over the window (slope * W) of at least `min_growth`;
-   - a slope at least `min_t_stat` standard errors above zero for the longest window, more
+   - a slope at least `min_t_stat` standard errors above zero for windows of 4 h or more, more
      for shorter ones (as few noise-only chances an hour: `_for_length`), where the noise of a
      point is the largest of a robust scale of the point-to-point differences over the
      last eight windows (trend-free: centred on their median), the robust scale of the
@@ -54,9 +54,13 @@ from statistics import NormalDist
 from typing import NamedTuple
 
 from .config import LeakRule
-from .robust import THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall_z, median, theil_sen
+from .robust import MAD_REL_SE, THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall_z, median, theil_sen
 from .staircase import Staircase, StepTracker
 
+#: Windows this long or longer ask `min_t_stat` and `min_mk_z` as they are; shorter ones more (`_for_length`).
+#: A fixed length, not the longest window's: a longer window added for slow leaks under heavy noise (its
+#: noise-only chances come round less often) leaves the shorter windows' thresholds as they were.
+REFERENCE_WINDOW_S = 14400.0
 #: Point-to-point differences kept per window for the noise scale, in windows.
 NOISE_HISTORY_WINDOWS = 8
 #: Each third's minimum must rise by at least this fraction of what the window's rate floor
@@ -66,6 +70,10 @@ RISE_AT_FLOOR = 0.5
 #: How much better (in a bucket minimum's variances) two flat levels must fit a window than a leak does
 #: for its growth to count as one step (see `_one_step`).
 STEP_MARGIN = 4.0
+#: The same for two steps (three flat levels): two more parameters to fit, so more margin.
+TWO_STEP_MARGIN = 8.0
+#: ... and only where a leak leaves this many times the bucket variance a bucket (a line misfits two steps).
+LINE_MISFIT = 2.0
 #: The fewest buckets a leak's rise spans (a rise over fewer is as much a step, still to be seen).
 STEP_MIN_RISE_B = 4
 #: Standard errors by which the growth must slow down (see `LeakSeries._bends_over`) to count as a
@@ -180,13 +188,13 @@ def _window_shape(length: float, floor: float, bucket_s: float, wb: int, rule: L
     xs = [(k + 0.5) * width for k in range(n)]
     mx = sum(xs) / n
     sxx = sum((x - mx) ** 2 for x in xs)  # of a full window; a gap or two changes it little
-    longest = max(w.window_s for w in rule.windows)
+    longest = min(REFERENCE_WINDOW_S, max(w.window_s for w in rule.windows))
     return _WindowShape(wb, n, width, length, floor, third, third.index(1), third.index(2), gate, gate_total, sxx,
                         _for_length(rule.min_t_stat, length, longest), _for_length(rule.min_mk_z, length, longest))
 
 
 def _for_length(z: float, length: float, longest: float) -> float:
-    """The score a window of `length` must reach for as few false alarms an hour as the longest window at `z`.
+    """The score a window of `length` must reach for as few false alarms an hour as a window of `longest` at `z`.
 
     A window's noise-only tests come round about once a window length: a window ten times shorter gets
     ten times the chances in an hour, so each must be ten times as unlikely (a normal tail).
@@ -530,12 +538,16 @@ class LeakSeries:
         """(noise of one point, the part of it from point-to-point differences, the trend-free part, the
         trend-free noise of one bucket minimum).
 
-        The larger of the long-run scale of point-to-point differences (a difference of two points
-        has sqrt(2) times a point's noise) and the scale of this window's residuals: either alone
-        comes out small by chance too often. A third, steadier floor while the process is young (few
-        point differences yet): the scale of consecutive bucket minima over every bucket kept, scaled
-        to a median of `wb` of them (var ~ pi / (2 wb + 1) for normal noise, a little above the exact
-        value).
+        The base is the scale of consecutive bucket minima over every bucket kept, scaled to a median
+        of `wb` of them (var ~ pi / (2 wb + 1) for normal noise, a little above the exact value): the
+        most precise of the three, from hundreds of differences. Two guards, each read one of its own
+        standard errors low (`_surely`), raise it where the noise is not what the buckets say (slow
+        wander, correlated noise): the long-run scale of point-to-point differences (a difference of
+        two points has sqrt(2) times a point's noise) and the scale of this window's residuals. Taken
+        at face value, the larger of three estimates is above the noise whenever one comes out high by
+        chance, and from a dozen or two values that is often: a slow leak under heavy noise never
+        cleared its t threshold. While the process is too young for the bucket scale, the larger of the
+        two guards as they are.
         """
         sigma_d = mad_sigma(diffs) / math.sqrt(2.0)
         sigma_r = 1.4826 * median([abs(y - icpt - slope * x) for x, y in zip(xs, ys, strict=True)])
@@ -543,9 +555,13 @@ class LeakSeries:
         bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
         sigma_bucket = mad_sigma(bdiffs) / math.sqrt(2.0) if len(bdiffs) >= w.n else 0.0
         sigma_b = sigma_bucket * math.sqrt(math.pi / (2 * w.wb + 1)) if w.wb > 1 else sigma_bucket
+        if sigma_b > 0:
+            sigma = max(sigma_b, _surely(sigma_d, len(diffs)), _surely(sigma_r, len(ys)))
+        else:
+            sigma = max(sigma_d, sigma_r)
         # For tests of the trend's shape, the bucket scale alone: the residuals from a line, and the
         # spread of point-to-point differences, grow with the very curvature `_bends_over` looks for.
-        return (max(sigma_d, sigma_r, sigma_b), sigma_d, sigma_b if sigma_b > 0 else sigma_d,
+        return (sigma, sigma_d, sigma_b if sigma_b > 0 else sigma_d,
                 sigma_bucket if sigma_bucket > 0 else sigma_d)
 
     def _bends_over(self, w: _Window, last_k: int, sigma: float, ratio: float) -> bool:
@@ -672,6 +688,11 @@ def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> t
     return lows[0], lows[1], lows[2]
 
 
+def _surely(scale: float, n: int) -> float:
+    """A robust scale from `n` values, one of its standard errors low (a MAD's is about MAD_REL_SE / sqrt(n))."""
+    return scale * max(0.0, 1.0 - MAD_REL_SE / math.sqrt(n)) if n > 0 else 0.0
+
+
 def _time_to_full(total: float | None, level: float, slope: float) -> float | None:
     """Seconds until `level` growing at `slope` a second reaches `total`; None without a total or growth."""
     if total is not None and total > 0 and slope > 0:
@@ -692,30 +713,43 @@ def _step_candidate(ys: list[float], max_jump_fraction: float, sigma_d: float) -
 
 
 def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float) -> bool:
-    """Whether two flat levels fit a window's bucket minima (xs, ys) better than a leak does, by more
-    than STEP_MARGIN bucket variances (`sigma`: a bucket minimum's noise).
+    """Whether one step, or two, fit a window's bucket minima (xs, ys) better than a leak does: two flat
+    levels by more than STEP_MARGIN bucket variances (`sigma`: a bucket minimum's noise), three by more
+    than TWO_STEP_MARGIN.
 
     A leak: a line, or flat and then a line over the last `min_rise_b` buckets or more (breakpoints
     every `stride` buckets). On bucket minima a step is sharp (the bucket it falls in keeps the lower
-    level), where a point straddling it is not; a leak's rise is spread out.
+    level), where a point straddling it is not; a leak's rise is spread out. Two steps: a long window
+    (hours) can hold two unrelated ones (a larger batch, later a larger evaluation set), which a line
+    fits better than one step; three similar ones are a staircase (staircase.py). The second step is
+    sought on either side of the best single one (the best pair, where the steps stand apart).
     """
     n = len(ys)
     if n < 4:
         return False
-    tot, tot2 = sum(ys), sum(y * y for y in ys)
+    tot = sum(ys)
     my = tot / n
-    base = tot2 - tot * my  # centred sum of squares, computed once: the values are large, the spread small
-    ds = [y - my for y in ys]
-    best_step = math.inf
-    a = a2 = 0.0
-    for m in range(1, n):
-        d = ds[m - 1]
-        a += d
-        a2 += d * d
-        left = a2 - a * a / m
-        right = (base - a2) - a * a / (n - m)  # the right part's deviations from the mean sum to -a
-        if left + right < best_step:
-            best_step = left + right
+    ds = [y - my for y in ys]  # centred once: the values are large, the spread small
+    s1 = [0.0]
+    s2 = [0.0]
+    for d in ds:
+        s1.append(s1[-1] + d)
+        s2.append(s2[-1] + d * d)
+    base = s2[n]
+
+    def sse(a: int, b: int) -> float:
+        """Squared deviations of ds[a:b] from their mean."""
+        m = s1[b] - s1[a]
+        return s2[b] - s2[a] - m * m / (b - a)
+
+    def best_split(a: int, b: int) -> tuple[float, int]:
+        """The least squared deviations of ds[a:b] as two flat levels, and where the second begins."""
+        return min(((sse(a, m) + sse(m, b), m) for m in range(a + 1, b)), default=(math.inf, a))
+
+    best_step, m1 = best_split(0, n)
+    left, _ = best_split(0, m1)
+    right, _ = best_split(m1, n)
+    best_two = min(left + sse(m1, n), sse(0, m1) + right)
     best_leak = math.inf
     for b in range(xs[0], xs[-1] - min_rise_b + 1, max(1, stride)):
         hs = [x - b if x > b else 0 for x in xs]
@@ -724,7 +758,12 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
         if shh <= 0:
             continue
         shy = sum((h - mh) * d for h, d in zip(hs, ds, strict=True))
-        sse = base - shy * shy / shh
-        if sse < best_leak:
-            best_leak = sse
-    return best_step + STEP_MARGIN * sigma * sigma < best_leak
+        sse_leak = base - shy * shy / shh
+        if sse_leak < best_leak:
+            best_leak = sse_leak
+    var = sigma * sigma
+    if best_step + STEP_MARGIN * var < best_leak:
+        return True
+    # Two steps only where the leak fits clearly worse than the noise allows: under heavy noise a slow leak's
+    # minima are fitted by three levels about as well as by a line, and the search for two breaks wins by chance.
+    return best_leak > LINE_MISFIT * n * var and best_two + TWO_STEP_MARGIN * var < best_leak

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 #: 1 / Phi^-1(3/4): turns a median absolute deviation into a standard deviation (normal noise).
 MAD_TO_SIGMA = 1.4826
+#: The relative standard error of a MAD scale over n values is about this over sqrt(n) (normal noise).
+MAD_REL_SE = 1.17
 #: Theil–Sen's slope varies more than least squares' (asymptotic efficiency ~0.91 on normal
 #: noise, less on a dozen points): its standard error is this factor times the OLS one.
 THEIL_SEN_SE_FACTOR = 1.15

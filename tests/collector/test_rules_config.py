@@ -48,6 +48,6 @@ def test_missing_file(tmp_path):
 def test_leak_noise_guards_and_windows_defaults():
     r = load_rules().gpu_memory_leak
     assert r.min_t_stat == 4.0 and r.min_mk_z == 3.5
-    assert [w.window_s for w in r.windows] == [900, 1200, 1800, 2700, 7200, 14400]
+    assert [w.window_s for w in r.windows] == [900, 1200, 1800, 2700, 4500, 7200, 10800, 14400, 21600, 28800]
     assert r.min_growth == 32 * MB and r.bend_ratio == 0.8
     assert parse_rules("[host_memory_leak]\nmin_mk_z = 2.5\n").host_memory_leak.min_mk_z == 2.5
