@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import random
 import statistics
@@ -67,39 +66,17 @@ def _delays(events: list[dict], expect) -> list[float]:
     return out
 
 
-def _bucket_noise(rows: list[dict], x, field: str, bucket_s: float = 60.0) -> float:
-    """Trend-free noise of the series' bucket minima, as the rule measures it (MAD of consecutive ones / sqrt 2)."""
-    lows: dict[int, float] = {}
-    for r in rows:
-        if r["node"] == x.node and r["pid"] == x.pid and field in r:
-            k = int(r["t"] // bucket_s)
-            v = r[field]
-            if v < lows.get(k, math.inf):
-                lows[k] = v
-    ks = sorted(lows)
-    d = [lows[b] - lows[a] for a, b in zip(ks, ks[1:], strict=False) if b == a + 1]
-    if len(d) < 10:
-        return float("nan")
-    m = statistics.median(d)
-    return 1.4826 * statistics.median([abs(v - m) for v in d]) / math.sqrt(2.0)
-
-
-def noise_bound_min(tr, x, z: float) -> float:
+def noise_bound_min(tr) -> float:
     """The least delay the noise allows, in minutes (nan where the kind has none to compute).
 
-    A slope r under bucket-minimum noise s, one minimum a minute, is z standard errors above zero after
-    D = (z s sqrt(12 / 60) / r) ** (2 / 3) hours of growth (least squares on D * 60 points: se =
-    s sqrt(12 / (60 D^3))); no slope test at that z can fire sooner. A staircase is told at its third
-    step (two can be unrelated events): two periods after the first. Stalls wait for the rule's for_s.
+    A linear leak's is tests/synth_traces.py's `noise_bound_h` on its own noise (docs/rules.md, "How fast a
+    leak can be told"); a staircase is told at its third step (two can be unrelated events): two periods
+    after the first. Stalls wait for the rule's for_s.
     """
     p = tr.params
     if "period" in p and "rate" in p:
         return 2 * p["period"] / 60.0
-    if "rate" not in p:
-        return float("nan")
-    field = "rss_bytes" if "host_memory_leak" in x.rules else "gpu_mem_bytes"
-    s = _bucket_noise(tr.rows, x, field)
-    return (z * s * math.sqrt(12 / 60) / p["rate"]) ** (2 / 3) * 60.0
+    return p.get("bound_h", float("nan")) * 60.0
 
 
 def _p(values: list[float], q: float) -> float:
@@ -124,8 +101,7 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
         caught += len(tr.expect) - len(missed)
         false += len({(r, n, p) for r, n, p, _ in fa})
         delays += _delays(ev, tr.expect)
-        bounds += [b for b in (noise_bound_min(tr, x, rules.gpu_memory_leak.min_t_stat) for x in tr.expect)
-                   if b == b]
+        bounds += [b for b in (noise_bound_min(tr) for _ in tr.expect) if b == b]
         if score is not None and iv >= ANCHOR_MIN_INTERVAL:
             aev = score.anchor_promql(tr.rows)
             for e in aev:

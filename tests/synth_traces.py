@@ -4,17 +4,31 @@
 periods and poll intervals (1–60 s, jittered, with missing polls) and returns
 its samples (dicts in the trace format, time order) and the alerts it must raise:
 (rules, node, pid, after, before). Benign kinds expect nothing.
+
+A linear leak's window is what its noise allows (`noise_bound_h`, derived in docs/rules.md,
+"How fast a leak can be told"), with margin: `WINDOW_MARGIN` times the bound and `WINDOW_GRACE`.
+`grid_leak` draws the whole grid: 60–3,000 MiB/h under 0–500 MiB of noise a sample.
 """
 from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 MB = 1024 * 1024
 GB = 1024 * MB
 H = 3600.0
+#: The slope test's significance the bound is taken at (the rule's `min_t_stat`).
+BOUND_Z = 4.0
+#: The least growth that is a leak (the rule's `min_growth_mb`): on a quiet series it, not the noise,
+#: decides how soon a slow leak can be told.
+LEAST_GROWTH = 32 * MB
+#: A linear leak's window: this many times its bound, and WINDOW_GRACE more (the rule analyses a
+#: window at its points' ends and asks a little more of shorter windows than the bound's z).
+WINDOW_MARGIN = 2.0
+WINDOW_GRACE = 0.5 * H
 
 
 @dataclass
@@ -80,7 +94,7 @@ def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], f
     def gpu_mem(t: float) -> float:
         v = base + warm(t) + tail(t) + rng.gauss(0, noise)
         if kind in ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
-                    "rank_leak", "slow_noisy_leak", "long_tread_staircase"):
+                    "rank_leak", "slow_noisy_leak", "long_tread_staircase", "grid_leak"):
             v += leak(t)
         if kind in ("one_step", "small_step") and t >= p["step_at"]:
             v += p["step_bytes"]
@@ -119,10 +133,42 @@ def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], f
     return gpu_mem, rss, util, step
 
 
+def bucket_noise(rows: list[dict], node: str, pid: int, field: str, bucket_s: float = 60.0) -> float:
+    """Trend-free noise of a series' bucket minima, as the rule measures it (MAD of consecutive ones / sqrt 2);
+    nan with too few buckets."""
+    lows: dict[int, float] = {}
+    for r in rows:
+        if r["node"] == node and r["pid"] == pid and field in r:
+            k = int(r["t"] // bucket_s)
+            v = r[field]
+            if v < lows.get(k, math.inf):
+                lows[k] = v
+    ks = sorted(lows)
+    d = [lows[b] - lows[a] for a, b in zip(ks, ks[1:], strict=False) if b == a + 1]
+    if len(d) < 10:
+        return float("nan")
+    m = statistics.median(d)
+    return 1.4826 * statistics.median([abs(v - m) for v in d]) / math.sqrt(2.0)
+
+
+def noise_bound_h(rate: float, noise: float, z: float = BOUND_Z, least_growth: float = LEAST_GROWTH) -> float:
+    """The least delay, in hours, at which a leak of `rate` (bytes/h) can be told under bucket-minimum noise `noise`.
+
+    A slope r under noise s, one bucket minimum a minute, is z standard errors above zero after
+    D = (z s sqrt(12 / 60) / r) ** (2 / 3) hours of growth (least squares on 60 D points: se =
+    s sqrt(12 / (60 D^3))); no slope test at that z can fire sooner. Nor before the leak has grown
+    `least_growth`, the least growth that is a leak, which bounds slow leaks on quiet series.
+    """
+    return max((z * noise * math.sqrt(12 / 60) / rate) ** (2 / 3), least_growth / rate)
+
+
 KINDS_BENIGN = ("flat", "warmup_plateau", "eval_sawtooth", "one_step", "noisy_flat", "ckpt_spikes",
                 "small_step", "warmup_long_tail", "two_steps")
 KINDS_LEAK = ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
-              "host_leak", "rank_leak", "handle_leak", "slow_noisy_leak", "long_tread_staircase")
+              "host_leak", "rank_leak", "handle_leak", "slow_noisy_leak", "long_tread_staircase", "grid_leak")
+#: Leaks of one rate whose window is what their noise allows (WINDOW_MARGIN times noise_bound_h, and WINDOW_GRACE).
+KINDS_BOUND = ("linear_leak", "noisy_leak", "slow_noisy_leak", "grid_leak", "fast_leak", "warmup_then_leak",
+               "host_leak", "rank_leak")
 KINDS_STALL = ("util_stall", "nccl_hang")
 KINDS = KINDS_BENIGN + KINDS_LEAK + KINDS_STALL
 
@@ -190,10 +236,13 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
                  period=rng.uniform(20, 60) * 60)
         duration = 10 * H
     elif kind == "slow_noisy_leak":
-        # A slow leak under heavy noise (drawn above at 30-60 s polls): 60-150 MB/h under 80-200 MB.
-        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(60, 150) * MB,
-                 noise=rng.uniform(80, 200) * MB)
-        duration = p["leak_start"] + 7 * H
+        # A slow leak under heavy noise (drawn above at 30-60 s polls): 60-300 MB/h under 80-500 MB.
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=rng.uniform(60, 300) * MB,
+                 noise=rng.uniform(80, 500) * MB)
+    elif kind == "grid_leak":
+        # The whole grid: 60-3,000 MB/h (even on a log scale) under 0-500 MB of noise a sample.
+        p.update(leak_start=rng.uniform(0.75, 1.5) * H, rate=math.exp(rng.uniform(math.log(60), math.log(3000))) * MB,
+                 noise=rng.uniform(0, 500) * MB)
     elif kind == "long_tread_staircase":
         # Steps of 150-600 MB every 45-120 min, flat in between; the first at leak_start.
         period = rng.uniform(45, 120) * 60
@@ -221,6 +270,11 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     if iv <= 5:  # keep the test suite quick: fine polls, shorter traces
         duration = min(duration, 6 * H if kind not in ("staircase_leak", "long_tread_staircase", "two_steps")
                        else 8 * H)
+    if kind in KINDS_BOUND:
+        # Long enough for the window its noise allows: a sample's noise bounds its bucket minimum's.
+        noise = 10 * MB if kind == "host_leak" else p["noise"]
+        need = p["leak_start"] + WINDOW_MARGIN * noise_bound_h(p["rate"], noise) * H + WINDOW_GRACE + 0.25 * H
+        duration = need if kind in ("slow_noisy_leak", "grid_leak", "fast_leak") else max(duration, need)
 
     nranks = 4 if kind == "rank_leak" else 1
     leaker = rng.randrange(nranks)
@@ -248,27 +302,21 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     rows.sort(key=lambda r: r["t"])
     node0, pid0 = per_rank[leaker][0], per_rank[leaker][1]
     ls = p.get("leak_start", 0.0)
-    if kind in ("linear_leak", "rank_leak", "warmup_then_leak"):
-        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 4 * H))
-    elif kind == "noisy_leak":
-        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 5 * H))
+    if kind in KINDS_BOUND:
+        # What the noise allows, as the rule measures the noise (on this trace's own bucket minima), with margin.
+        rule, field = (("host_memory_leak",), "rss_bytes") if kind == "host_leak" else (("gpu_memory_leak",),
+                                                                                      "gpu_mem_bytes")
+        s = bucket_noise(rows, node0, pid0, field)
+        p["bound_h"] = noise_bound_h(p["rate"], s)
+        expect.append(Expect(rule, node0, pid0, ls, ls + WINDOW_MARGIN * p["bound_h"] * H + WINDOW_GRACE))
     elif kind == "staircase_leak":
-        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 6 * H))
-    elif kind == "slow_noisy_leak":
-        # What the noise allows (see docs/rules.md, "How fast a leak can be told"): one reading a
-        # minute at noise s, a slope r is 4 standard errors above zero after about
-        # (4 s sqrt(12 / 60) / r) ** (2 / 3) hours: 3.3 h at 60 MB/h under 200 MB. Six hours.
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 6 * H))
     elif kind == "long_tread_staircase":
         # A careful reader calls a staircase at its third step (two steps could be two unrelated
         # events, as in two_steps): the third comes 2 periods after the first; an hour's grace.
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 2 * p["period"] + 1 * H))
-    elif kind == "fast_leak":
-        expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 0.5 * H))
     elif kind == "oom_leak":
         expect.append(Expect(("gpu_memory_leak",), node0, pid0, ls, ls + 1 * H))
-    elif kind == "host_leak":
-        expect.append(Expect(("host_memory_leak",), node0, pid0, ls, ls + 4 * H))
     elif kind == "util_stall":
         expect.append(Expect(("gpu_stall", "training_stall"), node0, pid0, p["stall_at"], p["stall_at"] + 600))
     elif kind == "nccl_hang":
