@@ -48,7 +48,11 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
     kmsg.write_text(kmsg_record(1, "Linux version 6.8.0") +
                     kmsg_record(2, f"NVRM: Xid (PCI:0000:3c:00): 13, pid={other.pid}, name=sleep, "
                                    "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address"))
-    collector = Collector(tmp_path, "--web-listen", "127.0.0.1:0")
+    # idle_gpu fires after a second here, so that the other GPU going idle is an event that must come after
+    # the lost GPU's own idle_gpu, were a lost GPU taken for an idle one
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[idle_gpu]\nfor_s = 1\n")
+    collector = Collector(tmp_path, "--web-listen", "127.0.0.1:0", "--rules", str(rules))
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "xid-node", "--interval", "0.5",
                   "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
                   "--train-socket", str(tmp_path / "train.sock"), "--kmsg", str(kmsg)],
@@ -63,12 +67,17 @@ def test_xid_79_on_a_running_jobs_gpu_raises_gpu_lost_naming_job_and_rank(stub_l
         with kmsg.open("a") as f:
             f.write(kmsg_record(3, "NVRM: GPU at PCI:0000:3b:00: GPU-e2e0"))
             f.write(kmsg_record(4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
-        write_state(state, gpus.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
+        # ... and the other rank's GPU goes idle at the same poll
+        write_state(state, gpus.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1")
+                    .replace("util=90 power=300000 pci=0000:3c:00", "util=0 power=300000 pci=0000:3c:00"))
         lost = wait_for(lambda: firing_alert(collector, "gpu_lost"), timeout=60, what="gpu_lost firing")
         assert lost["job_id"] == JOB_XID and lost["rank"] == 3
         assert lost["gpu"] == "GPU-e2e0" and lost["node"] == "xid-node"
         assert lost["severity"] == "critical" and "fell off the bus (XID 79)" in lost["description"]
-        assert firing_alert(collector, "idle_gpu") is None
+        idle = wait_for(lambda: firing_alert(collector, "idle_gpu"), timeout=60, what="idle_gpu on the idle GPU")
+        assert idle["gpu"] == "GPU-e2e1", idle  # the lost GPU is not taken for an idle one
+        listed = json.loads(cli("alerts", "--collector", collector.address, "--json").stdout)["alerts"]
+        assert [a["gpu"] for a in listed if a["rule"] == "idle_gpu"] == ["GPU-e2e1"], listed  # pending ones too
         status = cli("status", JOB_XID, "--collector", collector.address)
         assert status.returncode == 0, status.stderr
         text = status.stdout

@@ -58,7 +58,7 @@ def test_three_shards_list_slurm_jobs_as_often_as_one_collector(slurm_cluster: S
         slurm_cluster.run(["scancel", job.stdout.strip()], check=False)
     # One collector lists once a refresh: 12 times in 6 s. Each shard listed as often before (36 in all);
     # now they take turns: 12 in all, each its third, give or take a turn at each end of the window. A busy
-    # machine only lists less.
+    # machine only lists less, so the lower bound is loose: each shard still lists in its turns.
     one_collector = MEASURED_S / REFRESH_S
     assert sum(counts) <= one_collector + len(addresses), counts
-    assert all(c <= one_collector / len(addresses) + 2 for c in counts), counts
+    assert all(1 <= c <= one_collector / len(addresses) + 2 for c in counts), counts

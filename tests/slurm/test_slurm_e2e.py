@@ -190,7 +190,17 @@ def test_two_node_job_seen_whole_closed_by_the_epilog_and_kept(hooked) -> None:
         # The epilogs' end events closed it: the registry alone would wait out its 10 s grace.
         assert time.monotonic() - finished < 9.0, collector.text()[-3000:]
         wait_for(lambda: not list(spool.glob("*/events/*.json")), timeout=10, what="the agents to take the events")
-        time.sleep(2.0)  # an end event arriving after the close must not replace the summary
+        # An end event arriving after the close must not replace the summary. Each agent sent its end event at
+        # once, on its one ordered stream, before the file went: a batch the collector applies from each node
+        # over a second after that came behind it.
+        taken = time.time()
+
+        def applied_after(node: str) -> bool:
+            seen = metric_value(collector.metrics(), "clusterwatch_node_last_seen_timestamp_seconds", node=node)
+            return seen is not None and seen > taken + 1.0
+
+        wait_for(lambda: all(applied_after(n) for n in cluster.nodes), timeout=30,
+                 what="a batch from each node behind its end event")
         doc = closed()
         assert doc is not None, collector.text()[-3000:]
         assert doc["job"]["exit_code"] == 0
