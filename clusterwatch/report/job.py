@@ -13,7 +13,17 @@ from .code import code_section
 from .health import health_section
 from .notes import notes_section
 from .requests import requests_section
-from .text import RULE, draw_rules, exit_text, human_bytes, human_duration, printable_message, report_width
+from .text import (
+    RULE,
+    draw_rules,
+    exit_text,
+    fit_lines,
+    human_bytes,
+    human_duration,
+    printable_message,
+    report_width,
+    wrap_words,
+)
 from .usage import gpus_section, nodes_section, overall_section, ranks_section
 
 if TYPE_CHECKING:
@@ -64,12 +74,12 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     if expected or ranks_seen:
         rows.append(("Ranks", f"{ranks_seen} seen" + (f" of {expected} expected" if expected else "")))
     rows.append(("Known from", job.source))
-    for k, v in rows:
-        lines.append(f"  {k:>13}: {v}")
     if job.note:
-        lines.append(f"  {'Note':>13}: {job.note}")
+        rows.append(("Note", job.note))
     if view.tags:
-        lines.append(f"  {'Tags':>13}: " + ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items())))
+        rows.append(("Tags", ", ".join(f"{k}={v}" for k, v in sorted(view.tags.items()))))
+    for k, v in rows:  # a long value wraps under itself
+        lines.extend(wrap_words(v, f"  {k:>13}: ", " " * 17, width or 17 + len(v)))
 
     lines.extend(overall_section(view, width, run_time))
     lines.extend(nodes_section(view, width))
@@ -80,4 +90,4 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     lines.extend(requests_section(view, now))
     lines.extend(code_section(view))
     lines.extend(notes_section(view, run_time))
-    return draw_rules("\n".join(lines) + "\n", width)
+    return fit_lines(draw_rules("\n".join(lines) + "\n", width), width)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .text import printable
+from .text import printable, title
 
 MAX_NOTE = 160  # characters of an answer's message on a status line
 SAID = {
@@ -47,5 +47,6 @@ def requests_section(view, now: float | None = None) -> list[str]:
     if not view.train_answers:
         return []
     now = now or view.now or time.time()
-    return ["", "Requests to the training processes (the latest to each rank; `clusterwatch diagnose`)"] + \
+    return [title("Requests to the training processes"),
+            "  the latest to each rank (`clusterwatch diagnose` asks for their stacks)"] + \
         [answer_line(a, now) for a in view.train_answers]

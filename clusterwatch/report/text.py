@@ -114,8 +114,9 @@ def fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(0, width - 1)] + "…"
 
 
-def report_width() -> int | None:
-    """The columns to fit: $COLUMNS or the terminal's (80 at least); None (no limit) into a file or a pipe."""
+def report_width() -> int:
+    """The columns to fit: $COLUMNS or the terminal's (80 at least); 80 into a file or a pipe, where a
+    mail, a log or a pager shows it."""
     import os
     import shutil
     import sys
@@ -128,7 +129,7 @@ def report_width() -> int | None:
             return max(MIN_WIDTH, shutil.get_terminal_size().columns)
     except (OSError, ValueError, AttributeError):
         pass
-    return None
+    return MIN_WIDTH
 
 
 class Col:
@@ -237,6 +238,23 @@ def draw_rules(text: str, width: int | None) -> str:
     widest = max(len(x) for x in text.splitlines() if not x.startswith((RULE, "  ● ", "  ◐ ", "  ○ ", "  ? ")))
     span = max(WIDTH, min(widest, width if width is not None else widest))
     return text.replace(f"{RULE}─", "─" * span).replace(f"{RULE}═", "═" * span)
+
+
+def fit_lines(text: str, width: int | None) -> str:
+    """Every line of `text` within `width`: a longer one (prose: a note, a command, an answer) wraps at its
+    words, its next lines indented two more than it; a word longer than a line is cut with "…"."""
+    if width is None:
+        return text
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        indent = lead + "  "
+        words = [fit(w, width - len(indent)) for w in line.split()]
+        out.extend(wrap_words(" ".join(words), lead, indent, width))
+    return "\n".join(out)
 
 
 def wrap_words(text: str, first: str, indent: str, width: int) -> list[str]:

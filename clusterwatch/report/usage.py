@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from clusterwatch.humanize import duration
 from clusterwatch.model import HELD_STATES
 
-from .text import Col, human_bytes, meter, sparkline, table, title
+from .text import Col, human_bytes, meter, sparkline, table, title, wrap_words
 
 if TYPE_CHECKING:
     from clusterwatch.v1 import query_pb2
@@ -135,20 +135,17 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
     if not view.processes:
         out.append("  no process of this job has been reported yet")
         return out
-    has_steps = any(p.HasField("step") for p in view.processes)
     # the allocator's own figures, where a process reports them (clusterwatch.train): beside NVML's
     has_alloc = any(p.HasField("gpu_allocated_bytes") or p.HasField("gpu_reserved_bytes") for p in view.processes)
-    # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first
+    # at 80 columns the trends, the GPU memory peak, the per-process GPU utilisation and RESERVED go first
     columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9)]
     if has_alloc:
-        columns += [Col("ALLOC", 9), Col("RESERVED", 9)]
+        columns += [Col("ALLOC", 9), Col("RESERVED", 9, drop=1)]
     columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
                 Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
-    if has_steps:
-        columns += [Col("STEP", 7), Col("STEP/S", 6)]
-    rows, tails = [], []
+    rows, notes = [], []
     for p in view.processes:
-        row = [str(p.rank) if p.HasField("rank") else "-", p.node, str(p.pid), p.command,
+        row = [_rank(p), p.node, str(p.pid), p.command,
                human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"]
         if has_alloc:
             row += [human_bytes(p.gpu_allocated_bytes) if p.HasField("gpu_allocated_bytes") else "-",
@@ -159,34 +156,71 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
                 f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
                 human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
                 sparkline(list(p.rss_trend), 8)]
-        if has_steps:
-            row += [str(p.step) if p.HasField("step") else "-",
-                    f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-"]
         rows.append(row)
-        tail = "  (gone)" if not p.alive and not view.job.end_time else ""
-        if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
-            tail += f"  stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
-            if p.alive and not view.job.end_time:
-                tail += f" ({duration(now - p.stalled_since)})"
+        said = ["gone"] if not p.alive and not view.job.end_time else []
         if p.state:
-            tail += f"  {held_text(p, now)}"
-        tails.append(tail)
-    out.extend(table(columns, rows, width, tails))
+            said.append(held_text(p, now))
+        notes.append(", ".join(said))
+    out.extend(with_notes(table(columns, rows, width), notes, width))
     if has_alloc:
-        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors) "
-                   "and RESERVED are the allocator's own")
-    rates = [(p.steps_per_s, p) for p in view.processes if p.HasField("steps_per_s") and p.alive]
+        reserved = "RESERVED" in table(columns, [], width)[0].split()  # or dropped to fit
+        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors)"
+                   + (" and RESERVED are" if reserved else " is") + " the allocator's own")
+    mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
+    if mapped:
+        out.append(f"  mapped to the job by: {', '.join(mapped)}")
+    out.extend(training_section(view, now, width))
+    return out
+
+
+def training_section(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
+    """Per rank: its step, step rate, loss and learning rate as it reports them (clusterwatch.train), and
+    whether its step has stalled; nothing where no process reports."""
+    reporting = [p for p in view.processes if p.HasField("step") or p.HasField("loss") or p.HasField("lr")]
+    if not reporting:
+        return []
+    out = [title("Training (by rank, as reported)")]
+    columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("STEP", 9), Col("STEP/S", 7),
+               Col("LOSS", 10), Col("LR", 9)]
+    rows, notes = [], []
+    for p in reporting:
+        rows.append([_rank(p), p.node, str(p.pid), str(p.step) if p.HasField("step") else "-",
+                     f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-",
+                     f"{p.loss:.4g}" if p.HasField("loss") else "-", f"{p.lr:.3g}" if p.HasField("lr") else "-"])
+        note = ""
+        if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
+            note = f"stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
+            if p.alive and not view.job.end_time:
+                note += f" ({duration(now - p.stalled_since)})"
+        notes.append(note)
+    out.extend(with_notes(table(columns, rows, width), notes, width))
+    rates = [(p.steps_per_s, p) for p in reporting if p.HasField("steps_per_s") and p.alive]
     if len(rates) > 1:
         slow_rate, slow = min(rates, key=lambda r: r[0])
         fast = max(r for r, _ in rates)
         if fast > 0 and slow_rate < 0.9 * fast:
-            who = f"rank {slow.rank}" if slow.HasField("rank") else f"pid {slow.pid}"
-            out.append(f"  slowest: {who} on {slow.node} at {slow_rate:.2f} steps/s "
+            out.append(f"  slowest: {_who(slow)} on {slow.node} at {slow_rate:.2f} steps/s "
                        f"({(1 - slow_rate / fast) * 100:.0f}% behind the fastest)")
-    mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
-    if mapped:
-        out.append(f"  mapped to the job by: {', '.join(mapped)}")
     return out
+
+
+def with_notes(lines: list[str], notes: list[str], width: int | None) -> list[str]:
+    """A table's lines (header first) with each row's note, where it has one, on lines of its own below it:
+    a row stays within the width however long its note."""
+    out = lines[:1]
+    for line, note in zip(lines[1:], notes, strict=True):
+        out.append(line)
+        if note:
+            out.extend(wrap_words(note, "        ↳ ", "          ", width or len(note) + 12))
+    return out
+
+
+def _rank(p: query_pb2.ProcessView) -> str:
+    return str(p.rank) if p.HasField("rank") else "-"
+
+
+def _who(p: query_pb2.ProcessView) -> str:
+    return f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
 
 
 def held_text(p: query_pb2.ProcessView, now: float) -> str:

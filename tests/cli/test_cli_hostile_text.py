@@ -16,7 +16,7 @@ from clusterwatch.v1 import query_pb2
 
 from clusterwatch.report import render, render_jobs
 from clusterwatch.report.text import printable
-from tests.helpers import cli
+from tests.support.helpers import cli
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +57,7 @@ def test_printable_shows_control_characters_escaped():
 
 
 def test_the_report_of_a_hostile_job_holds_no_control_character():
-    text = render(hostile_view())
+    text = render(hostile_view(), width=None)  # the header whole, on one line
     assert not CONTROL.findall(text), CONTROL.findall(text)
     lines = text.splitlines()
     # the injected newlines stay inside their line: the header is one line, whatever the name holds

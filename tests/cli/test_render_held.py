@@ -1,4 +1,4 @@
-"""`status` shows a process held where it is beside it in the ranks table (D with where it waits, T, t), and
+"""`status` shows a process held where it is under its row in the ranks table (D with where it waits, T, t), and
 says nothing of a process that runs or sleeps; what an agent sent as a wchan reaches the terminal printable."""
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ def _view(**held) -> query_pb2.JobView:
 
 
 def _rank_line(text: str, rank: int) -> str:
-    return next(line for line in text.splitlines() if line.split()[:1] == [str(rank)] and "python" in line)
+    """The rank's row in the processes table, with the note on the line below it when it has one."""
+    lines = text.splitlines()
+    at = next(n for n, line in enumerate(lines) if line.split()[:1] == [str(rank)] and "python" in line)
+    below = lines[at + 1].strip() if at + 1 < len(lines) else ""
+    return lines[at] + (f" {below[2:]}" if below.startswith("↳ ") else "")
 
 
 def test_a_process_in_d_shows_its_state_for_how_long_and_where_it_waits() -> None:

@@ -10,7 +10,7 @@ from clusterwatch.v1 import query_pb2
 from clusterwatch.report import render
 from clusterwatch.report.code import describe_code
 from clusterwatch.report.text import fit
-from tests.helpers import cli
+from tests.support.helpers import cli
 
 from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)
 
@@ -86,3 +86,48 @@ def test_status_fits_columns_from_the_environment(running_job):  # noqa: F811
     r = cli("status", job, "--collector", address, env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     assert max(len(x) for x in r.stdout.splitlines()) <= 80
+
+
+def stalled_view() -> query_pb2.JobView:
+    """A busy job at its widest: the allocator's figures, a stalled rank held in D, a rank gone, loss and lr,
+    long names, a long command, an answer and notes."""
+    v = busy_view()
+    v.job.nodes.extend([f"{LONG_NODE}-{n}" for n in range(8)])
+    v.job.note = "announced by the prolog; " * 6
+    v.tags["experiment"] = "a-very-long-experiment-name-" * 4
+    p = v.processes[0]
+    p.gpu_allocated_bytes, p.gpu_reserved_bytes, p.loss, p.lr = 18 << 30, 19 << 30, 0.123456789, 3e-4
+    v.processes.add(node=LONG_NODE, pid=123457, command="python-train-script", alive=True, rank=1, step=40,
+                    steps_per_s=0.0, stalled_since=700.0, loss=2.5, lr=3e-4, state="D", state_since=800.0,
+                    wchan="nfs_wait_bit_killable_with_a_long_name", gpu_allocated_bytes=1 << 30)
+    v.processes.add(node=LONG_NODE, pid=123458, command="python-train-script", alive=False, rank=2, step=7)
+    v.provenance_json = json.dumps([{"node": LONG_NODE, "pid": 123456, "code_id": "c",
+                                     "cmdline": ["python", "train.py", *(["--option=value"] * 20)],
+                                     "git": {"root": "/home/alice/" + "deep/" * 20 + "model", "commit": "0" * 40,
+                                             "branch": "main", "dirty": False,
+                                             "remote_url": "git@example.org:team/model.git"}}])
+    v.train_answers.add(node=LONG_NODE, pid=123457, rank=1, kind="checkpoint", status="done", asked_at=990.0,
+                        answered_at=995.0, asked_by="alice", message="saved to /scratch/alice/" + "x" * 120)
+    return v
+
+
+def test_every_line_fits_80_columns_with_stalled_and_long_rows():
+    text = render(stalled_view(), width=80)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 80, [x for x in lines if len(x) > 80]
+    assert "stalled since" in text and "uninterruptible sleep (D)" in text and "gone" in text
+
+
+def test_a_report_into_a_pipe_fits_80_columns(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # pytest's stdout is no terminal
+    lines = render(stalled_view()).splitlines()
+    assert max(len(x) for x in lines) <= 80, [x for x in lines if len(x) > 80]
+
+
+def test_loss_and_lr_are_shown_where_reported():
+    text = render(stalled_view(), width=80)
+    training = text.split("\nTraining (by rank, as reported)\n", 1)[1]
+    header, *rows = [x for x in training.splitlines()[1:] if x.strip()][:3]
+    assert header.split() == ["RANK", "NODE", "PID", "STEP", "STEP/S", "LOSS", "LR"]
+    assert rows[0].split()[-2:] == ["0.1235", "0.0003"]
+    assert rows[1].split()[-2:] == ["2.5", "0.0003"]
