@@ -187,7 +187,7 @@ def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_end
     else:
         from clusterwatch.report import render_jobs
 
-        click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time()), nl=False)
+        click.echo(render_jobs(list(resp.jobs), dict(resp.firing_alerts), time.time(), include_ended), nl=False)
     if partial:
         sys.exit(1)
 

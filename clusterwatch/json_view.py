@@ -148,9 +148,14 @@ def message_to_json(message) -> dict[str, Any]:
 # -- the objects with a shape of their own -------------------------------------------------------------
 
 
+def job_gpus(info) -> int | None:
+    """A job's GPU count, None where nobody gave one and none of its processes was seen on a GPU (`jobs` writes
+    "-"): 0 is "none" only where Slurm or the prolog said so."""
+    return None if not info.gpus and info.source in _SOURCES_WITHOUT_GPU_COUNT else info.gpus
+
+
 def _job_info(info, out: dict) -> dict:
-    if not info.gpus and info.source in _SOURCES_WITHOUT_GPU_COUNT:
-        out["gpus"] = None
+    out["gpus"] = job_gpus(info)
     return out
 
 

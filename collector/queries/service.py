@@ -8,7 +8,7 @@ from ..alerting.train_asks import KINDS, TrainAsks, targets
 from ..state.core import AlertSource, CollectorCore
 from . import action_rights
 from .auth import AuthError, Caller, NoAuth
-from .views import DEFAULT_TREND_POINTS
+from .views import DEFAULT_TREND_POINTS, counts_as_firing
 
 # A view's trends are drawn in a terminal: more points than a wide one has columns is wasted work.
 MAX_TREND_POINTS = 400
@@ -84,9 +84,9 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         resp = query_pb2.ListJobsResponse()
         resp.jobs.extend(self.core.job_infos(request.include_ended, caller.may_see))
         visible = {j.job_id for j in resp.jobs}
-        if self.alerts is not None:
-            for job_id, view in self.alerts.alert_list(None, False, 10_000):
-                if view.state == "firing" and job_id in visible:
+        if self.alerts is not None:  # an ended job's count is what it ended with, as its page's badge has it
+            for job_id, view in self.alerts.alert_list(None, True, 10_000):
+                if counts_as_firing(view) and job_id in visible:
                     resp.firing_alerts[job_id] = resp.firing_alerts.get(job_id, 0) + 1
         return resp
 

@@ -24,7 +24,9 @@ def resample(values: list[float], points: int) -> list[float]:
     return [values[round(i * step)] for i in range(points)]
 
 
-def job_info(job: JobState) -> query_pb2.JobInfo:
+def job_info(job: JobState, state: ClusterState | None = None) -> query_pb2.JobInfo:
+    """A job's header; with `state`, a job that Slurm or the prolog gave no GPU count counts the GPUs its
+    processes use (as `status` counts them), so that `jobs` and `status` say the same."""
     info = query_pb2.JobInfo(
         job_id=job.job_id, name=job.name, user=job.user, account=job.account, partition=job.partition,
         state=job.state, submit_time=job.submit_time, start_time=job.start_time, end_time=job.end_time,
@@ -34,7 +36,16 @@ def job_info(job: JobState) -> query_pb2.JobInfo:
     )
     if job.exit_code is not None:
         info.exit_code = job.exit_code
+    if not info.gpus and state is not None:  # as job_view lists them: its live processes', or all of an ended one's
+        info.gpus = len({g.gpu_uuid for series in state.job_processes(job) if series.alive or job.ended
+                         for g in series.latest.gpus})
     return info
+
+
+def counts_as_firing(alert: query_pb2.AlertView) -> bool:
+    """Firing, or resolved only because its process or job ended while it fired (status's "ended": it never
+    cleared, the job took it along): what a job's alert count counts, live or ended."""
+    return alert.state == "firing" or (alert.state == "resolved" and alert.ended_while_firing)
 
 
 def process_view(series: ProcessSeries, trend_points: int) -> query_pb2.ProcessView:

@@ -550,7 +550,8 @@ class CollectorCore:
         """The jobs whose owner `may_see` accepts: those held, and with `include_ended` the stored ones too."""
         with self.lock:
             live = {j.job_id: j for j in self.state.jobs.values()}
-            infos = [job_info(j) for j in live.values() if (include_ended or not j.ended) and may_see(j.user)]
+            infos = [job_info(j, self.state) for j in live.values()
+                     if (include_ended or not j.ended) and may_see(j.user)]
         if include_ended:
             infos += [job_info(j) for j in self.store.load_jobs(include_ended=True)
                       if j.job_id not in live and may_see(j.user)]
