@@ -2,7 +2,7 @@
 
 It lives in bench/ and needs only the standard library, so that a bench, a script run outside pytest,
 does not depend on tests/ for it: benches import it as `waiting` (their own folder is on their path),
-tests as `bench.waiting` (the checkout's root is on theirs; tests/helpers.py re-exports wait_for).
+tests as `bench.waiting` (the checkout's root is on theirs; tests/support/helpers.py re-exports wait_for).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Shared pytest fixtures. Service fixtures (Slurm, sshd) live in tests/services/ and load as plugins, as do
-the real git repositories of the provenance tests (tests/git_repos.py)."""
+the real git repositories of the provenance tests (tests/support/git_repos.py)."""
 from __future__ import annotations
 
 import os
@@ -11,14 +11,14 @@ from collections.abc import Iterator
 import pytest
 
 from clusterwatch.grpc_fork import fork_handlers_off
-from tests.hermetic import SUITE_SETTINGS, callers_settings
+from tests.support.hermetic import SUITE_SETTINGS, callers_settings
 
 # As the console script does (clusterwatch/grpc_fork.py): the suite runs gRPC servers and channels in its
 # own process and forks git and py-spy beside them, which gRPC's fork handlers could crash before the exec.
 fork_handlers_off()
 
 pytest_plugins = ["tests.services.slurm", "tests.services.sshd", "tests.services.prometheus", "tests.services.munge",
-                  "tests.git_repos"]
+                  "tests.support.git_repos"]
 
 
 #: What a runner started in the background ignores (`cmd &` in a script: SIGINT, SIGQUIT; nohup: SIGHUP).
@@ -66,7 +66,7 @@ def _suite_settings(patch: pytest.MonkeyPatch) -> None:
 def _hermetic_session() -> Iterator[None]:
     """The caller's CLUSTERWATCH_* settings (a token, a collector, a store, a config file) and proxies reach
     neither the code under test in this process nor the children it starts from os.environ, and neither does
-    the site config or the host's kernel log (tests/hermetic.py); session-wide, so the session's own services
+    the site config or the host's kernel log (tests/support/hermetic.py); session-wide, so the session's own services
     (Slurm, munged, Prometheus) start that way too. Restored at the end."""
     with pytest.MonkeyPatch.context() as patch:
         _suite_settings(patch)

@@ -17,8 +17,8 @@ from pathlib import Path
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
-from tests.trainers import start_trainer
+from tests.support.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.trainers import start_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_RULES = ROOT / "collector" / "rules" / "demo_rules.toml"
@@ -144,7 +144,7 @@ class ActionsStack:
     """A collector serving pages with actions; job RUNNING_JOB (a "loop" trainer on a simulated GPU, whose
     checkpoint handler appends to `marker`) and STUCK_JOB (a "stuck" trainer, blocked in
     blocked_in_collective once the collector has seen its step move), each with its own real agent
-    (tests/trainers.py)."""
+    (tests/support/trainers.py)."""
 
     collector: Collector
     trainers: list

@@ -9,7 +9,7 @@ from clusterwatch.collector.ingest.agent_auth import (
     node_identity_error,
 )
 
-from tests.helpers import Collector
+from tests.support.helpers import Collector
 
 WARNING = "agents are not authenticated"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import cli
+from tests.support.helpers import cli
 
 pytestmark = pytest.mark.e2e
 

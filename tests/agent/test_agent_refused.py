@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.helpers import CLI, Collector, Proc, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, metric_value, wait_for
 
 REFUSED = "refuses this agent's stream (UNAUTHENTICATED: missing or wrong clusterwatch token)"
 

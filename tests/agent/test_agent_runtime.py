@@ -12,7 +12,7 @@ from clusterwatch.agent.stream import Sender
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import AGENT_TOKEN, Collector, metric_value, wait_for
+from tests.support.helpers import AGENT_TOKEN, Collector, metric_value, wait_for
 
 
 def _config(tmp_path, collector: str | None, pid: int, **kw) -> AgentConfig:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from clusterwatch.agent.ensure import read_pid
 
-from tests.helpers import CLI, clean_environ, wait_for
 from tests.services.procs import free_port, stop_pid
+from tests.support.helpers import CLI, clean_environ, wait_for
 
 
 def _argv(pid: int) -> list[str]:

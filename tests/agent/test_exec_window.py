@@ -20,7 +20,7 @@ from clusterwatch.agent.slurm_lookup import ProcLookup
 
 from clusterwatch.model import ProcessSample
 from clusterwatch.procfs import ExecInProgress, environ_laid_out, read_environ
-from tests.helpers import SIM_RUN
+from tests.support.helpers import SIM_RUN
 
 SLEEP = "/usr/bin/sleep" if os.path.exists("/usr/bin/sleep") else "/bin/sleep"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from clusterwatch.agent.gitrun import GitRunner, RunAs
 
-from tests.git_repos import (
+from tests.support.git_repos import (
     NOBODY,
     git_wrapper,
 )

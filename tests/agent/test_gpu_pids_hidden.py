@@ -23,8 +23,8 @@ from clusterwatch.agent.backends.pid_visibility import (
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.fakes.nvml_stub import child_env, drive, fixtures, write_state
-from tests.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 from tests.services.procs import require_binary
+from tests.support.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 
 stub_lib, live_pids = fixtures.stub_lib, fixtures.live_pids  # the stand-in's fixtures, used by name
 

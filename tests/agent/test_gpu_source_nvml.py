@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.fakes.no_nvml import unloadable_library
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, clean_environ
+from tests.support.helpers import CLI, clean_environ
 
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
 GiB = 1024**3

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
 from clusterwatch.wire import ProcessColumns, processes_from_table, processes_to_table
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 
 def _poll(t: float, pids: list[int], event: bool = False) -> tuple[agent_pb2.Batch, list[ProcessSample]]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.fakes import fake_pynvml
 from tests.fakes.nvml_stub import drive, fixtures
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 # the stand-in's fixtures, used by name
 stub_lib, stub_lib_no_v3, live_pids = fixtures.stub_lib, fixtures.stub_lib_no_v3, fixtures.live_pids

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 JOB_A = unique_job_id()
@@ -130,7 +130,7 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
                  tmp_path / "agent.log", env={**clean, "SLURMD_NODENAME": "mig-node"})
     try:
         def job_memory() -> dict[str, float] | None:
-            from tests.helpers import metric_value
+            from tests.support.helpers import metric_value
 
             text = collector.metrics()
             found = {job: metric_value(text, "clusterwatch_job_gpu_memory_used_bytes", job_id=job)
@@ -139,7 +139,7 @@ def test_two_jobs_on_two_mig_slices_of_one_gpu_are_two_jobs(stub_lib: Path, tmp_
         found = wait_for(job_memory, timeout=60, what="both jobs' GPU memory in /metrics")
         assert found == {JOB_A: 5 * GiB, JOB_B: 2 * GiB}
         text = collector.metrics()
-        from tests.helpers import metric_value
+        from tests.support.helpers import metric_value
 
         assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-aaaa", job_id=JOB_A) == 6 * GiB
         assert metric_value(text, "clusterwatch_gpu_memory_used_bytes", gpu="MIG-bbbb", job_id=JOB_B) == 3 * GiB

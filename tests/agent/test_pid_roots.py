@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, Collector, clean_environ, cli, metric_value, wait_for, with_agent_token
+from tests.support.helpers import CLI, Collector, clean_environ, cli, metric_value, wait_for, with_agent_token
 
 pytestmark = pytest.mark.e2e
 JOB = "pid-root-1"

@@ -16,7 +16,7 @@ from clusterwatch.agent.backends.psutil_procs import PsutilProcSource
 
 from clusterwatch.model import WCHAN_CHARS, clean_wchan
 from tests.agent.test_procs import stat_text
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from clusterwatch.agent.backends.procs import ProcSource
 
 from clusterwatch.model import GpuUse, ProcessSample
 from clusterwatch.procfs import parse_stat, probe
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 # A real /proc/<pid>/stat line of a process, with {comm} and a few fields to vary.
 STAT = ("{pid} ({comm}) {state} 1 100 100 0 -1 4194560 2000 0 0 0 {utime} {stime} 0 0 20 0 {threads} 0 {start} "

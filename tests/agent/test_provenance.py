@@ -31,7 +31,7 @@ from clusterwatch.agent.provenance import (
     script_path,
 )
 
-from tests.git_repos import (
+from tests.support.git_repos import (
     GIT,
     NOBODY,
     SLEEPER,

@@ -11,7 +11,7 @@ from clusterwatch.agent.provenance import (
 from clusterwatch.agent.provenance_worker import ProvenanceWorker
 
 from clusterwatch.model import ProcessSample
-from tests.git_repos import (
+from tests.support.git_repos import (
     SLEEPER,
     assert_no_git_left_on,
     git_wrapper,
@@ -19,7 +19,7 @@ from tests.git_repos import (
     spawn_ready,
     stop_ready,
 )
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir):

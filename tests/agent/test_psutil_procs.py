@@ -17,7 +17,7 @@ from clusterwatch.agent.config import AgentConfig
 from clusterwatch.agent.runtime import open_procs
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import cli, wait_for
+from tests.support.helpers import cli, wait_for
 
 # a child that starts a grandchild and burns CPU; it prints the grandchild's pid once both are up
 TREE = ("import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "

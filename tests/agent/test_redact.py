@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from clusterwatch.agent.redact import is_secret_name, redact_argv, select_env, strip_url_credentials
 
-from tests.git_repos import TOKEN
+from tests.support.git_repos import TOKEN
 
 
 @pytest.mark.parametrize("url, expected", [

@@ -24,7 +24,7 @@ from clusterwatch.agent.labels import JobLabeler
 
 from clusterwatch.errors import ConfigError
 from clusterwatch.model import GpuUse
-from tests.helpers import CLI, SIM_RUN, clean_environ, cli, popen_exec_done
+from tests.support.helpers import CLI, SIM_RUN, clean_environ, cli, popen_exec_done
 
 SCENARIO = """
 [gpus]

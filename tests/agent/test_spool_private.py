@@ -20,8 +20,8 @@ from clusterwatch.agent.ensure import agent_alive, read_pid
 from clusterwatch.agent.spool import JobSpool, write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, clean_environ, wait_for
 from tests.services.procs import free_port, stop_pid
+from tests.support.helpers import CLI, clean_environ, wait_for
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # one the other user may run
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"

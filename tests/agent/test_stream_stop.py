@@ -4,8 +4,8 @@ from __future__ import annotations
 from clusterwatch.agent.stream import Sender
 from clusterwatch.v1 import agent_pb2
 
-from tests.helpers import AGENT_TOKEN, Collector, wait_for
 from tests.services.procs import free_port
+from tests.support.helpers import AGENT_TOKEN, Collector, wait_for
 
 
 def _hello() -> agent_pb2.Hello:

@@ -14,7 +14,7 @@ from clusterwatch.agent.train_asks import MAX_REPLY, TrainAsker, cut_stacks, py_
 from clusterwatch.agent.train_endpoint import TrainEndpoint
 from clusterwatch.v1 import agent_pb2
 
-from tests.helpers import clean_environ, wait_for
+from tests.support.helpers import clean_environ, wait_for
 
 TRAINER = r"""
 import os, sys, threading, time

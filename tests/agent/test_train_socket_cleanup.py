@@ -12,7 +12,7 @@ from clusterwatch.agent.config import AgentConfig
 from clusterwatch.agent.runtime import AgentRuntime
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import CLI, Collector, Proc, clean_environ, wait_for
+from tests.support.helpers import CLI, Collector, Proc, clean_environ, wait_for
 
 
 def _agent(tmp_path: Path, collector: Collector, sock: Path) -> Proc:

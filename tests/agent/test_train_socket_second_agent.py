@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, wait_for
+from tests.support.helpers import CLI, Collector, Proc, wait_for
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Collector, cli
+from tests.support.helpers import Collector, cli
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import CLI, clean_environ, cli
+from tests.support.helpers import CLI, clean_environ, cli
 
 from .test_cli_streams import running_job  # noqa: F401  (a fixture: a real run's job and collector)
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from clusterwatch.cli.main import cli as cli_group
 
-from tests.helpers import Collector, cli
+from tests.support.helpers import Collector, cli
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from clusterwatch import grpc_fork
-from tests.helpers import CLI, clean_environ, wait_for
+from tests.support.helpers import CLI, clean_environ, wait_for
 
 VARIABLE = "GRPC_ENABLE_FORK_SUPPORT"
 SHOW = ("import os, sys, time; sys.stdout.write(repr(os.environ.get('GRPC_ENABLE_FORK_SUPPORT')) + '\\n'); "

@@ -16,7 +16,7 @@ from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, ROOT, Collector, Proc, cli, kmsg_record, wait_for
+from tests.support.helpers import CLI, ROOT, Collector, Proc, cli, kmsg_record, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name

@@ -16,8 +16,8 @@ import pytest
 
 from tests.cli.test_cli_streams import running_job  # noqa: F401 (a fixture)
 from tests.common.test_json_view import SCHEMA, errors
-from tests.git_repos import make_repo
-from tests.helpers import CLI, clean_environ, cli, wait_for
+from tests.support.git_repos import make_repo
+from tests.support.helpers import CLI, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from clusterwatch.agent.provenance import (
 )
 from clusterwatch.cli.provenance_cmd import provenance as provenance_cmd
 
-from tests.git_repos import (
+from tests.support.git_repos import (
     NOBODY,
     TOKEN,
     chown_tree,

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from tests.fakes.no_nvml import unloadable_library
-from tests.helpers import CLI, clean_environ
+from tests.support.helpers import CLI, clean_environ
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, ROOT, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, ROOT, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, clean_environ, cli, left_behind, wait_for
+from tests.support.helpers import CLI, clean_environ, cli, left_behind, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import CLI, clean_environ
+from tests.support.helpers import CLI, clean_environ
 
 pytestmark = pytest.mark.e2e
 

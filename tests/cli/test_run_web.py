@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import CLI, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from clusterwatch.shards import pick
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

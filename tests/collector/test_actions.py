@@ -16,8 +16,8 @@ from clusterwatch.collector.alerting.alerts import AlertStore
 from clusterwatch.collector.alerting.webhook import post_json
 from clusterwatch.collector.rules import AlertEvent, parse_rules
 
-from tests.helpers import wait_for
 from tests.services.procs import refused_port
+from tests.support.helpers import wait_for
 
 
 def _ev(state, t):

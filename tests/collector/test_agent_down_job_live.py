@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from importlib import resources
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

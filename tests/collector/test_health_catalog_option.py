@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli
+from tests.support.helpers import cli
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.wire import job_event_to_proto, processes_to_table
-from tests.helpers import AGENT_METADATA, Collector, metric_value, wait_for
+from tests.support.helpers import AGENT_METADATA, Collector, metric_value, wait_for
 
 HUGE = 8 << 20  # 8 MiB
 MARK = "Z" * 64  # what a log, a store row or /metrics would hold of the hostile value

@@ -25,7 +25,7 @@ from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample, TrainingReport
 from clusterwatch.wire import job_event_to_proto, processes_to_table, training_to_proto
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
 
 T0 = 1_800_000_000.0
 

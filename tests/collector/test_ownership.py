@@ -25,8 +25,8 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.slurm.scontrol import JobRecord
 from clusterwatch.wire import job_event_to_proto, processes_to_table
-from tests.helpers import AGENT_METADATA, Collector, cli, wait_for
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
+from tests.support.helpers import AGENT_METADATA, Collector, cli, wait_for
 
 T0 = 1_800_000_000.0
 

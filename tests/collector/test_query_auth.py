@@ -16,7 +16,7 @@ from clusterwatch.v1 import query_pb2, query_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

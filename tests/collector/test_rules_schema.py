@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import ROOT, TESTS
+from tests.support.helpers import ROOT, TESTS
 
 GOLDEN = TESTS / "golden" / "rules"
 DEFAULTS = RuleSet()

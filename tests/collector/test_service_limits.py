@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.support.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

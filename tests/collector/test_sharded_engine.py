@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from clusterwatch.shards import pick
-from tests.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 from tests.services.procs import require_binary
 from tests.services.prometheus import running_prometheus
 from tests.services.victoriametrics import running_victoriametrics
+from tests.support.helpers import CLI, ROOT, Collector, Proc, cli, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 

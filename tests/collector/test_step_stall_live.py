@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, metric_value, wait_for
+from tests.support.helpers import CLI, Collector, Proc, clean_environ, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

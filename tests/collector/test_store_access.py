@@ -11,7 +11,7 @@ from pathlib import Path
 from clusterwatch.collector.state.cluster import JobState
 from clusterwatch.collector.state.store import Store, open_db
 
-from tests.helpers import CLI, clean_environ
+from tests.support.helpers import CLI, clean_environ
 
 # Root without capabilities: the mode bits bind it as they bind any user (no CAP_DAC_OVERRIDE).
 NO_CAPABILITIES = ["setpriv", "--bounding-set=-all", "--"]
@@ -117,7 +117,7 @@ def test_an_existing_store_readable_by_others_is_made_private(tmp_path: Path) ->
 
 
 def test_a_real_collector_makes_its_store_private(tmp_path: Path) -> None:
-    from tests.helpers import Collector
+    from tests.support.helpers import Collector
 
     db = tmp_path / "state" / "cw.db"
     collector = Collector(tmp_path, db=db)

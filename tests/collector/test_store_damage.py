@@ -9,7 +9,7 @@ from clusterwatch.collector.state.cluster import JobState
 from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.errors import ConfigError
-from tests.helpers import CLI
+from tests.support.helpers import CLI
 
 PAGE = 4096
 

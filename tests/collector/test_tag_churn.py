@@ -141,7 +141,7 @@ def test_a_changing_tag_stays_held_across_a_restart(tmp_path) -> None:
 def test_the_users_guide_and_the_counters_help_give_the_bound() -> None:
     from clusterwatch.collector.export.counter_metrics import COUNTERS
 
-    from tests.helpers import ROOT
+    from tests.support.helpers import ROOT
 
     text = " ".join((ROOT / "docs" / "users.md").read_text().split())
     assert f"a key's value may change {MAX_TAG_CHANGES} times in a job" in text

@@ -155,7 +155,7 @@ def test_the_history_holds_a_point_wherever_the_rules_look(tmp_path):
     of 4 of tests/e2e/test_record_replay.py); with the shipped rules' 60 s buckets the step stays 5 s."""
     from clusterwatch.collector.service import CollectorServer
 
-    from tests.helpers import ROOT
+    from tests.support.helpers import ROOT
 
     demo = CollectorServer(CollectorConfig(db_path=str(tmp_path / "a.db"),
                                            rules_path=str(ROOT / "collector" / "rules" / "demo_rules.toml")))

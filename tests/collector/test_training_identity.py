@@ -19,7 +19,7 @@ from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import ProcessSample, TrainingReport
 from clusterwatch.wire import ProcessColumns, processes_to_table, training_to_proto
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, wait_for
 
 T0 = 1_800_000_000.0
 

@@ -9,7 +9,7 @@ from clusterwatch.collector.serving.listen_check import taken_error
 
 from clusterwatch.unix_address import unix_path
 from tests.cli.test_cli_mistakes import one_line
-from tests.helpers import CLI, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

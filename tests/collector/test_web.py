@@ -13,7 +13,7 @@ from clusterwatch.collector.web.pages import job_page
 from clusterwatch.v1 import query_pb2
 from markupsafe import escape
 
-from tests.helpers import Collector
+from tests.support.helpers import Collector
 from tests.web_stack import HOSTILE_ARG, HOSTILE_COMM, HOSTILE_TAG, JOB_ID, start_web_stack
 
 pytestmark = pytest.mark.e2e
@@ -102,7 +102,7 @@ def test_an_ended_job_is_shown_from_its_stored_summary(tmp_path):
 
         from clusterwatch.model import JobEvent
         write_event(str(tmp_path / "spool"), JobEvent("end", JOB_ID, time.time(), exit_code=0))
-        from tests.helpers import wait_for
+        from tests.support.helpers import wait_for
 
         wait_for(lambda: (v := s.status_json()) and v["job"]["end_time"], timeout=60, what="the job ended")
         s.collector.stop()

@@ -16,7 +16,7 @@ from clusterwatch.collector.queries.auth import Caller, NoAuth
 from clusterwatch.collector.web.access import BrowserAccess, parse_proxies
 from clusterwatch.collector.web.app import WebApp
 
-from tests.helpers import cli, wait_for
+from tests.support.helpers import cli, wait_for
 from tests.web_stack import (
     PROXY_SECRET,
     PROXY_SECRET_HEADER,

@@ -18,7 +18,7 @@ import pytest
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 from tests.web_browser import LOOPBACK, fits, resource_hosts, severe
 from tests.web_stack import (
     PROXY_SECRET,

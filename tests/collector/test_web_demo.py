@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import CLI, clean_environ, wait_for
+from tests.support.helpers import CLI, clean_environ, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """The index's "Alerts firing" counts a job's alerts as its page's badge does: one that ended while firing (its
 process died with it, never cleared) still counts, while the job runs and once it has ended.
 
-A real collector with short training_stall rules, a real agent and a real trainer (tests/trainers.py) that
+A real collector with short training_stall rules, a real agent and a real trainer (tests/support/trainers.py) that
 stops stepping: training_stall fires, then the trainer is killed.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import Collector, cli, wait_for
-from tests.trainers import start_trainer
+from tests.support.helpers import Collector, cli, wait_for
+from tests.support.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
 

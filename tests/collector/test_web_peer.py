@@ -86,7 +86,7 @@ def test_the_pages_answer_only_their_owners_connections_and_roots():
 
 
 def test_an_owner_uid_off_loopback_is_refused_in_one_line(tmp_path):
-    from tests.helpers import cli
+    from tests.support.helpers import cli
 
     r = cli("collector", "--web-listen", "0.0.0.0:0", "--web-owner-uid", "1000", "--db", str(tmp_path / "db"),
             timeout=30)

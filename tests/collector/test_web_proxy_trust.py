@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_cli_mistakes import one_line
-from tests.helpers import CLI, clean_environ, cli, metric_value
-from tests.local_users import group_and_two_users, run_as
+from tests.support.helpers import CLI, clean_environ, cli, metric_value
+from tests.support.local_users import group_and_two_users, run_as
 from tests.web_stack import JOB_ID, PROXY_SECRET, PROXY_SECRET_HEADER, start_web_stack
 
 pytestmark = pytest.mark.e2e

@@ -2,7 +2,7 @@
 stay bound to the user and the job, and expire.
 
 End to end: a real collector with --web-actions, a real agent and a real trainer with a checkpoint handler;
-(tests/trainers.py); the confirmation page is opened, the collector restarted on the same store, and the page's
+(tests/support/trainers.py); the confirmation page is opened, the collector restarted on the same store, and the page's
 "Yes" still works.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 from clusterwatch.collector.state.store import web_token_secret
 from clusterwatch.collector.web.actions import TOKEN_TTL_S, Tokens
 
-from tests.helpers import Collector
-from tests.trainers import start_trainer
+from tests.support.helpers import Collector
+from tests.support.trainers import start_trainer
 
 JOB = "token-restart"
 

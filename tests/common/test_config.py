@@ -7,8 +7,8 @@ import pytest
 
 from clusterwatch.config import load_default_map
 from clusterwatch.errors import ConfigError
-from tests.helpers import cli
 from tests.services.procs import free_port
+from tests.support.helpers import cli
 
 
 def write(tmp_path: Path, text: str) -> Path:

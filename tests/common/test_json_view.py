@@ -12,7 +12,7 @@ from clusterwatch.v1 import query_pb2
 from google.protobuf.descriptor import FieldDescriptor as F
 
 from clusterwatch import json_view
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 SCHEMA = json.loads((ROOT / "docs" / "json" / "clusterwatch.schema.json").read_text())
 DOC = (ROOT / "docs" / "json.md").read_text()

@@ -25,7 +25,7 @@ from clusterwatch.procfs import (
     stat_parent,
     stat_state,
 )
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
 # A real stat line's layout: fields 3 (state) to 52; {exit} is field 38, exit_signal (-1 for a thread).

@@ -13,8 +13,8 @@ import pytest
 
 from clusterwatch.config import load_default_map
 from clusterwatch.errors import ConfigError
-from tests.helpers import CLI, clean_environ, metric_value, wait_for
 from tests.services.procs import free_port, stop_pid
+from tests.support.helpers import CLI, clean_environ, metric_value, wait_for
 
 TOKEN = "a" * 64
 

@@ -1,5 +1,5 @@
 """Actions on a job's processes are opt-in and owner-only on the query service (issue 24): a real collector, a
-real agent and a real trainer using clusterwatch.train (tests/trainers.py), asked over gRPC as
+real agent and a real trainer using clusterwatch.train (tests/support/trainers.py), asked over gRPC as
 `clusterwatch diagnose` asks.
 
 Without authenticated queries nobody is anybody in particular: AskTraining (stacks, snapshots, checkpoints,
@@ -16,8 +16,8 @@ import pytest
 from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
-from tests.helpers import Collector, cli, unique_job_id, wait_for
-from tests.trainers import start_trainer
+from tests.support.helpers import Collector, cli, unique_job_id, wait_for
+from tests.support.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
 
@@ -157,7 +157,7 @@ def test_run_keeps_its_own_diagnose(tmp_path):
     import re
     import sys
 
-    from tests.helpers import CLI, clean_environ
+    from tests.support.helpers import CLI, clean_environ
 
     done = tmp_path / "done"
     code = ("import os, time\ndef waiting_for_the_file():\n"

@@ -15,7 +15,7 @@ from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.collector.ingest.agent_auth import AGENT_PAYLOAD
 from clusterwatch.v1 import agent_pb2, agent_pb2_grpc
 
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 

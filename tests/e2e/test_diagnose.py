@@ -1,5 +1,5 @@
 """Requests back to a training process, end to end (issue 16 items 2-3): a real collector, a real agent and a
-real Python process using clusterwatch.train (tests/trainers.py). A `checkpoint` asked through the collector
+real Python process using clusterwatch.train (tests/support/trainers.py). A `checkpoint` asked through the collector
 reaches the process's handler and its answer shows in `status`; `clusterwatch diagnose` on a process blocked
 in a function prints that function in the grouped stacks; a user who does not own the job is refused."""
 from __future__ import annotations
@@ -13,14 +13,14 @@ import pytest
 from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
-from tests.trainers import start_trainer
+from tests.support.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
 
 
 class Job:
-    """A collector (with `collector_args`) and one trainer of tests/trainers.py in `mode`, as job `job_id`."""
+    """A collector (with `collector_args`) and one trainer of tests/support/trainers.py in `mode`, as job `job_id`."""
 
     def __init__(self, tmp_path, mode: str, job_id: str, *collector_args: str) -> None:
         self.job_id = job_id

@@ -7,8 +7,8 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 from tests.services.procs import refused_port
+from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

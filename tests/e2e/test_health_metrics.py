@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, kmsg_record, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, kmsg_record, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 JOB = unique_job_id()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from clusterwatch.collector.rules.causes import HELD_FLOOR_S
 
-from tests.helpers import clean_environ, cli
-from tests.stalling_job import start_stalling_job
+from tests.support.helpers import clean_environ, cli
+from tests.support.stalling_job import start_stalling_job
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name

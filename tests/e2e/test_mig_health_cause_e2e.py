@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import cli, wait_for
-from tests.stalling_job import start_stalling_job
+from tests.support.helpers import cli, wait_for
+from tests.support.stalling_job import start_stalling_job
 
 pytestmark = pytest.mark.e2e
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name

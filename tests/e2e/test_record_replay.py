@@ -15,7 +15,7 @@ import pytest
 from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
-from tests.helpers import CLI, ROOT, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, ROOT, SIM_RUN, Collector, Proc, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from clusterwatch.v1 import agent_pb2, agent_pb2_grpc, query_pb2, query_pb2_grpc
 
 from clusterwatch.model import ProcessSample
 from clusterwatch.wire import processes_to_table
-from tests.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
+from tests.support.helpers import AGENT_METADATA, CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

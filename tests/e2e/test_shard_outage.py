@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from clusterwatch.shards import Collectors
-from tests.helpers import cli, metric_value, popen_exec_done, wait_for
-from tests.shard_stack import (
+from tests.support.helpers import cli, metric_value, popen_exec_done, wait_for
+from tests.support.shard_stack import (
     SCENARIO,
     addresses,
     agent,

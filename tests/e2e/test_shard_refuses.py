@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from clusterwatch.shards import Collectors
-from tests.helpers import CLI, Proc, cli, metric_value, unique_job_id, wait_for
-from tests.shard_stack import addresses, start_shards
+from tests.support.helpers import CLI, Proc, cli, metric_value, unique_job_id, wait_for
+from tests.support.shard_stack import addresses, start_shards
 
 pytestmark = pytest.mark.e2e
 

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from clusterwatch.shards import Collectors
-from tests.helpers import SIM_RUN, Collector, clean_environ, cli, metric_value, popen_exec_done, wait_for
 from tests.services.procs import free_port
 from tests.services.prometheus import running_prometheus
-from tests.shard_stack import SCENARIO, agent, choose, counts, rank_env
+from tests.support.helpers import SIM_RUN, Collector, clean_environ, cli, metric_value, popen_exec_done, wait_for
+from tests.support.shard_stack import SCENARIO, agent, choose, counts, rank_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 

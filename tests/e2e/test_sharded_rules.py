@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from clusterwatch.shards import Collectors
-from tests.git_repos import make_repo
-from tests.helpers import Proc, cli, wait_for
-from tests.shard_stack import (
+from tests.support.git_repos import make_repo
+from tests.support.helpers import Proc, cli, wait_for
+from tests.support.shard_stack import (
     SCENARIO,
     addresses,
     agent,

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli, firing_alert, unique_job_id, wait_for
+from tests.support.helpers import (
+    CLI,
+    SIM_RUN,
+    Collector,
+    Proc,
+    clean_environ,
+    cli,
+    firing_alert,
+    unique_job_id,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 NODE = "sim-health-node"

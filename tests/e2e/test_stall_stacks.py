@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, Collector, Proc, clean_environ, cli, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, clean_environ, cli, unique_job_id, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import clean_environ
+from tests.support.helpers import clean_environ
 
 __all__ = ["unloadable_library", "run_without_nvml"]
 

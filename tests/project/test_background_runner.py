@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from tests.helpers import ROOT, clean_environ
+from tests.support.helpers import ROOT, clean_environ
 
 CHILD = """
 import signal, subprocess, sys

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import uuid
 
-from tests.helpers import ROOT, left_behind
+from tests.support.helpers import ROOT, left_behind
 
 
 def test_the_nvml_rows_alone() -> None:

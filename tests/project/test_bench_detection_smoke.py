@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 
 def test_detection_table():

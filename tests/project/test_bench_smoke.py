@@ -10,7 +10,7 @@ import subprocess
 import sys
 import uuid
 
-from tests.helpers import ROOT, left_behind
+from tests.support.helpers import ROOT, left_behind
 
 BENCH = ROOT / "bench"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, ROOT
+from tests.support.helpers import CLI, ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"

@@ -28,9 +28,9 @@ from clusterwatch.agent.spool import write_event
 
 from clusterwatch.model import JobEvent
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, ROOT, SIM_RUN, Collector, Proc, kmsg_record
 from tests.services.procs import require_binary
 from tests.services.prometheus import Prometheus, prometheus_factory  # noqa: F401  (registers the fixture)
+from tests.support.helpers import CLI, ROOT, SIM_RUN, Collector, Proc, kmsg_record
 
 pytestmark = pytest.mark.prometheus
 

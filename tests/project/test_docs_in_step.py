@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 from clusterwatch.cli.main import cli as cli_group
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 
 def _envvars(name: str) -> set[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from clusterwatch.collector.export import MAX_TAG_LABELS, MAX_TAG_NAME, MAX_TAG_VALUE
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 THIS = Path(__file__).relative_to(ROOT).as_posix()
 

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import CLI, ROOT, Collector, Proc, clean_environ, cli, wait_for
-from tests.hermetic import PROXY_VARIABLES, SUITE_SETTINGS
 from tests.services.procs import refused_port, require_binary
+from tests.support.helpers import CLI, ROOT, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.hermetic import PROXY_VARIABLES, SUITE_SETTINGS
 
 # Tests that start collectors, agents, `run` and the CLI as real processes, or read settings in process.
 REPRESENTATIVE = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 pytestmark = pytest.mark.e2e
 

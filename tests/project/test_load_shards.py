@@ -6,7 +6,7 @@ import subprocess
 import sys
 import uuid
 
-from tests.helpers import ROOT, clean_environ, left_behind
+from tests.support.helpers import ROOT, clean_environ, left_behind
 
 
 def test_load_against_three_shards_drops_nothing_and_adds_up():

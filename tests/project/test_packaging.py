@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 
 def test_generated_code_matches_the_proto_files(tmp_path):

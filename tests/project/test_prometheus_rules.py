@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 DIR = ROOT / "deploy" / "prometheus"
 

@@ -9,9 +9,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import CLI, cli, wait_for
 from tests.project.test_systemd_units import INSTALLED, UNITS, _env_file, _envvars, _verify
 from tests.services.procs import free_port
+from tests.support.helpers import CLI, cli, wait_for
 
 TEMPLATE = UNITS / "clusterwatch-collector@.service"
 INSTANCE_ENV = UNITS / "collector-instance.env"
@@ -75,7 +75,7 @@ def test_two_instances_run_side_by_side_from_their_env_files(tmp_path: Path) -> 
             inst["CLUSTERWATCH_METRICS_LISTEN"] = inst["CLUSTERWATCH_METRICS_LISTEN"].replace("0.0.0.0", "127.0.0.1")
             inst["CLUSTERWATCH_DB"] = str(tmp_path / inst["CLUSTERWATCH_DB"].lstrip("/"))
             Path(inst["CLUSTERWATCH_DB"]).parent.mkdir(parents=True)  # systemd's StateDirectory
-            # no Slurm, and queries open (munged is not a part of this test: tests/helpers.py Collector does so)
+            # no Slurm, and queries open (munged is not a part of this test: tests/support/helpers.py Collector does so)
             env.update(inst, CLUSTERWATCH_SLURM="0", CLUSTERWATCH_QUERY_AUTH="none", CLUSTERWATCH_COLLECTORS=everyone)
             ports.append((grpc, metrics, web, Path(inst["CLUSTERWATCH_DB"])))
             log = open(tmp_path / f"c{n}.log", "wb")

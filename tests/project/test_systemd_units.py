@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 from clusterwatch.cli.main import cli as cli_group
 
-from tests.helpers import CLI, ROOT, left_behind, metric_value, wait_for
+from tests.support.helpers import CLI, ROOT, left_behind, metric_value, wait_for
 
 UNITS = ROOT / "deploy" / "systemd"
 INSTALLED = "/opt/clusterwatch/venv/bin/clusterwatch"  # where the units expect the console script

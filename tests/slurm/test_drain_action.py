@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, kmsg_record, metric_value, wait_for
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
+from tests.support.helpers import CLI, Collector, Proc, kmsg_record, metric_value, wait_for
 
 pytestmark = pytest.mark.slurm
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name

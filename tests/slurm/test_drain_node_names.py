@@ -15,8 +15,8 @@ import pytest
 from clusterwatch.collector.jobmap.scontrol import ScontrolMapper
 
 from tests.fakes.nvml_stub import child_env, fixtures, write_state
-from tests.helpers import CLI, Collector, Proc, kmsg_record, wait_for
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
+from tests.support.helpers import CLI, Collector, Proc, kmsg_record, wait_for
 
 pytestmark = pytest.mark.slurm
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name

@@ -15,8 +15,8 @@ from clusterwatch.cli.hooks_cmd import exit_code_from
 
 from bench.waiting import poll_until
 from clusterwatch.model import GpuInfo
-from tests.helpers import CLI, ROOT
 from tests.services.procs import free_port, pid_alive, stop_pid
+from tests.support.helpers import CLI, ROOT
 
 
 def hook_env(spool: Path, **extra: str) -> dict[str, str]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Collector
 from tests.services.procs import free_port
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401
 from tests.slurm.test_slurm_e2e import _environ
+from tests.support.helpers import Collector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from clusterwatch.slurm.listpids import parse_listpids
-from tests.helpers import AGENT_TOKEN, Collector, cli, metric_value, wait_for
 from tests.services.procs import pid_alive, read_pid, stop_pid
 from tests.services.slurm import (  # noqa: F401  (fixtures)
     SlurmCluster,
@@ -30,6 +29,7 @@ from tests.services.slurm import (  # noqa: F401  (fixtures)
     two_node_gpu_job,
 )
 from tests.services.sshd import SshServer, slurm_sshd  # noqa: F401  (fixtures)
+from tests.support.helpers import AGENT_TOKEN, Collector, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.slurm
 

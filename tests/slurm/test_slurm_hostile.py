@@ -37,8 +37,8 @@ from clusterwatch.slurm.scontrol import (
     read_one_job_text,
     read_show_job_text,
 )
-from tests.helpers import TESTS
 from tests.services.slurm import SlurmCluster, running_slurm_cluster
+from tests.support.helpers import TESTS
 
 UTC = timezone.utc
 FIXTURES = TESTS / "fixtures" / "scontrol"

@@ -11,7 +11,7 @@ from clusterwatch.slurm import hostlist
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
 from clusterwatch.slurm.proc import CgroupJob, EnvLabels, environ_labels, parse_cgroup, parse_environ
 from clusterwatch.slurm.scontrol import parse_duration, parse_gres_detail, parse_show_job
-from tests.helpers import TESTS
+from tests.support.helpers import TESTS
 
 FIXTURES = TESTS / "fixtures" / "scontrol"
 UTC = timezone.utc

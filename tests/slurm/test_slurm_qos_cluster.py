@@ -8,7 +8,7 @@ from clusterwatch.collector.state.cluster import JobState
 from clusterwatch.collector.state.store import Store, open_db
 
 from clusterwatch.slurm.scontrol import parse_show_job, parse_show_job_json
-from tests.helpers import TESTS
+from tests.support.helpers import TESTS
 
 FIXTURES = TESTS / "fixtures" / "scontrol"
 

@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (pytest fixtures imported from tests/train_agent.py are parameters here)
+# ruff: noqa: F811  (pytest fixtures imported from tests/support/train_agent.py are parameters here)
 """The memory snapshot's default folder cannot be taken first by another user.
 
 The default is `clusterwatch-<uid>` in the temp folder, a name anyone can guess. Another user (nobody, for
@@ -21,8 +21,8 @@ import pytest
 
 from clusterwatch import train
 from clusterwatch import train_snapshot as ts
+from tests.support.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
 from tests.train.test_train_snapshot import RUN
-from tests.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
 
 NOBODY = 65534
 

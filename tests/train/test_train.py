@@ -423,7 +423,7 @@ while True:
 
 
 def test_a_datagram_protobuf_cannot_carry_does_not_blind_the_node(tmp_path):
-    from tests.helpers import CLI, Collector, Proc, metric_value, wait_for
+    from tests.support.helpers import CLI, Collector, Proc, metric_value, wait_for
 
     sock = tmp_path / "train.sock"
     script = tmp_path / "hostile.py"

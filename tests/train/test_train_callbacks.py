@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (pytest fixtures imported from tests/train_agent.py are parameters here)
+# ruff: noqa: F811  (pytest fixtures imported from tests/support/train_agent.py are parameters here)
 """The ready callbacks honour checkpoint and stop: in a real process, asked by a socket playing the agent,
 with objects shaped like the frameworks' (transformers' TrainerState/TrainerControl, a Lightning Trainer)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from clusterwatch import train
 from clusterwatch.integrations._progress import StepRequests
-from tests.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
+from tests.support.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
 
 RUN = r"""
 import json, sys, time, types

@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (pytest fixtures imported from tests/train_agent.py are parameters here)
+# ruff: noqa: F811  (pytest fixtures imported from tests/support/train_agent.py are parameters here)
 """Requests back to a training process: a real process using clusterwatch.train, and this test playing
 the agent's part on a real socket (bound where the process reports to, reading its reports, answering
 to the address they come from)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusterwatch import train_requests as tr
-from tests.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
+from tests.support.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
 
 NOBODY = 65534
 

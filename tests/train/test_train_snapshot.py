@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (pytest fixtures imported from tests/train_agent.py are parameters here)
+# ruff: noqa: F811  (pytest fixtures imported from tests/support/train_agent.py are parameters here)
 """memory_snapshot: answered by clusterwatch.train itself in a process whose torch uses CUDA, into a file
 no other user can read; asked by a socket playing the agent."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from clusterwatch import train
 from clusterwatch import train_snapshot as ts
-from tests.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
+from tests.support.train_agent import agent, sock_dir  # noqa: F401  (fixtures)
 
 RUN = r"""
 import os, pickle, sys, time, types

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_environ
+from tests.support.helpers import clean_environ
 
 # Reports `n` steps `pause` s apart; between steps the file named `go` (when given) must exist; then prints its
 # counters on stdout. The grace is shortened so that the test runs in seconds.

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import CLI, SIM_RUN, Proc, clean_environ, cli, wait_for
+from tests.support.helpers import CLI, SIM_RUN, Proc, clean_environ, cli, wait_for
 
 TRAINER = r"""
 import os, sys, time

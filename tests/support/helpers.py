@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from bench.waiting import wait_for as wait_for  # the one wait of the tests and benches, re-exported
-from tests.hermetic import SUITE_SETTINGS
+from tests.support.hermetic import SUITE_SETTINGS
 
 CLI = [sys.executable, "-m", "clusterwatch.cli.main"]
 
@@ -23,7 +23,7 @@ SIM_RUN = f"tests-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 # the repository's root and its tests folder, wherever a test file lies under it
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
 
@@ -47,8 +47,9 @@ def with_agent_token(args: list[str], env: dict[str, str]) -> dict[str, str]:
 
 
 def clean_environ(base: dict | None = None) -> dict[str, str]:
-    """`base` (default os.environ) without any CLUSTERWATCH_* variable but the suite's own (tests/hermetic.py): the
-    caller's settings (a token, a collector address, a config file) must not reach the processes a test starts."""
+    """`base` (default os.environ) without any CLUSTERWATCH_* variable but the suite's own
+    (tests/support/hermetic.py): the caller's settings (a token, a collector address, a config file) must not
+    reach the processes a test starts."""
     return {k: v for k, v in (os.environ if base is None else base).items()
             if not k.startswith("CLUSTERWATCH_") or k in SUITE_SETTINGS}
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import CLI, Collector, Proc, cli, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, unique_job_id, wait_for
 
 RANK = """
 import os, sys, time

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from clusterwatch.shards import Collectors
-from tests.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli
 from tests.services.procs import free_port
+from tests.support.helpers import CLI, SIM_RUN, Collector, Proc, clean_environ, cli
 
 SCENARIO = """
 [gpus]

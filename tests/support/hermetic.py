@@ -11,7 +11,7 @@
   tests' /metrics reads) http_proxy even for 127.0.0.1, unless no_proxy says otherwise; the tests' servers
   are all on loopback, reached directly.
 
-tests/helpers.py's clean_environ() keeps the SUITE_SETTINGS variables, so every child the tests start
+tests/support/helpers.py's clean_environ() keeps the SUITE_SETTINGS variables, so every child the tests start
 inherits them.
 """
 from __future__ import annotations

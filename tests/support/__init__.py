@@ -1,0 +1,1 @@
+"""Modules the tests share: the processes and stacks they start, trainers, git repositories, local users."""
