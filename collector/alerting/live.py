@@ -18,7 +18,7 @@ from ..rules.engine import ENDED_WHILE_FIRING
 from ..rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
 from ..state.cluster import ClusterState, JobState, ProcessSeries
 from ..state.core import CoreListener
-from ..state.observations import job_owners, node_observations
+from ..state.observations import node_observations
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
 from .stall_causes import HealthCauses
@@ -160,7 +160,7 @@ class Alerting(CoreListener):
         self._handle([event], now)
 
     def on_tick(self, now: float) -> None:
-        self._gpu_owner = job_owners(self.state)
+        self._gpu_owner = self.state.gpu_allocations()
         self._handle(self.engine.tick(now), now)
         if now - self._refreshed >= REFRESH_EVERY_S:
             self.refresh(now)

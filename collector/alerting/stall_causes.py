@@ -40,12 +40,11 @@ class HealthCauses:
         engine = self.health()
         # the engine asks from CAUSE_LOOKBACK_S before the stall began
         stall_for = max(0.0, now - since - CAUSE_LOOKBACK_S)
-        gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
+        gpus = {(g.node, g.uuid) for g in self.state.job_gpus(job)}
         held = []
         for key in job.processes:
             series = self.state.processes.get(key)
             if series is not None:
-                gpus.update((key.node, g.gpu_uuid) for g in series.latest.gpus)
                 if series.state and series.alive and held_long_enough(now - series.state_since, stall_for):
                     held.append(series)
         out = self._health(job, gpus, since, now, engine) if engine is not None else []

@@ -151,15 +151,10 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
     pids = st.pids
     jobs, ranks = [], []
     processes = [] if per_process else None
-    alloc_owner: dict[str, str] = {}
-    use_owner: dict[str, str] = {}
     for job in st.jobs.values():
         if job.ended:
             continue
         job_id = job.job_id
-        for uuids in job.gpus_by_node.values():
-            for u in uuids:
-                alloc_owner[u] = job_id
         n = gsum = rsum = 0
         for key in job.processes:
             series = procs_by_key.get(key)
@@ -170,9 +165,6 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
             gpus = s.gpus
             gmem = s.gpu_memory_bytes if gpus else None
             rss = s.rss_bytes
-            for g in gpus:
-                if g.gpu_uuid not in use_owner:
-                    use_owner[g.gpu_uuid] = job_id
             if gmem:
                 gsum += gmem
             if rss:
@@ -200,14 +192,14 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
         code = code_labels(job.provenance.values()) if job.provenance else None
         tags = tuple(tag_labels(job.tags, JOB_INFO.labels).items())
         jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
-    use_owner.update(alloc_owner)  # a GPU allocated to a job is that job's; else the first job using it
+    holders = st.gpu_holders()
     gpus = []
     owns = owns_node
     for uuid, gs in st.gpus.items():
         if owns is not None and not owns(gs.node):
             continue
         r = gs.latest
-        job_id = use_owner.get(uuid, "")
+        job_id = holders.get(uuid, "")
         if r is None:
             gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, None, None, gs.info.memory_total_bytes,
                                None))

@@ -144,12 +144,8 @@ class HealthListener:
         """The job's health findings as query HealthViews: on its GPUs (the whole GPU of a MIG instance too),
         since it started, and those from before that still hold (a GPU's uncorrected ECC errors, its loss, its
         throttling), worst first."""
-        gpus = [(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids]
-        # GPUs its processes used, where the prolog named none (a job outside Slurm's GPU allocation)
-        for key in job.processes:
-            series = self.state.processes.get(key)
-            if series is not None:
-                gpus += [(key.node, g.gpu_uuid) for g in series.latest.gpus]
+        # those allocated to it, and those its processes used (a job outside Slurm's GPU allocation has only these)
+        gpus = [(g.node, g.uuid) for g in self.state.job_gpus(job)]
         out = []
         for t, f in self.engine.findings(sorted(with_parents(self.state, gpus)), since=job.start_time or 0.0,
                                           standing=True):

@@ -125,14 +125,14 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
             nv.last_seen = ns.last_seen
             nv.agent_up = state.node_up(ns, now, after_intervals)
             nv.memory_total_bytes = ns.memory_total_bytes
-    # GPUs: those the job's processes use, and those allocated to it (prolog / Slurm)
+    # GPUs: those allocated to it (prolog / Slurm), and those its live processes use (an ended job's summary
+    # lists those its processes used), with how many of those processes use each
     used: dict[str, int] = {}
     for series in procs:
-        if series.alive or job.ended:  # an ended job's summary lists the GPUs it used
+        if series.alive or job.ended:
             for g in series.latest.gpus:
                 used[g.gpu_uuid] = used.get(g.gpu_uuid, 0) + 1
-    allocated = [u for uuids in job.gpus_by_node.values() for u in uuids]
-    for uuid in dict.fromkeys([*allocated, *used]):
+    for uuid in [g.uuid for g in state.job_gpus(job, alive_only=not job.ended)]:
         gs = state.gpus.get(uuid)
         gv = view.gpus.add(uuid=uuid, processes=used.get(uuid, 0))
         if gs is None:

@@ -636,6 +636,59 @@ class ClusterState:
     def job_processes(self, job: JobState) -> list[ProcessSeries]:
         return [self.processes[k] for k in job.processes if k in self.processes]
 
+    # Which job holds a GPU: asked here by every reader (the exporter, alerting, the trace, stall causes, health,
+    # the views, the job page). Worked out when read, not kept as an index: allocations change in several places
+    # (job events, the registry's Slurm records, relabels) and a process's GPUs with every batch, while the
+    # readers ask once a scrape, a tick or a query (bench figures in the commit that made these).
+
+    def gpu_allocations(self) -> dict[str, str]:
+        """GPU UUID → the running job it is allocated to (Slurm's allocation, or the prolog's)."""
+        return {u: j.job_id for j in self.jobs.values() if not j.ended for uuids in j.gpus_by_node.values()
+                for u in uuids}
+
+    def gpu_holders(self) -> dict[str, str]:
+        """GPU UUID → the running job that holds it: the one it is allocated to, else the first running job
+        (in the order jobs became known) whose live process uses it, as of that process's latest sample."""
+        # One pass over the processes, each taken to the job its latest sample names (the job that holds it in
+        # its processes: _join_job), not one over each job's keys: a scrape asks this of every GPU, and hashing
+        # every process's key again cost 40 ms a scrape on bench_metrics' 64,000 processes (10 ms this way).
+        running = [job.job_id for job in self.jobs.values() if not job.ended]
+        order = {job_id: i for i, job_id in enumerate(running)}
+        first: dict[str, int] = {}  # GPU UUID → the place in `order` of the first running job whose process uses it
+        for series in self.processes.values():
+            s = series.latest
+            if s.gpus and series.alive:
+                i = order.get(s.job_id)
+                if i is not None:
+                    for g in s.gpus:
+                        u = g.gpu_uuid
+                        if first.get(u, i) >= i:
+                            first[u] = i
+        holders = {u: running[i] for u, i in first.items()}
+        holders.update(self.gpu_allocations())
+        return holders
+
+    def job_gpus(self, job: JobState, alive_only: bool = False) -> list[JobGpu]:
+        """The job's GPUs, each once: those allocated to it, in its allocation's order, then those its processes
+        use as of their latest samples (only its live processes' with `alive_only`), by rank, node and pid.
+
+        A MIG instance is itself, not its whole GPU: the health readers add those (collector/health/mig.py).
+        """
+        out: list[JobGpu] = []
+        seen: set[str] = set()
+        for node, uuids in job.gpus_by_node.items():
+            for u in uuids:
+                if u not in seen:
+                    seen.add(u)
+                    out.append(JobGpu(node, u, True))
+        procs = sorted((p for p in self.job_processes(job) if p.alive or not alive_only), key=_by_rank)
+        for series in procs:
+            for g in series.latest.gpus:
+                if g.gpu_uuid not in seen:
+                    seen.add(g.gpu_uuid)
+                    out.append(JobGpu(series.key.node, g.gpu_uuid, False))
+        return out
+
     def node_up(self, node: NodeState, now: float, after_intervals: float) -> bool:
         return node.last_seen > 0 and now - node.last_seen <= after_intervals * node.send_interval_s + 1.0
 
@@ -659,6 +712,20 @@ class ClusterState:
         pids = self.pids.get(key.node)
         if pids is not None and (series := pids.get(key.pid)) is not None and series.key == key:
             del pids[key.pid]
+
+
+class JobGpu(NamedTuple):
+    """A GPU of a job (ClusterState.job_gpus)."""
+
+    node: str
+    uuid: str
+    allocated: bool  # allocated to the job; else one its processes use
+
+
+def _by_rank(series: ProcessSeries) -> tuple[int, str, int]:
+    """The order people read a job's processes in: by rank (those without one last), node, pid."""
+    rank = series.latest.rank
+    return (rank if rank is not None else 1 << 30, series.key.node, series.key.pid)
 
 
 class _Polls:

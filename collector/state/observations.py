@@ -83,7 +83,8 @@ def node_observations(state: ClusterState, node: str, touched: list[ProcessSerie
         state: The collector's state (read under its lock by the caller).
         node: The node whose batch this is.
         touched: The processes the batch brought samples of.
-        owners: GPU UUID → the running job it is allocated to (`job_owners`).
+        owners: GPU UUID → the running job it is allocated to (ClusterState.gpu_allocations: the GPU observation
+            names the job that allocation gives it, not one whose processes merely use it).
         t: The batch's time.
         min_interval_s: A process is observed at most this often: each process the batch touched and the
             rules have not looked at for that long, as of its latest sample (it is marked looked at).
@@ -158,12 +159,6 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
                          s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
                          retries)))
     return out
-
-
-def job_owners(state: ClusterState) -> dict[str, str]:
-    """GPU UUID → the running job it is allocated to (Slurm's allocation)."""
-    return {u: j.job_id for j in state.jobs.values() if not j.ended
-            for uuids in j.gpus_by_node.values() for u in uuids}
 
 
 def gpu_record(obs: GpuObservation, parent: str = "") -> dict[str, Any]:

@@ -35,7 +35,7 @@ from clusterwatch.model import ProcessKey
 
 from ..health.mig import with_parents
 from ..rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
-from ..state.cluster import ALLOCATOR_FRESH_S, ClusterState, JobState, ProcessSeries, allocator_totals
+from ..state.cluster import ALLOCATOR_FRESH_S, ClusterState, JobGpu, JobState, ProcessSeries, allocator_totals
 from ..state.observations import (
     allocation_room,
     gpu_figures,
@@ -88,9 +88,11 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
             users.setdefault(g.gpu_uuid, []).append((lines[0]["t"], lines[-1]["t"]))
         if not series.alive:
             ended.append((series, lines[-1]["t"]))
+    # the job's GPUs a trace holds: allocated to it, and those its processes use that the collector knows
+    gpus = [g for g in state.job_gpus(job) if g.allocated or g.uuid in state.gpus]
     for node in sorted(set(job.nodes) | set(node_times) | set(job.gpus_by_node)):
         times = node_times.setdefault(node, set())
-        for r in _gpu_rows(state, job, node, users):
+        for r in _gpu_rows(state, job.job_id, node, [g for g in gpus if g.node == node], users):
             rows.append((r["t"], _GPU, r))
             times.add(r["t"])
         ns = state.nodes.get(node)
@@ -103,7 +105,7 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
         rows.append((t, _END, {"kind": "end", "t": t, "node": series.key.node, "pid": series.key.pid,
                                "start_time": series.key.start_time}))
     if health is not None:
-        rows.extend(_health_rows(state, job, health, rows, users))
+        rows.extend(_health_rows(state, job, health, rows, {(g.node, g.uuid) for g in gpus}))
     rows.sort(key=lambda r: (r[0], r[1]))
     dumps = json.dumps
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
@@ -202,28 +204,28 @@ def _allocator_figures(series: ProcessSeries, alloc: list[tuple], alloc_times: l
     return allocated, reserved, retries
 
 
-def _gpu_rows(state: ClusterState, job: JobState, node: str, users: dict[str, list[tuple[float, float]]]
-              ) -> list[dict[str, Any]]:
-    """The readings of the job's GPUs on `node`: those allocated to it, and any of its processes use."""
-    allocated = set(job.gpus_by_node.get(node, ()))
-    uuids = allocated | {u for u in users if (gs := state.gpus.get(u)) is not None and gs.node == node}
+def _gpu_rows(state: ClusterState, job_id: str, node: str, gpus: list[JobGpu],
+              users: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """The readings of the job's GPUs on `node` (`gpus`, ClusterState.job_gpus): each names the job where it is
+    allocated to it, as the live GPU observations do (collector/state/observations.py)."""
     out = []
-    for uuid in sorted(uuids):
+    for job_gpu in sorted(gpus, key=lambda g: g.uuid):
+        uuid = job_gpu.uuid
         gs = state.gpus.get(uuid)
         if gs is None:
             continue
         spans = users.get(uuid, [])
-        job_id = job.job_id if uuid in allocated else ""
+        holder = job_id if job_gpu.allocated else ""
         power = dict(gs.power_history)  # appended beside history, at the same reading's time (state.py)
         for t, util, _mem in gs.history:
-            obs = GpuObservation(t, node, uuid, job_id, util, sum(1 for a, b in spans if a <= t <= b),
+            obs = GpuObservation(t, node, uuid, holder, util, sum(1 for a, b in spans if a <= t <= b),
                                  gs.info.index, power.get(t))
             out.append(gpu_record(obs, gs.info.parent_uuid))
     return out
 
 
 def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tuple[float, int, dict[str, Any]]],
-                 users: dict[str, list[tuple[float, float]]]) -> list[tuple[float, int, dict[str, Any]]]:
+                 gpus: set[tuple[str, str]]) -> list[tuple[float, int, dict[str, Any]]]:
     """The health records of the job's GPUs (those allocated to it and those its processes use), and the
     events naming one of its processes, from the lead-in before the job to the end of what the engine holds.
 
@@ -250,8 +252,6 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
     first.update(first_proc)
     begin = job.start_time or min(starts, default=0.0)
     since = begin - 2 * health.throttle.window_s
-    gpus = {(node, uuid) for node, uuids in job.gpus_by_node.items() for uuid in uuids}
-    gpus |= {(gs.node, u) for u in users if (gs := state.gpus.get(u)) is not None}
     gpus = with_parents(state, gpus)   # a MIG instance's health is read on its whole GPU
     nodes = set(job.nodes) | set(first) | {n for n, _ in gpus}
     out: list[tuple[float, int, dict[str, Any]]] = []

@@ -76,8 +76,7 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
                 if reserved is not None:
                     rc.gpu_reserved.append((t, float(reserved)))
             ranks.append(rc)
-            uuids += [g.gpu_uuid for g in p.latest.gpus]
-        uuids = list(dict.fromkeys([u for us in job.gpus_by_node.values() for u in us] + uuids))
+        uuids = [g.uuid for g in state.job_gpus(job)]  # allocated to it, then those its processes use
         gpus = []
         for uuid in uuids:
             gs = state.gpus.get(uuid)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from clusterwatch.collector.health.engine import HealthEngine
 from clusterwatch.collector.health.live import HealthListener, gpu_users
 from clusterwatch.collector.health.xid_catalog import load_catalog
+from clusterwatch.collector.state.cluster import ClusterState
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
@@ -14,15 +15,19 @@ from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
 def series(pid: int, rank: int, gpu: str, job: str = "55", alive: bool = True) -> SimpleNamespace:
     s = ProcessSample(time=10.0, node="n1", pid=pid, start_time=float(pid), command="python", job_id=job,
                       rank=rank, gpus=(GpuUse(gpu, 1 << 30, 50.0),))
-    return SimpleNamespace(latest=s, alive=alive)
+    return SimpleNamespace(key=ProcessKey("n1", pid, float(pid)), latest=s, alive=alive)
 
 
 def state() -> SimpleNamespace:
     procs = {100: series(100, 0, "GPU-a"), 101: series(101, 1, "GPU-b"), 102: series(102, 2, "GPU-a", alive=False),
              103: series(103, 0, "GPU-a", job="")}
     # nodes, gpus: the inventory (none in MIG mode here: a GPU's users are the ranks on it alone)
-    return SimpleNamespace(pids={"n1": procs}, nodes={}, gpus={},
-                           processes={ProcessKey("n1", p, float(p)): s for p, s in procs.items()})
+    st = SimpleNamespace(pids={"n1": procs}, nodes={}, gpus={},
+                         processes={ProcessKey("n1", p, float(p)): s for p, s in procs.items()})
+    # which GPUs a job holds: the state's own answer, over these processes
+    st.job_processes = lambda job: ClusterState.job_processes(st, job)
+    st.job_gpus = lambda job, alive_only=False: ClusterState.job_gpus(st, job, alive_only)
+    return st
 
 
 def test_the_users_of_a_gpu_are_the_live_ranks_on_it_and_the_named_process() -> None:

@@ -15,7 +15,6 @@ from clusterwatch.collector.state.observations import (
     gpu_record,
     heartbeat_from_record,
     heartbeat_record,
-    job_owners,
     node_observations,
     observation_record,
 )
@@ -50,7 +49,7 @@ def _state() -> tuple[ClusterState, list[ProcessSeries]]:
 
 def test_a_batch_becomes_the_observations_of_its_processes_gpus_and_node():
     state, touched = _state()
-    seen = node_observations(state, "n1", touched, job_owners(state), T0, min_interval_s=5.0)
+    seen = node_observations(state, "n1", touched, state.gpu_allocations(), T0, min_interval_s=5.0)
     first, second = seen.processes
     # the job's share of the node (16 GiB over 2 nodes) less what its ranks here hold (3 GiB), plus its own RSS
     assert first == ProcessObservation(
@@ -66,7 +65,7 @@ def test_a_batch_becomes_the_observations_of_its_processes_gpus_and_node():
 
 def test_a_process_is_observed_at_most_every_min_interval():
     state, touched = _state()
-    owners = job_owners(state)
+    owners = state.gpu_allocations()
     assert len(node_observations(state, "n1", touched, owners, T0, 5.0).processes) == 2
     for series in touched:
         series.latest.time = T0 + 4
@@ -85,7 +84,7 @@ def test_the_derivations_record_shares():
 
 def test_a_process_line_is_the_observation_written_down():
     state, touched = _state()
-    obs = node_observations(state, "n1", touched, job_owners(state), T0, 5.0).processes[0]
+    obs = node_observations(state, "n1", touched, state.gpu_allocations(), T0, 5.0).processes[0]
     line = observation_record(obs)
     assert ProcessObservation(**line) == obs   # every field known, by its own name
     assert "user" not in observation_record(obs, labels=False)
@@ -98,7 +97,7 @@ def test_the_observations_written_down_replay_to_the_live_events():
     # measured against the job's allocation (the ceiling and its name travel in the line)
     rules = load_rules(resources.files("clusterwatch.collector.rules") / "demo_rules.toml")
     state, touched = _state()
-    owners = job_owners(state)
+    owners = state.gpu_allocations()
     live, lines, seen = Engine(rules), [], set()
     events = []
     for i in range(400):
@@ -118,7 +117,7 @@ def test_the_observations_written_down_replay_to_the_live_events():
 
 def test_gpu_and_node_records_read_back_as_the_observations_written():
     state, touched = _state()
-    seen = node_observations(state, "n1", touched, job_owners(state), T0, 5.0)
+    seen = node_observations(state, "n1", touched, state.gpu_allocations(), T0, 5.0)
     for gpu in seen.gpus:
         assert gpu_from_record(orjson.loads(orjson.dumps(gpu_record(gpu)))) == gpu
     assert gpu_record(seen.gpus[1], parent="GPU-whole")["parent"] == "GPU-whole"
