@@ -137,8 +137,11 @@ class SimNvml:
             event_set.gpus.add(handle.index)
 
     def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _EventData:
-        """The next XID due on a GPU of the set; waits for one at most `timeout_ms`, then NVML's TIMEOUT."""
-        deadline = self._clock() + timeout_ms / 1000
+        """The next XID due on a GPU of the set; waits for one at most `timeout_ms`, then NVML's TIMEOUT.
+
+        The wait is timed on the monotonic clock, so a wall clock stepped back never holds up a stop.
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
         while True:
             while event_set.delivered < len(self._xids) and self._xids[event_set.delivered][1] not in event_set.gpus:
                 event_set.delivered += 1    # on a GPU not registered with this set
@@ -148,9 +151,10 @@ class SimNvml:
                 _, index, xid = self._xids[event_set.delivered]
                 event_set.delivered += 1
                 return _EventData(device=self._handles[index], eventType=_EVENT_XID, eventData=xid)
-            if now >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise NVMLError(_TIMEOUT)
-            time.sleep(min(deadline, due) - now)
+            time.sleep(min(left, due - now))
 
     # --- counters ---------------------------------------------------------------------------------
 
