@@ -20,6 +20,7 @@ from clusterwatch.v1 import agent_pb2
 from clusterwatch import __version__
 from clusterwatch.model import JobEvent, ProcessSample
 from clusterwatch.wire import (
+    gpu_activity_to_proto,
     gpu_info_to_proto,
     gpu_reading_to_proto,
     job_event_to_proto,
@@ -171,8 +172,12 @@ class Agent:
         samples = self.procs.sample(pids, now, gpu_poll.processes)
         first_seen = self.labeler.label(samples)
         batch = agent_pb2.Batch(sent_at=now)
+        activity = gpu_poll.activity  # GPM readings since the last poll (a slower cadence): most polls have none
         for r in gpu_poll.readings:
-            gpu_reading_to_proto(r, now, batch.gpus.add())
+            sample = batch.gpus.add()
+            gpu_reading_to_proto(r, now, sample)
+            if r.uuid in activity:
+                gpu_activity_to_proto(activity[r.uuid], sample.activity)
         if self.spool is not None:
             for event in self.spool.take_events():
                 # The prolog knows GPU indexes only; a GPU is named by its UUID from here on.

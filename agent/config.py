@@ -46,6 +46,8 @@ class AgentConfig:
         kmsg: the kernel log read for the driver's XID lines (/dev/kmsg; a file or FIFO in tests);
             None: not read (the CLI's default is /dev/kmsg).
         health_interval_s: how often the GPUs' health counters are read (ECC, throttling, ...).
+        activity_interval_s: how often the GPUs' true activity (NVML GPM: SM, tensor, DRAM) is read, each
+            reading the activity over that window; 0: not read.
     """
 
     collector: str | None
@@ -72,4 +74,5 @@ class AgentConfig:
     process_source: str = "auto"
     kmsg: str | None = None
     health_interval_s: float = 30.0
+    activity_interval_s: float = 10.0
     collectors_before: str = ""

@@ -296,7 +296,8 @@ def open_gpus(config: AgentConfig):
         log.warning("no GPU backend available; running without GPU data")
         return NoGpuSource()
     return open_gpu_source(config.gpu_source, config.sim_scenario, log, node=config.node,
-                           interval_s=config.interval_s, sim_run=config.sim_run)
+                           interval_s=config.interval_s, sim_run=config.sim_run,
+                           activity_interval_s=config.activity_interval_s)
 
 
 def open_train_endpoint(path: str | None):

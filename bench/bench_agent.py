@@ -2,9 +2,12 @@
 """Agent CPU per poll for 64 watched processes on 8 simulated GPUs, beside a seed-style monitor.
 
     .venv/bin/python bench/bench_agent.py [--quick] [--rounds 5] [--polls 20] [--profile] [--nvml-only]
+        [--gpm-every 0,10,1]
 
 (`--nvml-only`: only the NVML rows below and the agent's poll taken apart, about 40 s; with
-`--profile`, a cProfile of the NVML agent's polls too.)
+`--profile`, a cProfile of the NVML agent's polls too; with `--gpm-every`, the NVML agent's poll once a
+child process per GPM cadence (0: GPM not read), the cadences taken in turn, twice: what reading the GPUs'
+activity on its own thread costs a poll, that thread's CPU included.)
 
 Starts 64 child processes that keep their /proc/<pid>/stat moving, as a training node's ranks
 and data-loader workers do (BUSY_CHILD), each with CLUSTERWATCH_SIM_GPU spread over 8 simulated
@@ -215,6 +218,9 @@ def nvml_state(pids: list[int], gpus: int = 8) -> str:
     """The stand-in's state: `gpus` GPUs, the pids spread over them, each with a fresh sample a query."""
     lines = [f"gpu GPU-{i:08x}-bench-0000-000000000000 total={80 * benchlib.GiB} used={20 * benchlib.GiB} "
              f"util={60 + i} power={300000 + i} name=NVIDIA H100 80GB HBM3" for i in range(gpus)]
+    # GPM (read every 10 s on the source's own thread): H100s offer it
+    lines += [f"gpm GPU-{i:08x}-bench-0000-000000000000 sm={50 + i} occupancy=30 tensor=40 dram=35 pcie_tx=900 "
+              f"pcie_rx=800 nvlink_tx=20000 nvlink_rx=21000" for i in range(gpus)]
     for n, pid in enumerate(pids):
         uuid = f"GPU-{n % gpus:08x}-bench-0000-000000000000"
         lines.append(f"proc {uuid} {pid} {(2 + n % 5) * benchlib.GiB}")
@@ -314,7 +320,8 @@ def nvml_child(spec_path: str) -> None:
     from clusterwatch.agent.runtime import build_agent as build
 
     agent = build(AgentConfig(collector=None, node=spec["node"], interval_s=1.0, gpu_source="nvml",
-                              spool_dir=spec["spool"], provenance=False), live=False)
+                              spool_dir=spec["spool"], provenance=False,
+                              activity_interval_s=spec.get("gpm_every", 10.0)), live=False)
     if agent.gpus.name != "nvml":
         raise RuntimeError("the NVML source did not open on the stand-in")
     agent.clock = PollClock(agent.config.interval_s)
@@ -339,7 +346,7 @@ def nvml_child(spec_path: str) -> None:
 
 
 def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, gap: float,
-                 profile: bool = False) -> dict:
+                 profile: bool = False, gpm_every: float = 10.0) -> dict:
     """The NVML rows: a child process over the real pynvml and the C stand-in (built here with cc)."""
     import json
     from pathlib import Path
@@ -352,7 +359,8 @@ def measure_nvml(pids: list[int], node: str, tmp: str, rounds: int, polls: int, 
     write_state(state, nvml_state(pids))
     spec = Path(tmp) / "nvml-spec.json"
     spec.write_text(json.dumps({"node": node, "spool": os.path.join(tmp, "spool-nvml"), "pids": pids,
-                                "rounds": rounds, "polls": polls, "gap": gap, "profile": profile}))
+                                "rounds": rounds, "polls": polls, "gap": gap, "profile": profile,
+                                "gpm_every": gpm_every}))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--nvml-child", str(spec)],
                          capture_output=True, text=True, timeout=600, env=child_env(lib, state))
     if out.returncode != 0:
@@ -379,6 +387,26 @@ def run_nvml_only(rounds: int, polls: int, procs: int, profile: bool) -> dict:
     if nvml.get("profile"):
         print(nvml["profile"])
     return nvml
+
+
+def run_gpm_cadences(rounds: int, polls: int, procs: int, cadences: list[float]) -> dict[float, list[float]]:
+    """`--gpm-every`: the NVML agent's CPU ms per poll at each GPM cadence, a child each, the cadences in turn twice."""
+    node = f"bench-agent-{os.getpid()}"
+    runs: dict[float, list[float]] = {c: [] for c in cadences}
+    with benchlib.tmpdir("cw-bench-agent-") as tmp, Children() as children:
+        pids = start_workers(children, procs, node)
+        time.sleep(1.0)
+        for _ in range(2):
+            for every in cadences:
+                runs[every].extend(measure_nvml(pids, node, tmp, rounds, polls, 0.1, gpm_every=every)["agent"])
+    base = median(runs[cadences[0]])
+    rows = [[f"GPM every {every:g} s" if every else "GPM not read", median(v), spread(v),
+             f"{median(v) - base:+.3f}"] for every, v in runs.items()]
+    print(table("Agent: CPU ms per poll over NVML (real pynvml, C stand-in, 8 H100s with GPM), by GPM cadence",
+                ["GPM", "CPU ms/poll", "runs", f"vs {rows[0][0]}"], rows,
+                [f"{procs} processes; {rounds} rounds × {polls} polls a child, the cadences in turn, twice; "
+                 "the GPM thread's CPU is in the poll's (process CPU time)"]), flush=True)
+    return runs
 
 
 def profile_agent(node: str, spool: str, polls: int) -> str:
@@ -553,10 +581,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="how long the real agent runs for its RSS")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of Agent.poll")
     ap.add_argument("--nvml-only", action="store_true", help="only the NVML rows (agent, psutil + pyNVML seed)")
+    ap.add_argument("--gpm-every", metavar="S,S,...", help="with --nvml-only: the poll at each GPM cadence "
+                    "(seconds, 0: not read), in turn")
     ap.add_argument("--nvml-child", metavar="SPEC", help=argparse.SUPPRESS)  # the NVML rows' own process
     args = ap.parse_args()
     if args.nvml_child:
         nvml_child(args.nvml_child)
+        return
+    if args.nvml_only and args.gpm_every:
+        run_gpm_cadences(1 if args.quick else args.rounds, 3 if args.quick else args.polls, args.procs,
+                         [float(c) for c in args.gpm_every.split(",")])
         return
     if args.nvml_only:
         run_nvml_only(1 if args.quick else args.rounds, 3 if args.quick else args.polls, args.procs, args.profile)

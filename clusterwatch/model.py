@@ -52,6 +52,25 @@ class GpuReading(NamedTuple):
     power_watts: float | None = None
 
 
+class GpuActivity(NamedTuple):
+    """What a GPU's units did over a window of seconds, as NVML's GPU Performance Monitoring measures it (GPM:
+    Hopper and later; a MIG instance has its own). Utilisation says only that a kernel ran; these say how much
+    of the GPU it used, so a collective spinning on one SM reads near 0 here. None: the GPU does not offer it.
+
+    Percentages are 0-100, as GpuReading.utilization; throughputs are bytes per second.
+    """
+
+    window_s: float
+    sm_active: float | None = None          # share of the SMs busy (NVML_GPM_METRIC_SM_UTIL)
+    sm_occupancy: float | None = None       # resident warps against the SMs' maximum
+    tensor_active: float | None = None      # time the SMs issued tensor-core instructions (any kind)
+    dram_active: float | None = None        # DRAM bandwidth used against its peak
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    nvlink_tx_bytes_per_s: float | None = None  # over all of the GPU's links
+    nvlink_rx_bytes_per_s: float | None = None
+
+
 #: The states of /proc/PID/stat (field 3, its main thread's) that hold a process where it is, and what each
 #: means: a rank in one of them makes no progress, and its job waits for it. The others (R running, S
 #: sleeping, I idle) are a process at work or waiting for something that comes; Z (exited) is not sampled.

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from clusterwatch.model import (
     HELD_STATES,
     AllocatorFigures,
+    GpuActivity,
     GpuInfo,
     GpuReading,
     GpuUse,
@@ -240,6 +241,22 @@ def gpu_reading_to_proto(r: GpuReading, time: float, out: agent_pb2.GpuSample) -
         v = getattr(r, name)
         if v is not None:
             setattr(out, name, v)
+
+
+_ACTIVITY_FIGURES = GpuActivity._fields[1:]  # after window_s: each optional on the wire
+
+
+def gpu_activity_to_proto(a: GpuActivity, out: agent_pb2.GpuActivity) -> None:
+    out.window_s = a.window_s
+    for name in _ACTIVITY_FIGURES:
+        v = getattr(a, name)
+        if v is not None:
+            setattr(out, name, v)
+
+
+def gpu_activity_from_proto(m: agent_pb2.GpuActivity) -> GpuActivity:
+    has = m.HasField
+    return GpuActivity(m.window_s, *(getattr(m, name) if has(name) else None for name in _ACTIVITY_FIGURES))
 
 
 def gpu_reading_from_proto(m: agent_pb2.GpuSample) -> GpuReading:

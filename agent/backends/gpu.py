@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from clusterwatch.model import GpuInfo, GpuReading, GpuUse
+from clusterwatch.model import GpuActivity, GpuInfo, GpuReading, GpuUse
 
 
 @dataclass(slots=True)
@@ -25,6 +25,9 @@ class GpuPoll:
     # GPUs (UUIDs) that did not answer this poll (lost, past their deadline): a gap in the
     # data, not a GPU with nothing on it; they have no reading and no processes here
     stale: list[str] = field(default_factory=list)
+    # UUID → what the GPU's units did over the last GPM window (nvml_gpm.py), for the devices read since
+    # the last poll: a slower cadence than the poll, so most polls carry none
+    activity: dict[str, GpuActivity] = field(default_factory=dict)
 
 
 class GpuSource(Protocol):

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from clusterwatch.agent.backends.gpu import GpuPoll
 from clusterwatch.agent.backends.nvml_calls import calls_for
+from clusterwatch.agent.backends.nvml_gpm import GpmReader, GpmThread
 from clusterwatch.agent.backends.nvml_rounds import Rounds
 from clusterwatch.agent.backends.nvml_util import newest_by_pid, process_util, query_since
 from clusterwatch.agent.backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE, PidListings, proc_pid_namespace
@@ -189,6 +190,8 @@ class NvmlGpuSource:
             host's (None: find out from /proc, see pid_visibility).
         log: where the one-time warnings go (a GPU that stops answering).
         clock: monotonic seconds, for the inventory cadence.
+        activity_every_s: how often the GPUs' true activity (GPM, nvml_gpm.py) is read, on a thread of its
+            own; 0: not read.
 
     Raises:
         SourceUnavailable: NVML cannot start (no library, no driver, no permission) or
@@ -209,6 +212,7 @@ class NvmlGpuSource:
         nested_pid_namespace: bool | None = None,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
+        activity_every_s: float = 10.0,
     ) -> None:
         self._nv = nvml
         self._hold_s = util_hold_s
@@ -249,6 +253,8 @@ class NvmlGpuSource:
         if self.pids_hidden:
             self._log.warning("%s", NAMESPACE_LINE)
         self._rounds = Rounds(deadline_s)
+        self._activity: GpmThread | None = None
+        self._activity_errors = 0  # the GPM reads that had failed at the last poll
         self._startup_errors = self._enumerate_all()
         self._next_inventory = self._clock() + inventory_every_s
         if not self.inventory() and not self._rounds.busy:
@@ -257,6 +263,9 @@ class NvmlGpuSource:
                 "NVML found no usable GPU on this node; running without GPU data. "
                 "Check nvidia-smi, " + _DEMO_HINT
             )
+        # bindings without GPM (older than the pin, or a fake that does not offer it) read the rest as before
+        if activity_every_s > 0 and hasattr(nvml, "nvmlGpmMetricsGet"):
+            self._activity = GpmThread(lambda: GpmReader(nvml, log=self._log), activity_every_s, self._log).start()
 
     # --- the GpuSource protocol -------------------------------------------------------
 
@@ -284,6 +293,11 @@ class NvmlGpuSource:
             of the devices that did not (stale), and the number of reads that failed.
         """
         out = GpuPoll(errors=self._startup_errors)
+        if self._activity is not None:
+            out.activity = self._activity.take()  # read on its own thread: one lock here
+            failed = self._activity.errors
+            out.errors += failed - self._activity_errors
+            self._activity_errors = failed
         self._startup_errors = 0  # GPUs that failed at the first listing are counted once
         if self._clock() >= self._next_inventory:
             self._next_inventory = self._clock() + self._inventory_every_s
@@ -331,6 +345,8 @@ class NvmlGpuSource:
         """Release NVML (one nvmlShutdown for the nvmlInit), unless a GPU is inside a call."""
         if self._closed:
             return
+        if self._activity is not None:
+            self._activity.stop()  # it lets go of its own nvmlInit
         self._rounds.stop()
         if self._rounds.busy:
             # nvmlShutdown would wait for the wedged call; the process ends without it.
@@ -674,12 +690,14 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def open_nvml_source(*, log: logging.Logger | None = None, interval_s: float = 5.0) -> NvmlGpuSource:
+def open_nvml_source(*, log: logging.Logger | None = None, interval_s: float = 5.0,
+                     activity_interval_s: float = 10.0) -> NvmlGpuSource:
     """Import pynvml (from nvidia-ml-py) and start an NVML source on it.
 
     Args:
         log: where the source's one-time warnings go.
         interval_s: the agent's poll interval: a GPU's deadline is at most half of it.
+        activity_interval_s: how often GPM is read (0: not read).
 
     Returns:
         A started NvmlGpuSource.
@@ -697,4 +715,5 @@ def open_nvml_source(*, log: logging.Logger | None = None, interval_s: float = 5
             "NVML bindings not installed (module pynvml, from nvidia-ml-py); running without GPU data. "
             "Install nvidia-ml-py, " + _DEMO_HINT
         ) from None
-    return NvmlGpuSource(pynvml, log=log, interval_s=interval_s, deadline_s=min(2.0, interval_s / 2))
+    return NvmlGpuSource(pynvml, log=log, interval_s=interval_s, deadline_s=min(2.0, interval_s / 2),
+                         activity_every_s=activity_interval_s)

@@ -20,7 +20,7 @@ KINDS = ("auto", "nvml", "sim", "none")
 
 def open_gpu_source(
     kind: str, scenario: str | None, log: logging.Logger, *, node: str | None = None,
-    interval_s: float = 5.0, sim_run: str | None = None,
+    interval_s: float = 5.0, sim_run: str | None = None, activity_interval_s: float = 10.0,
 ) -> GpuSource:
     """Build the GPU source the agent asked for.
 
@@ -32,6 +32,7 @@ def open_gpu_source(
         node: the node name simulated GPU UUIDs derive from (default: the host name).
         interval_s: the agent's poll interval (an NVML GPU's deadline is at most half of it).
         sim_run: for "sim", the run token whose processes it plays (None: those without one).
+        activity_interval_s: for NVML, the GPM cadence (0: not read).
 
     Returns:
         The source; `NoGpuSource` when `auto` finds no usable NVML.
@@ -50,7 +51,7 @@ def open_gpu_source(
         from clusterwatch.agent.backends.nvml import WITHOUT_GPU_DATA, open_nvml_source
 
         try:
-            return open_nvml_source(log=log, interval_s=interval_s)
+            return open_nvml_source(log=log, interval_s=interval_s, activity_interval_s=activity_interval_s)
         except SourceUnavailable as exc:
             if kind == "nvml":
                 what, _, todo = str(exc).partition(WITHOUT_GPU_DATA)

@@ -109,6 +109,24 @@ GPU_FAMILIES = (
     family("clusterwatch_gpu_memory_total_bytes", "gauge", "GPU memory size.", "node", "gpu", "index"),
     family("clusterwatch_gpu_power_watts", "gauge", "GPU board power draw.", "node", "gpu", "index"),
 )
+# What the GPU's units did over the last GPM window (NVML GPU Performance Monitoring, Hopper and later; a MIG
+# instance has its own): utilisation reads 100 % while a collective spins on one SM, these do not. In the order of
+# GpuActivity's figures (clusterwatch/model.py), the two throughputs of a link as one family by direction. A GPU
+# without GPM, or a figure it does not offer (NVLink on a PCIe card), has no series: absent(), not 0.
+ACTIVITY_FAMILIES = (
+    family("clusterwatch_gpu_sm_activity_ratio", "gauge", "Share of the GPU's SMs busy over the last GPM window "
+           "(0-1).", *GPU_LABELS),
+    family("clusterwatch_gpu_sm_occupancy_ratio", "gauge", "Resident warps against the SMs' maximum over the last "
+           "GPM window (0-1).", *GPU_LABELS),
+    family("clusterwatch_gpu_tensor_activity_ratio", "gauge", "Time the SMs issued tensor-core instructions over "
+           "the last GPM window (0-1).", *GPU_LABELS),
+    family("clusterwatch_gpu_dram_activity_ratio", "gauge", "DRAM bandwidth used against its peak over the last "
+           "GPM window (0-1).", *GPU_LABELS),
+    family("clusterwatch_gpu_pcie_bytes_per_second", "gauge", "PCIe throughput over the last GPM window, by "
+           "direction (tx: from the GPU, rx: to it).", *GPU_LABELS, "direction"),
+    family("clusterwatch_gpu_nvlink_bytes_per_second", "gauge", "NVLink throughput over all the GPU's links over "
+           "the last GPM window, by direction (tx: from the GPU, rx: to it).", *GPU_LABELS, "direction"),
+)
 NODE_FAMILIES = (
     family("clusterwatch_node_up", "gauge", "1 when the node's agent reported within 3 intervals.", "node"),
     family("clusterwatch_node_memory_total_bytes", "gauge", "Host memory of the node.", "node"),

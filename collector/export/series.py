@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from .families import (
+    ACTIVITY_FAMILIES,
     ALERT_FAMILY,
     GPU_FAMILIES,
     GPU_LABELS,
@@ -55,6 +56,7 @@ def series(snap: Snapshot, extra: ExtraFamilies | None = None) -> FamilyRows:
     if snap.processes is not None:
         out.extend(_value_columns(PROCESS_FAMILIES, PROCESS_LABELS, snap.processes))
     out.extend(_gpu_series(snap.gpus))
+    out.extend(activity_series(snap.gpus))
     out.extend(other_series(snap))
     if snap.extra is not None and extra is not None:
         out.extend(extra.series(snap.extra))
@@ -99,6 +101,28 @@ def _gpu_series(gpus: list[GpuRow]) -> FamilyRows:
         if g.power_watts is not None:
             gpu_rows[3].append((GPU_FAMILIES[3].labels, (g.node, g.uuid, g.index), g.power_watts))
     return list(zip(GPU_FAMILIES, gpu_rows, strict=True))
+
+
+def activity_series(gpus: list[GpuRow]) -> FamilyRows:
+    """ACTIVITY_FAMILIES' rows: each GPU with a current GPM reading, its percentages as ratios, its throughputs
+    by direction; a figure the GPU does not offer has no row."""
+    rows: list[list] = [[] for _ in ACTIVITY_FAMILIES]
+    by_direction = (*GPU_LABELS, "direction")
+    for g in gpus:
+        a = g.activity
+        if a is None:
+            continue
+        key = (g.node, g.uuid, g.index, g.job_id)
+        for out, value in zip(rows, (a.sm_active, a.sm_occupancy, a.tensor_active, a.dram_active), strict=False):
+            if value is not None:
+                out.append((GPU_LABELS, key, value / 100.0))
+        for out, tx, rx in ((rows[4], a.pcie_tx_bytes_per_s, a.pcie_rx_bytes_per_s),
+                            (rows[5], a.nvlink_tx_bytes_per_s, a.nvlink_rx_bytes_per_s)):
+            if tx is not None:
+                out.append((by_direction, (*key, "tx"), tx))
+            if rx is not None:
+                out.append((by_direction, (*key, "rx"), rx))
+    return list(zip(ACTIVITY_FAMILIES, rows, strict=True))
 
 
 def other_series(snap: Snapshot) -> FamilyRows:

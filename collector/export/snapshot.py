@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..state.activity import current_activity
 from ..state.cluster import ClusterState
 from .families import JOB_INFO, tag_labels
 
@@ -75,6 +76,7 @@ class GpuRow(NamedTuple):
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     power_watts: float | None
+    activity: Any = None  # its current GpuActivity (GPM, state/activity.py); None without
 
 
 class NodeRow(NamedTuple):
@@ -206,7 +208,8 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
             continue
         util = r.utilization
         gpus.append(GpuRow(gs.node, uuid, str(gs.info.index), job_id, util / 100.0 if util is not None else None,
-                           r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts))
+                           r.memory_used_bytes, r.memory_total_bytes or gs.info.memory_total_bytes, r.power_watts,
+                           current_activity(gs)))
     node_up = st.node_up
     nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after_intervals) else 0.0, ns.memory_total_bytes,
                      ns.last_seen, ns.samples_dropped) for ns in st.nodes.values() if owns is None or owns(ns.node)]

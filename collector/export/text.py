@@ -12,7 +12,7 @@ from __future__ import annotations
 from prometheus_client.utils import floatToGoString
 
 from .families import GPU_FAMILIES, GPU_LABELS, PROCESS_FAMILIES, PROCESS_LABELS, RANK_FAMILIES, RANK_LABELS, Family
-from .series import ExtraFamilies, Row, job_series, other_series
+from .series import ExtraFamilies, Row, activity_series, job_series, other_series
 from .snapshot import GpuRow, ProcessRow, RankRow, Snapshot
 
 
@@ -127,6 +127,8 @@ def render(snap: Snapshot, cache: dict[str, dict], openmetrics: bool = False, na
     if snap.processes is not None:
         _write_processes(out, snap.processes)
     _write_gpus(out, snap.gpus)
+    for fam, rows in activity_series(snap.gpus):
+        out.generic(fam, rows, "gpu_activity")
     for fam, rows in other_series(snap):
         out.generic(fam, rows, "other")
     if snap.extra is not None and extra is not None:
@@ -197,7 +199,7 @@ def _write_gpus(out: TextWriter, gpus: list[GpuRow]) -> None:
     util_l, used_l, total_l, power_l = [], [], [], []
     p_util, p_used, p_total, p_power = (fam.sample_name for fam in GPU_FAMILIES)
     short_labels = GPU_FAMILIES[2].labels
-    for node, uuid, idx, job_id, util, mem_used, total, power in gpus:
+    for node, uuid, idx, job_id, util, mem_used, total, power, _activity in gpus:
         key = (node, uuid, idx, job_id)
         pair = cache.get(key)
         if pair is None:

@@ -43,6 +43,10 @@ MAX_CPU_PERCENT = 100.0 * 65536
 MAX_UTILIZATION = 100.0
 # board power of one GPU, watts
 MAX_POWER_W = 100_000.0
+MAX_LINK_BYTES_PER_S = 1e13  # 10 TB/s: over five times NVLink 5's 1.8 TB/s
+MAX_WINDOW_S = 86_400.0
+_ACTIVITY_PERCENT = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
+_ACTIVITY_RATES = ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
 
 
 class Refusal(NamedTuple):
@@ -55,6 +59,13 @@ class Refusal(NamedTuple):
 def _finite(values) -> bool:
     """Every value finite (a sum is NaN or infinite when any term is; a sum that overflows is absurd too)."""
     return math.isfinite(sum(values))
+
+
+def _activity_sane(a: agent_pb2.GpuActivity) -> bool:
+    """A GPM reading's percentages within 0-100, throughputs within 0-10 TB/s, window within a day (NaN fails all;
+    an unset figure reads 0)."""
+    return (0 <= a.window_s <= MAX_WINDOW_S and all(0 <= getattr(a, n) <= MAX_UTILIZATION for n in _ACTIVITY_PERCENT)
+            and all(0 <= getattr(a, n) <= MAX_LINK_BYTES_PER_S for n in _ACTIVITY_RATES))
 
 
 def _span(values, seed: float) -> tuple[float, float]:
@@ -109,6 +120,8 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns, now: float) -> Ref
         if (g.memory_used_bytes > MAX_BYTES or g.memory_total_bytes > MAX_BYTES
                 or not 0 <= g.utilization <= MAX_UTILIZATION or not 0 <= g.power_watts <= MAX_POWER_W):
             return Refusal("bad_value", f"GPU {g.uuid[:64]}: a memory, utilisation or power figure is absurd")
+        if g.HasField("activity") and not _activity_sane(g.activity):
+            return Refusal("bad_value", f"GPU {g.uuid[:64]}: an activity (GPM) figure is absurd")
     for t in batch.training:
         if not (math.isfinite(t.time) and math.isfinite(t.start_time)):
             return Refusal("not_finite", "a training report's time or start time is NaN or infinite")

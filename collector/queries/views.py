@@ -9,8 +9,9 @@ import json
 
 from clusterwatch.v1 import query_pb2
 
-from clusterwatch.wire import gpu_reading_from_proto
+from clusterwatch.wire import gpu_activity_to_proto, gpu_reading_from_proto
 
+from ..state.activity import current_activity
 from ..state.cluster import ClusterState, JobState, ProcessSeries, allocator_totals
 
 DEFAULT_TREND_POINTS = 40
@@ -155,4 +156,7 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
             if r.memory_total_bytes:
                 gv.memory_total_bytes = r.memory_total_bytes
         gv.utilization_trend.extend(resample([float(u or 0) for _, u, _ in gs.history], trend_points))
+        activity = current_activity(gs) if not job.ended else None  # an ended job's GPU may be another's now
+        if activity is not None:
+            gpu_activity_to_proto(activity, gv.activity)
     return view

@@ -13,8 +13,17 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import NamedTuple
 
-from clusterwatch.model import GpuInfo, GpuReading, GpuUse, JobEvent, ProcessKey, ProcessSample, TrainingReport
-from clusterwatch.wire import ProcessColumns, gpu_reading_from_proto
+from clusterwatch.model import (
+    GpuActivity,
+    GpuInfo,
+    GpuReading,
+    GpuUse,
+    JobEvent,
+    ProcessKey,
+    ProcessSample,
+    TrainingReport,
+)
+from clusterwatch.wire import ProcessColumns, gpu_activity_from_proto, gpu_reading_from_proto
 
 from .point_ring import ColumnRing, GpuRing, PowerRing, ProcessRing
 
@@ -151,6 +160,10 @@ class GpuSeries:
     last_time: float = 0.0
     # (t, watts) beside history, not in its points: history's (t, util, mem) is unpacked as three elsewhere
     power_history: ColumnRing = field(default_factory=lambda: power_history(720))
+    # the latest GPM reading, which comes every few polls, and the time of the sample that carried it: read
+    # through collector/state/activity.py, which says whether it still stands
+    activity: GpuActivity | None = None
+    activity_time: float = 0.0
 
 
 @dataclass(slots=True)
@@ -227,7 +240,7 @@ class ClusterState:
         history_step_s: at most one history point per process this often (720 × 5 s = 1 hour).
     """
 
-    def __init__(self, history_points: int = 720, history_step_s: float = 5.0, owners_from_slurm: bool = False) -> None:
+    def __init__(self, history_points: int = 720, history_step_s: float = 5.0) -> None:
         self.history_points = history_points
         self.history_step_s = history_step_s
         self.nodes: dict[str, NodeState] = {}
@@ -244,7 +257,7 @@ class ClusterState:
         # Set when the registry asks Slurm: a Slurm job's owner is then Slurm's word alone, never a sample's
         # (any client that reaches the port can send samples naming a job); until Slurm has answered for a
         # job it has no owner, and only admins see it.
-        self.owners_from_slurm = owners_from_slurm
+        self.owners_from_slurm = False
         # node → GPU UUID → the job whose live processes used it at the node's latest poll: add_gpus credits
         # that job with the GPU's readings (not a job whose processes have left it)
         self._gpu_users: dict[str, dict[str, str]] = {}
@@ -502,6 +515,8 @@ class ClusterState:
             util = m.utilization if m.HasField("utilization") else None
             gs.last_time = t
             gs.history.append((t, util, mem))
+            if m.HasField("activity"):
+                gs.activity, gs.activity_time = gpu_activity_from_proto(m.activity), t
             if m.HasField("power_watts"):
                 gs.power_history.append((t, m.power_watts))
             if mem is not None and mem > gs.memory_peak:

@@ -121,20 +121,44 @@ class ProcessState(_message.Message):
     def __init__(self, row: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts")
+    __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts", "activity")
     TIME_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVITY_FIELD_NUMBER: _ClassVar[int]
     time: float
     uuid: str
     utilization: float
     memory_used_bytes: int
     memory_total_bytes: int
     power_watts: float
-    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ...) -> None: ...
+    activity: GpuActivity
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., activity: _Optional[_Union[GpuActivity, _Mapping]] = ...) -> None: ...
+
+class GpuActivity(_message.Message):
+    __slots__ = ("window_s", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    SM_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    DRAM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PCIE_TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PCIE_RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    window_s: float
+    sm_active: float
+    sm_occupancy: float
+    tensor_active: float
+    dram_active: float
+    pcie_tx_bytes_per_s: float
+    pcie_rx_bytes_per_s: float
+    nvlink_tx_bytes_per_s: float
+    nvlink_rx_bytes_per_s: float
+    def __init__(self, window_s: _Optional[float] = ..., sm_active: _Optional[float] = ..., sm_occupancy: _Optional[float] = ..., tensor_active: _Optional[float] = ..., dram_active: _Optional[float] = ..., pcie_tx_bytes_per_s: _Optional[float] = ..., pcie_rx_bytes_per_s: _Optional[float] = ..., nvlink_tx_bytes_per_s: _Optional[float] = ..., nvlink_rx_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class TrainingSample(_message.Message):
     __slots__ = ("time", "pid", "start_time", "step", "loss", "lr", "epoch", "metrics", "tags", "gpu_memory")

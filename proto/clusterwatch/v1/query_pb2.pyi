@@ -1,3 +1,4 @@
+from clusterwatch.v1 import agent_pb2 as _agent_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -137,7 +138,7 @@ class ProcessView(_message.Message):
     def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ..., first_seen: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., gpu_allocated_bytes: _Optional[int] = ..., gpu_reserved_bytes: _Optional[int] = ..., gpu_alloc_retries: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., state_since: _Optional[float] = ...) -> None: ...
 
 class GpuView(_message.Message):
-    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds")
+    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds", "activity")
     NODE_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +152,7 @@ class GpuView(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COVERED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVITY_FIELD_NUMBER: _ClassVar[int]
     node: str
     uuid: str
     index: int
@@ -164,7 +166,8 @@ class GpuView(_message.Message):
     processes: int
     busy_seconds: float
     covered_seconds: float
-    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ...) -> None: ...
+    activity: _agent_pb2.GpuActivity
+    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ..., activity: _Optional[_Union[_agent_pb2.GpuActivity, _Mapping]] = ...) -> None: ...
 
 class AlertView(_message.Message):
     __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing", "cause", "cause_node", "cause_rank", "cause_gpu", "cause_xid")

@@ -81,7 +81,8 @@ def drive(lib_dir: Path, workdir: Path, steps: list[dict[str, Any]], *, source: 
         {"inventory": [...], "polls": [...], "log": [...], "open_error": str | None,
          "pids_hidden": bool, "calls": [[function, uuid], ...]}; each poll is {"readings",
          "processes" (pid as text → GpuUse lists), "errors", "stale", "seconds", "inventory",
-         "pid_visibility" (why NVML's pids are not processes here, "" when they are)}.
+         "pid_visibility" (why NVML's pids are not processes here, "" when they are), "activity" (UUID → the
+         GpuActivity fields read since the last poll)}.
     """
     state = workdir / "nvml-state.txt"
     calls_path = workdir / "nvml-calls.txt" if calls else None

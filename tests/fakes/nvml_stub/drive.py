@@ -73,6 +73,7 @@ def main() -> None:
             "seconds": time.monotonic() - t0,
             "inventory": [[g.uuid, g.index, g.name, g.memory_total_bytes] for g in src.inventory()],
             "pid_visibility": getattr(src, "pid_visibility", None),
+            "activity": {uuid: a._asdict() for uuid, a in getattr(poll, "activity", {}).items()},
         })
     t0 = time.monotonic()
     src.close()

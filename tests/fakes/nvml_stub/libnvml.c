@@ -27,6 +27,14 @@
  *     (violation time per perf policy, PCIe replays, retired pages, NVLink error counters: each
  *      counter is per link, on links 0..nvlinks-1; a link past them answers NOT_SUPPORTED)
  *
+ *   gpm UUID [sm=PCT occupancy=PCT tensor=PCT dram=PCT graphics=PCT pcie_tx=MIBS pcie_rx=MIBS
+ *            nvlink_tx=MIBS nvlink_rx=MIBS]
+ *     (GPU Performance Monitoring, Hopper and later: a GPU without a gpm line answers NOT_SUPPORTED to
+ *      every GPM call, as an older GPU does; a figure not given answers NOT_SUPPORTED for its metric
+ *      alone. UUID may name a MIG instance, read through nvmlGpmMigSampleGet on its parent, whose own
+ *      gpm line says the GPU has GPM. A sample holds the figures in force when it was taken; a metric's
+ *      value is the mean of its two samples' figures, so a figure changed between them reads between.)
+ *
  * Layouts follow nvml.h: nvmlProcessInfo_v1_t {pid, usedGpuMemory} for the unversioned list
  * functions, nvmlProcessInfo_v2_t {pid, usedGpuMemory, gpuInstanceId, computeInstanceId} for _v2
  * and _v3; nvmlProcessUtilizationSample_t {pid, timeStamp, smUtil, memUtil, encUtil, decUtil}.
@@ -73,6 +81,9 @@ typedef struct nvmlDevice_st {
     unsigned long long viol_ns[6];   /* by nvmlPerfPolicyType_t 0..5 */
     unsigned int replay, retired[2], retired_pending, nvlinks;
     unsigned long long nvlink_err[4];   /* replay, recovery, crc flit, crc data: per link */
+    int gpm;                            /* has GPM (a gpm line) */
+    unsigned int gpm_given;             /* bit i: gpm_fig[i] was given */
+    double gpm_fig[9];                  /* by GPM_KEYS */
 } *nvmlDevice_t;
 
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
@@ -108,6 +119,12 @@ static char driver[64] = "580.65.06";
 static int initialized;
 static struct timespec state_mtime; static off_t state_size = -1; static ino_t state_ino;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* GPM figures a gpm line may give, and the NVML_GPM_METRIC_* id each answers */
+#define GPM_FIGURES 9
+static const char *GPM_KEYS[GPM_FIGURES] = {"sm", "occupancy", "tensor", "dram", "graphics", "pcie_tx", "pcie_rx",
+                                            "nvlink_tx", "nvlink_rx"};
+static const unsigned int GPM_IDS[GPM_FIGURES] = {2, 3, 5, 10, 1, 20, 21, 61, 60};
 
 static nvmlDevice_t mig_dev(int parent, int slot) { return &devs[MAX_DEV + parent * MAX_MIG + slot]; }
 
@@ -251,6 +268,14 @@ static void load_state(void) {
                 d->retired[1] = (unsigned)kv_num(rest, "retired_dbe", 0);
                 d->retired_pending = (unsigned)kv_num(rest, "retired_pending", 0);
                 d->nvlinks = (unsigned)kv_num(rest, "nvlinks", 0);
+            } else if (pass == 1 && strcmp(word, "gpm") == 0) {
+                sscanf(rest, "%95s", uuid);
+                int slot = find_uuid(uuid);
+                if (slot < 0) continue;
+                nvmlDevice_t d = &devs[slot];
+                d->gpm = 1;
+                for (int i = 0; i < GPM_FIGURES; i++)
+                    if (kv(rest, GPM_KEYS[i])) { d->gpm_fig[i] = strtod(kv(rest, GPM_KEYS[i]), NULL); d->gpm_given |= 1u << i; }
             } else if (pass == 1 && strcmp(word, "init_error") == 0) {
                 init_error = atoi(rest);
             } else if (pass == 1 && strcmp(word, "driver") == 0) {
@@ -340,6 +365,7 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case 15: return "GPU is lost";
     case 16: return "GPU requires reset";
     case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 25: return "Argument version mismatch";
     default: return "Unknown Error";
     }
 }
@@ -751,5 +777,114 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, 
     if (link >= d->nvlinks) return NVML_ERROR_NOT_SUPPORTED;
     if (counter < 0 || counter > 3) return NVML_ERROR_INVALID_ARGUMENT;
     *value = d->nvlink_err[counter];
+    return NVML_SUCCESS;
+}
+
+/* --- GPU Performance Monitoring (GPM) ------------------------------------------------------ */
+
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define GPM_METRIC_MAX 477   /* pynvml's NVML_GPM_METRIC_MAX: the length of its metrics array */
+#define GPM_SAMPLE_MAGIC 0x47504d53
+
+typedef struct nvmlGpmSample_st {
+    unsigned int magic;       /* set while allocated: a freed or foreign pointer is refused */
+    int dev;                  /* the device slot it was taken on, -1 before it is */
+    unsigned long long ts;    /* when taken, µs */
+    unsigned int given;
+    double fig[GPM_FIGURES];
+} *nvmlGpmSample_t;
+
+typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct {
+    unsigned int metricId; nvmlReturn_t nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version, numMetrics; nvmlGpmSample_t sample1, sample2; nvmlGpmMetric_t metrics[GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
+    nvmlReturn_t ret = enter("nvmlGpmQueryDeviceSupport", d);
+    if (ret) return ret;
+    if (!support) return NVML_ERROR_INVALID_ARGUMENT;
+    if (support->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlDevice_t g = d->mig_parent >= 0 ? &devs[d->mig_parent] : d;
+    support->isSupportedDevice = (unsigned)g->gpm;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    nvmlReturn_t ret = enter("nvmlGpmSampleAlloc", NULL);
+    if (ret) return ret;
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    *sample = calloc(1, sizeof **sample);
+    if (!*sample) return NVML_ERROR_UNKNOWN;
+    (*sample)->magic = GPM_SAMPLE_MAGIC;
+    (*sample)->dev = -1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    nvmlReturn_t ret = enter("nvmlGpmSampleFree", NULL);
+    if (ret) return ret;
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    sample->magic = 0;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t take_sample(nvmlDevice_t d, nvmlGpmSample_t sample) {
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->gpm) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    sample->dev = dev_slot(d); sample->ts = now_us(); sample->given = d->gpm_given;
+    memcpy(sample->fig, d->gpm_fig, sizeof sample->fig);
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t sample) {
+    nvmlReturn_t ret = enter("nvmlGpmSampleGet", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0 || d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;   /* MIG: per GPU instance */
+    return take_sample(d, sample);
+}
+
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t d, unsigned int gpuInstanceId, nvmlGpmSample_t sample) {
+    nvmlReturn_t ret = enter("nvmlGpmMigSampleGet", d);
+    if (ret) return ret;
+    int slot = dev_slot(d);
+    if (slot < 0 || slot >= MAX_DEV || !d->mig_mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->gpm) return NVML_ERROR_NOT_SUPPORTED;
+    for (int i = 0; i < MAX_MIG; i++) {
+        nvmlDevice_t m = mig_dev(slot, i);
+        if (m->used && m->gi == gpuInstanceId) return take_sample(m, sample);
+    }
+    return NVML_ERROR_NOT_FOUND;   /* no such GPU instance */
+}
+
+/* Each requested metric from the two samples (taken on one device, the second later): the mean of
+ * their figures, or NOT_SUPPORTED for a metric the device does not give. */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
+    nvmlReturn_t ret = enter("nvmlGpmMetricsGet", NULL);
+    if (ret) return ret;
+    if (!get) return NVML_ERROR_INVALID_ARGUMENT;
+    if (get->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlGpmSample_t a = get->sample1, b = get->sample2;
+    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || a->dev < 0
+        || a->dev != b->dev || b->ts <= a->ts || get->numMetrics > GPM_METRIC_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int n = 0; n < get->numMetrics; n++) {
+        nvmlGpmMetric_t *m = &get->metrics[n];
+        m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; m->value = 0;
+        m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+        for (int i = 0; i < GPM_FIGURES; i++) {
+            if (GPM_IDS[i] != m->metricId || !(a->given & b->given & (1u << i))) continue;
+            m->value = (a->fig[i] + b->fig[i]) / 2;
+            m->nvmlReturn = NVML_SUCCESS;
+            m->metricInfo.shortName = m->metricInfo.longName = GPM_KEYS[i];
+            m->metricInfo.unit = i < 5 ? "%" : "MiB/sec";
+        }
+    }
     return NVML_SUCCESS;
 }
