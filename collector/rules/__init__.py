@@ -32,6 +32,7 @@ from .model import (
     PENDING,
     RESOLVED,
     RULE_NAMES,
+    ActiveAlert,
     AlertEvent,
     GpuObservation,
     NodeHeartbeat,
@@ -40,7 +41,7 @@ from .model import (
 )
 
 __all__ = [
-    "ActionStep", "ActionsConfig", "AgentDownRule", "AlertEvent", "AllowEntry", "Engine", "FIRING",
+    "ActionStep", "ActionsConfig", "ActiveAlert", "AgentDownRule", "AlertEvent", "AllowEntry", "Engine", "FIRING",
     "GpuObservation", "GpuStallRule", "IdleGpuRule", "LeakRule", "LeakWindow", "Match", "NodeHeartbeat",
     "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED", "RULE_NAMES", "Rule", "RuleSet",
     "TrainingStallRule", "evaluate", "load_rules", "packaged_rules_text", "parse_rules",

@@ -20,7 +20,16 @@ from .agent_down import AgentsDown
 from .causes import CAUSE_LOOKBACK_S, Cause, CauseSource, RankFigures
 from .config import RuleSet
 from .idle_gpu import IdleGpus
-from .model import FIRING, RESOLVED, AlertEvent, GpuObservation, NodeHeartbeat, ProcessObservation, Rule
+from .model import (
+    FIRING,
+    RESOLVED,
+    ActiveAlert,
+    AlertEvent,
+    GpuObservation,
+    NodeHeartbeat,
+    ProcessObservation,
+    Rule,
+)
 from .process import BASE_SLOTS, ENDED_WHILE_FIRING, Proc
 from .units import PROCESS_RULES
 
@@ -411,9 +420,9 @@ class Engine:
         """Processes the engine holds state for: (node, pid, start_time)."""
         return set(self._procs)
 
-    def active(self) -> list[tuple[str, str, str, int, float]]:
-        """Alerts now pending or firing about processes: (rule, state, node, pid, start_time)."""
-        return [(rule, state, p.node, p.pid, p.start_time)
+    def active(self) -> list[ActiveAlert]:
+        """Alerts now pending or firing about processes."""
+        return [ActiveAlert(rule, state, p.node, p.pid, p.start_time)
                 for p in self._procs.values() for rule, state in p.alerts.items()]
 
 

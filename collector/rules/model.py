@@ -150,6 +150,16 @@ class NodeHeartbeat:
     job_ids: tuple[str, ...] = ()
 
 
+class ActiveAlert(NamedTuple):
+    """An alert pending or firing about a process, as the engine holds it (Engine.active)."""
+
+    rule: str
+    state: str  # PENDING or FIRING
+    node: str
+    pid: int
+    start_time: float
+
+
 @dataclass(slots=True)
 class AlertEvent:
     """A change of an alert's state, as the engine emits it.

@@ -41,7 +41,7 @@ from ..traces.record import job_trace_lines
 from .cluster import ClusterState, JobState, ProcessSeries
 from .durability import PendingWrites
 from .job_closing import JobClosing
-from .store import STALE_AFTER_S, Store
+from .store import STALE_AFTER_S, ProvenanceRow, Store
 
 if TYPE_CHECKING:
     from ..health.engine import HealthEngine
@@ -219,10 +219,10 @@ class CollectorCore:
         self.state.restored_totals = {ProcessKey(*k): v for k, v in self.store.load_process_totals().items()}
         for job in self.store.load_jobs(include_ended=False):
             self.state.jobs[job.job_id] = job
-            for node, pid, start_time, text in self.store.load_provenance(job.job_id):
-                record = _provenance_record(text)
+            for row in self.store.load_provenance(job.job_id):
+                record = _provenance_record(row.record)
                 if record is not None:
-                    job.provenance[ProcessKey(node, pid, start_time)] = record
+                    job.provenance[ProcessKey(row.node, row.pid, row.start_time)] = record
 
     # -- ingest -----------------------------------------------------------------------------
 
@@ -327,12 +327,12 @@ class CollectorCore:
         for prov, record in provenance:
             job = st.add_provenance(node, prov.pid, prov.start_time, record)
             if job is not None:
-                records.append((job.job_id, node, prov.pid, prov.start_time, prov.json))
+                records.append(ProvenanceRow(job.job_id, node, prov.pid, prov.start_time, prov.json))
         return touched, changed, records
 
     def _after_batch(self, node: str, now: float, touched: list, changed: set[str], records: list) -> None:
         """Outside the lock: tell the listeners, and close the jobs the batch ended."""
-        for job_id in {r[0] for r in records}:
+        for job_id in {r.job_id for r in records}:
             job = self.state.jobs.get(job_id)
             if job is not None:
                 self._notify("on_provenance", job, now)

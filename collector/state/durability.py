@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .cluster import ClusterState, JobState, NodeState
-from .store import Store, job_row
+from .store import NodeRow, ProvenanceRow, Store, job_row
 
 if TYPE_CHECKING:
     from .core import SeqTracker
@@ -43,9 +43,9 @@ class PendingWrites:
         self.boot_ids: set[str] = set()
         self.nodes: set[str] = set()
         # rows waiting for the next write's transaction: nodes (from hellos), jobs, provenance records
-        self.node_rows: dict[str, tuple] = {}
+        self.node_rows: dict[str, NodeRow] = {}
         self.jobs: dict[str, JobState] = {}
-        self.provenance: list[tuple[str, str, int, float, str]] = []
+        self.provenance: list[ProvenanceRow] = []
         # Jobs first seen through samples are written to the store once; after that on change only.
         self.saved: set[str] = set()
 
@@ -55,7 +55,8 @@ class PendingWrites:
 
     def hello(self, ns: NodeState, now: float) -> None:
         """A node's row as its agent's Hello left it (a full or locked store never refuses an agent's stream)."""
-        self.node_rows[ns.node] = (ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes, list(ns.gpus), now)
+        self.node_rows[ns.node] = NodeRow(ns.node, ns.boot_id, ns.agent_version, ns.memory_total_bytes, list(ns.gpus),
+                                          now)
 
     def seq(self, boot_id: str) -> None:
         """A batch number of `boot_id` was recorded without a batch applied (a refused batch)."""

@@ -16,6 +16,7 @@ import stat
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
+from typing import NamedTuple
 
 from clusterwatch.errors import ConfigError
 
@@ -79,13 +80,71 @@ _JOB_FIELDS = (
 )
 
 
-def job_row(job: JobState) -> tuple[str, str, str, str, float, float]:
-    """A job as the jobs table holds it (without `updated`): id, info JSON, state, user, start, end."""
+# The rows that cross the store's boundary, named (issue 25 item 5): the core, durability and job closing
+# build them, the store writes them; what the store reads back comes as these too.
+
+
+class JobRow(NamedTuple):
+    """A job as the jobs table holds it (without `updated`)."""
+
+    job_id: str
+    info: str  # JSON: the job's _JOB_FIELDS and its GPU totals
+    state: str
+    user: str
+    start_time: float
+    end_time: float
+
+
+class NodeRow(NamedTuple):
+    """A node as the nodes table holds it (save_node's arguments)."""
+
+    node: str
+    boot_id: str
+    agent_version: str
+    memory_total_bytes: int
+    gpus: list[str]  # UUIDs
+    last_seen: float
+
+
+class ProvenanceRow(NamedTuple):
+    """A process's provenance record as the provenance table holds it."""
+
+    job_id: str
+    node: str
+    pid: int
+    start_time: float
+    record: str  # JSON (agent/provenance/record.py)
+
+
+class NodeSeen(NamedTuple):
+    """When a node's agent was last heard of."""
+
+    node: str
+    last_seen: float
+
+
+class JobEnd(NamedTuple):
+    """A stored job that ended, and when."""
+
+    job_id: str
+    end_time: float
+
+
+class StreamSeqs(NamedTuple):
+    """The batch numbers stored of an agent instance (its boot id): all up to `low`, and those in `above`."""
+
+    boot_id: str
+    low: int
+    above: list[int]
+
+
+def job_row(job: JobState) -> JobRow:
+    """A job as the jobs table holds it (without `updated`)."""
     info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
     # its GPU totals (collector/state/cluster.py GpuUseTotals), so that a restart goes on counting: figures only
     info["gpu_totals"] = {u: [t.busy_seconds, t.covered_seconds, t.memory_peak, t.last_time]
                           for u, t in job.gpu_totals.items()}
-    return (job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time)
+    return JobRow(job.job_id, json.dumps(info), job.state, job.user, job.start_time, job.end_time)
 
 
 _SAVE_JOB = ("INSERT INTO jobs VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET info=excluded.info,"
@@ -262,14 +321,14 @@ class Store:
                   last_seen: float) -> None:
         self.conn.execute(_SAVE_NODE, (node, boot_id, version, memory_total, json.dumps(gpus), last_seen))
 
-    def load_node_times(self) -> list[tuple[str, float]]:
-        """(node, last seen) of every node an agent ever reported from."""
-        return self.conn.execute("SELECT node, last_seen FROM nodes").fetchall()
+    def load_node_times(self) -> list[NodeSeen]:
+        """Every node an agent ever reported from, and when it last did."""
+        return list(map(NodeSeen._make, self.conn.execute("SELECT node, last_seen FROM nodes")))
 
     def save_job(self, job: JobState) -> None:
         self.conn.execute(_SAVE_JOB, (*job_row(job), time.time()))
 
-    def save_closed_job(self, row: tuple, job_id: str, view: bytes) -> None:
+    def save_closed_job(self, row: JobRow, job_id: str, view: bytes) -> None:
         """A closed job's final row (job_row) and its summary, in one transaction: both or neither."""
         now = time.time()
         with self._transaction():
@@ -288,10 +347,10 @@ class Store:
         self.conn.execute("UPDATE jobs SET info=?, state=?, end_time=?, updated=? WHERE job_id=?",
                           (json.dumps(info), state, end_time, time.time(), job_id))
 
-    def ended_since(self, since: float) -> list[tuple[str, float]]:
-        """(job id, end time) of the stored jobs that ended at or after `since`, oldest first."""
-        return self.conn.execute("SELECT job_id, end_time FROM jobs WHERE end_time >= ? AND end_time > 0"
-                                 " ORDER BY end_time", (since,)).fetchall()
+    def ended_since(self, since: float) -> list[JobEnd]:
+        """The stored jobs that ended at or after `since`, oldest first."""
+        return list(map(JobEnd._make, self.conn.execute(
+            "SELECT job_id, end_time FROM jobs WHERE end_time >= ? AND end_time > 0 ORDER BY end_time", (since,))))
 
     def load_jobs(self, include_ended: bool = True) -> list[JobState]:
         rows = self.conn.execute("SELECT job_id, info FROM jobs ORDER BY start_time").fetchall()
@@ -315,11 +374,10 @@ class Store:
 
     def save_ingest(self, node_counts: list[tuple[str, list[tuple[int, float, int]]]],
                     seqs: list[tuple[str, int, list[int]]], nodes_seen: list[tuple[float, str]] = (), *,
-                    nodes: list[tuple] = (), jobs: list[tuple] = (),
-                    provenance: list[tuple[str, str, int, float, str]] = ()) -> None:
+                    nodes: list[NodeRow] = (), jobs: list[JobRow] = (),
+                    provenance: list[ProvenanceRow] = ()) -> None:
         """Record, in one transaction, what batches changed: per-process sample counts, which batches are
-        stored, node rows (save_node's arguments), job rows (job_row) and provenance records
-        (job id, node, pid, start time, JSON).
+        stored, node rows, job rows (job_row) and provenance records.
 
         The collector acknowledges a batch only after this commit, so after a crash a batch is
         either counted here and dropped as a duplicate when resent, or not counted and resent;
@@ -340,8 +398,8 @@ class Store:
                 [(b, low, json.dumps(above), now) for b, low, above in seqs])
             self.conn.executemany("UPDATE nodes SET last_seen=? WHERE node=?", nodes_seen)
 
-    def load_seqs(self) -> list[tuple[str, int, list[int]]]:
-        return [(b, low, json.loads(above)) for b, low, above in
+    def load_seqs(self) -> list[StreamSeqs]:
+        return [StreamSeqs(b, low, json.loads(above)) for b, low, above in
                 self.conn.execute("SELECT boot_id, low, above FROM stream_seqs")]
 
     def load_process_counts(self) -> dict[tuple[str, int, float], int]:
@@ -381,7 +439,7 @@ class Store:
             "INSERT OR REPLACE INTO provenance VALUES (?,?,?,?,?)", (job_id, node, pid, start_time, record)
         )
 
-    def load_provenance(self, job_id: str) -> list[tuple[str, int, float, str]]:
-        return self.conn.execute(
-            "SELECT node, pid, start_time, record FROM provenance WHERE job_id=? ORDER BY node, pid", (job_id,)
-        ).fetchall()
+    def load_provenance(self, job_id: str) -> list[ProvenanceRow]:
+        return list(map(ProvenanceRow._make, self.conn.execute(
+            "SELECT job_id, node, pid, start_time, record FROM provenance WHERE job_id=? ORDER BY node, pid",
+            (job_id,))))

@@ -217,7 +217,7 @@ def test_a_full_disk_during_ingest_loses_and_doubles_nothing(small_disk: Path) -
     assert core.store.load_summary("7") is not None
     stored = {j.job_id: j for j in core.store.load_jobs()}
     assert stored["7"].state == "COMPLETED" and stored["8"].user == "alice"
-    assert [r[1] for r in core.store.load_provenance("8")] == [201]
+    assert [r.pid for r in core.store.load_provenance("8")] == [201]
     held = {k.pid: s.samples for k, s in core.state.processes.items()}
     assert held == {201: 2}
     # a collector started on that store now takes every resent batch as the duplicate it is

@@ -63,7 +63,9 @@ def test_stall_pending_firing_resolved_and_forget():
     # a stall still on when the process goes away resolves
     for i in range(60):
         eng.observe(ProcessObservation(t=3000 + i * 10.0, node="n1", job_id="1", pid=7, gpu_util=0.0))
-    assert eng.active()
+    [active] = eng.active()
+    assert (active.rule, active.state, active.node, active.pid, active.start_time) == ("gpu_stall", "firing", "n1", 7,
+                                                                                     0.0)
     gone = eng.forget_process("n1", 7, 0.0, 4000.0)
     assert [(e.rule, e.state) for e in gone] == [("gpu_stall", "resolved")]
     assert not eng.active()
