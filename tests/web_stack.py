@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterwatch.agent.spool import write_event
@@ -193,6 +195,116 @@ def start_actions_stack(tmp: Path, *collector_args: str) -> ActionsStack:
         running.stepping()
         stuck.stepping()
         stuck.stuck()
+    except AssertionError as exc:
+        stack.stop()
+        raise AssertionError(f"{exc}\n{stack.logs()}") from None
+    return stack
+
+
+# -- jobs with one faulty rank among healthy ones: the job page must show which --------------------------------
+
+LEAK_JOB, STALL_JOB = "web-leak", "web-stall"
+LEAKING_RANK, STALLED_RANK, RANKS = 1, 2, 3
+GIB = 2**30
+
+# A rank of a data-parallel job: its simulated GPU memory steady at 20 GiB with a little jitter, or leaking
+# 40 MiB/s ("leak"); it reports its step, loss and lr ten times a second, and a "stall" rank stops (a hung
+# collective) once the file STALL exists, which the test makes after the collector has seen its step move.
+FAULT_WORKLOAD = textwrap.dedent("""
+    import os, random, sys, time
+    from clusterwatch import train
+    mode, stall = sys.argv[1], sys.argv[2]
+    mem_file, started, step = os.environ["CLUSTERWATCH_SIM_GPU_MEM_FILE"], time.time(), 0
+    while True:
+        step += 1
+        grown = 40 * (time.time() - started) if mode == "leak" else 0
+        with open(mem_file + ".tmp", "w") as f:
+            f.write(str(int((20480 + grown + random.uniform(-40, 40)) * 2**20)))
+        os.replace(mem_file + ".tmp", mem_file)
+        train.report(step=step, loss=2.0 / (1 + step / 200), lr=3e-4)
+        if mode == "stall" and os.path.exists(stall):
+            time.sleep(3600)
+        time.sleep(0.1)
+""")
+
+
+@dataclass
+class FaultStack:
+    """A collector (web pages on, the demo's short rules) with LEAK_JOB (rank LEAKING_RANK leaks) and STALL_JOB
+    (rank STALLED_RANK stalls once stall() is called), RANKS ranks each on a node of its own agent."""
+
+    collector: Collector
+    procs: list
+    web_port: int
+    stall_file: Path
+    sock_dirs: list = field(default_factory=list)  # the training sockets' short folders, removed at stop
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.web_port}{path}"
+
+    def status_json(self, job_id: str) -> dict | None:
+        r = cli("status", job_id, "--json", "--collector", self.collector.address)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def _steps(self, job_id: str) -> dict:
+        s = self.status_json(job_id) or {}
+        return {p.get("rank"): p.get("step") for p in s.get("processes", [])}
+
+    def firing(self, job_id: str, rule: str) -> dict | None:
+        s = self.status_json(job_id) or {}
+        return next((a for a in s.get("alerts", []) if a["rule"] == rule and a["state"] == "firing"), None)
+
+    def stall(self) -> None:
+        """Stop STALLED_RANK once the collector has seen its step move."""
+        seen: set = set()
+        wait_for(lambda: seen.add(self._steps(STALL_JOB).get(STALLED_RANK)) or len(seen - {None}) >= 2,
+                 timeout=90, interval=0.5, what="the stalling rank's step moving at the collector")
+        self.stall_file.touch()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log.name}\n{p.text()[-1500:]}" for p in (self.collector, *self.procs))
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.collector.stop()
+        for folder in self.sock_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_fault_stack(tmp: Path) -> FaultStack:
+    collector = Collector(tmp, "--rules", str(DEMO_RULES), "--web-listen", "127.0.0.1:0")
+    stack = FaultStack(collector, [], json.loads(collector.ports_file.read_text())["web"], tmp / "stall")
+    try:
+        for job_id, node, faulty, mode in ((LEAK_JOB, "leak-node", LEAKING_RANK, "leak"),
+                                           (STALL_JOB, "stall-node", STALLED_RANK, "stall")):
+            folder = tmp / job_id
+            spool = folder / "spool"
+            spool.mkdir(parents=True)
+            write_event(str(spool), JobEvent("start", job_id, time.time(), os.getuid(),
+                                             gpu_indexes=",".join(map(str, range(RANKS)))))
+            script = folder / "rank.py"
+            script.write_text(FAULT_WORKLOAD)
+            stack.sock_dirs.append(Path(tempfile.mkdtemp(prefix="cw-web-", dir="/tmp")))  # 107 bytes at most
+            sock = stack.sock_dirs[-1] / "train.sock"
+            pids = []
+            for rank in range(RANKS):
+                env = dict(clean_environ(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS),
+                           CLUSTERWATCH_SIM_GPU=str(rank), CLUSTERWATCH_SIM_NODE=node,
+                           CLUSTERWATCH_SIM_PROFILE="steady", CLUSTERWATCH_SIM_RUN=SIM_RUN,
+                           CLUSTERWATCH_SIM_GPU_MEM_FILE=str(folder / f"gpu-mem-rank{rank}"),
+                           CLUSTERWATCH_TRAIN_SOCKET=str(sock))
+                proc = Proc([sys.executable, str(script), mode if rank == faulty else "steady", str(stack.stall_file)],
+                            folder / f"rank{rank}.log", env=env)
+                stack.procs.append(proc)
+                pids += ["--pid", str(proc.pid)]
+            stack.procs.append(Proc([*CLI, "agent", "--collector", collector.address, "--node", node,
+                                     "--gpu-source", "sim", "--sim-run", SIM_RUN, "--interval", "1",
+                                     "--no-provenance", "--spool-dir", str(spool), "--train-socket", str(sock),
+                                     "--job-id", job_id, *pids], folder / "agent.log"))
+        for job_id in (LEAK_JOB, STALL_JOB):
+            wait_for(lambda j=job_id: len([s for s in stack._steps(j).values() if s]) == RANKS, timeout=90,
+                     interval=0.5, what=f"{job_id}'s ranks stepping at the collector")
     except AssertionError as exc:
         stack.stop()
         raise AssertionError(f"{exc}\n{stack.logs()}") from None

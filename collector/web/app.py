@@ -15,6 +15,7 @@ from .access import FixedAccess
 from .action_pages import actions_section, confirm_page, outcome_page, refused_page
 from .actions import ACTIONS, MAX_FORM, Tokens, run_action, why_not_same_site
 from .history import live_history, stored_history
+from .job_charts import DEFAULT_RANGE, RANGES
 from .pages import REFRESH_JS_HASH, counts_as_firing, index_page, job_page, listed, message_page
 
 log = logging.getLogger("clusterwatch.collector")
@@ -112,7 +113,7 @@ class WebApp:
         if path.startswith("/jobs/") and path.endswith("/confirm"):
             return self.confirm(unquote(path[len("/jobs/"):-len("/confirm")]), browser, parse_qs(query))
         if path.startswith("/jobs/"):
-            return self.job(unquote(path[len("/jobs/"):]), browser)
+            return self.job(unquote(path[len("/jobs/"):]), browser, parse_qs(query))
         return "404 Not Found", message_page("Not found", "No such page: try / for the jobs.")
 
     def index(self, browser) -> str:
@@ -137,7 +138,7 @@ class WebApp:
             "Not shown", f"Job {job_id} is not shown here: this collector shows each user only their own "
             "jobs, and this browser is not known as its owner. Use clusterwatch status " + job_id + ".")
 
-    def job(self, job_id: str, browser) -> tuple[str, str]:
+    def job(self, job_id: str, browser, query: dict | None = None) -> tuple[str, str]:
         view = self.core.live_job_view(job_id, TREND_POINTS)
         stored = view is None
         if stored:
@@ -155,7 +156,10 @@ class WebApp:
         ranks, gpus = history if history is not None else stored_history(view)
         actions = actions_section(job_id, browser.why_not_act(view.job.user, True), True) \
             if self.actions_on and not stored else ""
-        return "200 OK", job_page(view, _status_text(view), ranks, gpus, stored, actions)
+        range_key = ((query or {}).get("range") or [DEFAULT_RANGE])[0]
+        if range_key not in dict((k, s) for k, _, s in RANGES):
+            range_key = DEFAULT_RANGE  # a hand-typed range the page does not offer shows all
+        return "200 OK", job_page(view, _status_text(view), ranks, gpus, stored, actions, range_key)
 
     def _refuse(self, job_id: str, why: str, status: str = "403 Forbidden") -> tuple[str, str]:
         self.refused_actions += 1

@@ -17,6 +17,7 @@ class RankCharts:
     """One rank's (or process's) series."""
 
     label: str
+    rank: int | None = None
     gpu_memory: Series = field(default_factory=list)
     gpu_utilization: Series = field(default_factory=list)
     cpu_percent: Series = field(default_factory=list)
@@ -25,6 +26,8 @@ class RankCharts:
     # the framework's allocator as the process reported it (clusterwatch.train); empty where it does not
     gpu_allocated: Series = field(default_factory=list)
     gpu_reserved: Series = field(default_factory=list)
+    loss: Series = field(default_factory=list)
+    lr: Series = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -42,10 +45,29 @@ def _label(rank: int | None, node: str, pid: int) -> str:
     return f"rank {rank}" if rank is not None else f"pid {pid} on {node}"
 
 
-def _rates(points) -> Series:
-    """Steps per second between consecutive training reports (time, step)."""
-    pts = list(points)
-    return [(t1, max(0.0, (s1 - s0) / (t1 - t0))) for (t0, s0), (t1, s1) in zip(pts, pts[1:], strict=False) if t1 > t0]
+def progress_rates(points, stalled_since: float | None, latest: float, window_s: float = 5.0) -> Series:
+    """Steps per second from training reports (time, step), each over at least `window_s` (one slow step
+    or a late report is not drawn as a fall); a rank stalled since `stalled_since` (its step last moved
+    then) drops to 0 there and stays at 0 until `latest`, its latest sample: a stall reads as a fall to
+    zero, not as a line that ends."""
+    pts = sorted(dict(points).items())
+    rates: Series = []
+    anchor = pts[0] if pts else None
+    for t, step in pts[1:]:
+        if stalled_since is not None and t > stalled_since:
+            break
+        if t - anchor[0] >= window_s:
+            rates.append((t, max(0.0, (step - anchor[1]) / (t - anchor[0]))))
+            anchor = (t, step)
+    last = next((p for p in reversed(pts) if stalled_since is None or p[0] <= stalled_since), None)
+    if last is not None and last[0] - anchor[0] >= window_s / 5:  # the latest reports, over a shorter window
+        rates.append((last[0], max(0.0, (last[1] - anchor[1]) / (last[0] - anchor[0]))))
+    if stalled_since is not None:
+        rates = [p for p in rates if p[0] < stalled_since]
+        rates.append((stalled_since, 0.0))
+        if latest > stalled_since:
+            rates.append((latest, 0.0))
+    return rates
 
 
 def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] | None:
@@ -59,7 +81,7 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
             p.latest.rank if p.latest.rank is not None else 1 << 30, p.key.node, p.key.pid))
         ranks, uuids = [], []
         for p in procs:
-            rc = RankCharts(_label(p.latest.rank, p.key.node, p.key.pid))
+            rc = RankCharts(_label(p.latest.rank, p.key.node, p.key.pid), p.latest.rank)
             for pt in p.history:
                 if pt.gpu_memory_bytes is not None:
                     rc.gpu_memory.append((pt.t, float(pt.gpu_memory_bytes)))
@@ -69,7 +91,13 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
                     rc.cpu_percent.append((pt.t, float(pt.cpu_percent)))
                 if pt.rss_bytes is not None:
                     rc.rss.append((pt.t, float(pt.rss_bytes)))
-            rc.steps_per_s = _rates(p.step_history)
+            progress = list(getattr(p, "progress_history", ()))
+            # the dense recent reports too: the rate is current, and a rank with one report a history step
+            # gets a rate at all
+            steps = [(t, step) for t, step, *_ in progress] + list(p.step_history)
+            rc.steps_per_s = progress_rates(steps, p.stalled_since, p.latest.time) if steps else []
+            rc.loss = [(t, float(loss)) for t, _, loss, _ in progress if loss is not None]
+            rc.lr = [(t, float(lr)) for t, _, _, lr in progress if lr is not None]
             for t, allocated, reserved, *_ in getattr(p, "allocator_history", ()):
                 if allocated is not None:
                     rc.gpu_allocated.append((t, float(allocated)))
@@ -99,7 +127,8 @@ def stored_history(view: query_pb2.JobView) -> tuple[list[RankCharts], list[GpuC
     """The series an ended job's summary holds: its trends, against their index."""
     ranks = []
     for p in view.processes:
-        rc = RankCharts(_label(p.rank if p.HasField("rank") else None, p.node, p.pid))
+        rank = p.rank if p.HasField("rank") else None
+        rc = RankCharts(_label(rank, p.node, p.pid), rank)
         rc.gpu_memory = list(enumerate(p.gpu_memory_trend))
         rc.rss = list(enumerate(p.rss_trend))
         ranks.append(rc)

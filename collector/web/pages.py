@@ -11,8 +11,8 @@ import hashlib
 from clusterwatch.v1 import query_pb2
 from markupsafe import Markup
 
-from .charts import line_chart
 from .history import GpuCharts, RankCharts
+from .job_charts import DEFAULT_RANGE, RANGES, job_charts
 from .templating import render
 
 # Every 15 s the page fetches itself and swaps its <main> in place (scroll position kept), until the user
@@ -27,14 +27,6 @@ REFRESH_JS_HASH = "sha256-" + base64.b64encode(hashlib.sha256(REFRESH_JS.encode(
 
 MAX_ENDED_LISTED = 100
 SEVERITY_ORDER = {"normal": 0, "warning": 1, "critical": 2}
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def counts_as_firing(a) -> bool:
@@ -88,14 +80,15 @@ def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_no
 
 
 def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts], gpus: list[GpuCharts],
-             stored: bool, actions: dict | None = None) -> str:
-    """One job: header, badge, actions (action_pages.actions_section), alerts with their explanation, charts,
-    then the status report whole."""
+             stored: bool, actions: dict | None = None, range_key: str = DEFAULT_RANGE) -> str:
+    """One job: header, badge, actions (action_pages.actions_section), alerts with their explanation, charts
+    over the last `range_key` of job_charts.RANGES, then the status report whole."""
     job = view.job
     power = [(g.label, g.power_watts) for g in gpus if g.power_watts is not None]
     return render("job.html", job=job, level=badge(view.alerts), gpu_count=job.gpus or len(view.gpus),
                   stored=stored, tags=sorted(view.tags.items()), actions=actions or None, alerts=_alerts(view),
-                  health=_health(view), charts=_charts(ranks, gpus, stored), power=power,
+                  health=_health(view), charts=job_charts(view, ranks, gpus, stored, range_key), power=power,
+                  ranges=RANGES, range_key=range_key,
                   status_text=status_text, **page_context(f"clusterwatch: job {job.job_id}"))
 
 
@@ -118,26 +111,3 @@ def _health(view: query_pb2.JobView) -> list[dict]:
              "advice": h.advice,
              "where": ", ".join(x for x in (f"rank {h.rank}" if h.HasField("rank") else "", h.node, h.gpu) if x)}
             for h in view.health]
-
-
-def _charts(ranks: list[RankCharts], gpus: list[GpuCharts], stored: bool) -> list[Markup]:
-    axis = " (the summary's trend, evenly resampled)" if stored else ""
-    timed = not stored
-    charts = [
-        line_chart("GPU memory per rank" + axis, [(r.label, r.gpu_memory) for r in ranks], human_bytes, timed),
-        line_chart("Host memory (RSS) per rank" + axis, [(r.label, r.rss) for r in ranks], human_bytes, timed),
-    ]
-    if not stored:
-        allocator = [(f"{r.label} {name}", pts) for r in ranks
-                     for name, pts in (("allocated", r.gpu_allocated), ("reserved", r.gpu_reserved)) if pts]
-        if allocator:  # only where a process reports its allocator (clusterwatch.train)
-            charts.append(line_chart("GPU memory as the allocator sees it per rank", allocator, human_bytes))
-        charts.append(line_chart("GPU utilisation per rank", [(r.label, r.gpu_utilization) for r in ranks],
-                                 lambda v: f"{v:.0f}%"))
-        charts.append(line_chart("CPU per rank", [(r.label, r.cpu_percent) for r in ranks], lambda v: f"{v:.0f}%"))
-        charts.append(line_chart("Steps per second per rank", [(r.label, r.steps_per_s) for r in ranks]))
-        charts.append(line_chart("GPU memory used per GPU", [(g.label, g.memory_used) for g in gpus], human_bytes))
-        charts.append(line_chart("GPU power per GPU", [(g.label, g.power) for g in gpus], lambda v: f"{v:.0f} W"))
-    charts.append(line_chart("GPU utilisation" + axis, [(g.label, g.utilization) for g in gpus],
-                             lambda v: f"{v:.0f}%", timed))
-    return [Markup(c) for c in charts]  # charts.py escapes what its SVG shows
