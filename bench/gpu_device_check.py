@@ -17,6 +17,9 @@ stand-in tests assume of the driver (issue 14):
 - the utilisation samples' timeStamp is the CPU's wall clock in microseconds, and the
   driver's buffer goes back further than one poll interval (so a first query from 0 would
   take old samples as current): the newest and oldest sample ages are printed.
+- GPM (issue 27): which GPUs offer it and what each metric answers over a 1 s window while the
+  workload runs (percentages within 0-100; the busy workload's GPU with SM activity above 0);
+  a GPU without GPM is printed as such, which is no failure (before Hopper it has none).
 
 Exit status: 0 all steps passed; 1 a step failed unexpectedly (the reason is printed);
 2 NVML cannot be used on this machine (the source's one line is printed).
@@ -144,6 +147,36 @@ def sample_clock(nv, handle) -> None:
         raise CheckFailed(f"the newest sample is {min(ages):.1f} s from now: timeStamp is not wall-clock µs")
 
 
+def check_gpm(nv, busy: bool) -> None:
+    """GPM on the real driver: two readings 1 s apart through the agent's reader, printed whole."""
+    from clusterwatch.agent.backends.nvml_gpm import GpmReader
+
+    reader = GpmReader(nv)
+    try:
+        reader.read()  # the first sample of each device: the window starts here
+        time.sleep(1.0)
+        got = reader.read()
+    finally:
+        reader.close()
+    for uuid in reader.without:
+        print(f"GPM: {uuid} does not offer it")
+    if reader.errors:
+        raise CheckFailed(f"GPM: {reader.errors} reads failed")
+    percent = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
+    for uuid, a in sorted(got.items()):
+        print(f"GPM {uuid} over {a.window_s:.2f} s: " + ", ".join(
+            f"{name} {fmt(value, '%' if name in percent else ' B/s')}"
+            for name, value in a._asdict().items() if name != "window_s"))
+        for name in percent:
+            value = getattr(a, name)
+            if value is not None and not 0 <= value <= 100:
+                raise CheckFailed(f"GPM {uuid}: {name} {value} outside 0..100")
+    if busy and got and not any((a.sm_active or 0) > 0 for a in got.values()):
+        raise CheckFailed(f"GPM: no GPU shows SM activity while the workload multiplies matrices: {got}")
+    if not got and not reader.without:
+        raise CheckFailed("GPM: no reading and no GPU said to lack it")
+
+
 def check(polls: int, interval: float, workload: bool) -> int:
     import pynvml
     from clusterwatch.agent.backends.nvml import NvmlGpuSource
@@ -216,6 +249,7 @@ def check(polls: int, interval: float, workload: bool) -> int:
             if not g.uuid.startswith("MIG-"):
                 sample_clock(pynvml, pynvml.nvmlDeviceGetHandleByUUID(g.uuid))
                 break
+        check_gpm(pynvml, busy=child is not None and child.poll() is None)
         print(f"cost per poll: median {statistics.median(wall_ms):.2f} ms wall "
               f"(max {max(wall_ms):.2f}), median {statistics.median(cpu_ms):.2f} ms CPU")
         smi = time_nvidia_smi()
