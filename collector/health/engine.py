@@ -69,6 +69,7 @@ class GpuHealthView:
     links: LinkCounts | None = None       # the link error counters at the last reading that gave any
     link_errors: bool = False
     lost: bool = False                    # gpu_lost said; again only once the GPU has answered since
+    lost_at: float = 0.0                  # when it was lost: a reading from before says nothing of it
     # for `record`, oldest first: (time, serialized HealthEvent); the counter readings' times and
     # bodies (a GpuHealth without time and uuid, see _NOT_KEPT), two deques: a tuple each costs 56 bytes
     events: deque[tuple[float, bytes]] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
@@ -225,7 +226,7 @@ class HealthEngine:
             if v.lost:        # the driver's XID 79, NVML's event and the failed reads: one loss
                 self.duplicates += 1
                 return []
-            v.lost = True
+            v.lost, v.lost_at = True, msg.time
         return [self._fire(node, uuid, msg.time, finding, users, pid)]
 
     def _count(self, node: str, uuid: str, msg: Any) -> None:
@@ -244,7 +245,7 @@ class HealthEngine:
         v = self.view(node, uuid)
         if v.lost:
             return []
-        v.lost = True
+        v.lost, v.lost_at = True, t
         finding = gpu_lost(node=node, uuid=uuid, nvml_lost=True, users=users)
         return [self._fire(node, uuid, t, finding, users, None)] if finding else []
 
@@ -258,7 +259,10 @@ class HealthEngine:
         v.counters = type(msg)()
         v.counters.CopyFrom(msg)
         v.keep_reading(msg)
-        v.lost = False        # it answers again (a reset, a reboot)
+        if msg.time > v.lost_at:
+            # it answers again (a reset, a reboot); a reading taken before the loss (one batch holds both, and
+            # its events are taken first) does not say so
+            v.lost = False
         out = []
 
         def opt(name: str) -> Any:
