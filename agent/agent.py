@@ -244,14 +244,13 @@ class PollJoiner:
         return batch, len(samples)
 
 
-def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | None = None,
-             wake: threading.Event | None = None) -> None:
+def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | None = None, wake=None) -> None:
     """Poll every interval until `stop` is set; the joiner's batches go to the sender.
 
     Polls are aligned to the interval (not to the end of the previous poll) so a slow
     poll does not drift the series. Polls still held when `stop` is set stay in the
-    joiner (the caller sends them with a last poll). `wake`, when given, is set to ask
-    for a poll now (and by whatever sets `stop`): the loop sleeps on it instead.
+    joiner (the caller sends them with a last poll). `wake` (runtime.Wakeup), when given, is set to
+    ask for a poll now (and by whatever sets `stop`): the loop sleeps on it instead.
     """
     interval = agent.config.interval_s
     if joiner is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -78,7 +79,7 @@ class AgentRuntime:
         time.sleep(min(settle_s, self.config.interval_s))
         return self.agent.poll()
 
-    def run(self, stop: threading.Event, wake: threading.Event | None = None) -> SenderCounters:
+    def run(self, stop: threading.Event, wake: Wakeup | None = None) -> SenderCounters:
         """Poll and stream until `stop` is set; then a last poll, the flush and close(). The sender's counters.
 
         With `wake` (polls_on_sigusr1), the first poll waits until it is set, and each time it is set again a
@@ -174,11 +175,37 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def polls_on_sigusr1(stop: threading.Event) -> threading.Event:
-    """The event AgentRuntime.run's polls wait on: set by SIGUSR1 (a poll now) and, with `stop`, by SIGTERM
+class Wakeup:
+    """An event a signal handler may set: a byte in a pipe. A handler runs in the main thread between two of
+    its instructions, and one that took the lock of a threading.Event the interrupted code held would wait
+    for itself forever."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"!")
+        except BlockingIOError:  # full: it is set already
+            pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it is set, waiting up to `timeout` seconds (None: until it is)."""
+        return bool(select.select([self._read], [], [], timeout)[0])  # retried across signals (PEP 475)
+
+    def clear(self) -> None:
+        try:
+            while os.read(self._read, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def polls_on_sigusr1(stop: threading.Event) -> Wakeup:
+    """What AgentRuntime.run's polls wait on: set by SIGUSR1 (a poll now) and, with `stop`, by SIGTERM
     and SIGINT. Call from the main thread, after stop_on_signals and before the training socket is bound:
     whoever sees that socket may send SIGUSR1 (whose default action would end the agent)."""
-    wake = threading.Event()
+    wake = Wakeup()
 
     def stopping(*_) -> None:
         stop.set()
@@ -324,4 +351,4 @@ def open_train_endpoint(path: str | None):
     return endpoint
 
 
-__all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "polls_on_sigusr1", "stop_on_signals"]
+__all__ = ["AgentRuntime", "SpoolTaken", "build_agent", "claim_spool", "Wakeup", "polls_on_sigusr1", "stop_on_signals"]
