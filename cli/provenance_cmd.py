@@ -52,8 +52,12 @@ def provenance(directory: str, as_json: bool, budget_s: float) -> None:
     from clusterwatch.agent.provenance import ProvenanceConfig, provenance_of_dir
 
     record = provenance_of_dir(directory, ProvenanceConfig(budget_s=budget_s))
-    if as_json:
-        click.echo(record.to_json(indent=2))
+    if as_json:  # as status --json has the record: null, never "unknown", "" or 0.0, where there is no value
+        import json
+
+        from clusterwatch.json_view import provenance_record
+
+        click.echo(json.dumps(provenance_record(record.to_dict()), indent=2))
     else:
         from clusterwatch.report.text import printable
 

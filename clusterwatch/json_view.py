@@ -162,6 +162,10 @@ def _job_info(info, out: dict) -> dict:
 def _process_view(process, out: dict) -> dict:
     if not process.samples_held:  # known from `scontrol listpids` only: no history, so no peaks
         out["rss_peak_bytes"] = out["gpu_memory_peak_bytes"] = None
+    # a peak of 0 beside a figure never read (no GPU memory: a CPU process) is no reading either
+    for figure, peak in (("rss_bytes", "rss_peak_bytes"), ("gpu_memory_bytes", "gpu_memory_peak_bytes")):
+        if out[figure] is None and not out[peak]:
+            out[peak] = None
     return out
 
 
@@ -185,6 +189,9 @@ def _job_view(view, out: dict) -> dict:
     job = out["job"]
     if job is not None and not job["gpus"] and view.gpus:  # as the report's header counts them
         job["gpus"] = len(view.gpus)
+    if view.job.end_time:  # whether an agent reports says nothing of a job that ended (the report: "ended")
+        for node in out["nodes"]:
+            node["agent_up"] = None
     return out
 
 

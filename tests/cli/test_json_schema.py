@@ -103,7 +103,8 @@ def test_status_json_of_a_job_without_gpus_or_git_is_as_documented(running_job):
     assert doc["job"]["gpus"] is None and doc["gpus"] == []  # `run --gpu-source none`: not known
     [p] = doc["processes"]
     assert (p["gpu_memory_bytes"], p["gpu_utilization"], p["step"], p["loss"]) == (None,) * 4  # not measured
-    assert p["gpu_memory_peak_bytes"] == 0 and type(p["samples_held"]) is int
+    # no GPU memory ever read: its peak is no reading either, null beside the null figure (never 0)
+    assert p["gpu_memory_peak_bytes"] is None and type(p["samples_held"]) is int
 
 
 def test_the_whole_file_tells_the_documents_apart(documents):
@@ -131,9 +132,8 @@ def test_jobs_json_holds_the_job_object_status_holds(documents):
     assert errors(doc, "jobs_document") == []
     status_job = documents["status"]["job"]
     [job] = [j for j in doc["jobs"] if j["job_id"] == status_job["job_id"]]
-    # the same object, but for the GPU count a run job's list entry cannot know (status counts what it sees)
-    assert job["gpus"] is None and status_job["gpus"] == 1
-    assert {**job, "gpus": 1} == status_job
+    # the same object, GPU count included: the list counts the GPUs its processes use, as status does
+    assert job == status_job and job["gpus"] == 1
     assert doc["firing_alerts"] == {job["job_id"]: 1} and type(doc["firing_alerts"][job["job_id"]]) is int
 
 
@@ -143,5 +143,6 @@ def test_run_json_report_is_the_status_document_of_the_ended_job(documents):
     assert errors(doc, "status_document") == []
     assert doc["job"]["job_id"] == documents["status"]["job"]["job_id"]
     assert doc["job"]["end_time"] is not None and doc["job"]["exit_code"] == 128 + signal.SIGTERM
+    assert [n["agent_up"] for n in doc["nodes"]] == [None]  # an ended job's agent is neither up nor down
     [alert] = [a for a in doc["alerts"] if a["rule"] == "training_stall"]
     assert alert["job_id"] == doc["job"]["job_id"] and alert["fired_at"] is not None
