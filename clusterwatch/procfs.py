@@ -1,14 +1,18 @@
 """Linux /proc: parsers of its texts (a process's stat line, its environ, /proc/stat's btime), pure functions
-over bytes, and the two thin readers that several parts of the agent share (a process's environ, the boot time).
+over bytes, and the thin readers that several parts of the agent share (a process's environ and start time, the
+boot time, a whole file).
 
 The one place their layout is known. Reading a file kept open, and racing with a process that exits, is the
 caller's business (the process source keeps its own descriptors). Field numbers are those of proc(5).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from clusterwatch.errors import ParseError
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Fields of /proc/<pid>/stat, numbered as proc(5) numbers them (1: pid, 2: comm).
 STATE, PPID, UTIME, STIME, NUM_THREADS, STARTTIME, RSS, EXIT_SIGNAL, ENV_END = 3, 4, 14, 15, 20, 22, 24, 38, 51
@@ -175,3 +179,36 @@ def read_boot_time(proc: str = "/proc") -> float:
     if boot is None:
         raise OSError(f"{proc}/stat has no btime line")
     return boot
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole file's bytes (a /proc file, read in one go).
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def process_start_time(pid: int, proc: str = "/proc", boot_time: float | None = None) -> float:
+    """A process's start time in Unix seconds, rounded to 0.01 s as the process source does.
+
+    Args:
+        pid: the process.
+        proc: the /proc mount point.
+        boot_time: the boot time, when the caller already read it.
+
+    Returns:
+        The start time; with the node and pid, the process's identity.
+
+    Raises:
+        OSError: the process is gone or /proc is unreadable.
+        ValueError: the stat line is malformed.
+    """
+    boot = read_boot_time(proc) if boot_time is None else boot_time
+    try:
+        ticks = parse_stat(read_bytes(f"{proc}/{pid}/stat")).start_ticks
+    except IndexError as exc:
+        raise ValueError(f"malformed {proc}/{pid}/stat") from exc
+    return round(boot + ticks / _CLK_TCK, 2)

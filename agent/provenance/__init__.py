@@ -47,7 +47,7 @@ from clusterwatch.agent.provenance.git_output import StatusParser, parse_config_
 from clusterwatch.agent.provenance.git_probe import git_state
 from clusterwatch.agent.provenance.of_directory import owner_of, provenance_of_dir
 from clusterwatch.agent.provenance.of_process import provenance_of_pid
-from clusterwatch.agent.provenance.process import parse_proc_ids, process_start_time, script_path
+from clusterwatch.agent.provenance.process import parse_proc_ids, script_path
 from clusterwatch.agent.provenance.record import (
     RECORD_VERSION,
     UNKNOWN,
@@ -56,6 +56,8 @@ from clusterwatch.agent.provenance.record import (
     ProvenanceConfig,
     Submodule,
 )
+
+from clusterwatch.procfs import process_start_time
 
 __all__ = [
     "RECORD_VERSION", "UNKNOWN", "GitState", "GitStateCache", "Provenance", "ProvenanceConfig",

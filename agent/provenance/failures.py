@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
-import threading
+
+from clusterwatch.log_once import SaidOnce
 
 # the package's logger: operators filter on "clusterwatch.agent.provenance"
 log = logging.getLogger(__package__)
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
+_said = SaidOnce(log)
 
 
 def warn_once(kind: str, reason: str) -> None:
@@ -18,11 +18,6 @@ def warn_once(kind: str, reason: str) -> None:
         kind: a short stable word for the kind of failure ("proc", "dir", a GitError's kind).
         reason: one line for a person.
     """
-    with _warned_lock:
-        first = kind not in _warned
-        _warned.add(kind)
-    if first:
-        log.warning("provenance unknown: %s (further ones of this kind are logged at debug level)",
-                    reason)
-    else:
+    if not _said.warning(kind, "provenance unknown: %s (further ones of this kind are logged at debug level)",
+                         reason):
         log.debug("provenance unknown: %s", reason)

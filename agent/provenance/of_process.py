@@ -8,17 +8,11 @@ from clusterwatch.agent.gitrun import RunAs
 from clusterwatch.agent.provenance.cache import GitStateCache
 from clusterwatch.agent.provenance.failures import warn_once
 from clusterwatch.agent.provenance.git_probe import git_state
-from clusterwatch.agent.provenance.process import (
-    parse_proc_ids,
-    process_start_time,
-    read_bytes,
-    root_prefix,
-    script_path,
-)
+from clusterwatch.agent.provenance.process import parse_proc_ids, root_prefix, script_path
 from clusterwatch.agent.provenance.record import GitState, Provenance, ProvenanceConfig
 from clusterwatch.agent.redact import redact_argv, select_env
 
-from clusterwatch.procfs import parse_environ
+from clusterwatch.procfs import parse_environ, process_start_time, read_bytes
 
 
 def provenance_of_pid(pid: int, config: ProvenanceConfig = ProvenanceConfig(),

@@ -1,4 +1,4 @@
-"""What /proc says of a process: its owner's credentials, start time, script and mount namespace."""
+"""What /proc says of a process: its owner's credentials, script and mount namespace."""
 from __future__ import annotations
 
 import os
@@ -6,20 +6,7 @@ from collections.abc import Iterable
 
 from clusterwatch.agent.gitrun import RunAs
 
-from clusterwatch.procfs import parse_stat, read_boot_time
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PY_OPTS_WITH_ARG = {"-W", "-X", "-Q"}
-
-
-def read_bytes(path: str) -> bytes:
-    """A whole file's bytes (a /proc file, read in one go).
-
-    Raises:
-        OSError: it cannot be read.
-    """
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def parse_proc_ids(text: str) -> RunAs:
@@ -81,29 +68,6 @@ def script_path(argv: Iterable[str], cwd: str) -> str | None:
     if i >= len(args):
         return None
     return os.path.normpath(os.path.join(cwd, args[i]))
-
-
-def process_start_time(pid: int, proc: str = "/proc", boot_time: float | None = None) -> float:
-    """A process's start time in Unix seconds, rounded to 0.01 s as the process source does.
-
-    Args:
-        pid: the process.
-        proc: the /proc mount point.
-        boot_time: the boot time, when the caller already read it.
-
-    Returns:
-        The start time; with the node and pid, the process's identity.
-
-    Raises:
-        OSError: the process is gone or /proc is unreadable.
-        ValueError: the stat line is malformed.
-    """
-    boot = read_boot_time(proc) if boot_time is None else boot_time
-    try:
-        ticks = parse_stat(read_bytes(f"{proc}/{pid}/stat")).start_ticks
-    except IndexError as exc:
-        raise ValueError(f"malformed {proc}/{pid}/stat") from exc
-    return round(boot + ticks / _CLK_TCK, 2)
 
 
 def root_prefix(pid: int, proc: str) -> str:

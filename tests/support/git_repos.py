@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from clusterwatch.agent.provenance import failures as provenance_failures
 
+from clusterwatch.log_once import SaidOnce
+
 NOBODY = 65534
 
 
@@ -59,7 +61,7 @@ def stat_dirty(path: Path) -> None:
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     # the warn-once memory is per process; each test starts without it
-    monkeypatch.setattr(provenance_failures, "_warned", set())
+    monkeypatch.setattr(provenance_failures, "_said", SaidOnce(provenance_failures.log))
 
 
 @pytest.fixture
