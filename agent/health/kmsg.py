@@ -33,12 +33,11 @@ import logging
 import os
 import re
 import select
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from clusterwatch.thread_names import name_os_thread
+from clusterwatch.background import BackgroundThread
 
 __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "parse_gpu_at", "parse_record",
            "pci_key", "unescape", "KERNEL_FACILITY"]
@@ -201,8 +200,7 @@ class KmsgReader:
         self._boot = _boot_wall_time() if boot_time is None else boot_time
         self._wait_s = wait_s
         self._log = log or logging.getLogger(__name__)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="clusterwatch-kmsg", os_name="cw-kmsg")
         self._learned: dict[str, str] = {}   # bus address → UUID, from the driver's `GPU at` lines
         self._fd = self._open()               # fails here, at start, with one line
         self.records = 0
@@ -220,14 +218,11 @@ class KmsgReader:
                           "--kmsg none to switch this off") from None
 
     def start(self) -> KmsgReader:
-        self._thread = threading.Thread(target=self._run, name="clusterwatch-kmsg", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
         try:
             os.close(self._fd)
         except OSError:
@@ -260,8 +255,8 @@ class KmsgReader:
 
     def _run(self) -> None:
         pending = b""
-        name_os_thread("cw-kmsg")   # as top -H and ps -L show it
-        while not self._stop.is_set():
+        stopping = self._thread.stopping
+        while not stopping.is_set():
             try:
                 chunk = os.read(self._fd, 65536)
             except BlockingIOError:
@@ -284,4 +279,4 @@ class KmsgReader:
             if chunk is None:
                 select.select([self._fd], [], [], self._wait_s)
             else:
-                self._stop.wait(self._wait_s)   # end of a file or of a FIFO's writer: wait for more
+                stopping.wait(self._wait_s)   # end of a file or of a FIFO's writer: wait for more
