@@ -26,6 +26,7 @@ from .export import ClusterCollector, Exposition, serve_metrics
 from .export.counter_metrics import counter_families
 from .health.engine import HealthEngine
 from .health.kmsg_marks import KmsgMarks
+from .health.live import HealthListener
 from .ingest.agent_auth import TokenInterceptor, agent_auth_from_config
 from .ingest.service import FLUSH_S, AgentOutboxes, IngestServicer
 from .queries.auth import auth_from_config
@@ -82,14 +83,13 @@ class CollectorServer:
         conn = open_db(config.db_path)
         store = Store(conn)
         alert_store = AlertStore(conn)
-        state = new_cluster_state(config)
         # a leak bucket must see a sample: look at least three times a bucket (short demo buckets too)
         buckets = (rules.gpu_memory_leak.bucket_s, rules.host_memory_leak.bucket_s, rules.handle_leak.bucket_s,
                    rules.gpu_memory_fragmentation.bucket_s)
         look_s = min(config.rules_interval_s, min(buckets) / 3)
         # `record` writes the history as the trace `replay` runs the rules over: a point less often than the
         # rules look leaves buckets without a sample there, and the replay misses leaks raised here
-        state.history_step_s = min(state.history_step_s, look_s)
+        state = new_cluster_state(config, max_history_step_s=look_s)
         # Built in the order they need one another; the core comes last, as it tells the alerting of ingest.
         outboxes = AgentOutboxes()
         # requests back to training processes (diagnose, checkpoint/stop steps); an alert of a whole job asks
@@ -104,12 +104,16 @@ class CollectorServer:
             # an alert drains a node only on what its authenticated agent said (a forged sample drains nothing)
             node_trusted=lambda node: bool((ns := state.nodes.get(node)) is not None and ns.authenticated))
         health = HealthEngine(catalog)
+        # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
+        health_listener = HealthListener(health, state, lambda events, now: self.alerting.handle(events, now),
+                                         marks=KmsgMarks(conn))
         self.alerting = Alerting(rules, state, alert_store, min_interval_s=look_s, dispatcher=dispatcher,
-                                 health=health, kmsg_marks=KmsgMarks(conn))
+                                 health=health_listener)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting,
                                   health=health)
-        self.ingest = IngestServicer(self.core, outboxes, config.agent_rate_limit,
-                                     on_train_answer=self.train_asks.on_answer)
+        self.outboxes = outboxes
+        # the agents' stream: built by start(), which finds out what agents must prove (munge is asked)
+        self.ingest: IngestServicer
         running = self.core.running_nodes()
         self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
         self.grpc_port = 0
@@ -141,8 +145,9 @@ class CollectorServer:
             self._proxy_secret = read_proxy_secret(cfg.web_proxy_secret_file)  # ConfigError: one line
         tune_gc()
         # what agents must prove: one warning line where nothing is asked (then no action reaches a process)
-        self.ingest.auth = await agent_auth_from_config(cfg.agent_auth, cfg.token, cfg.tls_client_ca,
-                                                        cfg.munge_socket, cfg.listen)
+        auth = await agent_auth_from_config(cfg.agent_auth, cfg.token, cfg.tls_client_ca, cfg.munge_socket, cfg.listen)
+        self.ingest = IngestServicer(self.core, self.outboxes, cfg.agent_rate_limit, auth=auth,
+                                     on_train_answer=self.train_asks.on_answer)
         main_cap, self._query_cap = connection_caps(raise_open_file_limit(), bool(cfg.query_listen))
         server = self._main_server(main_cap)
         query = QueryServicer(self.core, await auth_from_config(

@@ -13,6 +13,9 @@ from collections.abc import Callable
 from clusterwatch.humanize import duration
 from clusterwatch.model import ProcessKey
 
+from ..health.engine import HealthEngine
+from ..health.live import HealthListener
+from ..health.xid_catalog import load_catalog
 from ..rules import Engine, RuleSet
 from ..rules.engine import ENDED_WHILE_FIRING
 from ..rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
@@ -48,17 +51,17 @@ class Alerting(CoreListener):
         send_signal: delivers a signal to a process through its node's agent.
         min_interval_s: a process is observed at most this often. Every rule works in minutes,
             so a node polled every second costs the engine what one polled every 5 s does.
-        xid_catalog: the XID catalogue of a health engine made here; None: the shipped one.
         dispatcher: the alert actions (the collector's service builds them with what they reach);
             None: a Dispatcher of `rules.actions` that sends signals through `send_signal`.
-        health: the GPU health rules' engine (the core reads its history for traces); None: one made here.
-        kmsg_marks: where the kernel-log records taken are kept (HealthListener); None: in memory only.
+        health: the GPU health rules' listener, whose alerts it handles (the service builds it around the
+            engine the core reads for traces, with the kernel-log marks of the store); None: one over the
+            shipped XID catalogue, its marks in memory only.
     """
 
     def __init__(self, rules: RuleSet, state: ClusterState, store: AlertStore,
                  send_signal: Callable[[str, int, float, int, str], bool] | None = None,
-                 min_interval_s: float = 5.0, xid_catalog=None, dispatcher: Dispatcher | None = None,
-                 health=None, kmsg_marks=None) -> None:
+                 min_interval_s: float = 5.0, dispatcher: Dispatcher | None = None,
+                 health: HealthListener | None = None) -> None:
         self.rules = rules
         self.state = state
         self.store = store
@@ -74,14 +77,9 @@ class Alerting(CoreListener):
         self._refreshed = float("-inf")  # when the alerts' figures were last brought up to date
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
-        from ..health.engine import HealthEngine
-        from ..health.live import HealthListener
-        from ..health.xid_catalog import load_catalog
-
         # gpu_xid, gpu_lost, gpu_memory_errors, gpu_throttle, gpu_link_errors: from the agents' health records
-        if health is None:
-            health = HealthEngine(xid_catalog or load_catalog())
-        self.health = HealthListener(health, state, self._handle, marks=kmsg_marks)
+        self.health = health if health is not None else HealthListener(HealthEngine(load_catalog()), state,
+                                                                        self.handle)
 
     # -- feeding the engine ---------------------------------------------------------------------
 
@@ -110,7 +108,7 @@ class Alerting(CoreListener):
                 events.extend(found)
         events.extend(engine.heartbeat(seen.heartbeat))
         if events:
-            self._handle(events, now)
+            self.handle(events, now)
 
     def on_health(self, node: str, batch, now: float) -> None:
         """A batch brought GPU health records: the health rules' events go the way of the others."""
@@ -129,7 +127,7 @@ class Alerting(CoreListener):
             if not any(e.key == a.key for e in events):
                 events.append(_resolved(a, now, f"job {job.job_id} ended"))
         self._mismatch.pop(job.job_id, None)
-        self._handle(events, now)
+        self.handle(events, now)
         self.stall_stacks.forget_job(job.job_id)
 
     def on_provenance(self, job: JobState, now: float) -> None:
@@ -157,11 +155,11 @@ class Alerting(CoreListener):
             job_id=job.job_id, description=(f"ranks of job {job.job_id} run {len(groups)} different versions of "
                                             f"the code ({', '.join(ranks)} differ from the rest)"),
             figures={"versions": len(groups), "code_ids": sorted(groups)})
-        self._handle([event], now)
+        self.handle([event], now)
 
     def on_tick(self, now: float) -> None:
         self._gpu_owner = self.state.gpu_allocations()
-        self._handle(self.engine.tick(now), now)
+        self.handle(self.engine.tick(now), now)
         if now - self._refreshed >= REFRESH_EVERY_S:
             self.refresh(now)
         self.dispatcher.tick(now)
@@ -205,14 +203,14 @@ class Alerting(CoreListener):
                                      severity=a.severity, node=a.node, job_id="", pid=a.pid,
                                      start_time=a.start_time, gpu=a.gpu, rank=a.rank,
                                      description=f"{a.description} (resolved: {why})", figures=dict(a.figures)))
-        self._handle(events, now)
+        self.handle(events, now)
 
     def restore_nodes(self, nodes: list[tuple[str, float, bool]]) -> None:
         """After a restart: nodes as last seen, so a node whose agent never comes back raises agent_down."""
         for node, last_seen, has_jobs in nodes:
             self.engine.heartbeat(NodeHeartbeat(last_seen, node, has_jobs))
 
-    def _handle(self, events: list[AlertEvent], now: float) -> None:
+    def handle(self, events: list[AlertEvent], now: float) -> None:
         if not events:
             return
         try:

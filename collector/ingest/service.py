@@ -139,8 +139,7 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         self.core = core
         self.outboxes = outboxes if outboxes is not None else AgentOutboxes()
         self.on_train_answer = on_train_answer
-        # what agents must prove (collector/ingest/agent_auth.py); the collector sets it at start
-        self.auth = auth if auth is not None else AgentAuth("none")
+        self.auth = auth if auth is not None else AgentAuth("none")  # what agents must prove (agent_auth.py)
         self.max_samples_per_s = max_samples_per_s
         # acks held until the next durable flush
         self.after_flush: list[tuple[asyncio.Queue, agent_pb2.CollectorMessage]] = []

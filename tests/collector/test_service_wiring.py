@@ -1,8 +1,11 @@
 """The collector's composition root (CollectorServer.__init__): each part is built with what it reaches."""
 from __future__ import annotations
 
+import asyncio
+
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.health.kmsg_marks import KmsgMarks
+from clusterwatch.collector.ingest.service import IngestServicer
 from clusterwatch.collector.service import CollectorServer
 from clusterwatch.collector.state.store import open_db
 from clusterwatch.v1 import agent_pb2
@@ -12,10 +15,9 @@ def test_the_actions_ask_and_answer_through_the_same_train_asks(tmp_path):
     server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
     dispatcher, asks = server.alerting.dispatcher, server.train_asks
     assert dispatcher.ask_train == asks.ask_for_alert
-    assert server.ingest.on_train_answer == asks.on_answer
-    assert asks.why_unreachable == server.ingest.outboxes.why_not
-    assert asks.send == server.ingest.outboxes.send_train_request
-    assert dispatcher.send_signal == server.ingest.outboxes.send_signal
+    assert asks.why_unreachable == server.outboxes.why_not
+    assert asks.send == server.outboxes.send_train_request
+    assert dispatcher.send_signal == server.outboxes.send_signal
     assert dispatcher.store is server.alerting.store
     assert dispatcher.drain_node is None  # no Slurm, no drain
     # the trace of a job carries the health history of the engine the health rules run
@@ -40,3 +42,29 @@ def test_the_kernel_log_records_taken_before_a_restart_are_not_taken_again(tmp_p
     server = CollectorServer(CollectorConfig(db_path=db))
     assert server.alerting.health.engine.kmsg_seq[("n1", "kboot")] == 41
     assert server.alerting.health.marks is not None
+
+
+def test_the_health_rules_alerts_are_handled_by_the_alerting(tmp_path):
+    server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
+    handled = []
+    server.alerting.handle = lambda events, now: handled.append((events, now))
+    server.alerting.health.handle(["an event"], 5.0)
+    assert handled == [(["an event"], 5.0)]
+
+
+def test_the_agents_stream_is_built_at_start_with_what_agents_must_prove(tmp_path):
+    config = CollectorConfig(db_path=str(tmp_path / "cw.db"), listen="127.0.0.1:0", metrics_listen=None,
+                             agent_auth="token", token="s3cret", query_auth="none")
+    server = CollectorServer(config)
+
+    async def started() -> IngestServicer:
+        await server.start()
+        try:
+            return server.ingest
+        finally:
+            await server.stop()
+
+    ingest = asyncio.run(started())
+    assert ingest.auth.mode == "token"
+    assert ingest.outboxes is server.outboxes
+    assert ingest.on_train_answer == server.train_asks.on_answer

@@ -108,7 +108,7 @@ def test_a_hung_jobs_stacks_are_taken_once_and_every_ranks_alert_carries_them(tm
     # a restarted collector whose engine raises the alert again asks nothing and keeps what the row holds
     core2, clock2, alerting2, asks2, agents2 = _collector(conn)
     a = _stalls(alerting2)[0]
-    alerting2._handle([AlertEvent(t=clock.now, rule=a.rule, state=FIRING, severity=a.severity, node=a.node,
+    alerting2.handle([AlertEvent(t=clock.now, rule=a.rule, state=FIRING, severity=a.severity, node=a.node,
                                   job_id=a.job_id, pid=a.pid, start_time=a.start_time, rank=a.rank,
                                   description="Training of rank 0 stuck", figures={"step": 15})], clock.now)
     assert agents2.sent == []
