@@ -247,13 +247,15 @@ def fit_lines(text: str, width: int | None) -> str:
         return text
     out = []
     for line in text.split("\n"):
-        if len(line) <= width:
-            out.append(line)
-            continue
-        lead = line[:len(line) - len(line.lstrip(" "))]
-        indent = lead + "  "
-        words = [fit(w, width - len(indent)) for w in line.split()]
-        out.extend(wrap_words(" ".join(words), lead, indent, width))
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        while len(line) > width:
+            cut = line.rfind(" ", len(indent), width + 1)  # the part kept keeps its spacing (a label's column)
+            if cut < len(indent) or not line[:cut].strip():
+                line = fit(line, width)
+                break
+            out.append(line[:cut].rstrip())
+            line = indent + line[cut:].lstrip()
+        out.append(line)
     return "\n".join(out)
 
 

@@ -80,8 +80,8 @@ def overall_section(view: query_pb2.JobView, width: int | None, run_time: float 
         out.append("  GPU              no GPU reported for this job")
     for name, fraction, text in meters:
         out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
-    for name, text in lines:
-        out.append(f"  {name:<16} {text}")
+    for name, text in lines:  # a long one wraps under its text
+        out.extend(wrap_words(text, f"  {name:<16} ", " " * 19, width or 19 + len(text)))
     return out
 
 
