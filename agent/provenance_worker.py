@@ -12,8 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from clusterwatch.background import BackgroundThread
 from clusterwatch.model import ProcessSample
-from clusterwatch.thread_names import name_os_thread
 
 from .gitrun import kill_running
 from .provenance import GitStateCache, Provenance, ProvenanceConfig, provenance_of_pid
@@ -42,8 +42,7 @@ class ProvenanceWorker:
         self._lock = threading.Lock()
         self.skipped = 0
         self.captured = 0  # captures run (once per new rank process)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="clusterwatch-provenance", daemon=True)
+        self._thread = BackgroundThread(self._run, name="clusterwatch-provenance", os_name="cw-provenance")
         self._thread.start()
 
     def offer(self, samples: list[ProcessSample]) -> None:
@@ -71,22 +70,22 @@ class ProvenanceWorker:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Take no more records; kill the git call running now (and anything it started)."""
-        self._stopping = True
+        self._thread.stopping.set()
         try:
             self._todo.put_nowait(None)  # wakes a worker waiting for work
         except queue.Full:
-            pass  # a busy worker sees _stopping before its next record
+            pass  # a busy worker sees `stopping` before its next record
         deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
+        while not self._thread.stop(0.0) and time.monotonic() < deadline:
             kill_running()  # again while it lasts: a call may have started after the last kill
-            self._thread.join(0.1)
+            self._thread.stop(0.1)
 
     def _run(self) -> None:
-        name_os_thread("cw-provenance")
+        stopping = self._thread.stopping
         while True:
             pid = self._todo.get()
             try:
-                if pid is None or self._stopping:
+                if pid is None or stopping.is_set():
                     return
                 record = self._capture(pid, self.config)
                 self.captured += 1

@@ -35,7 +35,7 @@ def test_stopping_the_worker_kills_the_git_it_is_waiting_on(tmp_path, shared_dir
         started = time.monotonic()
         worker.stop()
         assert time.monotonic() - started < 5.0
-        assert not worker._thread.is_alive()
+        assert worker._thread.stop(0.0)  # its thread has ended
         assert_no_git_left_on(repo)
     finally:
         worker.stop()
