@@ -243,7 +243,7 @@ class ClusterState:
         history_step_s: at most one history point per process this often (720 × 5 s = 1 hour).
     """
 
-    def __init__(self, history_points: int = 720, history_step_s: float = 5.0) -> None:
+    def __init__(self, history_points: int = 720, history_step_s: float = 5.0, owners_from_slurm: bool = False) -> None:
         self.history_points = history_points
         self.history_step_s = history_step_s
         self.nodes: dict[str, NodeState] = {}
@@ -260,7 +260,7 @@ class ClusterState:
         # Set when the registry asks Slurm: a Slurm job's owner is then Slurm's word alone, never a sample's
         # (any client that reaches the port can send samples naming a job); until Slurm has answered for a
         # job it has no owner, and only admins see it.
-        self.owners_from_slurm = False
+        self.owners_from_slurm = owners_from_slurm
         # node → GPU UUID → the job whose live processes used it at the node's latest poll: add_gpus credits
         # that job with the GPU's readings (not a job whose processes have left it)
         self._gpu_users: dict[str, dict[str, str]] = {}

@@ -98,11 +98,11 @@ class AlertSource(Protocol):
     def alert_list(self, job_id: str | None, include_resolved: bool, limit: int) -> list[tuple[str, object]]: ...
 
 
-def new_cluster_state(config: CollectorConfig) -> ClusterState:
-    """The empty state a collector with `config` starts from (before the store's jobs are restored)."""
-    state = ClusterState(config.history_points, config.history_step_s)
-    state.owners_from_slurm = config.slurm
-    return state
+def new_cluster_state(config: CollectorConfig, max_history_step_s: float | None = None) -> ClusterState:
+    """The empty state a collector with `config` starts from (before the store's jobs are restored), a history
+    point at least every `max_history_step_s` where given."""
+    step = config.history_step_s if max_history_step_s is None else min(config.history_step_s, max_history_step_s)
+    return ClusterState(config.history_points, step, owners_from_slurm=config.slurm)
 
 
 class StoreBehind(ClusterwatchError):
