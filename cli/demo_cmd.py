@@ -46,7 +46,9 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack, sim_run:
         "CLUSTERWATCH_SIM_GPU_MEM_FILE": os.path.join(workdir, f"gpu-mem-rank{rank}"),
         "CLUSTERWATCH_TRAIN_SOCKET": str(stack.train_socket(node)),
     })
-    args = [sys.executable, "-m", "clusterwatch.cli.demo_workload", "--rank", str(rank)]
+    # by its file, so its git provenance is the code's (a clone's, where clusterwatch is installed from one); -I: the
+    # file's folder (cli/) is not put on sys.path, nor the caller's PYTHON* settings applied
+    args = [sys.executable, "-I", str(resources.files("clusterwatch.cli") / "demo_workload.py"), "--rank", str(rank)]
     if rank == LEAKING_RANK:
         args += ["--leak-mib-per-s", "6", "--gpu-leak-mib-per-s", "40"]
     log = open(os.path.join(workdir, f"rank{rank}.log"), "ab")
@@ -120,7 +122,9 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                 if rules:
                     click.echo("The demo uses demo_rules.toml: leak windows of seconds, not hours, "
                                "so the leak is flagged within the minute.")
-                click.echo(f"Logs in {workdir}. Ends by itself after {duration:.0f} s; Ctrl-C ends it sooner.\n")
+                logs = (f"Logs in {workdir}." if keep
+                        else "Logs go with the demo's temporary folder at its end (--keep DIR keeps them).")
+                click.echo(f"{logs} Ends by itself after {duration:.0f} s; Ctrl-C ends it sooner.\n")
             end = time.monotonic() + duration
             while time.monotonic() < end and not signals.received:
                 _sleep_unless(signals, min(refresh, max(0.0, end - time.monotonic())))
@@ -135,7 +139,7 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                 else:
                     _out(f"--- {time.strftime('%H:%M:%S %Z')}\n{text}")
             if not signals.received:
-                _out("\nDemo time is up: stopping the workload and closing the job.\n")
+                _out("\nDemo time is up: the demo stops its workload (SIGTERM; its ranks exit 0) and closes the job.\n")
                 _stop_ranks(ranks)
                 now = time.time()
                 for node in NODES:
@@ -143,7 +147,11 @@ def demo(duration: float, interval: float, refresh: float, keep: str | None) -> 
                 view = _final_view(stack, job_id, fetch_job, timeout=max(5.0, 4 * interval),
                                    give_up=lambda: bool(signals.received))
                 if view is not None and not signals.received:
-                    _out("\nFinal summary (stored; `clusterwatch status` would show it after the job):\n\n")
+                    caught = any(a.state == "firing" or a.ended_while_firing for a in view.alerts)
+                    _out("\nThe job's summary as stored when it ended (`clusterwatch status` shows it after a job). "
+                         "The demo ended the job; it did not crash"
+                         + (f", and the Alerts below were caught while rank {LEAKING_RANK} ran" if caught else "")
+                         + ".\n\n")
                     _out(render(view))
             if signals.received:
                 _say(f"\nInterrupted ({name(signals.received[0])}): stopping everything the demo started.")

@@ -89,7 +89,10 @@ def alert_notes(view) -> list[str]:
         if rule in ("gpu_memory_leak", "host_memory_leak"):
             ended = [a for a in alerts if a.ended_while_firing]
             if ended and len(ended) == len(alerts):
-                full = "was still growing when it ended (an out-of-memory kill looks like this)"
+                # a job that completed was stopped by its own code or its user, not killed for its memory
+                completed = view.job.state == "COMPLETED" and not view.job.exit_code
+                full = "was still growing when it ended" + ("" if completed else
+                                                             " (an out-of-memory kill looks like this)")
             else:
                 full = "keeps growing (see Alerts for the rate and the time until it is full)"
         notes.append(advice.format(who=", ".join(whos[:4]) + (" …" if len(whos) > 4 else ""), full=full))

@@ -60,8 +60,8 @@ def notes_section(view: query_pb2.JobView, run_time: float) -> list[str]:
         word = trend_word(list(p.gpu_memory_trend))
         if word == "growing" and p.alive and not leak_alerted:  # a firing leak has its own note below
             who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
-            notes.append(f"GPU memory of {who} on {p.node} is growing; see Alerts for the rate and "
-                         "the projected time until the GPU is full.")
+            notes.append(f"GPU memory of {who} on {p.node} is growing; if it goes on, the gpu_memory_leak alert "
+                         "says at what rate and when the GPU will be full.")
     host_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == "host_memory_leak"
                     and (a.state == "firing" or a.ended_while_firing)}
     for p in view.processes:  # host memory that climbs before (or without) an alert

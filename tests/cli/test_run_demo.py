@@ -90,12 +90,19 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path):
     assert "demo-node1" in out and "demo-node2" in out
     assert "\x1b" not in out  # stdout is a pipe: no screen codes, and each refresh's time carries its zone
     assert re.search(r"\n--- \d\d:\d\d:\d\d [A-Z][A-Za-z0-9+-]*\n", out)
-    # docs/users.md's sample report shows the sections a live report has, in their order
+    # the docs' sample report (the page on reading status) shows the sections a live report has, in their order
     last_live = out.split("\nDemo time is up")[0].rsplit("\n--- ", 1)[1]
-    users = (ROOT / "docs" / "users.md").read_text()
-    sample = users.split("$ clusterwatch status ", 1)[1].split("```", 1)[0]
+    samples = [page.read_text().split("$ clusterwatch status ", 1)[1].split("```", 1)[0]
+               for page in sorted((ROOT / "docs").rglob("*.md")) if "$ clusterwatch status " in page.read_text()]
+    sample = next(x for x in samples if "Processes (by rank)" in x)
     assert _sections(sample) == _sections(last_live)
-    assert "Final summary" in out and "COMPLETED" in out
+    # the closing summary says the demo ended the job, not that it crashed, and its notes do not read as an OOM
+    summary = out.split("The job's summary as stored when it ended", 1)[1]
+    assert "The demo ended the job; it did not crash, and the Alerts below were caught" in summary
+    assert "COMPLETED" in summary and "out-of-memory kill" not in summary
+    # the ranks run the code of this clone, and the report says which
+    assert f"{ROOT} @ " in summary.split("\nCode (git provenance)\n", 1)[1]
+    assert f"Logs in {tmp_path / 'demo'}." in out  # kept: the folder named is there
     for rank in range(4):
         assert f"\n      {rank} demo-node" in out  # every rank shows in the table
     # the growing rank is flagged while the demo runs, with the demo's short-window rules
