@@ -12,9 +12,10 @@ def _envvars(name: str) -> set[str]:
     return {p.envvar for p in command.params if isinstance(p.envvar, str) and p.envvar.startswith("CLUSTERWATCH_")}
 
 
-def test_operators_md_names_every_variable_of_the_agent_and_the_collector():
-    text = (ROOT / "docs" / "operators.md").read_text()
-    table = text.split("The variables (`--help` shows the flags, not these names):", 1)[1].lstrip().split("\n\n", 1)[0]
-    for name in ("agent", "collector"):
+def test_the_configuration_reference_names_every_variable_of_every_command():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    table = text.split("The variables of the flags (`--help` shows the flags, not these names):", 1)[1]
+    table = table.lstrip().split("\n\n", 1)[0]
+    for name in cli_group.list_commands(click.Context(cli_group)):
         missing = sorted(v for v in _envvars(name) if f"`{v}`" not in table)
-        assert not missing, f"docs/operators.md's table of variables lacks {missing} ({name})"
+        assert not missing, f"docs/configuration.md's table of variables lacks {missing} ({name})"
