@@ -55,7 +55,7 @@ def _openssl(*args, cwd):
 
 
 def _make_pki(d):
-    """A CA, a server certificate for localhost/127.0.0.1 and node certificates, as docs/operators.md says.
+    """A CA, a server certificate for localhost/127.0.0.1 and node certificates, as docs/how-to/secure.md says.
 
     client: the node sec-node's (its CN); alias: CN another name, sec-node among its DNS names;
     other: another node's (other-node), which may not speak for sec-node.

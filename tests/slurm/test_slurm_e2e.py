@@ -100,7 +100,7 @@ def hooked() -> Iterator[tuple[SlurmCluster, Collector, Path]]:
                 collector = Collector(root, "--slurm", "--slurm-refresh", "1")
             try:
                 # The collector takes the tests' token; the prologs read it from a root-only token file, as
-                # docs/operators.md sets a cluster up, and hand it to the agents they start.
+                # docs/how-to/secure.md sets a cluster up, and hand it to the agents they start.
                 token_file = root / "token"
                 token_file.write_text(AGENT_TOKEN + "\n")
                 token_file.chmod(0o600)
