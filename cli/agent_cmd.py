@@ -7,9 +7,14 @@ import sys
 import click
 
 from .common import fail, resolve_token, setup_logging, token_file_option
+from .help_text import examples
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch agent --collector collector01:50051",
+    "clusterwatch agent --once --json    # one poll of this node, printed",
+    "clusterwatch agent --collector collector01:50051 --gpu-source sim --node sim1",
+))
 @click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", metavar="HOST:PORT[,...]",
               help="Collector address, or the deployment's collectors list in its one order (the config file's "
                    "collectors = [...]): a stream to each collector this node has data for (CLUSTERWATCH_COLLECTOR).")
@@ -77,7 +82,8 @@ from .common import fail, resolve_token, setup_logging, token_file_option
 @click.option("--poll-on-sigusr1", is_flag=True, hidden=True,
               help="The first poll waits for SIGUSR1, and each SIGUSR1 asks for a poll now (`clusterwatch run` "
                    "starts its command once this agent listens for its reports, before its first poll).")
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True,
+              help="More log lines: -v adds the libraries' INFO lines (clusterwatch's own show always), -vv DEBUG.")
 def agent(collector, collectors_before, node, interval, send_interval, health_interval, gpu_source, sim_scenario,
           sim_run, process_source, pids,
           local_job_id, once,

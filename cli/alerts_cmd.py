@@ -6,6 +6,7 @@ import time
 import click
 
 from .common import collector_option, deployment, fail, query_metadata
+from .help_text import examples
 
 
 def render_alerts(entries, now: float) -> str:
@@ -25,11 +26,17 @@ def render_alerts(entries, now: float) -> str:
     return "\n".join(out) + "\n"
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch alerts",
+    "clusterwatch alerts --job 4242 --all",
+    "clusterwatch alerts --json",
+))
 @collector_option
 @click.option("--job", "job_id", default="", help="Only this job's alerts.")
 @click.option("--all", "include_resolved", is_flag=True, help="Also the latest resolved alerts.")
-@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True,
+              help="With --all: at most this many resolved alerts, the latest (pending and firing ones are all "
+                   "listed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
 def alerts(collector: str, collectors_before: str, tls_ca: str | None, job_id: str, include_resolved: bool,
            limit: int, as_json: bool) -> None:

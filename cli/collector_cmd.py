@@ -8,6 +8,7 @@ import click
 
 from .addresses import listen_option_callback, tcp_listen_option_callback
 from .common import fail, resolve_token, setup_logging, token_file_option
+from .help_text import examples
 
 DEFAULT_WEB_LISTEN = "127.0.0.1:9752"
 
@@ -81,7 +82,11 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
     return listen_option_callback(ctx, param, value)
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch collector --listen 0.0.0.0:50051 --metrics-listen 0.0.0.0:9400",
+    "clusterwatch collector --slurm --db /var/lib/clusterwatch/clusterwatch.db",
+    "clusterwatch collector --config /etc/clusterwatch/config.toml",
+))
 @click.option("--listen", default="127.0.0.1:50051", envvar="CLUSTERWATCH_LISTEN", show_default=True,
               callback=listen_option_callback,
               help="gRPC address for agents and queries (use 0.0.0.0:50051 to serve other hosts, or unix:PATH "
@@ -195,7 +200,8 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--shard", default=None, envvar="CLUSTERWATCH_SHARD", metavar="HOST:PORT",
               help="This collector's own entry in --collectors: its registry takes only the Slurm jobs that "
                    "are its own.")
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True,
+              help="More log lines: -v adds the libraries' INFO lines (clusterwatch's own show always), -vv DEBUG.")
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
               web_trusted_proxies, web_socket_group, web_owner_uid, allow_unauthenticated_actions, db_path,
               history_points, history_step,

@@ -78,8 +78,9 @@ def collector_option(f):
     The command takes `collector`, `collectors_before` and `tls_ca`; deployment() makes the first two the
     collectors list (clusterwatch/shards.py), query_channel takes an address and `tls_ca`.
     """
+    # an operator's setting, from the config file: hidden from the users' --help
     f = click.option("--collectors-before", "collectors_before", envvar="CLUSTERWATCH_COLLECTORS_BEFORE",
-                     default="", metavar="JOB=HOST:PORT,...",
+                     default="", metavar="JOB=HOST:PORT,...", hidden=True,
                      help="After a change of the collectors list: the first job number of the current list, "
                           "and the list the older jobs still run on ([cli] or top-level collectors_before).")(f)
     f = click.option("--tls-ca", "tls_ca", envvar="CLUSTERWATCH_TLS_CA", type=click.Path(exists=True, dir_okay=False),

@@ -20,6 +20,7 @@ from importlib import resources
 import click
 
 from .common import fail
+from .help_text import examples
 from .proctree import parent_death_signal
 
 NODES = ("demo-node1", "demo-node2")
@@ -59,7 +60,10 @@ def _start_rank(rank: int, node: str, job_id: str, workdir: str, stack, sim_run:
     return proc
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch demo",
+    "clusterwatch demo --duration 120 --keep demo-logs",
+))
 @click.option("--duration", type=click.FloatRange(min=5), default=60.0, show_default=True,
               help="Seconds the demo runs before it ends by itself.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True,

@@ -12,6 +12,7 @@ import sys
 import click
 
 from .common import MungeCredential, collector_option, deployment, exit_quickly_when_done, fail
+from .help_text import examples
 from .status_cmd import _explain, _job_id, _stub, complete_job_ids
 
 # The collector waits this long for the ranks' answers; the call's deadline is a little longer.
@@ -66,7 +67,10 @@ def diagnosis_document(job_id: str, stacks, snapshots) -> dict:
             "snapshots": [message_to_json(a) for a in snapshots.answers]}
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch diagnose 4242",
+    "clusterwatch diagnose 4242 --rank 3 --no-snapshot",
+))
 @click.argument("job_id", shell_complete=complete_job_ids, callback=_job_id)
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank (default: every rank).")
 @click.option("--no-snapshot", is_flag=True, help="Only the stacks: ask no rank for a CUDA memory snapshot.")

@@ -6,6 +6,7 @@ import time
 import click
 
 from .common import collector_option, deployment
+from .help_text import examples
 
 HEALTH_SCHEMA = "clusterwatch.health/1"
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2, "": 3}
@@ -60,7 +61,10 @@ def render_health(rows: list, now: float) -> str:
     return "\n".join(out) + "\n"
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch health",
+    "clusterwatch health gpu-node-017 --json",
+))
 @click.argument("node", required=False, default="")
 @collector_option
 @click.option("--json", "as_json", is_flag=True, help="Print the GPUs as JSON (docs/json.md).")

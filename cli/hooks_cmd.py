@@ -18,6 +18,8 @@ import time
 
 import click
 
+from .help_text import examples
+
 #: A hook that has not finished by then exits 0 anyway (slurmd's timeouts are far longer, but a slow
 #: hook delays every job start).
 HOOK_DEADLINE_S = 0.9
@@ -199,7 +201,10 @@ def _with_common(f):
     return f
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch prolog    # in Slurm's Prolog script, as root, with SLURM_JOB_ID and the job's GPUs set",
+    "clusterwatch prolog --collector collector01:50051 --gpu-source sim",
+))
 @click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", default=None, metavar="HOST:PORT",
               help="Collector address for an agent this prolog starts.")
 @click.option("--token", envvar="CLUSTERWATCH_TOKEN", default=None, help="Shared secret for that agent.")
@@ -221,7 +226,9 @@ def prolog(ctx, collector, token, token_file, gpu_source, interval, spool_dir, n
                               interval=interval, spool_dir=spool_dir, node=node))
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch epilog    # in Slurm's Epilog script, as root, with SLURM_JOB_ID set",
+))
 @_with_common
 @click.pass_context
 def epilog(ctx, spool_dir, node) -> None:

@@ -35,7 +35,44 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
-    """A group that imports a subcommand's module only when that subcommand runs."""
+    """A group that imports a subcommand's module only when that subcommand runs.
+
+    `--config FILE` is the group's (it is read before the subcommand parses its options), and is taken
+    after the subcommand's name too: `clusterwatch status 4242 --config site.toml`.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._config_first(ctx, args))
+
+    def _config_first(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """`args` with a --config given after the subcommand's name moved before it."""
+        at = 0
+        while at < len(args) and args[at].startswith("-"):  # the group's own options
+            at += 2 if args[at] == "--config" else 1
+        if at >= len(args) or args[at] not in COMMANDS:
+            return args
+        command = self.get_command(ctx, args[at])
+        if command is None:
+            return args
+        taking_values = {o for p in command.params if isinstance(p, click.Option) and not p.is_flag
+                         and not p.count for o in p.opts}
+        interspersed = command.context_settings.get("allow_interspersed_args", command.allow_interspersed_args)
+        moved, rest, i = [], args[at + 1:], 0
+        while i < len(rest):
+            arg = rest[i]
+            if arg == "--":  # what follows is the user's (run's command)
+                break
+            if arg == "--config" and i + 1 < len(rest):
+                moved += rest[i:i + 2]
+                del rest[i:i + 2]
+                continue
+            if arg.startswith("--config="):
+                moved.append(rest.pop(i))
+                continue
+            if not arg.startswith("-") and not interspersed:
+                break  # the command's arguments begin: `run python train.py --config x.yaml` is the user's
+            i += 2 if arg in taking_values else 1
+        return [*args[:at], *moved, args[at], *rest]
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name in COMMANDS if self._available(name))

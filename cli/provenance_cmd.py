@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from .help_text import examples
+
 
 def human_lines(record: dict) -> list[str]:
     """The record as short labelled lines, for a person.
@@ -36,7 +38,10 @@ def human_lines(record: dict) -> list[str]:
     return lines
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch provenance",
+    "clusterwatch provenance . --json > code.json",
+))
 @click.argument("directory", default=".", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for checkpoints and model cards).")
 @click.option("--timeout", "budget_s", type=float, default=5.0, show_default=True,

@@ -8,12 +8,16 @@ from collections.abc import Iterator
 import click
 
 from .common import collector_option, deployment, fail, query_metadata
+from .help_text import examples
 
 #: A process line's readings (docs/traces.md); a line with none of them only opens a process.
 _READINGS = ("gpu_mem_bytes", "gpu_util", "rss_bytes", "cpu_percent", "threads", "open_fds")
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch record 4242 -o job-4242.jsonl",
+    "clusterwatch record 4242 -o - | gzip > job-4242.jsonl.gz",
+))
 @click.argument("job_id")
 @collector_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), required=True,

@@ -7,8 +7,13 @@ import click
 
 from clusterwatch.errors import ConfigError, ParseError
 
+from .help_text import examples
 
-@click.command()
+
+@click.command(epilog=examples(
+    "clusterwatch replay job-4242.jsonl",
+    "clusterwatch replay job-4242.jsonl --rules my_rules.toml --format jsonl",
+))
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False), default=None,
               help="Rules file (TOML). Default: the shipped default_rules.toml.")

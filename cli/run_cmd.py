@@ -31,6 +31,7 @@ import uuid
 import click
 
 from .common import fail
+from .help_text import examples
 
 # between passing a stop signal to the command and SIGKILL to its tree: well inside Slurm's KillWait
 # (30 s by default), after which scancel kills us too and no report is printed
@@ -85,14 +86,22 @@ def _status_line(view) -> str:
     return line
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+               epilog=examples(
+    "clusterwatch run -- python train.py --epochs 3",
+    "clusterwatch run --gpu-source sim -- python train.py",
+    "clusterwatch run --json -o report.json -- ./train.sh",
+    "clusterwatch run --web-listen 127.0.0.1:0 -- python train.py",
+))
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
               help="Poll interval in seconds.")
 @click.option("--status-every", type=click.FloatRange(min=0), default=15.0, show_default=True,
               help="Print a status line to stderr every N seconds (0: never).")
 @click.option("--gpu-source", type=click.Choice(["auto", "nvml", "sim", "none"]), default="auto",
-              show_default=True)
+              show_default=True,
+              help="Where GPU data comes from: nvml (the NVIDIA driver), sim (simulated GPUs that play the "
+                   "command's processes, for a machine without one), none; auto: nvml where a driver is, else none.")
 @click.option("--rules", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Rules file for the embedded collector.")
 @click.option("--json", "as_json", is_flag=True,

@@ -17,6 +17,7 @@ from .common import (
     query_channel,
     query_metadata,
 )
+from .help_text import examples
 
 QUERY_TIMEOUT_S = 5.0
 
@@ -105,7 +106,12 @@ def _job_id(ctx: click.Context, param, value: str) -> str:
     return value
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch status 4242",
+    "clusterwatch status 4242 --watch -n 5",
+    "clusterwatch status 4242 --json",
+    "clusterwatch status 4242 --collector collector01:50051",
+))
 @click.argument("job_id", shell_complete=complete_job_ids, callback=_job_id)
 @collector_option
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON document.")
@@ -162,7 +168,11 @@ def status(job_id: str, collector: str, collectors_before: str, tls_ca: str | No
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-@click.command()
+@click.command(epilog=examples(
+    "clusterwatch jobs",
+    "clusterwatch jobs --all",
+    "clusterwatch jobs --json",
+))
 @collector_option
 @click.option("--all", "include_ended", is_flag=True, help="Also list jobs that have ended.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
