@@ -222,6 +222,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
     proxies = _check_web_proxy(web_user_header, web_trusted_proxies, web_proxy_secret_file, web_listen)
     socket_group = _web_socket_group(web_socket_group, web_listen)
     _check_shard(collectors, collectors_before, shard)
+    if db_path:
+        _check_db_path(db_path)
     if web_owner_uid is not None and not _loopback_listen(web_listen or DEFAULT_WEB_LISTEN):
         fail("--web-owner-uid knows a browser's user only on loopback: give --web-listen 127.0.0.1:PORT")
     config = CollectorConfig(
@@ -248,6 +250,21 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot start the collector: {exc}; is another collector using the port?")
+
+
+def _check_db_path(path: str) -> None:
+    """A --db the user gave names a file in a folder that exists: one line and exit 2 otherwise. Its folder is
+    never created (the default path's is): a typo run as root would leave folders wherever it pointed."""
+    import os
+
+    from .option_source import given_as
+
+    said = given_as(click.get_current_context(silent=True), "db_path", "--db")
+    if os.path.isdir(path):
+        fail(f"{said} {path} is a folder; it names the store's file: give {os.path.join(path, 'clusterwatch.db')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        fail(f"{said} {path}: the folder {folder} does not exist; create it (mkdir -p {folder}) or fix the path")
 
 
 async def _serve(config) -> None:

@@ -108,7 +108,10 @@ def deployment(collector: str, collectors_before: str = ""):
         try:
             check_collector_address(address)
         except AddressError as exc:
-            fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
+            from .option_source import given_as
+
+            said = given_as(click.get_current_context(silent=True), "collector")
+            fail(f"{said} {exc} (the collector's --listen port, 50051 by default)")
     return found
 
 

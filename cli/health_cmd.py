@@ -80,7 +80,8 @@ def health(node: str, collector: str, collectors_before: str, tls_ca: str | None
 
     found = deployment(collector, collectors_before)
     request = query_pb2.ListHealthRequest(node=node)
-    answers, partial = ask_all(found.all, tls_ca, "the GPUs' health",
+    # a node's health is held by the collector its name picks (one line and exit 1 where it is unknown there)
+    answers, partial = ask_all((found.for_node(node),) if node else found.all, tls_ca, "the GPUs' health",
                                lambda stub, metadata: stub.ListHealth(request, timeout=5.0, metadata=metadata))
     rows = merge_rows([r for a in answers for r in a.gpus])
     if as_json:

@@ -44,6 +44,21 @@ class LazyGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self._config_first(ctx, args))
 
+    def invoke(self, ctx: click.Context):
+        """A bad value from the config file or the environment is said as given there, not as a flag."""
+        from click.core import ParameterSource
+
+        try:
+            return super().invoke(ctx)
+        except click.BadParameter as exc:
+            sub = exc.ctx
+            if sub is None or exc.param is None or exc.param.name is None or sub.get_parameter_source(
+                    exc.param.name) not in (ParameterSource.DEFAULT_MAP, ParameterSource.ENVIRONMENT):
+                raise
+            from .option_source import given_as
+
+            raise ConfigError(f"{given_as(sub, exc.param)}: {exc.message}") from None
+
     def _config_first(self, ctx: click.Context, args: list[str]) -> list[str]:
         """`args` with a --config given after the subcommand's name moved before it."""
         at = 0
@@ -102,9 +117,12 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
     and host memory; a collector aggregates every worker of a job, raises leak and
     stall alerts, and serves one Prometheus endpoint. `status JOBID` shows a job.
     """
-    from clusterwatch.config import load_default_map
+    from clusterwatch.config import find_config, load_default_map
+
+    from .option_source import CONFIG_FILE
 
     try:
+        ctx.meta[CONFIG_FILE] = find_config(config_path)
         ctx.default_map = load_default_map(config_path)
         _check_keys(ctx, config_path)
     except ConfigError as exc:

@@ -134,7 +134,7 @@ class CollectorServer:
         # a taken port stops the start before anything else is said or opened
         required_web = cfg.web_listen if cfg.web_listen_required else None
         for listen, flag in ((cfg.listen, "--listen"), (cfg.query_listen, "--query-listen"),
-                             (required_web, "--web-listen")):
+                             (cfg.metrics_listen, "--metrics-listen"), (required_web, "--web-listen")):
             problem = taken_error(listen, flag) if listen else None
             if problem is not None:
                 raise ConfigError(problem)

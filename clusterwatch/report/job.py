@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from clusterwatch.v1 import query_pb2
 
 
+def unknown_user(view: query_pb2.JobView) -> str:
+    """Why a job has no owner yet: the collector takes Slurm's word, or the user its processes run as (read by
+    an authenticated agent, all of them the same)."""
+    users = sorted({p.user for p in view.processes if p.user})
+    if len(users) > 1:
+        return f"? (its processes run as {', '.join(users[:3])}: no one owner)"
+    if users:
+        return f"? (its processes run as {users[0]}, as an agent that did not prove itself says)"
+    if view.job.end_time:
+        return "? (no process of it was sampled: its owner is the user its processes run as)"
+    return "? (none of its processes sampled yet: its owner is the user they run as)"
+
+
 def render(view: query_pb2.JobView, now: float | None = None, width: int | None = -1) -> str:
     """The full report for one job.
 
@@ -51,7 +64,7 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     state = job.state + (f" ({exit_text(job.exit_code)})" if job.HasField("exit_code") else "")
     ranks_seen = len({p.rank for p in view.processes if p.HasField("rank")})
     rows = [
-        ("User/Account", f"{job.user or '?'}{'/' + job.account if job.account else ''}"),
+        ("User/Account", f"{job.user or unknown_user(view)}{'/' + job.account if job.account else ''}"),
         ("State", state),
         ("Nodes", f"{len(job.nodes)}  ({', '.join(job.nodes[:6])}{' …' if len(job.nodes) > 6 else ''})"),
         ("GPUs", str(job.gpus or len(view.gpus))),

@@ -156,6 +156,13 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
                                 "clusterwatch health is for the cluster's operators (users the collector's "
                                 "--query-admin names, and root); your own jobs' health is in "
                                 "`clusterwatch status JOBID`")
+        if request.node:
+            with self.core.lock:
+                known = request.node in self.core.state.nodes
+            if not known:  # an empty list would read as a node whose GPUs are all well
+                await context.abort(grpc.StatusCode.NOT_FOUND,
+                                    f"unknown node {request.node!r}: no agent of that name reports to this collector; "
+                                    "`clusterwatch health` lists the nodes whose GPUs have findings")
         resp = query_pb2.ListHealthResponse()
         health = getattr(self.alerts, "health", None)
         if health is not None:

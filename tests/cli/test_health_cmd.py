@@ -62,8 +62,13 @@ def test_health_lists_the_troubled_gpu_for_admins_only(stub_lib: Path, tmp_path:
         assert lines[1].split()[:3] == ["critical", NODE, "0"]
         assert "XID 48" in lines[1] and "4 uncorrected ECC" in lines[1]
         assert "GPU-hc1" not in text.stdout and "Double bit ECC error" in text.stdout
+        mine = cli("health", NODE, "--collector", collector.address, env=env)
+        assert mine.returncode == 0 and mine.stdout.splitlines()[1].split()[:2] == ["critical", NODE], mine.stderr
+        # a node no agent reports as is not a node whose GPUs are all well
         other = cli("health", "other-node", "--collector", collector.address, env=env)
-        assert (other.returncode, other.stdout) == (0, "no GPU with health findings\n")
+        assert (other.returncode, other.stdout) == (1, ""), other.stderr
+        assert other.stderr.startswith("clusterwatch: unknown node 'other-node': no agent of that name reports to "
+                                       "this collector"), other.stderr
         # a user who is not an admin: refused, with what to use instead
         cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", f"--socket={munged}", "-s", MUNGE_PAYLOAD],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()

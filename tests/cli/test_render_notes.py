@@ -1,6 +1,6 @@
-"""The report's notes say what is known (issue 26): a leak that was still growing when a job its user or its own
-code ended is not read as an out-of-memory kill, and a growing trend before any alert does not send the reader
-to an Alerts section that is not there."""
+"""The report says what is known (issue 26): a leak that was still growing when a job its user or its own code
+ended is not read as an out-of-memory kill, a growing trend before any alert does not send the reader to an Alerts
+section that is not there, and a job without an owner says why rather than "?"."""
 from __future__ import annotations
 
 import pytest
@@ -37,3 +37,20 @@ def test_a_growing_gpu_memory_before_any_alert_names_the_alert_to_come():
     notes = " ".join(text.split("\nNotes\n", 1)[1].split())
     assert "GPU memory of rank 0 on n1 is growing; if it goes on, the gpu_memory_leak alert says" in notes
     assert "see Alerts" not in notes
+
+
+@pytest.mark.parametrize(("users", "ended", "why"), [
+    ((), False, "? (none of its processes sampled yet: its owner is the user they run as)"),
+    ((), True, "? (no process of it was sampled: its owner is the user its processes run as)"),
+    (("alice",), False, "? (its processes run as alice, as an agent that did not prove itself says)"),
+    (("alice", "bob"), False, "? (its processes run as alice, bob: no one owner)"),
+])
+def test_a_job_without_an_owner_says_why(users, ended, why):
+    view = query_pb2.JobView(now=1000.0)
+    view.job.job_id, view.job.state, view.job.start_time, view.job.source = "9", "RUNNING", 100.0, "prolog"
+    if ended:
+        view.job.state, view.job.end_time = "COMPLETED", 900.0
+    for n, user in enumerate(users):
+        view.processes.add(node="n1", pid=10 + n, command="python", alive=True, user=user)
+    [line] = [x for x in render(view, width=None).splitlines() if "User/Account:" in x]
+    assert line == f"   User/Account: {why}"
