@@ -101,10 +101,12 @@ class Engine:
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
             p = self._labels(key, p, t, job_id, gpu, rank, user, command, job_name, partition)
-        if job_ceiling is None:
-            p.host_full = NODE_MEMORY
-        else:
+        if job_ceiling is not None:
             ceiling, p.host_full = job_ceiling, JOB_ALLOCATION
+        elif rss is not None:
+            p.host_full = NODE_MEMORY
+        # else: without an RSS it says nothing of its ceiling (`record` writes one only beside an RSS), and the
+        # name stays its last: a leak measured against the allocation is not renamed by a read that failed
         out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
@@ -116,9 +118,10 @@ class Engine:
         """Take one process observation in its written-down form: a trace's process line
         (collector/state/observations.py `observation_record`), ProcessObservation's fields by name.
 
-        This is what `replay` uses: building the ProcessObservation from a parsed line
-        first costs 0.7 us a line beside the engine's 5 us (2026-12-03), so the line is read
-        here directly. Missing keys read as None (labels as "", start_time as 0.0);
+        `replay` no longer uses it: it reads each line back with the builder's own reader
+        (collector/state/observations.py `process_from_record`) into `observe`, the one input type.
+        Left for bench/bench_detection.py and the tests that feed rows as dicts; to go once they read
+        lines that way too. Missing keys read as None (labels as "", start_time as 0.0);
         `job_mem_total_bytes`, where the line has it, is the host memory's ceiling, as in
         `observe`.
 

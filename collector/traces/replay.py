@@ -25,7 +25,7 @@ from clusterwatch.errors import ParseError
 
 from ..health.xid_catalog import XidCatalog
 from ..rules import AlertEvent, Engine, RuleSet
-from ..state.observations import gpu_from_record, heartbeat_from_record
+from ..state.observations import gpu_from_record, heartbeat_from_record, process_from_record
 
 
 @dataclass
@@ -241,7 +241,7 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
     With `share` > 1 this reader takes only the lines whose series `_owner` gives to
     reader `me`, and skips the rest unparsed (see `replay_file`).
     """
-    observe = eng.observe_mapping
+    observe = eng.observe
     loads = orjson.loads
     last_t = float("-inf")
     n = 0
@@ -273,7 +273,7 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
             kind = d.get("kind")
             if kind is None:
                 d["pid"] + 0  # noqa: B018 - a non-numeric pid is a bad line, caught below
-                events = observe(d)
+                events = observe(process_from_record(d))
                 track(d)
             elif kind == "gpu":
                 st.records += 1

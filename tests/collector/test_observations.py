@@ -17,6 +17,7 @@ from clusterwatch.collector.state.observations import (
     heartbeat_record,
     node_observations,
     observation_record,
+    process_from_record,
 )
 from clusterwatch.collector.traces.replay import replay_lines
 
@@ -124,3 +125,38 @@ def test_gpu_and_node_records_read_back_as_the_observations_written():
     # a trace is one job's: the heartbeat's jobs are not written, the rest reads back
     hb = heartbeat_from_record(orjson.loads(orjson.dumps(heartbeat_record(seen.heartbeat))))
     assert (hb.t, hb.node, hb.has_jobs, hb.every_s, hb.job_ids) == (T0, "n1", True, 5.0, ())
+
+
+def test_a_process_line_reads_back_as_the_observation_written():
+    state, touched = _state()
+    for obs in node_observations(state, "n1", touched, state.gpu_allocations(), T0, 5.0).processes:
+        assert process_from_record(orjson.loads(orjson.dumps(observation_record(obs)))) == obs
+    # what a line leaves out takes the defaults; a GPU written as an index reads as its text
+    bare = process_from_record({"t": 5.0, "node": "n1", "pid": 7, "gpu": 3})
+    assert bare == ProcessObservation(5.0, "n1", pid=7, gpu="3")
+    for missing in ("t", "node", "pid"):
+        line = {"t": 5.0, "node": "n1", "pid": 7}
+        del line[missing]
+        try:
+            process_from_record(line)
+        except KeyError:
+            continue
+        raise AssertionError(f"a line without {missing} read back")
+
+
+def test_a_read_without_rss_does_not_rename_what_a_host_leak_fills():
+    # a leak measured against the job's allocation keeps that name through an observation whose RSS could not be
+    # read (it carries no ceiling), live as in replay: the engine's one input, read the same way
+    eng = Engine(load_rules(resources.files("clusterwatch.collector.rules") / "demo_rules.toml"))
+    for i in range(400):
+        t = T0 + 60.0 * i
+        rss = GIB + i * 20 * (1 << 20)
+        eng.observe(ProcessObservation(t, "n1", "7", 11, T0 - 10, rss_bytes=rss, node_mem_total_bytes=512 * GIB,
+                                       job_mem_total_bytes=rss + 2 * GIB))
+    p = eng._procs[("n1", 11, T0 - 10)]
+    assert p.host_full == "the job's memory allocation"
+    eng.observe(ProcessObservation(T0 + 60.0 * 400, "n1", "7", 11, T0 - 10, node_mem_total_bytes=512 * GIB))
+    assert p.host_full == "the job's memory allocation"
+    eng.observe(ProcessObservation(T0 + 60.0 * 401, "n1", "7", 11, T0 - 10, rss_bytes=GIB,
+                                   node_mem_total_bytes=512 * GIB))
+    assert p.host_full == "node memory"
