@@ -4,6 +4,7 @@ Public surface::
 
     load_rules(path=None) -> RuleSet         parse_rules(text, source) -> RuleSet
     Engine(rules).observe(ProcessObservation) / observe_mapping(dict) / observe_gpu(GpuObservation)
+                 .observe_gpu_clocks(GpuClockObservation)
                  .heartbeat(NodeHeartbeat) / tick(now) / forget_process(...) / forget_job(...)
                  .forget_node(...) / active() / series()
     evaluate(rules, observations) -> list[AlertEvent]
@@ -15,6 +16,7 @@ from .config import (
     AllowEntry,
     GpuStallRule,
     IdleGpuRule,
+    JobSlowdownRule,
     LeakRule,
     LeakWindow,
     Match,
@@ -34,6 +36,7 @@ from .model import (
     RULE_NAMES,
     ActiveAlert,
     AlertEvent,
+    GpuClockObservation,
     GpuObservation,
     NodeHeartbeat,
     ProcessObservation,
@@ -42,7 +45,8 @@ from .model import (
 
 __all__ = [
     "ActionStep", "ActionsConfig", "ActiveAlert", "AgentDownRule", "AlertEvent", "AllowEntry", "Engine", "FIRING",
-    "GpuObservation", "GpuStallRule", "IdleGpuRule", "LeakRule", "LeakWindow", "Match", "NodeHeartbeat",
-    "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED", "RULE_NAMES", "Rule", "RuleSet",
-    "TrainingStallRule", "evaluate", "load_rules", "packaged_rules_text", "parse_rules",
+    "GpuClockObservation", "GpuObservation", "GpuStallRule", "IdleGpuRule", "JobSlowdownRule", "LeakRule",
+    "LeakWindow", "Match", "NodeHeartbeat", "Override", "PENDING", "Pattern", "ProcessObservation", "RESOLVED",
+    "RULE_NAMES", "Rule", "RuleSet", "TrainingStallRule", "evaluate", "load_rules", "packaged_rules_text",
+    "parse_rules",
 ]

@@ -211,13 +211,44 @@ class CodeMismatchRule:
     severity: str = "warning"
 
 
+@dataclass(frozen=True, slots=True)
+class JobSlowdownRule:
+    """A job's throughput fell against its own steady baseline, for a while (rules/job_slowdown.py).
+
+    Attributes:
+        enabled: Whether the rule runs.
+        severity: Severity of its alerts.
+        drop_percent: A rate this far below the baseline is slow.
+        for_s: Slow over this long fires (a window longer than an evaluation phase or a checkpoint save).
+        low_fraction: And at least this share of the window's buckets each slow: a pause of minutes is not.
+        bucket_s: The rate is measured over buckets this long.
+        baseline_s: The baseline is the median bucket rate over this long before the window.
+        warmup_s: A job's first seconds set no baseline (data-loader and compile warm-up).
+        gpu_share: A GPU whose clocks were held down at least this share of the window, the job's other GPUs
+            not, stands out and names the cause; held down twice this share, it raises the alert for a job
+            without training reports (judged from its GPUs alone).
+    """
+
+    enabled: bool = True
+    severity: str = "warning"
+    drop_percent: float = 20.0
+    for_s: float = 600.0
+    low_fraction: float = 0.7
+    bucket_s: float = 60.0
+    baseline_s: float = 1800.0
+    warmup_s: float = 600.0
+    gpu_share: float = 0.25
+
+
 def _default_handle_rule() -> LeakRule:
     return LeakRule(
         min_rate_per_h=30.0,
         min_growth=50.0,
         warmup_s=600.0,
-        bucket_s=300.0,
-        windows=(LeakWindow(3600.0, 60.0), LeakWindow(14400.0, 30.0)),
+        # Minute buckets and a 30 min window: a count has no noise to wait out, but a thread pool spinning
+        # up grows as fast as a leak for up to ten minutes, and a shorter window fires on it.
+        bucket_s=60.0,
+        windows=(LeakWindow(1800.0, 100.0), LeakWindow(3600.0, 50.0), LeakWindow(14400.0, 30.0)),
         urgent_time_to_full_s=0.0,
     )
 
@@ -340,6 +371,7 @@ class RuleSet:
     # reserved minus allocated (the allocator's figures) growing while allocation retries rise
     gpu_memory_fragmentation: LeakRule = field(default_factory=LeakRule)
     code_mismatch: CodeMismatchRule = field(default_factory=CodeMismatchRule)
+    job_slowdown: JobSlowdownRule = field(default_factory=JobSlowdownRule)
     overrides: tuple[Override, ...] = ()
     allow: tuple[AllowEntry, ...] = ()
     actions: ActionsConfig = field(default_factory=ActionsConfig)
@@ -422,6 +454,7 @@ _RULE_KEYS: dict[str, dict[str, Key]] = {
     "idle_gpu": keys_of(IdleGpuRule, _SEVERITY),
     "agent_down": keys_of(AgentDownRule, _SEVERITY),
     "code_mismatch": keys_of(CodeMismatchRule, _SEVERITY),
+    "job_slowdown": keys_of(JobSlowdownRule, _SEVERITY),
 }
 _RULE_KEYS["host_memory_leak"] = _RULE_KEYS["gpu_memory_fragmentation"] = _RULE_KEYS["gpu_memory_leak"]
 _MATCH = {k: Key(k, Converted(_pattern)) for k in _MATCH_KEYS}

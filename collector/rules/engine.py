@@ -20,17 +20,20 @@ from .agent_down import AgentsDown
 from .causes import CAUSE_LOOKBACK_S, Cause, CauseSource, RankFigures
 from .config import RuleSet
 from .idle_gpu import IdleGpus
+from .job_slowdown import UNSET, Slowdowns
 from .model import (
     FIRING,
     RESOLVED,
     ActiveAlert,
     AlertEvent,
+    GpuClockObservation,
     GpuObservation,
     NodeHeartbeat,
     ProcessObservation,
     Rule,
 )
 from .process import BASE_SLOTS, ENDED_WHILE_FIRING, Proc
+from .slowdown_causes import HostSource, slowdown_cause
 from .units import PROCESS_RULES
 
 __all__ = ["ENDED_WHILE_FIRING", "Engine", "evaluate"]
@@ -46,13 +49,15 @@ _DESCRIBE = {name.value: u.describe for u in PROCESS_RULES for name in u.NAMES}
 class _Proc(Proc):
     """A process with every process rule's state (see units.py)."""
 
-    __slots__ = BASE_SLOTS + tuple(s for u in PROCESS_RULES for s in u.SLOTS)
+    # `pace`: job_slowdown's (job_slowdown.py): its job's JobPace where it is the rank read, else a marker
+    __slots__ = BASE_SLOTS + tuple(s for u in PROCESS_RULES for s in u.SLOTS) + ("pace",)
     GUARDED = frozenset(name.value for u in PROCESS_RULES if hasattr(u, "guard") for name in u.NAMES)
 
     def __init__(self, node: str, pid: int, start_time: float, t0: float) -> None:
         super().__init__(node, pid, start_time, t0)
         for u in PROCESS_RULES:
             u.init(self)
+        self.pace = UNSET
 
     def guard(self) -> None:
         for g in _GUARDS:
@@ -70,7 +75,7 @@ class Engine:
     Every method returns the alert events its input caused, oldest first (often none).
     """
 
-    def __init__(self, rules: RuleSet, causes: CauseSource | None = None) -> None:
+    def __init__(self, rules: RuleSet, causes: CauseSource | None = None, host: HostSource | None = None) -> None:
         self.rules = rules
         self.causes = causes
         self._procs: dict[tuple[str, int, float], _Proc] = {}
@@ -80,6 +85,8 @@ class Engine:
         self._label_cache: dict[tuple[str, str, str, str], tuple[RuleSet, frozenset[str]]] = {}
         self._idle_gpus = IdleGpus()
         self._agents = AgentsDown()
+        self.host = host  # a slow job's ranks' host side (held in D, CPU saturated), which the engine cannot see
+        self._slow = Slowdowns()
 
     # ---- processes ---------------------------------------------------------------------------
 
@@ -165,6 +172,8 @@ class Engine:
             self._procs[key] = p
         elif p.job_id:
             self._by_job.get(p.job_id, set()).discard(key)
+        if getattr(p.pace, "job_id", None) != (job_id or ""):
+            p.pace = UNSET  # it says afresh whether it is the rank its job's pace reads
         p.job_id, p.gpu, p.rank = job_id or "", gpu or "", rank
         if p.job_id:
             self._by_job.setdefault(p.job_id, set()).add(key)
@@ -235,6 +244,10 @@ class Engine:
                     out = training_stall.observe(self, p, t, step, util, out)
             elif t - p.step_t >= p.step_wait:
                 out = training_stall.observe(self, p, t, step, util, out)
+            if t >= p.pace.b_end:  # job_slowdown: one comparison unless a bucket of the rank it reads ends
+                found = self._slow.step(p, t, step, self._slow_cause)
+                if found:
+                    out = found if out is None else [*out, *found]
         return _NO_EVENTS if out is None else out
 
     def _allocator(self, p: _Proc, t: float, allocated: Any, reserved: Any, retries: Any, gmem: Any, gtotal: Any
@@ -312,6 +325,8 @@ class Engine:
             if self._by_job.get(p.job_id):  # others of its job run on: it may be what they wait for
                 self._gone.setdefault(p.job_id, []).append((t, p.rank, node, pid))
                 del self._gone[p.job_id][:-8]
+            self._slow.lead_gone(p.job_id, (node, pid, start_time),
+                                 [self._procs[k] for k in self._by_job.get(p.job_id, ()) if k in self._procs])
         out = []
         for rule, state in list(p.alerts.items()):
             severity = getattr(p.rules, rule).severity
@@ -342,6 +357,7 @@ class Engine:
         self._gone.pop(job_id, None)
         self._cause_memo.pop(job_id, None)
         out += self._idle_gpus.forget_job(self.rules.idle_gpu, job_id, t, self._job_cause)
+        out += self._slow.forget_job(job_id, t, self._slow_cause)
         return out
 
     # ---- GPUs and nodes ----------------------------------------------------------------------
@@ -356,6 +372,47 @@ class Engine:
             Alert events caused by it.
         """
         return self._idle_gpus.observe(self.rules.idle_gpu, obs, self._job_cause)
+
+    def observe_gpu_clocks(self, obs: GpuClockObservation) -> list[AlertEvent]:
+        """Take a GPU's clock-event reasons and temperature (for `job_slowdown`: which GPU holds its job back).
+
+        Args:
+            obs: The reading.
+
+        Returns:
+            Alert events caused by it (a job without training reports, one of its GPUs held down).
+        """
+        return self._slow.clocks(obs, self._slow_rules(obs.job_id) if obs.job_id else None, self._gpu_ranks)
+
+    def _slow_rules(self, job_id: str) -> tuple[Any, bool]:
+        """job_slowdown's rule for a job and whether it is on there: as its processes' labels give it (the
+        first the engine holds), else the file's."""
+        for key in self._by_job.get(job_id, ()):
+            p = self._procs.get(key)
+            if p is not None and p.rules is not None:
+                r = p.rules.job_slowdown
+                return r, r.enabled and "job_slowdown" not in p.silenced
+        r = self.rules.job_slowdown
+        return r, r.enabled
+
+    def _gpu_ranks(self, job_id: str) -> dict[tuple[str, str], int | None]:
+        """(node, GPU) → the rank of the job's process on it."""
+        out: dict[tuple[str, str], int | None] = {}
+        for key in self._by_job.get(job_id, ()):
+            p = self._procs.get(key)
+            if p is not None and p.gpu and out.get((p.node, p.gpu)) is None:
+                out[(p.node, p.gpu)] = p.rank
+        return out
+
+    def _slow_cause(self, job_id: str, since: float, t: float) -> Cause:
+        """A slow job's likely cause: its GPUs over the slow span (a window at least, two at most), its ranks'
+        GPU activity as last seen, and the host source's findings on its ranks."""
+        r = self._slow_rules(job_id)[0]
+        start = max(min(since, t - r.for_s), t - 2 * r.for_s)
+        gpus = self._slow.gpu_figures(job_id, start, t, self._gpu_ranks)
+        ranks = [self._figures_of(p) for k in self._by_job.get(job_id, ()) if (p := self._procs.get(k)) and p.gpu]
+        host = list(self.host(job_id, t)) if self.host is not None else []
+        return slowdown_cause(gpus, ranks, host, r.gpu_share)
 
     def heartbeat(self, hb: NodeHeartbeat) -> list[AlertEvent]:
         """A node's agent reported (for `agent_down`).
@@ -398,6 +455,7 @@ class Engine:
                                       description=desc, figures=figures))
         out += self._idle_gpus.refresh(self.rules.idle_gpu, self._job_cause)
         out += self._agents.refresh(self.rules.agent_down, now)
+        out += self._slow.refresh(self._slow_cause, self._gpu_ranks)
         return out
 
     def _process_figures(self, p: _Proc, rule: str) -> tuple[str, str, dict[str, Any]]:
@@ -429,8 +487,8 @@ class Engine:
                 for p in self._procs.values() for rule, state in p.alerts.items()]
 
 
-def evaluate(rules: RuleSet, observations: Iterable[ProcessObservation | GpuObservation | NodeHeartbeat]
-             ) -> list[AlertEvent]:
+def evaluate(rules: RuleSet, observations: Iterable[ProcessObservation | GpuObservation | GpuClockObservation
+                                                    | NodeHeartbeat]) -> list[AlertEvent]:
     """Run a fresh engine over observations in time order and return every event.
 
     Args:
@@ -447,6 +505,8 @@ def evaluate(rules: RuleSet, observations: Iterable[ProcessObservation | GpuObse
             out += eng.observe(o)
         elif isinstance(o, GpuObservation):
             out += eng.observe_gpu(o)
+        elif isinstance(o, GpuClockObservation):
+            out += eng.observe_gpu_clocks(o)
         else:
             out += eng.tick(o.t)
             out += eng.heartbeat(o)

@@ -27,6 +27,7 @@ class Rule(StrEnum):
     # from the allocator's figures (clusterwatch.train), where a process reports them
     GPU_MEMORY_FRAGMENTATION = "gpu_memory_fragmentation"
     CODE_MISMATCH = "code_mismatch"  # raised by the collector from provenance, not by this engine
+    JOB_SLOWDOWN = "job_slowdown"  # a job's throughput fell against its own baseline (rules/job_slowdown.py)
     # raised by the collector from the agents' GPU health records (collector/health), not by this engine
     GPU_XID = "gpu_xid"
     GPU_LOST = "gpu_lost"
@@ -127,6 +128,29 @@ class GpuObservation:
     processes: int | None = None
     index: int | None = None
     power_watts: float | None = None
+
+
+class GpuClockObservation(NamedTuple):
+    """A GPU's clock-event reasons and temperature at one health read, for `job_slowdown` (which GPU holds its
+    job back). At the health counters' cadence (every 30 s or so), not every poll.
+
+    Attributes:
+        t: Time of the read in seconds.
+        node: Node name.
+        gpu: GPU UUID (the whole GPU).
+        job_id: Job the GPU is allocated to, "" when none.
+        reasons: NVML's clock-event reason bits active, None when the GPU does not say.
+        temperature_c: Core temperature, None when unknown.
+        index: GPU index, for display only.
+    """
+
+    t: float
+    node: str
+    gpu: str
+    job_id: str = ""
+    reasons: int | None = None
+    temperature_c: float | None = None
+    index: int | None = None
 
 
 @dataclass(slots=True)  # not frozen, as GpuObservation
