@@ -28,6 +28,8 @@ LEAST_GROWTH = 32 * MB
 #: A linear leak's window: this many times its bound, and WINDOW_GRACE more (the rule analyses a
 #: window at its points' ends and asks a little more of shorter windows than the bound's z).
 WINDOW_MARGIN = 2.0
+#: The least growth of a thread or fd count that is a leak (handle_leak's `min_growth`).
+LEAST_HANDLES = 50
 WINDOW_GRACE = 0.5 * H
 
 
@@ -102,6 +104,8 @@ def _series(rng: random.Random, kind: str, p: dict) -> tuple[Callable[[float], f
             v += p["step_bytes"] * (t >= p["step_at"]) + p["step2_bytes"] * (t >= p["step2_at"])
         if kind == "eval_sawtooth" and (t % p["period"]) >= p["period"] - p["eval_s"]:
             v += p["eval_bytes"]
+        if kind == "cache_levels_off":
+            v += sum(b for a, b in zip(p["cache_at"], p["cache_bytes"], strict=True) if t >= a)
         if kind == "ckpt_spikes" and (t % p["period"]) < p["ckpt_s"] and rng.random() < 0.3:
             v += p["spike_bytes"]
         return max(0.0, v)
@@ -163,7 +167,7 @@ def noise_bound_h(rate: float, noise: float, z: float = BOUND_Z, least_growth: f
 
 
 KINDS_BENIGN = ("flat", "warmup_plateau", "eval_sawtooth", "one_step", "noisy_flat", "ckpt_spikes",
-                "small_step", "warmup_long_tail", "two_steps")
+                "small_step", "warmup_long_tail", "two_steps", "cache_levels_off", "handle_churn")
 KINDS_LEAK = ("linear_leak", "noisy_leak", "staircase_leak", "fast_leak", "oom_leak", "warmup_then_leak",
               "host_leak", "rank_leak", "handle_leak", "slow_noisy_leak", "long_tread_staircase", "grid_leak")
 #: Leaks of one rate whose window is what their noise allows (WINDOW_MARGIN times noise_bound_h, and WINDOW_GRACE).
@@ -173,13 +177,14 @@ KINDS_STALL = ("util_stall", "nccl_hang")
 KINDS = KINDS_BENIGN + KINDS_LEAK + KINDS_STALL
 
 
-def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
+def make(kind: str, rng: random.Random, interval: float | None = None, hours: float | None = None) -> Trace:
     """Draw one trace of `kind`.
 
     Args:
         kind: One of KINDS.
         rng: Random source (seed it for a reproducible trace).
         interval: Mean poll interval in seconds; drawn from 1–60 s when None.
+        hours: Length of a benign trace (a soak's process-day is 24); the kind's own when None.
 
     Returns:
         The trace and the alerts it must raise.
@@ -224,6 +229,17 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
         # up to an hour: still growing at up to a few GB/h when the rule's 30 min warm-up ends, but
         # bending over, visibly, within any window.
         p.update(tail_bytes=rng.uniform(0.3, 1.5) * GB, tail_tau=rng.uniform(6, 15) * 60)
+    elif kind == "cache_levels_off":
+        # The allocator's cache grows as ever larger shapes turn up, ever more rarely, and levels off: steps
+        # of 100-500 MB, each gap 1.6-2.5x the last and each step 0.5-0.8x, from 30-90 min on.
+        first, gap, size = rng.uniform(0.5, 1.5) * H, rng.uniform(0.5, 1.5) * H, rng.uniform(100, 500) * MB
+        growth, shrink, at, sizes = rng.uniform(1.6, 2.5), rng.uniform(0.5, 0.8), [], []
+        t = first
+        while t < 48 * H:
+            at.append(t)
+            sizes.append(size)
+            t, gap, size = t + gap, gap * growth, size * shrink
+        p.update(cache_at=at, cache_bytes=sizes)
     elif kind == "ckpt_spikes":
         p.update(period=rng.uniform(30, 90) * 60, ckpt_s=rng.uniform(60, 300), spike_bytes=rng.uniform(0.5, 5) * GB)
     elif kind in ("linear_leak", "rank_leak"):
@@ -264,12 +280,20 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
         p.update(stall_at=rng.uniform(1, 4) * H)
         duration = p["stall_at"] + 1 * H
     elif kind == "handle_leak":
-        p.update(leak_start=0.5 * H, thread_rate=rng.uniform(100, 400))
+        # Threads or open fds, 60-600 an hour, from half an hour on.
+        p.update(leak_start=0.5 * H, handle=rng.choice(["threads", "open_fds"]), rate=rng.uniform(60, 600))
+    elif kind == "handle_churn":
+        # A thread pool that spins up (20-200 threads over 1-10 min, sometime in the first 3 h) and data-loader
+        # workers that each epoch (20-90 min) open 50-300 files and close them at its end.
+        p.update(pool_at=rng.uniform(0.5, 3) * H, pool_s=rng.uniform(60, 600), pool_size=rng.randint(20, 200),
+                 epoch=rng.uniform(20, 90) * 60, epoch_fds=rng.randint(50, 300), epoch_open=rng.uniform(0.5, 0.9))
     else:
         raise ValueError(f"unknown kind {kind!r}")
     if iv <= 5:  # keep the test suite quick: fine polls, shorter traces
         duration = min(duration, 6 * H if kind not in ("staircase_leak", "long_tread_staircase", "two_steps")
                        else 8 * H)
+    if hours is not None and kind in KINDS_BENIGN:
+        duration = hours * H
     if kind in KINDS_BOUND:
         # Long enough for the window its noise allows: a sample's noise bounds its bucket minimum's.
         noise = 10 * MB if kind == "host_leak" else p["noise"]
@@ -296,8 +320,13 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
             if kind == "oom_leak":
                 row["gpu_mem_total_bytes"] = 80 * GB
             if kind == "handle_leak":
-                row["threads"] = 40 + (int((t - p["leak_start"]) / H * p["thread_rate"]) if t > p["leak_start"] else 0)
-                row["open_fds"] = 120
+                grown = int((t - p["leak_start"]) / H * p["rate"]) if t > p["leak_start"] else 0
+                row["threads"] = 40 + (grown if p["handle"] == "threads" else 0)
+                row["open_fds"] = 120 + (grown if p["handle"] == "open_fds" else 0)
+            if kind == "handle_churn":
+                ramp = min(1.0, max(0.0, (t - p["pool_at"]) / p["pool_s"]))
+                row["threads"] = 40 + int(ramp * p["pool_size"])
+                row["open_fds"] = 120 + (p["epoch_fds"] if (t % p["epoch"]) < p["epoch_open"] * p["epoch"] else 0)
             rows.append(row)
     rows.sort(key=lambda r: r["t"])
     node0, pid0 = per_rank[leaker][0], per_rank[leaker][1]
@@ -322,7 +351,9 @@ def make(kind: str, rng: random.Random, interval: float | None = None) -> Trace:
     elif kind == "nccl_hang":
         expect.append(Expect(("training_stall",), node0, pid0, p["stall_at"], p["stall_at"] + 600))
     elif kind == "handle_leak":
-        expect.append(Expect(("handle_leak",), node0, pid0, ls, ls + 4 * H))
+        # A count has no noise to wait out: the least it can be told at is when it has grown LEAST_HANDLES.
+        p["bound_h"] = LEAST_HANDLES / p["rate"]
+        expect.append(Expect(("handle_leak",), node0, pid0, ls, ls + WINDOW_MARGIN * p["bound_h"] * H + WINDOW_GRACE))
     return Trace(kind, rows, expect, p)
 
 

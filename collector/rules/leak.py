@@ -19,16 +19,20 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    - growth over the window (slope * W) of at least `min_growth`;
    - a slope at least `min_t_stat` standard errors above zero for windows of 4 h or more, more
      for shorter ones (as few noise-only chances an hour: `_for_length`), where the noise of a
-     point is the largest of a robust scale of the point-to-point differences over the
-     last eight windows (trend-free: centred on their median), the robust scale of the
-     window's own residuals, and the scale of consecutive bucket minima over all the
-     buckets kept, scaled to a point (steady while the process is young);
+     point is the scale of consecutive bucket minima over all the buckets kept, scaled to a
+     point, raised where a robust scale of the point-to-point differences over the last eight
+     windows (trend-free: centred on their median) or of the window's own residuals, each
+     taken one standard error low, says more (`_point_noise`);
    - a Mann–Kendall score of at least `min_mk_z`: rank-based, so it needs no noise
      scale and holds when the scale above came out small by chance;
    - the minimum of each third of the window above the previous third's by at least
      `rise_fraction` of the predicted rise (and half the floor's): growth that goes on;
-   - not one step: two flat levels do not fit the window's bucket minima better than a
-     leak does (`_one_step`), where a step is sharp and a leak's rise spread out;
+   - not one step, nor two: two (or three) flat levels do not fit the window's bucket minima
+     better than a leak does (`_one_step`), where a step is sharp and a leak's rise spread out;
+   - in a window of an hour or less, where minutes after a step of a few times the noise the
+     step and a young leak fit about alike: the leak fits better than one step, the median of
+     each third of the bucket minima rises by two standard errors (`_thirds_rise`), and where
+     one step fits nearly as well, two analyses in a row pass;
    - no bend (`_bends_over`): the growth over the last three windows, and the warm-up's
      end after its last step, does not clearly slow down (a warm-up's long tail).
    Short windows have high rate floors (a fast leak fires within minutes), long ones
@@ -70,6 +74,15 @@ RISE_AT_FLOOR = 0.5
 #: How much better (in a bucket minimum's variances) two flat levels must fit a window than a leak does
 #: for its growth to count as one step (see `_one_step`).
 STEP_MARGIN = 4.0
+#: Windows this short or shorter must fit a leak better than one step by SHORT_STEP_MARGIN bucket variances:
+#: minutes after a step of a few times the noise, the step and a young leak fit a short window about as well,
+#: and only waiting tells them apart (a short window is for a clear, fast leak; longer ones take the rest).
+SHORT_WINDOW_S = 3600.0
+SHORT_STEP_MARGIN = 2.0
+#: ... and each third's median above the last's by this many standard errors (`_thirds_rise`).
+THIRDS_Z = 2.0
+#: ... and where it does by less than CONFIRM_STEP_MARGIN, fire at the second analysis in a row that passes.
+CONFIRM_STEP_MARGIN = 10.0
 #: The same for two steps (three flat levels): two more parameters to fit, so more margin.
 TWO_STEP_MARGIN = 8.0
 #: ... and only where a leak leaves this many times the bucket variance a bucket (a line misfits two steps).
@@ -207,7 +220,7 @@ def _for_length(z: float, length: float, longest: float) -> float:
 
 class _Window:
     __slots__ = ("n", "wb", "width", "length", "floor", "third", "sxx", "pt_end", "ks", "ys", "diffs",
-                 "gate", "gate_total", "a3", "b3", "t_need", "z_need")
+                 "gate", "gate_total", "a3", "b3", "t_need", "z_need", "passed_k")
 
     def __init__(self, shape: _WindowShape) -> None:
         # copied into slots: the analyses read them on every bucket close, an attribute each
@@ -216,6 +229,7 @@ class _Window:
         self.gate, self.gate_total = shape.gate, shape.gate_total
         self.t_need, self.z_need = shape.t_need, shape.z_need
         self.pt_end = 0  # first bucket index after the open point
+        self.passed_k = -1  # the last analysis (its last point's index) that passed every test
         # Points (index on this window's grid, value = median of the point's bucket minima),
         # oldest first. A window of one-bucket points reads the series' bucket lists instead.
         self.ks: list[int] = []
@@ -509,11 +523,19 @@ class LeakSeries:
         se = THEIL_SEN_SE_FACTOR * sigma / math.sqrt(w.sxx)
         if se > 0 and slope < w.t_need * se:
             return None
+        lo = bisect_left(self.bb, first_k * w.wb)
+        hi = bisect_left(self.bb, (last_k + 1) * w.wb, lo)
+        if w.length <= SHORT_WINDOW_S and not _thirds_rise(self.bb[lo:hi], self.bv[lo:hi], first_k * w.wb,
+                                                            w.n * w.wb, need, sigma_bucket):
+            return None
+        like_step = False
         if _step_candidate(ys, rule.max_jump_fraction, sigma_d):
-            lo = bisect_left(self.bb, first_k * w.wb)
-            hi = bisect_left(self.bb, (last_k + 1) * w.wb, lo)
-            if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket):
+            short = w.length <= SHORT_WINDOW_S
+            margin = -SHORT_STEP_MARGIN if short else STEP_MARGIN
+            if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, margin):
                 return None
+            like_step = short and _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket,
+                                            -CONFIRM_STEP_MARGIN)
         if rule.bend_ratio > 0 and self._bends_over(w, last_k, sigma_bucket, rule.bend_ratio):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
@@ -522,6 +544,13 @@ class LeakSeries:
         ranked = self.bv[bisect_left(self.bb, first_k * w.wb):]
         if mann_kendall_z(mann_kendall_s(ranked), len(ranked)) < rule.min_mk_z:
             return None
+        if like_step:
+            # A short window that one step fits nearly as well as a leak fires at its second analysis in a row
+            # that passes: minutes after a step of a few times the noise, one analysis can take it for a young
+            # leak, two in a row seldom do (the step is older, its flat longer); a leak passes again at the next.
+            prev, w.passed_k = w.passed_k, last_k
+            if prev != last_k - (self.every if w is self.direct else 1):
+                return None
         return self._fire(w, now, xs, ys, slope, level, end, total, ttf)
 
     def _point_diffs(self, w: _Window, last_k: int) -> list[float]:
@@ -672,6 +701,28 @@ class LeakSeries:
         return LeakFinding(True, now, rate_h, now - begin, level, ttf, w.length)
 
 
+def _thirds_rise(xs: list[int], ys: list[float], begin: int, span: int, need: float, sigma: float) -> bool:
+    """Whether the median of each third of a window's bucket minima (xs, ys; the window's `span` buckets from
+    `begin`) is above the previous third's by `need`, and by THIRDS_Z standard errors of the difference
+    (`sigma`: a bucket minimum's noise).
+
+    A leak's rise goes on through the window; one step's falls in one third, and the median of the third it
+    falls in sits at one of the two levels, beside a neighbour's, so one of the two rises is noise. (The
+    minima of the thirds, which the cheap gate reads, and the slope of a window's half-dozen points let a
+    step of two or three times the noise through a short window every few hundred process-days.)
+    """
+    parts: list[list[float]] = [[], [], []]
+    for x, y in zip(xs, ys, strict=True):
+        parts[min(2, (x - begin) * 3 // span)].append(y)
+    if not all(parts):
+        return False
+    m0, m1, m2 = (median(v) for v in parts)
+    # a median of m bucket minima varies as sigma^2 pi / (2 m + 1) (normal noise, a little above the exact)
+    se = sigma * math.sqrt(2.0 * math.pi / (2 * min(len(v) for v in parts) + 1))
+    least = max(need, THIRDS_Z * se)
+    return m1 - m0 >= least and m2 - m1 >= least
+
+
 def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> tuple[float, float, float] | None:
     """The minimum of each third of a window's points; None when a third has no point."""
     if len(ks) == w.n:
@@ -712,10 +763,10 @@ def _step_candidate(ys: list[float], max_jump_fraction: float, sigma_d: float) -
     return jump > max_jump_fraction * total_rise
 
 
-def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float) -> bool:
+def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float, margin: float) -> bool:
     """Whether one step, or two, fit a window's bucket minima (xs, ys) better than a leak does: two flat
-    levels by more than STEP_MARGIN bucket variances (`sigma`: a bucket minimum's noise), three by more
-    than TWO_STEP_MARGIN.
+    levels by more than `margin` bucket variances (`sigma`: a bucket minimum's noise; a negative margin
+    asks the leak to fit better than one step by as much), three by more than TWO_STEP_MARGIN.
 
     A leak: a line, or flat and then a line over the last `min_rise_b` buckets or more (breakpoints
     every `stride` buckets). On bucket minima a step is sharp (the bucket it falls in keeps the lower
@@ -762,7 +813,7 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
         if sse_leak < best_leak:
             best_leak = sse_leak
     var = sigma * sigma
-    if best_step + STEP_MARGIN * var < best_leak:
+    if best_step + margin * var < best_leak:
         return True
     # Two steps only where the leak fits clearly worse than the noise allows: under heavy noise a slow leak's
     # minima are fitted by three levels about as well as by a line, and the search for two breaks wins by chance.

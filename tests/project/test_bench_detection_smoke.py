@@ -1,4 +1,5 @@
-"""bench/bench_detection.py runs in its --quick mode and prints its table, each kind caught with no false alarm.
+"""bench/bench_detection.py runs in its --quick mode and prints its tables: each kind caught with no false alarm,
+and a slice of the soak (a process-day of every benign kind) quiet for every rule.
 
 No timing is asserted; the table's shape and the counts, which do not depend on the machine, are.
 """
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 from tests.support.helpers import ROOT
+from tests.synth_traces import KINDS_BENIGN
 
 
 def test_detection_table():
@@ -17,7 +19,12 @@ def test_detection_table():
                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| ")}
-    assert "| kind | caught | false alarms | median delay (min) | p90 delay (min) | noise bound" in out.stdout
-    assert rows["linear_leak"].split("|")[2].strip() == "1/1"
-    assert rows["one_step"].split("|")[3].strip() == "0"
-    assert rows["**all**"].split("|")[2].strip() == "2/2"
+    assert ("| kind | rule | caught | false alarms | false alarms / 1,000 process-days (soak) | median delay (min) "
+            "| p90 delay (min) | noise bound") in out.stdout
+    assert rows["linear_leak"].split("|")[2].strip() == "gpu_memory_leak"
+    assert rows["linear_leak"].split("|")[3].strip() == "1/1"
+    assert rows["one_step"].split("|")[4].strip() == "0"
+    assert rows["**all**"].split("|")[3].strip() == "2/2"
+    assert f"soak: {len(KINDS_BENIGN)} benign process-days" in out.stdout
+    for rule in ("gpu_memory_leak", "host_memory_leak", "handle_leak", "gpu_stall", "training_stall", "idle_gpu"):
+        assert rows[rule].split("|")[2:4] == [" 0 ", " 0.0 "], rows[rule]
