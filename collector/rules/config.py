@@ -245,8 +245,10 @@ def _default_handle_rule() -> LeakRule:
         min_rate_per_h=30.0,
         min_growth=50.0,
         warmup_s=600.0,
-        bucket_s=300.0,
-        windows=(LeakWindow(3600.0, 60.0), LeakWindow(14400.0, 30.0)),
+        # Minute buckets and a 30 min window: a count has no noise to wait out, but a thread pool spinning
+        # up grows as fast as a leak for up to ten minutes, and a shorter window fires on it.
+        bucket_s=60.0,
+        windows=(LeakWindow(1800.0, 100.0), LeakWindow(3600.0, 50.0), LeakWindow(14400.0, 30.0)),
         urgent_time_to_full_s=0.0,
     )
 
