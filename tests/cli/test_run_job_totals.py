@@ -30,8 +30,14 @@ def test_run_reports_the_cpu_time_of_the_whole_job(tmp_path):
                           env=clean_environ(), cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
     report = done.stdout + done.stderr
-    cpu = next((x for x in report.splitlines() if x.startswith("  CPU ")), None)
-    assert cpu is not None, report
+    lines = report.splitlines()
+    at = next((n for n, x in enumerate(lines) if x.startswith("  CPU ")), None)
+    assert at is not None, report
+    cpu = lines[at]
+    for more in lines[at + 1:]:  # wrapped at 80 columns under its text
+        if not more.startswith(" " * 19):
+            break
+        cpu += " " + more.strip()
     found = re.search(r"CPU\s+(\d+\.\d) cores busy on average \((\d+) s CPU time\); allocated cores unknown", cpu)
     assert found, cpu
     # one busy core for 3 s of CPU time (generous: the first poll comes late, the last may miss a little); its
