@@ -18,12 +18,13 @@ from ..health.live import HealthListener
 from ..health.xid_catalog import load_catalog
 from ..rules import Engine, RuleSet
 from ..rules.engine import ENDED_WHILE_FIRING
-from ..rules.model import FIRING, RESOLVED, AlertEvent, NodeHeartbeat
+from ..rules.model import FIRING, RESOLVED, AlertEvent, GpuClockObservation, NodeHeartbeat
 from ..state.cluster import ClusterState, JobState, ProcessSeries
 from ..state.core import CoreListener
 from ..state.observations import node_observations
 from .actions import Dispatcher
 from .alerts import Alert, AlertStore
+from .slowdown_host import HostSide
 from .stall_causes import HealthCauses
 from .stall_stacks import StallStacks
 
@@ -66,7 +67,8 @@ class Alerting(CoreListener):
         self.state = state
         self.store = store
         # a stall names its likely cause: what the engine holds, and the health findings on the job's GPUs
-        self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine))
+        # a slow job names its likely cause too: its ranks' host side is the collector's state's
+        self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine), host=HostSide(state))
         self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(store, rules.actions,
                                                                                send_signal=send_signal)
         # a stalled job's stacks, once, through the process asker the collector gives the dispatcher
@@ -113,6 +115,16 @@ class Alerting(CoreListener):
     def on_health(self, node: str, batch, now: float) -> None:
         """A batch brought GPU health records: the health rules' events go the way of the others."""
         self.health.on_health(node, batch, now)
+        # job_slowdown reads each GPU's clock-event reasons and temperature: which GPU holds its job back
+        events: list[AlertEvent] = []
+        for c in batch.gpu_health:
+            gs = self.state.gpus.get(c.uuid)
+            events += self.engine.observe_gpu_clocks(GpuClockObservation(
+                c.time, node, c.uuid, self._gpu_owner.get(c.uuid, ""),
+                c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
+                float(c.temperature_c) if c.HasField("temperature_c") else None,
+                gs.info.index if gs is not None else None))
+        self.handle(events, now)
 
     def health_views(self, job_id: str) -> list:
         """The health findings on the job's GPUs during the job and those still standing from before it, worst
