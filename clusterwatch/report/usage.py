@@ -137,12 +137,13 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
         return out
     # the allocator's own figures, where a process reports them (clusterwatch.train): beside NVML's
     has_alloc = any(p.HasField("gpu_allocated_bytes") or p.HasField("gpu_reserved_bytes") for p in view.processes)
-    # at 80 columns the trends, the GPU memory peak, the per-process GPU utilisation and RESERVED go first
+    # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first; with the
+    # allocator's two columns, CPU too (the Nodes table has it)
     columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("CMD", 10, "<"), Col("GPU MEM", 9)]
     if has_alloc:
-        columns += [Col("ALLOC", 9), Col("RESERVED", 9, drop=1)]
-    columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1), Col("CPU", 5),
-                Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
+        columns += [Col("ALLOC", 9), Col("RESERVED", 9)]
+    columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1),
+                Col("CPU", 5, drop=1 if has_alloc else 0), Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
     rows, notes = [], []
     for p in view.processes:
         row = [_rank(p), p.node, str(p.pid), p.command,
@@ -163,9 +164,8 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
         notes.append(", ".join(said))
     out.extend(with_notes(table(columns, rows, width), notes, width))
     if has_alloc:
-        reserved = "RESERVED" in table(columns, [], width)[0].split()  # or dropped to fit
-        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors)"
-                   + (" and RESERVED are" if reserved else " is") + " the allocator's own")
+        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors) "
+                   "and RESERVED are the allocator's own")
     mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
     if mapped:
         out.append(f"  mapped to the job by: {', '.join(mapped)}")
