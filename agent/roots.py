@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from clusterwatch.errors import ConfigError
+
 __all__ = ["Root", "WatchedRoots", "parse_root", "same_start"]
 
 # Start times are clock ticks since boot (10 ms), written as Unix seconds with two decimals at most.
@@ -26,17 +28,17 @@ def parse_root(text: str) -> tuple[int, float | None]:
     """`PID` or `PID:STARTTIME` (Unix seconds, as the agent reports a process's start time).
 
     Raises:
-        ValueError: with what is wrong, for one line.
+        ConfigError: with what is wrong and what to give, one line.
     """
     pid_text, sep, start_text = text.strip().partition(":")
     try:
         pid = int(pid_text)
         start = float(start_text) if sep else None
     except ValueError:
-        raise ValueError(f"--pid {text!r}: expected PID or PID:STARTTIME (the process's start time in "
+        raise ConfigError(f"--pid {text!r}: expected PID or PID:STARTTIME (the process's start time in "
                          "Unix seconds, as `clusterwatch agent --once --json` shows it)") from None
     if pid < 1 or (start is not None and not start > 0):
-        raise ValueError(f"--pid {text!r}: the pid and the start time must be positive numbers")
+        raise ConfigError(f"--pid {text!r}: the pid and the start time must be positive numbers")
     return pid, start
 
 

@@ -56,9 +56,11 @@ def _settings(ctx: click.Context, given: dict) -> dict:
 
 
 def _job_id(env: dict[str, str]) -> str:
+    from clusterwatch.errors import ConfigError
+
     job_id = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
     if not job_id.isdigit() or len(job_id) > 20:
-        raise ValueError(f"SLURM_JOB_ID is {job_id[:40]!r}, not a job number; is this run by slurmd?")
+        raise ConfigError(f"SLURM_JOB_ID is {job_id[:40]!r}, not a job number; is this run by slurmd?")
     return job_id
 
 
@@ -141,7 +143,7 @@ def run_hook(kind: str, settings: dict, env: dict[str, str]) -> None:
 def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
     from clusterwatch.agent.ensure import agent_command, agent_environment, ensure_agent
 
-    from clusterwatch.errors import ClusterwatchError
+    from clusterwatch.errors import ClusterwatchError, ConfigError
 
     collector = settings.get("collector")
     if not collector:
@@ -149,18 +151,30 @@ def _ensure(settings: dict, env: dict[str, str], node: str, spool: str) -> None:
                        "the agent is not started")
         return
     try:
-        interval = float(settings["interval"]) if settings.get("interval") else None
+        interval = _interval(settings.get("interval"))
         gpu_source = settings.get("gpu_source")
         if gpu_source not in (None, "auto", "nvml", "sim", "none"):
-            raise ValueError(f"gpu source {str(gpu_source)[:20]!r} is not auto, nvml, sim or none")
+            raise ConfigError(f"gpu source {str(gpu_source)[:20]!r} is not auto, nvml, sim or none")
         argv = agent_command(collector, node, spool, gpu_source, interval,
                              collectors_before=settings.get("collectors_before"))
         result = ensure_agent(spool, argv, agent_environment(os.environ, _token(settings)))
-    except (OSError, ValueError, ClusterwatchError) as exc:
+    except (OSError, ValueError, ClusterwatchError) as exc:  # ValueError too: a hook never raises
         _say("prolog", f"cannot start the agent for {node} in {spool}: {exc}")
         return
     if result.action == "busy":
         _say("prolog", f"another prolog is starting the agent of {node}; left to it")
+
+
+def _interval(value) -> float | None:
+    """The agent's poll interval in seconds (a flag, CLUSTERWATCH_INTERVAL or [agent] interval); None: its default."""
+    from clusterwatch.errors import ConfigError
+
+    if not value:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"interval {str(value)[:20]!r} is not a number of seconds; give e.g. 1 or 0.5") from None
 
 
 def _token(settings: dict) -> str | None:

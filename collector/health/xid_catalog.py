@@ -3,6 +3,11 @@
 The catalog is data: every entry names its sources, and a site's file of the same form overrides
 entries field by field or adds new ones. A wrong file is one line that names the file, the line,
 the table and what is allowed (CatalogError, a ConfigError; clusterwatch/toml_file.py), never a traceback.
+
+An entry's fields are declared with toml_schema (`_ENTRY`), as the rules file's are. The tables around
+them are read here: toml_schema knows tables with fixed keys, and the catalog's are named by the user
+([xid.79], a [sources] key per reference), checked against each other (an entry's sources must be keys
+of [sources]) and merged over the shipped file's.
 """
 from __future__ import annotations
 
@@ -12,14 +17,23 @@ from typing import Any
 
 from clusterwatch import toml_file
 from clusterwatch.errors import ConfigError
+from clusterwatch.toml_schema import Bool, Invalid, Key, Strings, Table, Text
 
 __all__ = ["XidEntry", "XidCatalog", "CatalogError", "load_catalog", "SEVERITIES", "ACTIONS", "DEFAULT_PATH"]
 
 DEFAULT_PATH = Path(__file__).with_name("xid_catalog.toml")
 SEVERITIES = ("info", "warning", "critical")
 ACTIONS = ("none", "restart_app", "reset_gpu", "reboot_node", "drain")
-_FIELDS = {"name": str, "severity": str, "action": str, "advice": str, "sources": list, "application": bool}
 SITE_SOURCE = "site"
+# One [xid.N] table's fields, every one optional here: a site's entry may override only some.
+_ENTRY = Table({
+    "name": Key("name", Text()),
+    "severity": Key("severity", Text(SEVERITIES)),
+    "action": Key("action", Text(ACTIONS)),
+    "advice": Key("advice", Text()),
+    "sources": Key("sources", Strings("a list of [sources] keys")),
+    "application": Key("application", Bool()),
+}, noun="field")
 
 
 class CatalogError(ConfigError):
@@ -73,8 +87,11 @@ class _File:
         self.path, self.text = path, text
 
     def error(self, what: str, table: tuple[str, ...] = (), key: str | None = None) -> CatalogError:
-        where = toml_file.at_line(_label(self.path), self.text, table, key)
-        return CatalogError(f"{where}: {what}")
+        return self.invalid(Invalid(what, table, key))
+
+    def invalid(self, exc: Invalid) -> CatalogError:
+        """`{label}: line N: [table] what`, the form every clusterwatch TOML file's errors take."""
+        return CatalogError(str(toml_file.error_at(_label(self.path), self.text, exc)))
 
 
 def _entry(file: _File, key: str, table: Any, base: XidEntry | None, sources: dict[str, str],
@@ -82,24 +99,19 @@ def _entry(file: _File, key: str, table: Any, base: XidEntry | None, sources: di
     here = ("xid", key)
 
     def fail(what: str, field: str | None = None) -> CatalogError:
-        return file.error(f"[xid.{key}]: {what}", here, field)
+        return file.error(what, here, field)
 
     try:
         xid = int(key)
     except ValueError:
         raise fail("the table's name must be an XID number, e.g. [xid.79]") from None
     if not isinstance(table, dict):
-        raise fail(f"must be a table with {', '.join(_FIELDS)}")
-    for name, value in table.items():
-        want = _FIELDS.get(name)
-        if want is None:
-            raise fail(f"unknown field {name!r}; allowed: {', '.join(_FIELDS)}", name)
-        if not isinstance(value, want):
-            raise fail(f"{name} must be a {want.__name__}", name)
-    fields = dict(table)
-    if "sources" in fields:
-        fields["sources"] = tuple(fields["sources"])
-    elif site:
+        raise fail(f"must be a table with {', '.join(_ENTRY.keys)}")
+    try:
+        fields = _ENTRY.read(table, here)
+    except Invalid as exc:
+        raise file.invalid(exc) from None
+    if "sources" not in fields and site:
         fields["sources"] = (SITE_SOURCE,)
     if base is None:
         missing = [f for f in ("name", "severity", "action", "advice") if f not in fields]
@@ -110,10 +122,6 @@ def _entry(file: _File, key: str, table: Any, base: XidEntry | None, sources: di
                          application=fields.get("application", False))
     else:
         entry = replace(base, **fields)
-    if entry.severity not in SEVERITIES:
-        raise fail(f"severity {entry.severity!r}; allowed: {', '.join(SEVERITIES)}", "severity")
-    if entry.action not in ACTIONS:
-        raise fail(f"action {entry.action!r}; allowed: {', '.join(ACTIONS)}", "action")
     if not entry.sources:
         raise fail("sources must name at least one key of [sources]", "sources")
     unknown = [s for s in entry.sources if s not in sources and s != SITE_SOURCE]
@@ -131,7 +139,7 @@ def _merge(path: Path, entries: dict[int, XidEntry], sources: dict[str, str], si
         raise file.error(f"unknown table [{first}]; allowed: [sources], [xid.N]", key=first)
     for key, value in (data.get("sources") or {}).items():
         if not isinstance(value, str):
-            raise file.error(f"[sources] {key} must be a string (where the entry comes from)", ("sources",), key)
+            raise file.error(f"{key} must be a string (where the entry comes from)", ("sources",), key)
         sources[key] = value
     for key, table in (data.get("xid") or {}).items():
         entry = _entry(file, key, table, entries.get(_int_or(key)), sources, site)

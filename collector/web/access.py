@@ -30,6 +30,8 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 
+from clusterwatch.errors import ConfigError
+
 from ..queries import action_rights
 from ..queries.auth import Caller, NoAuth
 from . import peer
@@ -106,7 +108,7 @@ def parse_proxies(values) -> tuple:
     """--web-trusted-proxy values (addresses or networks, comma separated too) as ip networks.
 
     Raises:
-        ValueError: one is not an address or network; the message names it.
+        ConfigError: one is not an address or network; the message names it and the option.
     """
     nets = []
     for value in values:
@@ -117,7 +119,8 @@ def parse_proxies(values) -> tuple:
             try:
                 nets.append(ipaddress.ip_network(part, strict=False))
             except ValueError:
-                raise ValueError(f"{part!r} is not an IP address or network (e.g. 10.1.2.3 or 10.1.0.0/16)") from None
+                raise ConfigError(f"--web-trusted-proxy: {part!r} is not an IP address or network "
+                                  "(e.g. 10.1.2.3 or 10.1.0.0/16)") from None
     return tuple(nets)
 
 

@@ -129,3 +129,12 @@ def test_a_malformed_pid_is_one_line(tmp_path: Path, value: str) -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("clusterwatch: --pid ")
+
+
+def test_a_malformed_pid_is_a_config_error() -> None:
+    from clusterwatch.agent.roots import parse_root
+
+    from clusterwatch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--pid 'x': expected PID or PID:STARTTIME"):
+        parse_root("x")

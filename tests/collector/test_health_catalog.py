@@ -69,8 +69,11 @@ def test_a_site_overrides_field_by_field_and_adds_entries(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("text, says", [
-    ('[xid.13]\nseverity = "fatal"\n', "line 2: [xid.13]: severity 'fatal'; allowed: info, warning, critical"),
-    ('[xid.13]\naction = "pray"\n', "action 'pray'; allowed: none, restart_app"),
+    ('[xid.13]\nseverity = "fatal"\n', "line 2: [xid.13] severity must be one of info, warning, critical, not 'fatal'"),
+    ('[xid.13]\naction = "pray"\n', "action must be one of none, restart_app"),
+    ('[xid.13]\napplication = "yes"\n', "line 2: [xid.13] application must be true or false, not 'yes'"),
+    ('[xid.13]\nsources = "nvidia"\n', "sources must be a list of [sources] keys"),
+    ('[sources]\nblog = 3\n', "line 2: [sources] blog must be a string"),
     ('[xid.13]\ncolour = "red"\n', "unknown field 'colour'"),
     ('[xid.thirteen]\nseverity = "info"\n', "must be an XID number"),
     ('[xid.500]\nseverity = "info"\n', "a new entry needs name, action, advice"),

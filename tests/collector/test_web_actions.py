@@ -208,7 +208,7 @@ def test_who_may_act_as_access_says():
     (["--web-user-header", "X-Remote-User"], "needs a credential only the proxy has"),
     (["--web-trusted-proxy", "127.0.0.1"], "give --web-user-header and --web-proxy-secret-file too"),
     (["--web-user-header", "X-Remote-User", "--web-proxy-secret-file", "/f", "--web-trusted-proxy", "not-an-ip"],
-     "not an IP address"),
+     "--web-trusted-proxy: 'not-an-ip' is not an IP address"),
     (["--web-user-header", "X Remote", "--web-proxy-secret-file", "/f"], "give a header name"),
 ])
 def test_the_proxy_options_say_what_is_wrong_in_one_line(args, said):

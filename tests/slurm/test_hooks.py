@@ -150,10 +150,14 @@ def test_garbage_environment_exits_0_with_one_line(tmp_path: Path, kind: str, ga
 
 
 @pytest.mark.serial  # the hook gives up after 0.9 s by design (Slurm must not wait): load makes it give up
-def test_bad_agent_settings_say_so_and_exit_0(tmp_path: Path) -> None:
-    proc, _ = run_hook("prolog", hook_env(tmp_path / "spool", CLUSTERWATCH_GPU_SOURCE="bogus"))
+@pytest.mark.parametrize("setting, said", [
+    ({"CLUSTERWATCH_GPU_SOURCE": "bogus"}, "gpu source 'bogus' is not auto, nvml, sim or none"),
+    ({"CLUSTERWATCH_INTERVAL": "often"}, "interval 'often' is not a number of seconds"),
+])
+def test_bad_agent_settings_say_so_and_exit_0(tmp_path: Path, setting: dict[str, str], said: str) -> None:
+    proc, _ = run_hook("prolog", hook_env(tmp_path / "spool", **setting))
     assert proc.returncode == 0
-    assert "is not auto, nvml, sim or none" in proc.stderr
+    assert said in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert len(list((tmp_path / "spool" / "hk1" / "events").glob("*.json"))) == 1  # the event still went
     assert not agents_of(tmp_path / "spool")
 
