@@ -1,0 +1,151 @@
+"""job_slowdown for real: two real ranks of a job on two GPUs of the C stand-in for the driver, read by a real
+agent through the real pynvml, and a real collector with short rule windows (a rules file). Rank 1's GPU has its
+clocks held down (NVML's clock-event reason 0x8, hardware slowdown) and, with it, the job's steps slow to half
+(every collective waits for the slow GPU): the alert names that GPU and rank 1. Without clusterwatch.train (ranks
+that report no steps), the GPU side alone raises it on the held GPU.
+
+The ranks' steps follow a clock (20 steps/s, 10 once slow), not a sleep per step: a loaded test machine
+then changes when a step is read, never the rate the rule measures.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.support.helpers import CLI, Collector, Proc, cli, unique_job_id, wait_for
+
+pytestmark = pytest.mark.e2e
+stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
+
+GiB = 1024**3
+HELD_DOWN = 0x8  # nvmlClocksEventReasonHwSlowdown
+# Windows of seconds, not minutes: 2 s buckets, a 10 s window against a 12 s baseline after 2 s of warm-up
+RULES = ("[job_slowdown]\nbucket_s = 2\nbaseline_s = 12\nwarmup_s = 2\nfor_s = 10\ndrop_percent = 30\n"
+         "low_fraction = 0.7\n")
+RANK = """
+import os, sys, time
+from clusterwatch import train
+slow = sys.argv[1]
+step, last = 0.0, time.monotonic()
+while True:
+    now = time.monotonic()
+    step += (now - last) * (10.0 if os.path.exists(slow) else 20.0)
+    last = now
+    train.report(step=int(step), loss=1.0)
+    time.sleep(0.05)
+"""
+
+
+@dataclass
+class SlowingJob:
+    """A job's two ranks on GPU-sd0 and GPU-sd1 of node `node`, their agent and the collector."""
+
+    job_id: str
+    node: str
+    ranks: list
+    collector: Collector
+    agent: Proc
+    state: Path
+    slow_file: Path
+
+    def gpus(self, held: int | None = None) -> None:
+        """The stand-in's state: each rank busy on its GPU; GPU `held`'s clocks held down (hardware slowdown)."""
+        write_state(self.state, "".join(
+            f"gpu GPU-sd{r} total={80 * GiB} used={20 * GiB} util=99 power=300000 pci=0000:{0x3b + r:02x}:00 "
+            f"temp=60 throttle={HELD_DOWN if r == held else 0} name=NVIDIA H100\n"
+            f"proc GPU-sd{r} {p.pid} {8 * GiB}\nsample GPU-sd{r} {p.pid} 99 age_us=100000\n"
+            for r, p in enumerate(self.ranks)))
+
+    def slow_down(self, rank: int) -> None:
+        """Rank `rank`'s GPU held down; with steps, the whole job steps at half its speed from now."""
+        self.gpus(held=rank)
+        self.slow_file.touch()
+
+    def firing(self) -> dict | None:
+        r = cli("alerts", "--collector", self.collector.address, "--json")
+        if r.returncode != 0:
+            return None
+        return next((a for a in json.loads(r.stdout).get("alerts", [])
+                     if a["rule"] == "job_slowdown" and a["state"] == "firing"), None)
+
+    def processes(self) -> list[dict]:
+        """The job's processes as `status --json` shows them (none before the collector knows the job)."""
+        r = cli("status", self.job_id, "--collector", self.collector.address, "--json")
+        return json.loads(r.stdout).get("processes", []) if r.returncode == 0 else []
+
+
+@contextmanager
+def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool) -> Iterator[SlowingJob]:
+    """Start the ranks (reporting steps through clusterwatch.train where `steps`, else silent), the stand-in's
+    state, the collector with RULES and the agent (NVML, health counters every second); stop them all after."""
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    state = tmp_path / "nvml-state.txt"
+    env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    job_id, node = unique_job_id(), "sd-node"
+    sock, slow, script = tmp_path / "train.sock", tmp_path / "slow", tmp_path / "rank.py"
+    script.write_text(RANK)
+    args = [sys.executable, str(script), str(slow)] if steps else ["sleep", "600"]
+    ranks = [Proc(args, tmp_path / f"rank{r}.log",
+                  env={**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": job_id, "SLURM_PROCID": str(r),
+                       "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}) for r in (0, 1)]
+    spool = tmp_path / "spool"
+    write_event(str(spool), JobEvent("start", job_id, time.time(), gpu_indexes="0,1"))
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    job = SlowingJob(job_id, node, ranks, None, None, state, slow)  # type: ignore[arg-type]
+    job.gpus()
+    job.collector = Collector(tmp_path, "--rules", str(rules), "--rules-interval", "1")
+    job.agent = Proc([*CLI, "agent", "--collector", job.collector.address, "--node", node, "--interval", "0.5",
+                      "--send-interval", "0", "--health-interval", "1", "--gpu-source", "nvml", "--no-provenance",
+                      "--spool-dir", str(spool), "--train-socket", str(sock), "--kmsg", "none"],
+                     tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": node})
+    try:
+        yield job
+    finally:
+        print(cli("alerts", "--collector", job.collector.address, "--json").stdout)
+        code = job.agent.stop()
+        job.collector.stop()
+        for p in ranks:
+            p.stop()
+        assert code == 0, job.agent.text()
+
+
+def test_a_held_down_gpu_slows_the_job_and_the_alert_names_that_gpu_and_rank(stub_lib: Path,
+                                                                                tmp_path: Path) -> None:
+    with slowing_job(stub_lib, tmp_path, steps=True) as job:
+        # a steady baseline first: 2 s of warm-up, then six 2 s buckets at speed (the collector's own clock)
+        wait_for(lambda: max((p.get("step") or 0 for p in job.processes()), default=0) >= 40, timeout=90,
+                 interval=0.5, what="the job's steps at the collector")
+        at_speed = time.monotonic() + 16
+        wait_for(lambda: time.monotonic() > at_speed, timeout=30, interval=0.5, what="a baseline at speed")
+        assert job.firing() is None
+        job.slow_down(1)
+        fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown firing")
+    assert fired["job_id"] == job.job_id, fired
+    assert (fired.get("cause"), fired.get("cause_gpu"), fired.get("cause_rank"), fired.get("cause_node")) == (
+        "gpu_clocks", "GPU-sd1", 1, "sd-node"), fired
+    desc = fired["description"]
+    assert "% slower than it did" in desc and "hardware slowdown" in desc and "of rank 1 on sd-node" in desc, desc
+
+
+def test_without_steps_the_gpu_side_alone_names_the_held_gpu(stub_lib: Path, tmp_path: Path) -> None:
+    with slowing_job(stub_lib, tmp_path, steps=False) as job:
+        # the collector knows the job's two ranks on their GPUs before one is held down
+        wait_for(lambda: sorted(p.get("rank") for p in job.processes()) == [0, 1], timeout=90, interval=0.5,
+                 what="both ranks at the collector")
+        assert job.firing() is None
+        job.slow_down(1)
+        fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown from the GPU side")
+    assert (fired["job_id"], fired["gpu"], fired["rank"], fired["node"]) == (job.job_id, "GPU-sd1", 1, "sd-node"), fired
+    assert fired.get("cause") == "gpu_clocks" and "judged from the GPUs alone" in fired["description"], fired
