@@ -85,6 +85,7 @@ class Agent:
         health=None,
         train_endpoint=None,
         roots=None,
+        job_output=None,
     ) -> None:
         self.config = config
         self.roots = roots
@@ -97,6 +98,7 @@ class Agent:
         self.train_drain = train_drain if train_drain is not None or train_endpoint is None else train_endpoint.drain
         self.provenance = provenance
         self.health = health  # agent/health/monitor.py's HealthMonitor, or None
+        self.job_output = job_output  # agent/job_output.py's JobOutputReader (--read-job-output), or None
         self.boot_id = uuid.uuid4().hex
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
@@ -182,8 +184,12 @@ class Agent:
             for event in self.spool.take_events():
                 # The prolog knows GPU indexes only; a GPU is named by its UUID from here on.
                 job_event_to_proto(with_gpu_uuids(event, self.inventory), batch.job_events.add())
-        if self.train_drain is not None:
-            for report in self.train_drain():
+        reports = self.train_drain() if self.train_drain is not None else []
+        for report in reports:
+            training_to_proto(report, batch.training.add())
+        if self.job_output is not None:  # progress read from the jobs' output, on the reader's own thread
+            self.job_output.see(samples, reports)
+            for report in self.job_output.drain():
                 training_to_proto(report, batch.training.add())
         if self.provenance is not None:
             self.provenance.offer(first_seen)  # only the processes whose labels may have changed
