@@ -200,6 +200,9 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--shard", default=None, envvar="CLUSTERWATCH_SHARD", metavar="HOST:PORT",
               help="This collector's own entry in --collectors: its registry takes only the Slurm jobs that "
                    "are its own.")
+@click.option("--alertmanager", multiple=True, envvar="CLUSTERWATCH_ALERTMANAGER", metavar="URL",
+              help="Send every firing and resolved alert to this Alertmanager too (http://HOST:PORT; repeatable, "
+                   "or comma separated: each of an HA cluster's).")
 @click.option("-v", "--verbose", count=True,
               help="More log lines: -v adds the libraries' INFO lines (clusterwatch's own show always), -vv DEBUG.")
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
@@ -209,7 +212,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
-              verbose) -> None:
+              alertmanager, verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     token = resolve_token(token, token_file)  # one line and exit 2 when unfit
@@ -242,6 +245,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         web_proxy_secret_file=web_proxy_secret_file, web_socket_group=socket_group,
         allow_unauthenticated_actions=allow_unauthenticated_actions,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
+        alertmanagers=tuple(alertmanager),
     )
 
     try:

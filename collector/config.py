@@ -85,6 +85,8 @@ class CollectorConfig:
         agent_rate_limit: process samples a second one agent may send on average (bursts of 10 s
             allowed); beyond it its batches are slowed down and counted.
         rules_interval_s: each process is shown to the rules at most this often (they work in minutes).
+        alertmanagers: Alertmanager URLs (http://HOST:PORT) every firing and resolved alert is sent to, each
+            of them (an HA cluster's, as Prometheus lists them; collector/alerting/alertmanager.py); (): none.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -133,3 +135,4 @@ class CollectorConfig:
     collectors: str = ""
     collectors_before: str = ""
     shard: str | None = None
+    alertmanagers: tuple[str, ...] = ()

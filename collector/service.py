@@ -18,6 +18,7 @@ from clusterwatch.errors import ConfigError
 from clusterwatch.tls import server_credentials
 
 from .alerting.actions import Dispatcher
+from .alerting.alertmanager import AlertmanagerNotifier, alertmanager_urls, page_base_url
 from .alerting.alerts import AlertStore
 from .alerting.live import Alerting
 from .alerting.train_asks import TrainAsks
@@ -102,7 +103,11 @@ class CollectorServer:
             drain_node=slurm_drain(config.slurm_timeout_s) if config.slurm else None,
             ask_train=self.train_asks.ask_for_alert,
             # an alert drains a node only on what its authenticated agent said (a forged sample drains nothing)
-            node_trusted=lambda node: bool((ns := state.nodes.get(node)) is not None and ns.authenticated))
+            node_trusted=lambda node: bool((ns := state.nodes.get(node)) is not None and ns.authenticated),
+            # every alert to the site's Alertmanagers too, its user read from the job as it fires
+            alertmanager=AlertmanagerNotifier(alertmanager_urls(config.alertmanagers),
+                                              job_user=lambda job_id: getattr(state.jobs.get(job_id), "user", ""))
+            if config.alertmanagers else None)
         health = HealthEngine(catalog)
         # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
         health_listener = HealthListener(health, state, lambda events, now: self.alerting.handle(events, now),
@@ -218,6 +223,9 @@ class CollectorServer:
         counts = {**self.core.counts(), **self.ingest.counts(),
                   "health_repeated": self.alerting.health.engine.duplicates,
                   "drains_refused": self.alerting.dispatcher.drains_refused}
+        if (alertmanager := self.alerting.dispatcher.alertmanager) is not None:
+            counts["alertmanager_errors"] = alertmanager.errors
+            counts["alertmanager_dropped"] = alertmanager.dropped
         if self._web_access is not None:
             counts["web_forged"] = self._web_access.forged
             counts["web_other_users"] = self._web_access.other_users
@@ -288,6 +296,8 @@ class CollectorServer:
             return
         self._web = serve_web(app, host, int(port))
         self.web_port = self._web.server_port
+        if self.alerting.dispatcher.alertmanager is not None:  # its alerts link their job's page
+            self.alerting.dispatcher.alertmanager.page_base = page_base_url(host, self.web_port)
 
     def active_alerts(self):
         return self.alerting.exported()

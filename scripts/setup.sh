@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(python3 python3-venv slurmctld slurmd slurm-client munge prometheus openssh-server git gcc libc6-dev systemd
-      chromium chromium-driver victoria-metrics)
+      chromium chromium-driver victoria-metrics prometheus-alertmanager)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")

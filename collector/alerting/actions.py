@@ -26,6 +26,9 @@ through its agent and its clusterwatch.train socket (`ask_train`, collector/aler
 runs in the training loop at the next report(), so they come ahead of signals, which stay for processes
 that use no clusterwatch.train. They do not wait for the answer (it is stored and shown in `status`); a
 process that never reported answers `unreachable`. Neither runs on resolution.
+
+Apart from the steps, with --alertmanager every alert that fires and resolves goes to Alertmanager
+(collector/alerting/alertmanager.py, its own threads): routing and silencing are the site's, there.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from clusterwatch.slurm.node_names import why_not_a_node_name
 
 from ..rules.config import SEVERITIES, ActionsConfig, ActionStep
 from ..rules.model import FIRING, RESOLVED, AlertEvent
+from .alertmanager import AlertmanagerNotifier
 from .alerts import Alert, AlertStore
 from .webhook import post_json
 
@@ -88,12 +92,16 @@ class Dispatcher:
             steps are skipped.
         node_trusted: Whether a node's agent is authenticated: a drain on what an unauthenticated stream said
             is refused, since anyone may have sent it; None: every node (a Dispatcher of its own).
+        alertmanager: Sends every firing and resolved alert to Alertmanager (--alertmanager), whatever the
+            steps; None: none.
     """
 
     def __init__(self, store: AlertStore, config: ActionsConfig, send_signal: SendSignal | None = None,
                  logger: logging.Logger = log, drain_node: DrainNode | None = None, ask_train: AskTrain | None = None,
-                 node_trusted: Callable[[str], bool] | None = None) -> None:
+                 node_trusted: Callable[[str], bool] | None = None,
+                 alertmanager: AlertmanagerNotifier | None = None) -> None:
         self.store = store
+        self.alertmanager = alertmanager
         self.config = config
         self.send_signal = send_signal
         self.drain_node = drain_node
@@ -122,6 +130,8 @@ class Dispatcher:
             if a is None:
                 continue
             changed.append(a)
+            if self.alertmanager is not None and a.state in (FIRING, RESOLVED):
+                (self.alertmanager.fired if a.state == FIRING else self.alertmanager.resolved)(a)
             if a.state == FIRING:
                 self._escalate(a, now)
             elif a.state == RESOLVED:
@@ -132,10 +142,12 @@ class Dispatcher:
         return changed
 
     def tick(self, now: float) -> None:
-        """Run escalation steps that have come due for alerts still firing."""
-        for a in self.store.active():
-            if a.state == FIRING:
-                self._escalate(a, now)
+        """Run escalation steps that have come due for alerts still firing; tell Alertmanager what fires."""
+        firing = [a for a in self.store.active() if a.state == FIRING]
+        for a in firing:
+            self._escalate(a, now)
+        if self.alertmanager is not None:
+            self.alertmanager.sync(firing, now)
 
     def _escalate(self, a: Alert, now: float) -> None:
         fired = a.fired_at if a.fired_at is not None else now
@@ -220,9 +232,11 @@ class Dispatcher:
         return self._lanes.drain(timeout)
 
     def close(self) -> None:
-        """Finish queued actions (10 s at most) and stop the lanes."""
+        """Finish queued actions (10 s at most) and stop the lanes and the Alertmanager senders."""
         self._lanes.drain(10.0)
         self._lanes.close()
+        if self.alertmanager is not None:
+            self.alertmanager.close()
 
 
 class _Lanes:

@@ -38,6 +38,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "drains_refused": ("clusterwatch_actions_drains_refused",
                        "Drain steps refused: the alert's node is not one plain node name, or its agent proved "
                        "nothing."),
+    "alertmanager_errors": ("clusterwatch_alertmanager_send_errors",
+                            "Sends of alerts to an Alertmanager that failed (refused, timed out, an HTTP error); "
+                            "retried with backoff, except those it refused as malformed."),
+    "alertmanager_dropped": ("clusterwatch_alertmanager_alerts_dropped",
+                             "Alerts never sent to an Alertmanager: too many waited for it while it was away."),
     "web_forged": ("clusterwatch_web_requests_forged",
                    "Page requests refused (403): they carried the user header or a proxy secret without the "
                    "proxy's own secret, or from another address than the proxy's."),

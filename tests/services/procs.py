@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,3 +106,18 @@ def stop_pid(pid: int, grace: float = 5.0) -> None:
             return
         if poll_until(lambda: not pid_alive(pid), wait):
             return
+
+
+def stop_child(popen: subprocess.Popen) -> None:
+    """Stop a daemon this process started (stop_pid) and reap it, so that no zombie is left behind."""
+    stop_pid(popen.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(5)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a daemon's log, for assertion messages ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
