@@ -152,6 +152,8 @@ class AgentRuntime:
             self.agent.train_endpoint.close()  # its socket goes with it
         if self.agent.provenance is not None:
             self.agent.provenance.stop()
+        if self.agent.job_output is not None:
+            self.agent.job_output.close()
         if self.agent.health is not None:
             self.agent.health.stop()  # before the GPU source: its threads call NVML
         self.agent.gpus.close()
@@ -176,12 +178,21 @@ def stop_on_signals() -> threading.Event:
 
 
 class Wakeup:
-    """An event a signal handler may set: a byte in a pipe. A handler runs in the main thread between two of
-    its instructions, and one that took the lock of a threading.Event the interrupted code held would wait
-    for itself forever."""
+    """An event a signal sets: a byte in a pipe, written by the interpreter's own C handler (set_wakeup_fd).
+
+    A Python handler runs in the main thread between two of its instructions: one that took the lock of a
+    threading.Event the interrupted code held would wait for itself forever, and a signal the kernel gave
+    another thread (the agent has several) leaves a main thread asleep in select() asleep, its handler
+    unrun, until something else wakes it.
+    """
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    @property
+    def signal_fd(self) -> int:
+        """The pipe's end to give signal.set_wakeup_fd."""
+        return self._write
 
     def set(self) -> None:
         try:
@@ -206,6 +217,7 @@ def polls_on_sigusr1(stop: threading.Event) -> Wakeup:
     and SIGINT. Call from the main thread, after stop_on_signals and before the training socket is bound:
     whoever sees that socket may send SIGUSR1 (whose default action would end the agent)."""
     wake = Wakeup()
+    signal.set_wakeup_fd(wake.signal_fd, warn_on_full_buffer=False)  # any caught signal wakes the loop
 
     def stopping(*_) -> None:
         stop.set()
@@ -275,14 +287,16 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
         from .health.monitor import open_health
 
         health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log,
-                             sim_nvml=getattr(gpus, "health_nvml", None))
+                             sim_nvml=getattr(gpus, "health_nvml", None), ib_sysfs=config.ib_sysfs)
         endpoint = open_train_endpoint(config.train_socket)
         if config.provenance:
             from .provenance_worker import ProvenanceWorker
 
             provenance = ProvenanceWorker()
+        from .job_output import open_job_output
+
         return Agent(config, gpus, procs, labeler, spool=spool, train_endpoint=endpoint,
-                     provenance=provenance, health=health, roots=roots)
+                     provenance=provenance, health=health, roots=roots, job_output=open_job_output(config))
     except BaseException:
         if endpoint is not None:  # nor does a failed start leave its socket behind
             endpoint.close()
