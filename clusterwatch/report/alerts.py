@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from clusterwatch.rule_names import Rule
+
 from .text import title, wrap_words
 
 if TYPE_CHECKING:
@@ -37,29 +39,29 @@ def _alert_state(a) -> str:
 # What to do about an alert that is firing (or that ended with its process), by rule: one note a rule,
 # naming who. The health rules (gpu_xid, ...) carry their advice in the Health section.
 _ALERT_ADVICE = {
-    "gpu_memory_leak": "GPU memory of {who} {full}. Look for tensors kept across steps (losses "
-                       "appended without .item(), caches keyed by batch); torch.cuda.memory_summary() at two "
-                       "steps shows what grows. Checkpoint now if the run matters.",
-    "host_memory_leak": "Host memory of {who} {full}; past the job's --mem, Slurm kills it. Look for "
-                        "data kept across steps and for DataLoader workers copying the dataset; tracemalloc "
-                        "snapshots at two steps show what grows.",
-    "training_stall": "Training of {who} is not advancing. `py-spy dump --pid PID` on its node shows where it "
-                      "waits; a busy GPU with no steps is often a hung collective (NCCL_DEBUG=INFO, a timeout "
-                      "in init_process_group). Cancel it if it does not recover: it holds its GPUs.",
-    "gpu_stall": "The GPU of {who} is idle while the process runs: it waits on data or on the CPU. More "
-                 "DataLoader workers, pinned memory, or `py-spy dump --pid PID` shows where it spends its time.",
-    "idle_gpu": "GPUs allocated to this job are idle ({who}). If the code uses fewer GPUs than requested, ask "
-                "for fewer (--gres=gpu:N).",
-    "gpu_memory_fragmentation": "The allocator of {who} holds more and more free cache it cannot reuse (allocations "
-                                "retry after freeing it): fragmentation. Start it with "
-                                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; varying tensor shapes "
-                                "(padding to fixed sizes helps) are the usual cause.",
-    "handle_leak": "Threads or open files of {who} keep growing: something opened each step is never closed "
-                   "(files, sockets, DataLoader iterators recreated). `ls /proc/PID/fd` shows what.",
-    "agent_down": "The agent on {who} is not reporting: that node's figures are old. Tell the cluster's "
-                  "operators if it lasts.",
-    "code_mismatch": "Ranks run different versions of the code: check that every node sees the same checkout "
-                     "(see Code below).",
+    Rule.GPU_MEMORY_LEAK: "GPU memory of {who} {full}. Look for tensors kept across steps (losses "
+                          "appended without .item(), caches keyed by batch); torch.cuda.memory_summary() at two "
+                          "steps shows what grows. Checkpoint now if the run matters.",
+    Rule.HOST_MEMORY_LEAK: "Host memory of {who} {full}; past the job's --mem, Slurm kills it. Look for "
+                           "data kept across steps and for DataLoader workers copying the dataset; tracemalloc "
+                           "snapshots at two steps show what grows.",
+    Rule.TRAINING_STALL: "Training of {who} is not advancing. `py-spy dump --pid PID` on its node shows where it "
+                         "waits; a busy GPU with no steps is often a hung collective (NCCL_DEBUG=INFO, a timeout "
+                         "in init_process_group). Cancel it if it does not recover: it holds its GPUs.",
+    Rule.GPU_STALL: "The GPU of {who} is idle while the process runs: it waits on data or on the CPU. More "
+                    "DataLoader workers, pinned memory, or `py-spy dump --pid PID` shows where it spends its time.",
+    Rule.IDLE_GPU: "GPUs allocated to this job are idle ({who}). If the code uses fewer GPUs than requested, ask "
+                   "for fewer (--gres=gpu:N).",
+    Rule.GPU_MEMORY_FRAGMENTATION: "The allocator of {who} holds more and more free cache it cannot reuse (allocations "
+                                   "retry after freeing it): fragmentation. Start it with "
+                                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; varying tensor shapes "
+                                   "(padding to fixed sizes helps) are the usual cause.",
+    Rule.HANDLE_LEAK: "Threads or open files of {who} keep growing: something opened each step is never closed "
+                      "(files, sockets, DataLoader iterators recreated). `ls /proc/PID/fd` shows what.",
+    Rule.AGENT_DOWN: "The agent on {who} is not reporting: that node's figures are old. Tell the cluster's "
+                     "operators if it lasts.",
+    Rule.CODE_MISMATCH: "Ranks run different versions of the code: check that every node sees the same checkout "
+                        "(see Code below).",
 }
 
 
@@ -76,9 +78,9 @@ def alert_notes(view) -> list[str]:
             continue
         whos = []
         for a in alerts:
-            if rule == "agent_down":
+            if rule == Rule.AGENT_DOWN:
                 who = a.node
-            elif rule == "idle_gpu":
+            elif rule == Rule.IDLE_GPU:
                 who = f"{a.gpu[:12]} on {a.node}" if a.gpu else a.node
             else:
                 who = f"rank {a.rank}" if a.HasField("rank") else f"pid {a.pid}"
@@ -86,7 +88,7 @@ def alert_notes(view) -> list[str]:
             if who not in whos:
                 whos.append(who)
         full = ""
-        if rule in ("gpu_memory_leak", "host_memory_leak"):
+        if rule in (Rule.GPU_MEMORY_LEAK, Rule.HOST_MEMORY_LEAK):
             ended = [a for a in alerts if a.ended_while_firing]
             if ended and len(ended) == len(alerts):
                 # a job that completed was stopped by its own code or its user, not killed for its memory

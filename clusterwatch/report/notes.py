@@ -5,6 +5,7 @@ import time
 from typing import TYPE_CHECKING
 
 from clusterwatch.humanize import duration
+from clusterwatch.rule_names import Rule
 
 from .alerts import alert_notes
 from .text import MIB, human_bytes, human_duration, title, trend_word, wrap
@@ -41,7 +42,7 @@ def notes_section(view: query_pb2.JobView, run_time: float) -> list[str]:
         notes.append(f"CPU efficiency is {efficiency * 100:.0f}% ({duration(cpu_s)} of CPU time over "
                      f"{duration(run_time)} × {job.cpus} allocated cores). Ask for fewer cores (--cpus-per-task), "
                      "or give the cores work (more DataLoader workers).")
-    stalled_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == "training_stall" and a.state == "firing"}
+    stalled_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == Rule.TRAINING_STALL and a.state == "firing"}
     for p in view.processes:
         if not job.end_time and p.alive and p.HasField("stalled_since") and (p.node, p.pid) not in stalled_alerted:
             who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
@@ -55,14 +56,14 @@ def notes_section(view: query_pb2.JobView, run_time: float) -> list[str]:
         notes.append(f"{who} {'has' if len(gone) == 1 else 'have'} exited while the job runs: the other ranks may "
                      "wait for it forever in a collective. Look at its output for the error; cancel the job "
                      "if it cannot go on without it.")
-    leak_alerted = any(a.rule == "gpu_memory_leak" and a.state == "firing" for a in view.alerts)
+    leak_alerted = any(a.rule == Rule.GPU_MEMORY_LEAK and a.state == "firing" for a in view.alerts)
     for p in view.processes:
         word = trend_word(list(p.gpu_memory_trend))
         if word == "growing" and p.alive and not leak_alerted:  # a firing leak has its own note below
             who = f"rank {p.rank}" if p.HasField("rank") else f"pid {p.pid}"
             notes.append(f"GPU memory of {who} on {p.node} is growing; if it goes on, the gpu_memory_leak alert "
                          "says at what rate and when the GPU will be full.")
-    host_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == "host_memory_leak"
+    host_alerted = {(a.node, a.pid) for a in view.alerts if a.rule == Rule.HOST_MEMORY_LEAK
                     and (a.state == "firing" or a.ended_while_firing)}
     for p in view.processes:  # host memory that climbs before (or without) an alert
         if (p.alive and (p.node, p.pid) not in host_alerted and trend_word(list(p.rss_trend)) == "growing"
