@@ -44,10 +44,16 @@ class AgentConfig:
         process_source: "auto" (the /proc reader where there is a Linux /proc, else psutil), "proc" or
             "psutil".
         kmsg: the kernel log read for the driver's XID lines (/dev/kmsg; a file or FIFO in tests);
-            None: not read (the CLI's default is /dev/kmsg).
+            None: not read (the CLI's default is /dev/kmsg). The same log's NVSwitch SXID lines are read too.
+        ib_sysfs: the InfiniBand / RoCE ports' sysfs folder, read on the health cadence (/sys/class/infiniband;
+            a tree shaped like it in tests); None: not read (the CLI's default is /sys/class/infiniband).
         health_interval_s: how often the GPUs' health counters are read (ECC, throttling, ...).
         activity_interval_s: how often the GPUs' true activity (NVML GPM: SM, tensor, DRAM) is read, each
             reading the activity over that window; 0: not read.
+        read_job_output: read the progress of jobs that do not call clusterwatch.train from their own output
+            files (stdout/stderr), each opened as its owner (agent/job_output.py); off unless the site allows it.
+        job_output_regex: the site's pattern for progress lines (named groups step, loss, lr), besides the
+            built-in tqdm, Hugging Face Trainer and Lightning ones; "" for none.
     """
 
     collector: str | None
@@ -73,6 +79,9 @@ class AgentConfig:
     provenance: bool = True
     process_source: str = "auto"
     kmsg: str | None = None
+    ib_sysfs: str | None = None
     health_interval_s: float = 30.0
     activity_interval_s: float = 10.0
     collectors_before: str = ""
+    read_job_output: bool = False
+    job_output_regex: str = ""

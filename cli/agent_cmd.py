@@ -75,8 +75,19 @@ from .help_text import examples
 @click.option("--kmsg", envvar="CLUSTERWATCH_KMSG", default="/dev/kmsg", show_default=True, metavar="PATH",
               help="Kernel log read for the NVIDIA driver's XID lines, from this boot on ('none': not read) "
                    "(CLUSTERWATCH_KMSG).")
+@click.option("--ib-sysfs", envvar="CLUSTERWATCH_IB_SYSFS", default="/sys/class/infiniband", show_default=True,
+              metavar="PATH", help="The InfiniBand / RoCE ports' sysfs folder, read for link flaps, rate and errors "
+                                   "('none': not read) (CLUSTERWATCH_IB_SYSFS).")
 @click.option("--provenance/--no-provenance", default=True, show_default=True,
               help="Record the git provenance of each rank process (git runs as the process's owner).")
+@click.option("--read-job-output/--no-read-job-output", default=False, show_default=True,
+              envvar="CLUSTERWATCH_READ_JOB_OUTPUT",
+              help="Read the progress of jobs that do not call clusterwatch.train from their output files (tqdm, "
+                   "Hugging Face Trainer, Lightning), each opened as its owner: off unless the site allows it "
+                   "(CLUSTERWATCH_READ_JOB_OUTPUT).")
+@click.option("--job-output-regex", default="", envvar="CLUSTERWATCH_JOB_OUTPUT_REGEX", metavar="REGEX",
+              help="With --read-job-output: the site's pattern for progress lines, with named groups step, loss "
+                   "and lr (CLUSTERWATCH_JOB_OUTPUT_REGEX).")
 @click.option("--ensure", is_flag=True,
               help="Start the agent detached (as the prolog does) unless its pid file names a live one; exit 0.")
 @click.option("--poll-on-sigusr1", is_flag=True, hidden=True,
@@ -88,7 +99,8 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
           sim_run, process_source, pids,
           local_job_id, once,
           as_json, token, token_file, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
-          spool_dir, buffer_samples, train_socket, kmsg, provenance, ensure, poll_on_sigusr1, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, kmsg, ib_sysfs, provenance, read_job_output, job_output_regex,
+          ensure, poll_on_sigusr1, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
 
@@ -138,6 +150,8 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         spool_dir=spool_dir, train_socket=train_socket, provenance=provenance,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
         kmsg=None if kmsg in ("", "none") else kmsg, collectors_before=collectors_before,
+        read_job_output=read_job_output, job_output_regex=job_output_regex,
+        ib_sysfs=None if ib_sysfs in ("", "none") else ib_sysfs,
     )
     # Before anything is opened: a SIGTERM while NVML opens stops the run it starts, and close()
     # removes the train socket (the default action would leave it behind).
