@@ -94,6 +94,7 @@ class BatchSplitter:
         node_batch = parts[node_c][0]
         node_batch.health_events.extend(batch.health_events)
         node_batch.gpu_health.extend(batch.gpu_health)
+        node_batch.fabric_ports.extend(batch.fabric_ports)
         for e in batch.job_events:
             if e.kind == agent_pb2.JobEvent.END:
                 self._job_gpus.pop(e.job_id, None)

@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from clusterwatch.agent.health.sxid import SxidEvent, parse_sxid
+
 from clusterwatch.background import BackgroundThread
 
 __all__ = ["XidLine", "KmsgRecord", "XidEvent", "KmsgReader", "parse_xid", "parse_gpu_at", "parse_record",
@@ -184,6 +186,8 @@ class KmsgReader:
     Args:
         path: /dev/kmsg, or a file or FIFO holding records in its format (tests).
         on_event: called on the reader's thread with every XidEvent.
+        on_sxid: called on the reader's thread with every SxidEvent (an NVSwitch's error, sxid.py); None: not
+            looked for.
         resolve_pci: bus address (pci_key form) → the UUID of the GPU there, from NVML; the
             driver's own `GPU at` lines are used when it does not know.
         boot_time: the wall-clock time of boot in Unix seconds (default: now minus the
@@ -193,9 +197,11 @@ class KmsgReader:
 
     def __init__(self, path: str, on_event: Callable[[XidEvent], None], *,
                  resolve_pci: Callable[[str], str | None] | None = None, boot_time: float | None = None,
-                 wait_s: float = 0.5, log: logging.Logger | None = None) -> None:
+                 wait_s: float = 0.5, log: logging.Logger | None = None,
+                 on_sxid: Callable[[SxidEvent], None] | None = None) -> None:
         self.path = path
         self._on_event = on_event
+        self._on_sxid = on_sxid
         self._resolve = resolve_pci or (lambda _pci: None)
         self._boot = _boot_wall_time() if boot_time is None else boot_time
         self._wait_s = wait_s
@@ -208,6 +214,7 @@ class KmsgReader:
         self.overwritten = 0
         self.not_kernel = 0
         self.events = 0
+        self.sxids = 0
 
     def _open(self) -> int:
         try:
@@ -245,6 +252,11 @@ class KmsgReader:
             return None
         xid = parse_xid(record.message)
         if xid is None:
+            if self._on_sxid is not None:
+                sxid = parse_sxid(record.message)
+                if sxid is not None:
+                    self.sxids += 1
+                    self._on_sxid(SxidEvent(time=self._boot + record.usec / 1e6, line=sxid, seq=record.seq))
             return None
         uuid = self._resolve(xid.pci) or self._learned.get(xid.pci)
         event = XidEvent(time=self._boot + record.usec / 1e6, uuid=uuid, pci=xid.pci, xid=xid.xid,

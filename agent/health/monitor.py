@@ -1,13 +1,15 @@
-"""The agent's GPU health: the kernel-log reader, the NVML event watcher and the counters, as one part.
+"""The agent's health: the kernel-log reader, the NVML event watcher and the counters, the fabric's ports, as one part.
 
 Each runs on a thread of its own and leaves its records here; the poll loop takes them into the
 next batch (`drain_into`), so health costs the poll one lock and a copy. Any part that cannot
 start says so in one line and the others run: no kernel log (not root, `--kmsg none`), no NVML
-(no driver, a simulated GPU source), an NVML without events.
+(no driver, a simulated GPU source), an NVML without events, no InfiniBand (the ports are read from sysfs on
+a thread of their own at the counters' cadence, never in the poll).
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -15,13 +17,15 @@ from typing import Any, Callable
 from clusterwatch.agent.health.counters import CounterReader, GpuCounters
 from clusterwatch.agent.health.devices import physical_gpus
 from clusterwatch.agent.health.events import EventWatcher, GpuEvent
+from clusterwatch.agent.health.fabric import FabricReader, PortReading
 from clusterwatch.agent.health.kmsg import KmsgReader, XidEvent
+from clusterwatch.agent.health.sxid import SxidEvent
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.background import BackgroundThread
 
 __all__ = ["HealthMonitor", "open_health", "kernel_boot_id", "xid_event_to_proto", "gpu_event_to_proto",
-           "counters_to_proto"]
+           "counters_to_proto", "sxid_event_to_proto", "port_to_proto"]
 
 # records held between batches: a flood of XIDs (one a channel) must not grow the agent without bound
 MAX_HELD = 10_000
@@ -45,6 +49,22 @@ def xid_event_to_proto(e: XidEvent, boot_id: str, out: agent_pb2.HealthEvent) ->
         out.pid = e.pid
     if e.process:
         out.process = e.process
+
+
+def sxid_event_to_proto(e: SxidEvent, boot_id: str, out: agent_pb2.HealthEvent) -> None:
+    line = e.line
+    out.time, out.kind, out.sxid, out.fatal = e.time, "sxid", line.sxid, line.fatal
+    out.device, out.pci = line.device, line.pci
+    out.source, out.text, out.kernel_boot_id, out.kmsg_seq = agent_pb2.HealthEvent.KMSG, line.text[:512], boot_id, e.seq
+
+
+def port_to_proto(r: PortReading, out: agent_pb2.FabricPort) -> None:
+    out.time, out.device, out.port, out.speed, out.link_layer = r.time, r.device, r.port, r.speed, r.link_layer
+    for name in ("state", "phys_state", "rate_gbps", "width"):
+        value = getattr(r, name)
+        if value is not None:
+            setattr(out, name, value)
+    out.counters.update(r.counters)
 
 
 def gpu_event_to_proto(e: GpuEvent, out: agent_pb2.HealthEvent) -> None:
@@ -72,6 +92,8 @@ class HealthMonitor:
     Args:
         nvml: the pynvml module, or None (no NVML events or counters).
         kmsg_path: the kernel log to read (/dev/kmsg), or None.
+        ib_sysfs: the InfiniBand ports' sysfs folder (/sys/class/infiniband; a tree shaped like it in tests),
+            or None; read where it exists.
         counters_every_s: the counters' cadence.
         clock: wall clock.
         kmsg_boot_time: the kernel log's boot time in Unix seconds (tests; default from the clocks).
@@ -79,14 +101,18 @@ class HealthMonitor:
 
     def __init__(self, nvml: Any = None, kmsg_path: str | None = None, *, counters_every_s: float = 30.0,
                  clock: Callable[[], float] = time.time, log: logging.Logger | None = None,
-                 kmsg_boot_time: float | None = None, boot_id: str | None = None) -> None:
+                 kmsg_boot_time: float | None = None, boot_id: str | None = None,
+                 ib_sysfs: str | None = None) -> None:
         self._log = log or logging.getLogger("clusterwatch.agent")
         self._clock = clock
         self._lock = threading.Lock()
         self._events: list[Callable[[agent_pb2.HealthEvent], None]] = []
         self._counters: list[GpuCounters] = []
+        self._ports: list[PortReading] = []
         self._nvml_thread = BackgroundThread(self._run_nvml, name="clusterwatch-gpu-health", os_name="cw-gpu-health")
         self._stop = self._nvml_thread.stopping
+        self._fabric_thread = BackgroundThread(self._run_fabric, name="clusterwatch-fabric", os_name="cw-fabric")
+        self._fabric = FabricReader(ib_sysfs, clock=clock) if ib_sysfs and os.path.isdir(ib_sysfs) else None
         self.dropped = 0
         self.boot_id = kernel_boot_id() if boot_id is None else boot_id
         self.counters_every_s = counters_every_s
@@ -98,14 +124,16 @@ class HealthMonitor:
         if kmsg_path:
             try:
                 self._kmsg = KmsgReader(kmsg_path, self._on_xid, resolve_pci=self._pci.get,
-                                        boot_time=kmsg_boot_time, log=self._log)
+                                        boot_time=kmsg_boot_time, log=self._log, on_sxid=self._on_sxid)
             except OSError as exc:
                 self._log.warning("%s", exc.strerror or exc)
 
     @property
     def parts(self) -> list[str]:
-        """What was asked and can run: "kmsg" (the log could be opened), "nvml" (events and counters)."""
-        return [name for name, part in (("kmsg", self._kmsg), ("nvml", self._nvml)) if part is not None]
+        """What was asked and can run: "kmsg" (the log could be opened), "nvml" (events and counters), "fabric"
+        (the ports' sysfs folder is there)."""
+        return [name for name, part in (("kmsg", self._kmsg), ("nvml", self._nvml), ("fabric", self._fabric))
+                if part is not None]
 
     def start(self) -> HealthMonitor:
         """Start the parts; NVML's are opened on their own thread, so a wedged GPU never holds up the agent."""
@@ -113,6 +141,8 @@ class HealthMonitor:
             self._nvml_thread.start()
         elif self._kmsg is not None:
             self._kmsg.start()
+        if self._fabric is not None:
+            self._fabric_thread.start()
         return self
 
     def stop(self) -> None:
@@ -122,6 +152,7 @@ class HealthMonitor:
         if self._kmsg is not None:
             self._kmsg.stop()
         self._nvml_thread.stop(1.5)
+        self._fabric_thread.stop(1.5)
 
     def _open_nvml(self, nvml: Any) -> None:
         try:
@@ -162,6 +193,22 @@ class HealthMonitor:
         boot = self.boot_id
         self._hold(lambda out: xid_event_to_proto(e, boot, out))
 
+    def _on_sxid(self, e: SxidEvent) -> None:
+        boot = self.boot_id
+        self._hold(lambda out: sxid_event_to_proto(e, boot, out))
+
+    def _run_fabric(self) -> None:
+        stopping = self._fabric_thread.stopping
+        while not stopping.is_set() and not self._stop.is_set():
+            try:
+                got = self._fabric.read()
+            except Exception:   # one bad read must not end the thread
+                self._log.exception("fabric ports: read failed")
+                got = []
+            with self._lock:
+                self._ports = (self._ports + got)[-MAX_HELD:]
+            stopping.wait(self.counters_every_s)
+
     def _on_gpu_event(self, e: GpuEvent) -> None:
         self._hold(lambda out: gpu_event_to_proto(e, out))
 
@@ -186,33 +233,38 @@ class HealthMonitor:
     def errors(self) -> int:
         """Failed reads of the health sources, for the agent's read_errors."""
         return sum(getattr(part, attr) for part, attr in ((self._kmsg, "bad_records"), (self._watcher, "errors"),
-                                                           (self._reader, "errors")) if part is not None)
+                                                           (self._reader, "errors"), (self._fabric, "errors"))
+                   if part is not None)
 
     def drain_into(self, batch: agent_pb2.Batch) -> None:
         """Move the records held since the last call into `batch`."""
         with self._lock:
             events, self._events = self._events, []
             counters, self._counters = self._counters, []
+            ports, self._ports = self._ports, []
         for fill in events:
             fill(batch.health_events.add())
         for c in counters:
             counters_to_proto(c, batch.gpu_health.add())
+        for r in ports:
+            port_to_proto(r, batch.fabric_ports.add())
 
 
 def open_health(gpu_source_name: str, kmsg_path: str | None, *, counters_every_s: float = 30.0,
-                log: logging.Logger | None = None, sim_nvml: Any = None) -> HealthMonitor | None:
+                log: logging.Logger | None = None, sim_nvml: Any = None,
+                ib_sysfs: str | None = None) -> HealthMonitor | None:
     """The monitor for an agent whose GPU source is `gpu_source_name`; None when there is nothing to watch.
 
     NVML's events and counters are read where the GPU source is NVML, or from `sim_nvml`, the simulated
     source's stand-in for pynvml that plays its scenario's events (agent/backends/sim_nvml.py); the
-    kernel log is read wherever it was asked for.
+    kernel log is read wherever it was asked for, and the fabric's ports wherever their sysfs folder is.
     """
     nvml = sim_nvml
     if gpu_source_name == "nvml":
         import pynvml  # the NVML source has loaded it already; this is the same module
 
         nvml = pynvml
-    if nvml is None and not kmsg_path:
+    if nvml is None and not kmsg_path and not ib_sysfs:
         return None
-    monitor = HealthMonitor(nvml, kmsg_path, counters_every_s=counters_every_s, log=log)
+    monitor = HealthMonitor(nvml, kmsg_path, counters_every_s=counters_every_s, log=log, ib_sysfs=ib_sysfs)
     return monitor if monitor.parts else None

@@ -121,7 +121,7 @@ class ProcessState(_message.Message):
     def __init__(self, row: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts", "activity")
+    __slots__ = ("time", "uuid", "utilization", "memory_used_bytes", "memory_total_bytes", "power_watts", "activity", "energy_mj")
     TIME_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class GpuSample(_message.Message):
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
     ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_MJ_FIELD_NUMBER: _ClassVar[int]
     time: float
     uuid: str
     utilization: float
@@ -136,7 +137,8 @@ class GpuSample(_message.Message):
     memory_total_bytes: int
     power_watts: float
     activity: GpuActivity
-    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., activity: _Optional[_Union[GpuActivity, _Mapping]] = ...) -> None: ...
+    energy_mj: int
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., activity: _Optional[_Union[GpuActivity, _Mapping]] = ..., energy_mj: _Optional[int] = ...) -> None: ...
 
 class GpuActivity(_message.Message):
     __slots__ = ("window_s", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
@@ -265,7 +267,7 @@ class AgentCounters(_message.Message):
     def __init__(self, samples_sent: _Optional[int] = ..., samples_dropped: _Optional[int] = ..., read_errors: _Optional[int] = ..., buffered_batches: _Optional[int] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
-    __slots__ = ("time", "uuid", "kind", "xid", "data", "pid", "process", "pci", "source", "text", "kernel_boot_id", "kmsg_seq")
+    __slots__ = ("time", "uuid", "kind", "xid", "data", "pid", "process", "pci", "source", "text", "kernel_boot_id", "kmsg_seq", "sxid", "fatal", "device")
     class Source(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         SOURCE_UNSPECIFIED: _ClassVar[HealthEvent.Source]
@@ -286,6 +288,9 @@ class HealthEvent(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     KERNEL_BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     KMSG_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SXID_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     time: float
     uuid: str
     kind: str
@@ -298,7 +303,41 @@ class HealthEvent(_message.Message):
     text: str
     kernel_boot_id: str
     kmsg_seq: int
-    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., kind: _Optional[str] = ..., xid: _Optional[int] = ..., data: _Optional[int] = ..., pid: _Optional[int] = ..., process: _Optional[str] = ..., pci: _Optional[str] = ..., source: _Optional[_Union[HealthEvent.Source, str]] = ..., text: _Optional[str] = ..., kernel_boot_id: _Optional[str] = ..., kmsg_seq: _Optional[int] = ...) -> None: ...
+    sxid: int
+    fatal: bool
+    device: str
+    def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., kind: _Optional[str] = ..., xid: _Optional[int] = ..., data: _Optional[int] = ..., pid: _Optional[int] = ..., process: _Optional[str] = ..., pci: _Optional[str] = ..., source: _Optional[_Union[HealthEvent.Source, str]] = ..., text: _Optional[str] = ..., kernel_boot_id: _Optional[str] = ..., kmsg_seq: _Optional[int] = ..., sxid: _Optional[int] = ..., fatal: _Optional[bool] = ..., device: _Optional[str] = ...) -> None: ...
+
+class FabricPort(_message.Message):
+    __slots__ = ("time", "device", "port", "state", "phys_state", "rate_gbps", "width", "speed", "link_layer", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PHYS_STATE_FIELD_NUMBER: _ClassVar[int]
+    RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    device: str
+    port: int
+    state: int
+    phys_state: int
+    rate_gbps: float
+    width: int
+    speed: str
+    link_layer: str
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, time: _Optional[float] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[int] = ..., phys_state: _Optional[int] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., speed: _Optional[str] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GpuHealth(_message.Message):
     __slots__ = ("time", "uuid", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "clock_event_reasons", "violation_seconds", "temperature_c", "pcie_replays", "nvlink_errors")
@@ -355,7 +394,7 @@ class GpuHealth(_message.Message):
     def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., remapped_rows_corrected: _Optional[int] = ..., remapped_rows_uncorrected: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., clock_event_reasons: _Optional[int] = ..., violation_seconds: _Optional[_Mapping[str, float]] = ..., temperature_c: _Optional[int] = ..., pcie_replays: _Optional[int] = ..., nvlink_errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters", "health_events", "gpu_health")
+    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters", "health_events", "gpu_health", "fabric_ports")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +405,7 @@ class Batch(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_PORTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     processes: ProcessTable
@@ -376,7 +416,8 @@ class Batch(_message.Message):
     counters: AgentCounters
     health_events: _containers.RepeatedCompositeFieldContainer[HealthEvent]
     gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealth]
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
+    fabric_ports: _containers.RepeatedCompositeFieldContainer[FabricPort]
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., fabric_ports: _Optional[_Iterable[_Union[FabricPort, _Mapping]]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "batch", "train_answer")
