@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterwatch.collector.health.fabric import fabric_cause
+from clusterwatch.collector.health.live import job_nodes
 from clusterwatch.collector.health.mig import gpu_index, with_parents
 from clusterwatch.collector.rules.causes import CAUSE_LOOKBACK_S, Cause, from_health, held_long_enough, held_rank
 
@@ -67,6 +69,9 @@ class HealthCauses:
             out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
                                    rank=int(rank) if rank and "," not in rank else None,
                                    xid=int(xid) if xid else None, gpu_index=gpu_index(self.state, f.node, f.uuid)))
+        # the fabric of its nodes (collector/health/fabric.py): a port that flaps, an NVSwitch that faults
+        out += [fabric_cause(t, f, now) for t, f in engine.fabric.node_findings(job_nodes(self.state, job), since=since)
+                if t <= now + 1.0]
         return out
 
 

@@ -9,6 +9,9 @@ history of the events it took and the counter readings (`HISTORY_EVENTS`, `HISTO
 XID 79 raises gpu_lost (not also gpu_xid: one fault, one alert). An XID or a lost GPU is an
 event, not a condition: its alert fires and stays until the job it names ends (the collector
 resolves a job's alerts then).
+
+The node's fabric (its InfiniBand / RoCE ports, its NVSwitches' SXIDs) is kept by `fabric` (fabric.py): a
+finding there is the node's, raised as an alert only while a job runs on the node (it names them all).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from clusterwatch.collector.health.decisions import (
     gpu_xid,
     worst_first,
 )
+from clusterwatch.collector.health.fabric import FabricHealth
 from clusterwatch.collector.health.xid_catalog import XidCatalog
 from clusterwatch.collector.rules.model import FIRING, AlertEvent
 
@@ -153,6 +157,7 @@ class HealthEngine:
         self.xid_counts: dict[tuple[str, str, int], int] = {}    # (node, UUID, XID) → events, duplicates not counted
         self.event_counts: dict[tuple[str, str, str], int] = {}  # (node, UUID, kind) → NVML events other than XIDs
         self.recovery: dict[tuple[str, str], int] = {}  # (node, UUID) → the last recovery action NVML asked for
+        self.fabric = FabricHealth()
 
     def view(self, node: str, uuid: str) -> GpuHealthView:
         key = (node, uuid)
@@ -197,6 +202,8 @@ class HealthEngine:
         if self._seen(node, msg):
             self.duplicates += 1
             return []
+        if msg.kind == "sxid":
+            return self._node_alert(msg.time, self.fabric.observe_sxid(node, msg, users), users)
         uuid = msg.uuid or (f"PCI:{msg.pci}" if msg.pci else "unknown GPU")
         pid = msg.pid if msg.HasField("pid") else None
         self._count(node, uuid, msg)
@@ -297,7 +304,22 @@ class HealthEngine:
             v.links = links
         return out
 
+    def observe_port(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:
+        """One FabricPort of `node`; `users` are every job's processes on the node."""
+        finding = self.fabric.observe_port(node, msg, users)
+        return self._node_alert(msg.time, finding, users) if finding is not None else []
+
     # -- output ------------------------------------------------------------------------------------
+
+    def _node_alert(self, t: float, f: HealthFinding, users: Sequence[GpuUser]) -> list[AlertEvent]:
+        """A fabric finding as an alert, on the node's first job; none while no job runs there (the finding is
+        kept, for `health` and /metrics, and for the next job on the node)."""
+        if not users:
+            return []
+        figures: dict[str, Any] = {"advice": f.advice, "action": f.action}
+        figures.update({k: v for k, v in f.labels.items() if k != "job_id"})
+        return [AlertEvent(t=t, rule=f.rule, state=FIRING, severity=f.severity, node=f.node, job_id=users[0].job_id,
+                           pid=-1, start_time=0.0, gpu="", rank=None, description=f.description, figures=figures)]
 
     def _keep(self, node: str, uuid: str, t: float, f: HealthFinding) -> None:
         v = self.view(node, uuid)

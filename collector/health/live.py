@@ -4,7 +4,8 @@ The core tells it of every batch that carries health records (`on_health`); it f
 each GPU from the collector's state (the node's live processes on that GPU, and the process the
 driver named, wherever it runs on the node), runs the engine, and hands the alert events to the
 same table and actions as the other rules (`handle`). `job_health` gives status the findings on
-a job's GPUs during the job.
+a job's GPUs during the job, and on its nodes' fabric (their InfiniBand / RoCE ports and NVSwitches: every job
+on a node is told of them, fabric.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from clusterwatch.collector.health.mig import gpu_index, slices_of, with_parents
 from clusterwatch.collector.rules.model import AlertEvent
 from clusterwatch.v1 import query_pb2
 
-__all__ = ["HealthListener", "gpu_users"]
+__all__ = ["HealthListener", "gpu_users", "node_users", "job_nodes"]
 
 log = logging.getLogger("clusterwatch.collector")
 
@@ -44,6 +45,27 @@ def gpu_users(state: Any, node: str, uuid: str, pid: int | None = None,
                                start_time=s.start_time))
     out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))
     return out
+
+
+def node_users(state: Any, node: str, hit_at: float | None = None) -> list[GpuUser]:
+    """Every live process of a job on `node` (a fabric finding is every rank's there), those started by `hit_at`
+    when given (as gpu_users)."""
+    out = []
+    for series in (state.pids.get(node) or {}).values():
+        s = series.latest
+        if series.alive and s.job_id and (hit_at is None or s.start_time <= hit_at + 1.0):
+            out.append(GpuUser(job_id=s.job_id, rank=s.rank, pid=s.pid, process=s.command or None,
+                               start_time=s.start_time))
+    out.sort(key=lambda u: (u.job_id, u.rank if u.rank is not None else 1 << 30, u.pid or 0))
+    return out
+
+
+def job_nodes(state: Any, job: Any) -> list[str]:
+    """The nodes a job runs on: Slurm's list, and those of its GPUs and processes (a job outside Slurm)."""
+    # (a job view without nodes or processes, as a test or replay builds one, has its GPUs' nodes)
+    nodes = {g.node for g in state.job_gpus(job)} | set(getattr(job, "nodes", ()))
+    nodes |= {key[0] for key in getattr(job, "processes", ())}
+    return sorted(nodes)
 
 
 class HealthListener:
@@ -71,9 +93,15 @@ class HealthListener:
         st = self.state
         for e in batch.health_events:
             pid = e.pid if e.HasField("pid") else None
-            events += self.engine.observe_event(node, e, gpu_users(st, node, e.uuid, pid, hit_at=e.time))
+            users = node_users(st, node, hit_at=e.time) if e.kind == "sxid" else \
+                gpu_users(st, node, e.uuid, pid, hit_at=e.time)
+            events += self.engine.observe_event(node, e, users)
         for c in batch.gpu_health:
             events += self.engine.observe_counters(node, c, gpu_users(st, node, c.uuid))
+        if batch.fabric_ports:
+            users = node_users(st, node)
+            for fp in batch.fabric_ports:
+                events += self.engine.observe_port(node, fp, users)
         if self.marks is not None:
             # saved before the alerts are handled: their actions (a drain) must never run twice for one record
             taken = {(node, e.kernel_boot_id) for e in batch.health_events if e.source == 2 and e.kernel_boot_id}
@@ -140,6 +168,36 @@ class HealthListener:
                                  r.index if r.HasField("index") else 1 << 30, r.gpu))
         return rows
 
+    def node_rows(self, node: str = "") -> list:
+        """`clusterwatch health`'s node rows: each node whose fabric has findings (a query NodeHealthRow), worst
+        first, with its ports as last read; only `node`'s when given. The caller holds the core's lock."""
+        from .fabric import STATE_NAMES
+
+        fabric = self.engine.fabric
+        rows = []
+        for n in sorted(k for k in fabric.findings if not node or k == node):
+            row = query_pb2.NodeHealthRow(node=n)
+            for t, f in fabric.node_findings([n]):
+                row.findings.append(_health_view(t, f))
+                for job_id in f.labels.get("job_id", "").split(","):
+                    if job_id and job_id not in row.jobs:
+                        row.jobs.append(job_id)
+            if row.findings:
+                row.severity = row.findings[0].severity
+            for (pn, port), v in sorted(fabric.ports.items()):
+                if pn != n or v.last is None:
+                    continue
+                view = row.ports.add(port=port, state=STATE_NAMES.get(v.last.state or 0, ""), link_layer=v.link_layer)
+                if v.last.rate_gbps is not None:
+                    view.rate_gbps = v.last.rate_gbps
+                if v.highest_gbps is not None:
+                    view.highest_rate_gbps = v.highest_gbps
+                view.counters.update(v.last.counters)
+            rows.append(row)
+        order = {"critical": 0, "warning": 1, "info": 2, "": 3}
+        rows.sort(key=lambda r: (order.get(r.severity, 3), r.node))
+        return rows
+
     def job_health(self, job: Any) -> list:
         """The job's health findings as query HealthViews: on its GPUs (the whole GPU of a MIG instance too),
         since it started, and those from before that still hold (a GPU's uncorrected ECC errors, its loss, its
@@ -149,6 +207,10 @@ class HealthListener:
         out = []
         for t, f in self.engine.findings(sorted(with_parents(self.state, gpus)), since=job.start_time or 0.0,
                                           standing=True):
+            out.append(_health_view(t, f))
+        # the fabric of its nodes, since it started, and what still holds from before
+        for t, f in self.engine.fabric.node_findings(job_nodes(self.state, job), since=job.start_time or 0.0,
+                                                     standing=True):
             out.append(_health_view(t, f))
         return out
 

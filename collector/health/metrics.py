@@ -1,5 +1,6 @@
 """The GPU health families of /metrics: XIDs by code, other NVML events, the recovery action NVML asks for,
-memory errors, clock-event reasons, temperature, loss.
+memory errors, clock-event reasons, temperature, loss; and the node's fabric (collector/health/fabric.py): its
+InfiniBand / RoCE ports (labels node, port (DEVICE/N)) and its NVSwitches' SXIDs.
 
 Per GPU (labels node, gpu (UUID), index), never per process: a health signal is the GPU's, and its job is
 on the GPU's other series (clusterwatch_gpu_memory_used_bytes' job_id). At each scrape the HealthEngine's
@@ -67,8 +68,25 @@ PCIE_REPLAYS = family("clusterwatch_gpu_pcie_replays", "counter", "PCIe replays 
 NVLINK = family("clusterwatch_gpu_nvlink_errors", "counter", "NVLink error counters, summed over the links.",
                 *GPU, "counter")
 
+PORT = ("node", "port")
+PORT_ACTIVE = family("clusterwatch_fabric_port_active", "gauge",
+                     "1 while the InfiniBand / RoCE port's logical state is ACTIVE, 0 when not.", *PORT, "link_layer")
+PORT_RATE = family("clusterwatch_fabric_port_rate_bytes_per_second", "gauge",
+                   "The rate the port's link runs at (sysfs rate: 200 Gb/sec is 25e9).", *PORT)
+PORT_ERRORS = family("clusterwatch_fabric_port_errors", "counter",
+                     "The port's error counters (sysfs counters/: link_downed, link_error_recovery, symbol_error, "
+                     "port_rcv_errors, ...).", *PORT, "counter")
+PORT_TROUBLE = family("clusterwatch_fabric_port_trouble", "gauge",
+                      "1 while the port's trouble holds (fabric_port: down, flapping, degraded, errors), 0 when not.",
+                      *PORT, "kind")
+SXIDS = family("clusterwatch_nvswitch_sxid_errors", "counter",
+               "SXID errors of the node's NVSwitches in the kernel log, by SXID and the line's word (fatal 1 or 0).",
+               "node", "switch", "device", "sxid", "fatal")
+FABRIC_FAMILIES = (PORT_ACTIVE, PORT_RATE, PORT_ERRORS, PORT_TROUBLE, SXIDS)
+TROUBLE_KINDS = ("down", "flapping", "degraded", "errors")
+
 HEALTH_FAMILIES = (XIDS, EVENTS, RECOVERY, LOST, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS,
-                   VIOLATION, TEMPERATURE, PCIE_REPLAYS, NVLINK)
+                   VIOLATION, TEMPERATURE, PCIE_REPLAYS, NVLINK, *FABRIC_FAMILIES)
 
 # nvmlGpuRecoveryAction_t (nvml.h, R550 and later)
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
@@ -111,6 +129,26 @@ class EventRow(NamedTuple):
     events: int
 
 
+class PortRow(NamedTuple):
+    """A fabric port as last read, and what of its trouble holds (PortState and its dict are replaced, never
+    changed, so they can be read after the lock is let go)."""
+
+    node: str
+    port: str
+    link_layer: str
+    last: Any          # fabric.PortState
+    trouble: frozenset[str]
+
+
+class SxidRow(NamedTuple):
+    node: str
+    switch: str
+    device: str
+    sxid: int
+    fatal: bool
+    events: int
+
+
 class RecoveryRow(NamedTuple):
     """The recovery action NVML last asked for on a GPU."""
 
@@ -128,6 +166,8 @@ class HealthSnapshot:
     xids: list[XidRow]
     events: list[EventRow]
     recovery: list[RecoveryRow]
+    ports: list[PortRow]
+    sxids: list[SxidRow]
 
 
 def health_snapshot(engine: Any, state: Any) -> HealthSnapshot:
@@ -145,7 +185,11 @@ def health_snapshot(engine: Any, state: Any) -> HealthSnapshot:
         events=[EventRow(node, uuid, index(uuid), kind, n)
                 for (node, uuid, kind), n in sorted(engine.event_counts.items())],
         recovery=[RecoveryRow(node, uuid, index(uuid), RECOVERY_ACTIONS.get(a, str(a)))
-                  for (node, uuid), a in sorted(engine.recovery.items())])
+                  for (node, uuid), a in sorted(engine.recovery.items())],
+        ports=[PortRow(node, port, v.link_layer, v.last, frozenset(v.trouble))
+               for (node, port), v in sorted(engine.fabric.ports.items()) if v.last is not None],
+        sxids=[SxidRow(node, switch, device, sxid, fatal, n)
+               for (node, device, switch, sxid, fatal), n in sorted(engine.fabric.sxid_counts.items())])
 
 
 _FAMILY = {f.name: i for i, f in enumerate(HEALTH_FAMILIES)}
@@ -153,6 +197,7 @@ _I_XIDS, _I_EVENTS, _I_RECOVERY, _I_LOST = (_FAMILY[f.name] for f in (XIDS, EVEN
 _I_ECC, _I_REMAPPED, _I_PENDING, _I_FAILED, _I_RETIRED, _I_REASONS, _I_VIOLATION, _I_TEMP, _I_PCIE, _I_NVLINK = (
     _FAMILY[f.name] for f in (ECC, REMAPPED, REMAP_PENDING, REMAP_FAILED, RETIRED, REASONS, VIOLATION, TEMPERATURE,
                               PCIE_REPLAYS, NVLINK))
+_I_ACTIVE, _I_RATE, _I_PORT_ERRORS, _I_TROUBLE, _I_SXIDS = (_FAMILY[f.name] for f in FABRIC_FAMILIES)
 _UNCORRECTED_FIELDS = tuple(f for f in _ECC_FIELDS if f[1] == "uncorrected")
 THROTTLE_REASON_NAMES = {bit: CLOCK_EVENT_REASONS[bit] for bit in THROTTLE_REASONS}
 _REMAP_FIELDS = (("remapped_rows_corrected", "correctable"), ("remapped_rows_uncorrected", "uncorrectable"))
@@ -208,6 +253,18 @@ def _rows(snap: HealthSnapshot, full: bool):
         if msg is not None:
             for i, extra, value in _counter_rows(msg, full):
                 yield i, gpu, extra, value
+    for node, port, layer, last, trouble in snap.ports:
+        where = (node, port)
+        if last.state is not None:
+            yield _I_ACTIVE, where, (layer,), 1 if last.state == 4 else 0
+        if last.rate_gbps is not None:
+            yield _I_RATE, where, (), last.rate_gbps * 1e9 / 8
+        for counter, n in sorted(last.counters.items()):
+            yield _I_PORT_ERRORS, where, (counter,), n
+        for kind in TROUBLE_KINDS:
+            yield _I_TROUBLE, where, (kind,), 1 if kind in trouble else 0
+    for node, switch, device, sxid, fatal, n in snap.sxids:
+        yield _I_SXIDS, (node, switch, device), (str(sxid), "1" if fatal else "0"), n
 
 
 class HealthFamilies:

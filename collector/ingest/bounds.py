@@ -43,6 +43,7 @@ MAX_GPU_INDEXES = 256
 MAX_HEALTH_TEXT = 512
 MAX_HEALTH_PROCESS = 256
 MAX_PCI = 32
+MAX_PORT_NAME = 64      # a fabric port's device, speed or link layer (mlx5_0, HDR, InfiniBand)
 
 
 class HelloRefused(ValueError):
@@ -146,11 +147,19 @@ def bound_batch(batch: agent_pb2.Batch) -> Refusal | None:
             h.process = h.process[:MAX_HEALTH_PROCESS]
         if len(h.pci) > MAX_PCI:
             h.pci = h.pci[:MAX_PCI]
+        if len(h.device) > MAX_PORT_NAME:
+            h.device = h.device[:MAX_PORT_NAME]
     for gh in batch.gpu_health:
         if len(gh.uuid) > MAX_GPU_UUID:
             return _too_long("a GPU health reading's UUID", MAX_GPU_UUID)
         refusal = (_keys_refusal(gh.violation_seconds, "a GPU health reading's violation times")
                    or _keys_refusal(gh.nvlink_errors, "a GPU health reading's NVLink errors"))
+        if refusal is not None:
+            return refusal
+    for fp in batch.fabric_ports:
+        if max(len(fp.device), len(fp.speed), len(fp.link_layer)) > MAX_PORT_NAME:
+            return _too_long("a fabric port's device, speed or link layer", MAX_PORT_NAME)
+        refusal = _keys_refusal(fp.counters, "a fabric port's counters")
         if refusal is not None:
             return refusal
     return None

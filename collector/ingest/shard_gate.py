@@ -73,7 +73,7 @@ class ShardGate:
         foreign = [(self.job_collector(lab.job_id) if lab.job_id else (me if node_is_mine else "")) != me
                    for lab in cols.label_sets]
         foreign_events = [e for e in batch.job_events if self.job_collector(e.job_id) != me]
-        health = 0 if node_is_mine else len(batch.health_events) + len(batch.gpu_health)
+        health = 0 if node_is_mine else len(batch.health_events) + len(batch.gpu_health) + len(batch.fabric_ports)
         if not any(foreign) and not foreign_events and not health:
             return batch, cols
         out = agent_pb2.Batch()
@@ -96,6 +96,7 @@ class ShardGate:
         if health:
             out.ClearField("health_events")
             out.ClearField("gpu_health")
+            out.ClearField("fabric_ports")
         self.dropped += rows_dropped + len(foreign_events) + health
         self._name(node, batch, foreign, foreign_events)
         return out, cols
