@@ -217,7 +217,8 @@ def measure_polls(pids: list[int], node: str, spool: str, rounds: int, polls: in
 def nvml_state(pids: list[int], gpus: int = 8) -> str:
     """The stand-in's state: `gpus` GPUs, the pids spread over them, each with a fresh sample a query."""
     lines = [f"gpu GPU-{i:08x}-bench-0000-000000000000 total={80 * benchlib.GiB} used={20 * benchlib.GiB} "
-             f"util={60 + i} power={300000 + i} name=NVIDIA H100 80GB HBM3" for i in range(gpus)]
+             f"util={60 + i} power={300000 + i} energy={7_000_000_000 + i} name=NVIDIA H100 80GB HBM3"
+             for i in range(gpus)]
     # GPM (read every 10 s on the source's own thread): H100s offer it
     lines += [f"gpm GPU-{i:08x}-bench-0000-000000000000 sm={50 + i} occupancy=30 tensor=40 dram=35 pcie_tx=900 "
               f"pcie_rx=800 nvlink_tx=20000 nvlink_rx=21000" for i in range(gpus)]

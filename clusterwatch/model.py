@@ -50,6 +50,8 @@ class GpuReading(NamedTuple):
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     power_watts: float | None = None
+    # NVML's total-energy counter, millijoules since the driver loaded (the whole GPU's; None on a MIG instance)
+    energy_mj: int | None = None
 
 
 class GpuActivity(NamedTuple):

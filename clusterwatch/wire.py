@@ -237,7 +237,7 @@ def processes_from_table(t: agent_pb2.ProcessTable, node: str) -> list[ProcessSa
 def gpu_reading_to_proto(r: GpuReading, time: float, out: agent_pb2.GpuSample) -> None:
     out.time = time
     out.uuid = r.uuid
-    for name in ("utilization", "memory_used_bytes", "memory_total_bytes", "power_watts"):
+    for name in ("utilization", "memory_used_bytes", "memory_total_bytes", "power_watts", "energy_mj"):
         v = getattr(r, name)
         if v is not None:
             setattr(out, name, v)
@@ -268,6 +268,7 @@ def gpu_reading_from_proto(m: agent_pb2.GpuSample) -> GpuReading:
         m.memory_used_bytes if has("memory_used_bytes") else None,
         m.memory_total_bytes if has("memory_total_bytes") else None,
         m.power_watts if has("power_watts") else None,
+        m.energy_mj if has("energy_mj") else None,
     )
 
 

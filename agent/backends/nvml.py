@@ -462,9 +462,10 @@ class NvmlGpuSource:
             except self._nvml_error:
                 name = f"{parent_name} MIG {slot}"
             total = self._total_memory(handle)
-            # NVML documents device and process utilisation as not supported on MIG.
+            # NVML documents device and process utilisation as not supported on MIG; the energy counter is the
+            # whole GPU's, which no one instance's job spent alone (not asked: the collector says so).
             dev = _Device(GpuInfo(uuid, index, name, total, parent_uuid), handle, self._calls(handle), is_mig=True)
-            dev.unsupported.update({"utilization", "process_util"})
+            dev.unsupported.update({"utilization", "process_util", "energy"})
             out.append(dev)
         return out
 
@@ -540,13 +541,15 @@ class NvmlGpuSource:
         util = self._field(dev, "utilization", c.utilization, out)
         mem = self._field(dev, "memory", c.memory, out)
         power_mw = self._field(dev, "power", c.power, out)
-        # positional, in GpuReading's field order: uuid, utilization, memory used, total, power
+        energy_mj = self._field(dev, "energy", c.energy, out)
+        # positional, in GpuReading's field order: uuid, utilization, memory used, total, power, energy
         reading = GpuReading(
             dev.info.uuid,
             float(util) if util is not None else None,
             int(mem[0]) if mem is not None else None,
             int(mem[1]) if mem is not None else None,
             power_mw / 1000.0 if power_mw is not None else None,
+            int(energy_mj) if energy_mj is not None else None,
         )
         memory_by_pid: dict[int, int | None] = {}
         seen, visible = dev.visible, set()

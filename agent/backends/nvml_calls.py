@@ -1,7 +1,7 @@
 """The NVML calls a poll makes on one device, in two ways: pynvml's wrappers, or its library directly.
 
 `NvmlGpuSource` reads every device at every poll through the same small surface (`uuid`,
-`utilization`, `memory`, `power`, a process list, `process_samples`), each call returning plain
+`utilization`, `memory`, `power`, `energy`, a process list, `process_samples`), each call returning plain
 values or raising the module's `NVMLError` for a code, as pynvml's wrappers do:
 
 - `BindingCalls` calls the module's `nvmlDevice*` functions: any module shaped like pynvml, the
@@ -72,6 +72,13 @@ class BindingCalls:
 
     def power(self) -> int:
         return self.nv.nvmlDeviceGetPowerUsage(self.handle)
+
+    def energy(self) -> int:
+        """NVML's total-energy counter: millijoules since the driver loaded."""
+        fn = getattr(self.nv, "nvmlDeviceGetTotalEnergyConsumption", None)
+        if fn is None:  # bindings older than the function: as pynvml answers for one the library lacks
+            raise self.nv.NVMLError(_FUNCTION_NOT_FOUND)
+        return fn(self.handle)
 
     def process_samples(self, since_us: int) -> list[tuple[int, int, int]]:
         """(pid, timeStamp µs, smUtil %) of the samples newer than `since_us`; [] when there are none."""
@@ -162,6 +169,7 @@ class DirectLibrary:
         self.utilization = self._fn("nvmlDeviceGetUtilizationRates")
         self.memory = self._fn("nvmlDeviceGetMemoryInfo")
         self.power = self._fn("nvmlDeviceGetPowerUsage")
+        self.energy = self._fn("nvmlDeviceGetTotalEnergyConsumption")
         self.process_util = self._fn("nvmlDeviceGetProcessUtilization")
         self.util_type = nv.c_nvmlUtilization_t
         self.memory_type = nv.c_nvmlMemory_t
@@ -221,7 +229,8 @@ class DirectCalls:
     """One device's calls into the library, with its buffers (one device is read by one thread at a time)."""
 
     __slots__ = ("lib", "handle", "_uuid", "_uuid_len", "_util", "_util_ref", "_util_gpu", "_mem", "_mem_ref",
-                 "_mem_used", "_mem_total", "_power", "_power_ref", "_count", "_count_ref", "_arrays")
+                 "_mem_used", "_mem_total", "_power", "_power_ref", "_energy", "_energy_ref", "_count", "_count_ref",
+                 "_arrays")
 
     def __init__(self, lib: DirectLibrary, handle: Any) -> None:
         self.lib = lib
@@ -237,6 +246,8 @@ class DirectCalls:
         self._mem_used, self._mem_total = _view(self._mem, "used"), _view(self._mem, "total")
         self._power = ctypes.c_uint()
         self._power_ref = ctypes.byref(self._power)
+        self._energy = ctypes.c_ulonglong()
+        self._energy_ref = ctypes.byref(self._energy)
         self._count = ctypes.c_uint()
         self._count_ref = ctypes.byref(self._count)
         self._arrays: dict[int, tuple[Any, memoryview]] = {}  # id(layout) → its buffer
@@ -264,6 +275,13 @@ class DirectCalls:
         if ret:
             raise self.lib.error(ret)
         return self._power.value
+
+    def energy(self) -> int:
+        """NVML's total-energy counter: millijoules since the driver loaded."""
+        ret = self.lib.energy(self.handle, self._energy_ref)
+        if ret:
+            raise self.lib.error(ret)
+        return self._energy.value
 
     def process_samples(self, since_us: int) -> list[tuple[int, int, int]]:
         """(pid, timeStamp µs, smUtil %) of the samples newer than `since_us`; [] when there are none."""

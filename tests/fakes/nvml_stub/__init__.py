@@ -80,7 +80,8 @@ def drive(lib_dir: Path, workdir: Path, steps: list[dict[str, Any]], *, source: 
     Returns:
         {"inventory": [...], "polls": [...], "log": [...], "open_error": str | None,
          "pids_hidden": bool, "calls": [[function, uuid], ...]}; each poll is {"readings",
-         "processes" (pid as text → GpuUse lists), "errors", "stale", "seconds", "inventory",
+         "processes" (pid as text → GpuUse lists), "energy" (UUID → the energy counter in mJ, None unread),
+         "errors", "stale", "seconds", "inventory",
          "pid_visibility" (why NVML's pids are not processes here, "" when they are), "activity" (UUID → the
          GpuActivity fields read since the last poll)}.
     """

@@ -66,7 +66,9 @@ def main() -> None:
         t0 = time.monotonic()
         poll = src.poll(step.get("now", time.time()))
         out["polls"].append({
-            "readings": [list(r) for r in poll.readings],
+            # the first five fields, as before the energy counter; that is under "energy" (UUID → mJ or None)
+            "readings": [list(r)[:5] for r in poll.readings],
+            "energy": {r.uuid: getattr(r, "energy_mj", None) for r in poll.readings},
             "processes": {str(pid): [list(u) for u in uses] for pid, uses in poll.processes.items()},
             "errors": poll.errors,
             "stale": getattr(poll, "stale", None),

@@ -17,7 +17,8 @@
  *   ecc UUID corrected_volatile=N uncorrected_volatile=N corrected_aggregate=N uncorrected_aggregate=N
  *   remapped UUID corrected=N uncorrected=N pending=0|1 failure=0|1
  *
- * A gpu line may also carry temp=C (temperature), throttle=MASK (clock event reasons),
+ * A gpu line may also carry energy=MJ (the total-energy counter, millijoules since the driver loaded; a GPU
+ * without it answers NOT_SUPPORTED, as one before Volta), temp=C (temperature), throttle=MASK (clock event reasons),
  * events=MASK (supported event types; default single/double-bit ECC, P-state, Xid, clock) and
  * pci=DOMAIN:BUS:DEV (hex; default 0000:(16+index):00).
  *
@@ -74,6 +75,8 @@ typedef struct nvmlDevice_st {
     unsigned long long total, memused;
     unsigned int util, power_mw, gi, ci, temp;
     unsigned long long throttle, event_types;
+    unsigned long long energy_mj;   /* the energy counter; has_energy: an energy= was given */
+    int has_energy;
     unsigned long long ecc[2][2];   /* [uncorrected?][aggregate?] */
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     int lost, mig_mode;
@@ -190,6 +193,8 @@ static void load_state(void) {
                 d->memused = kv_num(rest, "used", 0);
                 d->util = (unsigned)kv_num(rest, "util", 0);
                 d->power_mw = (unsigned)kv_num(rest, "power", 100000);
+                d->has_energy = kv(rest, "energy") != NULL;
+                d->energy_mj = kv_num(rest, "energy", 0);
                 d->lost = (int)kv_num(rest, "lost", 0);
                 d->mig_mode = (int)kv_num(rest, "mig", 0);
                 d->temp = (unsigned)kv_num(rest, "temp", 40);
@@ -466,6 +471,14 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *power) {
     if (ret) return ret;
     if (d->mig_parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *power = d->power_mw;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *energy) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetTotalEnergyConsumption", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0 || !d->has_energy) return NVML_ERROR_NOT_SUPPORTED;   /* the whole GPU's counter */
+    *energy = d->energy_mj;
     return NVML_SUCCESS;
 }
 
