@@ -638,13 +638,19 @@ class LeakSeries:
         mx = sum(xs) / n
         us = [x - mx for x in xs]
         mu2 = sum(u * u for u in us) / n
-        qs = [u * u - mu2 for u in us]
         suu = sum(u * u for u in us)
-        sqq = sum(q * q for q in qs)
-        if suu <= 0 or sqq <= 0:
+        if suu <= 0:
             return False
-        b = sum(u * y for u, y in zip(us, ys, strict=True)) / suu
+        # x^2 less its mean is orthogonal to x only where the buckets lie symmetric about their mean; with
+        # buckets missing, or the warm-up's end before the window, take x's part out of it (Gram-Schmidt),
+        # else the curvature leans on the slope and a tail's clear bend reads as none.
+        k = sum(u * (u * u - mu2) for u in us) / suu
+        qs = [u * u - mu2 - k * u for u in us]
+        sqq = sum(q * q for q in qs)
+        if sqq <= 0:
+            return False
         c = sum(q * y for q, y in zip(qs, ys, strict=True)) / sqq
+        b = sum(u * y for u, y in zip(us, ys, strict=True)) / suu - c * k  # the slope at the mean
         lo, hi = us[0], us[-1]
         start, end = b + 2.0 * c * lo, b + 2.0 * c * hi
         if start <= 0:
