@@ -135,7 +135,7 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
 
     try:
         roots = tuple(parse_root(p) for p in pids)
-    except ValueError as exc:
+    except ConfigError as exc:
         fail(str(exc))
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     spool_dir = spool_dir_for(spool_dir, node)
