@@ -269,7 +269,7 @@ def test_hooks_units_and_docs_name_one_install_path() -> None:
     assert len(units) == 1 and hooks == units, (hooks, units)
     (path,) = units
     venv = path.removesuffix("/bin/clusterwatch")
-    assert f"python3 -m venv {venv}" in (DOCS / "operators.md").read_text()
+    assert f"python3 -m venv {venv}" in (DOCS / "how-to" / "install-on-slurm.md").read_text()
     assert f"python3 -m venv {venv} " in (SLURM_DEPLOY / "slurm" / "README.md").read_text()
 
 
