@@ -54,6 +54,12 @@ class GpuReading(NamedTuple):
     energy_mj: int | None = None
 
 
+# The activity levels a job's GPU time is binned by (collector/state/job_cost.py, status's Cost section, /metrics):
+# upper edges in percent of the first four; the last runs to 100 %.
+ACTIVITY_EDGES = (5.0, 25.0, 50.0, 75.0)
+ACTIVITY_LEVELS = ("0-5", "5-25", "25-50", "50-75", "75-100")
+
+
 class GpuActivity(NamedTuple):
     """What a GPU's units did over a window of seconds, as NVML's GPU Performance Monitoring measures it (GPM:
     Hopper and later; a MIG instance has its own). Utilisation says only that a kernel ran; these say how much

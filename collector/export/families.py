@@ -80,6 +80,18 @@ JOB_FAMILIES = (
     family("clusterwatch_job_gpu_memory_used_bytes", "gauge", "GPU memory used by all the job's processes.", "job_id"),
     family("clusterwatch_job_rss_bytes", "gauge", "Resident host memory of all the job's processes.", "job_id"),
 )
+# What a running job's GPUs cost while it held them (collector/state/job_cost.py), summed over its GPUs: counters
+# from the job's start, so increase() over any window is what that window cost. A job with no figure of a kind
+# (no GPU with an energy counter, no throttle time) has no series of it.
+JOB_COST_FAMILIES = (
+    family("clusterwatch_job_gpu_energy_joules", "counter", "Energy the job's GPUs used while it held them "
+           "(NVML's energy counter; a GPU another job's process also used is the holder's whole).", "job_id"),
+    family("clusterwatch_job_gpu_throttle_seconds", "counter", "Time the clocks of the job's GPUs were held down "
+           "while it held them, by reason (NVML's violation policies).", "job_id", "reason"),
+    family("clusterwatch_job_gpu_activity_seconds", "counter", "GPU-seconds the job held its GPUs at each "
+           "activity level (percent range), by basis: sm_active where GPM is read, else utilization.",
+           "job_id", "basis", "level"),
+)
 # in the order of a RankRow's values (snapshot.py), each named as its field after "clusterwatch_rank_"
 RANK_FAMILIES = (
     family("clusterwatch_rank_gpu_memory_used_bytes", "gauge", "GPU memory used by the rank's process.",

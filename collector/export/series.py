@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
+from ..state.job_cost import ACTIVITY_LEVELS
 from .families import (
     ACTIVITY_FAMILIES,
     ALERT_FAMILY,
     GPU_FAMILIES,
     GPU_LABELS,
     JOB_CODE,
+    JOB_COST_FAMILIES,
     JOB_FAMILIES,
     JOB_INFO,
     NODE_FAMILIES,
@@ -75,7 +77,28 @@ def job_series(jobs: list[JobRow]) -> FamilyRows:
             code_rows.append((JOB_CODE.labels, (job.job_id, *job.code), 1.0))
         for rows, value in zip(job_rows, (job.processes, job.gpu_memory_bytes, job.rss_bytes), strict=True):
             rows.append((("job_id",), (job.job_id,), value))
-    return [(JOB_INFO, info_rows), (JOB_CODE, code_rows), *zip(JOB_FAMILIES, job_rows, strict=True)]
+    return [(JOB_INFO, info_rows), (JOB_CODE, code_rows), *zip(JOB_FAMILIES, job_rows, strict=True),
+            *job_cost_series(jobs)]
+
+
+def job_cost_series(jobs: list[JobRow]) -> FamilyRows:
+    """JOB_COST_FAMILIES' rows: each job's energy, throttle time by reason, and seconds at each activity level
+    by basis (a level never reached is 0 once the basis has any time, so increase() reads every level)."""
+    energy, throttle, activity = [], [], []
+    by_reason, by_level = ("job_id", "reason"), ("job_id", "basis", "level")
+    for job in jobs:
+        c = job.cost
+        if c is None:
+            continue
+        if c.energy_joules is not None:
+            energy.append((("job_id",), (job.job_id,), c.energy_joules))
+        for reason, s in c.throttle_seconds:
+            throttle.append((by_reason, (job.job_id, reason), s))
+        for basis, seconds in (("sm_active", c.sm_active_seconds), ("utilization", c.utilization_seconds)):
+            if any(seconds):
+                for level, s in zip(ACTIVITY_LEVELS, seconds, strict=True):
+                    activity.append((by_level, (job.job_id, basis, level), s))
+    return list(zip(JOB_COST_FAMILIES, (energy, throttle, activity), strict=True))
 
 
 def _value_columns(families: tuple[Family, ...], labels: tuple[str, ...],

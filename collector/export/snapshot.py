@@ -36,6 +36,16 @@ class JobRow(NamedTuple):
     processes: int  # live
     gpu_memory_bytes: int
     rss_bytes: int
+    cost: JobCostRow | None = None  # None: nothing held yet
+
+
+class JobCostRow(NamedTuple):
+    """A running job's GPU cost so far, summed over its GPUs (collector/state/job_cost.py)."""
+
+    energy_joules: float | None  # None: no GPU of it has an energy counter
+    throttle_seconds: tuple[tuple[str, float], ...]  # (reason, seconds), by reason
+    sm_active_seconds: tuple[float, ...]  # by ACTIVITY_LEVELS
+    utilization_seconds: tuple[float, ...]
 
 
 # Rank and process rows are NamedTuples, not dataclasses: the writer's hottest loop (text.py _write_ranks)
@@ -193,7 +203,8 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
             ))
         code = code_labels(job.provenance.values()) if job.provenance else None
         tags = tuple(tag_labels(job.tags, JOB_INFO.labels).items())
-        jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum))
+        jobs.append(JobRow(job_id, job.user, job.name, job.partition, job.state, tags, code, n, gsum, rsum,
+                           job_cost_row(job.gpu_cost.values()) if job.gpu_cost else None))
     holders = st.gpu_holders()
     gpus = []
     owns = owns_node
@@ -214,3 +225,16 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
     nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after_intervals) else 0.0, ns.memory_total_bytes,
                      ns.last_seen, ns.samples_dropped) for ns in st.nodes.values() if owns is None or owns(ns.node)]
     return Snapshot(jobs, ranks, processes, gpus, nodes, None, None)
+
+
+def job_cost_row(costs) -> JobCostRow:
+    """The job's GpuCosts summed into one row."""
+    costs = list(costs)
+    energy = [c.energy_mj for c in costs if c.has_energy]
+    throttle: dict[str, float] = {}
+    for c in costs:
+        for reason, v in c.throttle_s.items():
+            throttle[reason] = throttle.get(reason, 0.0) + v
+    return JobCostRow(sum(energy) / 1000.0 if energy else None, tuple(sorted(throttle.items())),
+                      tuple(map(sum, zip(*(c.sm_active_s for c in costs), strict=True))),
+                      tuple(map(sum, zip(*(c.utilization_s for c in costs), strict=True))))

@@ -25,6 +25,8 @@ from clusterwatch.model import (
 )
 from clusterwatch.wire import ProcessColumns, gpu_activity_from_proto, gpu_reading_from_proto
 
+from .activity import current_activity
+from .job_cost import CostMeter, GpuCost
 from .point_ring import ColumnRing, GpuRing, PowerRing, ProcessRing
 
 # Job states in Slurm's words; ended ones leave /metrics.
@@ -229,6 +231,8 @@ class JobState:
     cluster: str = ""  # Slurm's cluster name, where it says
     # GPU UUID → its figures while this job's processes used it (ClusterState.add_gpus)
     gpu_totals: dict[str, GpuUseTotals] = field(default_factory=dict)
+    # GPU UUID → what holding it cost the job: energy, throttle time, time at each activity level (job_cost.py)
+    gpu_cost: dict[str, GpuCost] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -264,6 +268,9 @@ class ClusterState:
         # node → GPU UUID → the job whose live processes used it at the node's latest poll: add_gpus credits
         # that job with the GPU's readings (not a job whose processes have left it)
         self._gpu_users: dict[str, dict[str, str]] = {}
+        # node → GPU UUID → the jobs whose live processes used it at the node's latest poll, where more than one
+        self._gpu_shared: dict[str, dict[str, set[str]]] = {}
+        self.costs = CostMeter()  # each GPU's last energy and violation counters (job_cost.py)
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
         self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
         self.tag_changes_dropped = 0  # tag values not shown: their key had changed MAX_TAG_CHANGES times
@@ -332,6 +339,7 @@ class ClusterState:
             else:
                 early[series.key] = series
         users: dict[str, str] = {}
+        multi: dict[str, set[str]] = {}  # GPUs of more than one job's processes (rare: a shared GPU)
         for series in touched:
             series.seen = batch_time
             if series.step is not None:  # time passes for its step rate too (a stalled rank sends no reports)
@@ -341,8 +349,13 @@ class ClusterState:
                 series.state, series.state_since = s.state, s.time
             if s.gpus and s.job_id and series.key in live:
                 for g in s.gpus:
-                    users[g.gpu_uuid] = s.job_id
+                    u = g.gpu_uuid
+                    prev = users.get(u)
+                    if prev is not None and prev != s.job_id:
+                        multi.setdefault(u, {prev}).add(s.job_id)
+                    users[u] = s.job_id
         self._gpu_users[node] = users
+        self._gpu_shared[node] = multi
         for series in early.values():
             series.seen = batch_time
         gone = early.keys() | self._node_live.get(node, set())
@@ -503,6 +516,8 @@ class ClusterState:
         """
         gpus, jobs = self.gpus, self.jobs
         users = self._gpu_users.get(node) or {}
+        holders, shared = self.node_gpu_holders(node) if msgs else ({}, set())
+        costs = self.costs
         last: dict[str, object] = {}
         for m in msgs:
             uuid, t = m.uuid, m.time
@@ -527,9 +542,30 @@ class ClusterState:
             job_id = users.get(uuid)
             if job_id is not None and (job := jobs.get(job_id)) is not None and not job.ended:
                 self._credit(job, uuid, m, t, util, mem)
+            holder = holders.get(uuid)
+            activity = current_activity(gs)
+            costs.reading(jobs.get(holder) if holder is not None else None, uuid, t,
+                          m.energy_mj if m.HasField("energy_mj") else None,
+                          activity.sm_active if activity is not None else None, util, uuid in shared)
             last[uuid] = m
         for uuid, m in last.items():
             gpus[uuid].latest = gpu_reading_from_proto(m)
+
+    def add_gpu_health(self, node: str, msgs) -> None:
+        """A batch's GPU health readings (wire GpuHealths, each of a whole GPU): their violation counters into
+        the costs of the jobs holding the GPU, or under MIG holding one of its instances (job_cost.py)."""
+        holders, _ = self.node_gpu_holders(node)
+        jobs = self.jobs
+        ns = self.nodes.get(node)
+        for m in msgs:
+            if not m.violation_seconds:
+                continue
+            held = [(jobs[holders[m.uuid]], m.uuid)] if m.uuid in holders else []
+            for u in ns.gpus if ns is not None else ():
+                gs = self.gpus.get(u)
+                if u in holders and gs is not None and gs.info.parent_uuid == m.uuid:
+                    held.append((jobs[holders[u]], u))
+            self.costs.violations(held, m.uuid, dict(m.violation_seconds))
 
     @staticmethod
     def _credit(job: JobState, uuid: str, m, t: float, util: float | None, mem: int | None) -> None:
@@ -691,6 +727,34 @@ class ClusterState:
         holders = {u: running[i] for u, i in first.items()}
         holders.update(self.gpu_allocations())
         return holders
+
+    def node_gpu_holders(self, node: str) -> tuple[dict[str, str], set[str]]:
+        """gpu_holders for one node's GPUs, cheap enough for every batch (the job costs take it at each GPU
+        reading): (GPU UUID → the running job that holds it, the GPUs that another running job's process
+        uses too). The same rule: the job it is allocated to, else the first running job (in the order jobs
+        became known) whose live process uses it, as of the node's latest poll."""
+        jobs = self.jobs
+        holders: dict[str, str] = {}
+        shared: set[str] = set()
+        multi = self._gpu_shared.get(node) or {}
+        for u, job_id in (self._gpu_users.get(node) or {}).items():
+            candidates = multi.get(u)
+            if candidates:  # the first known of them: the order gpu_holders takes
+                running = [j for j in jobs if j in candidates and not jobs[j].ended]
+                if len(running) > 1:
+                    shared.add(u)
+                if running:
+                    holders[u] = running[0]
+            elif (job := jobs.get(job_id)) is not None and not job.ended:
+                holders[u] = job_id
+        for job in jobs.values():
+            if not job.ended and (uuids := job.gpus_by_node.get(node)):
+                for u in uuids:
+                    user = holders.get(u)
+                    if user is not None and user != job.job_id:
+                        shared.add(u)  # allocated to this job, used by another's process
+                    holders[u] = job.job_id
+        return holders, shared
 
     def job_gpus(self, job: JobState, alive_only: bool = False) -> list[JobGpu]:
         """The job's GPUs, each once: those allocated to it, in its allocation's order, then those its processes
