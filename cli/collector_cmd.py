@@ -200,6 +200,16 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--alertmanager", multiple=True, envvar="CLUSTERWATCH_ALERTMANAGER", metavar="URL",
               help="Send every firing and resolved alert to this Alertmanager too (http://HOST:PORT; repeatable, "
                    "or comma separated: each of an HA cluster's).")
+@click.option("--drain-max-nodes", type=click.IntRange(min=0), default=2, show_default=True,
+              envvar="CLUSTERWATCH_DRAIN_MAX_NODES",
+              help="Circuit breaker: drain steps take out at most this many nodes in --drain-window; past it "
+                   "(or --drain-max-share) an alert notifies only (0: no drains).")
+@click.option("--drain-max-share", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              envvar="CLUSTERWATCH_DRAIN_MAX_SHARE",
+              help="Circuit breaker: and at most this share of the nodes the collector knows (never under one "
+                   "node), whichever is smaller.")
+@click.option("--drain-window", type=click.FloatRange(min=1), default=3600.0, show_default=True,
+              envvar="CLUSTERWATCH_DRAIN_WINDOW", help="Seconds the circuit breaker counts drains over.")
 @click.option("-v", "--verbose", count=True,
               help="More log lines: -v adds the libraries' INFO lines (clusterwatch's own show always), -vv DEBUG.")
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
@@ -209,7 +219,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
-              alertmanager, verbose) -> None:
+              alertmanager, drain_max_nodes, drain_max_share, drain_window, verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     token = resolve_token(token, token_file)  # one line and exit 2 when unfit
@@ -242,7 +252,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         web_proxy_secret_file=web_proxy_secret_file, web_socket_group=socket_group,
         allow_unauthenticated_actions=allow_unauthenticated_actions,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
-        alertmanagers=tuple(alertmanager),
+        alertmanagers=tuple(alertmanager), drain_max_nodes=drain_max_nodes, drain_max_share=drain_max_share,
+        drain_window_s=drain_window,
     )
 
     try:

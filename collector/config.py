@@ -87,6 +87,11 @@ class CollectorConfig:
         rules_interval_s: each process is shown to the rules at most this often (they work in minutes).
         alertmanagers: Alertmanager URLs (http://HOST:PORT) every firing and resolved alert is sent to, each
             of them (an HA cluster's, as Prometheus lists them; collector/alerting/alertmanager.py); (): none.
+        drain_max_nodes: the drain action's circuit breaker (collector/alerting/breaker.py): at most this many
+            nodes drained in drain_window_s...
+        drain_max_share: ...and at most this share of the nodes known (never under one node); past either,
+            drains are held and the alerts notify only.
+        drain_window_s: the breaker's window, in seconds.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -136,3 +141,6 @@ class CollectorConfig:
     collectors_before: str = ""
     shard: str | None = None
     alertmanagers: tuple[str, ...] = ()
+    drain_max_nodes: int = 2
+    drain_max_share: float = 0.05
+    drain_window_s: float = 3600.0

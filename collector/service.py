@@ -20,6 +20,7 @@ from clusterwatch.tls import server_credentials
 from .alerting.actions import Dispatcher
 from .alerting.alertmanager import AlertmanagerNotifier, alertmanager_urls, page_base_url
 from .alerting.alerts import AlertStore
+from .alerting.breaker import BreakerLimits, DrainBreaker
 from .alerting.live import Alerting
 from .alerting.train_asks import TrainAsks
 from .config import CollectorConfig
@@ -107,7 +108,10 @@ class CollectorServer:
             # every alert to the site's Alertmanagers too, its user read from the job as it fires
             alertmanager=AlertmanagerNotifier(alertmanager_urls(config.alertmanagers),
                                               job_user=lambda job_id: getattr(state.jobs.get(job_id), "user", ""))
-            if config.alertmanagers else None)
+            if config.alertmanagers else None,
+            # never more than a few nodes drained an hour, whatever fires (counted in the store: restarts too)
+            breaker=DrainBreaker(conn, BreakerLimits(config.drain_max_nodes, config.drain_max_share,
+                                                     config.drain_window_s), lambda: len(state.nodes)))
         health = HealthEngine(catalog)
         # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
         health_listener = HealthListener(health, state, lambda events, now: self.alerting.handle(events, now),
@@ -223,6 +227,8 @@ class CollectorServer:
         counts = {**self.core.counts(), **self.ingest.counts(),
                   "health_repeated": self.alerting.health.engine.duplicates,
                   "drains_refused": self.alerting.dispatcher.drains_refused}
+        if (breaker := self.alerting.dispatcher.breaker) is not None:
+            counts["drains_held"] = breaker.held
         if (alertmanager := self.alerting.dispatcher.alertmanager) is not None:
             counts["alertmanager_errors"] = alertmanager.errors
             counts["alertmanager_dropped"] = alertmanager.dropped

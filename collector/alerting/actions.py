@@ -19,7 +19,9 @@ since the process lives on another node; they are sent only when
 `allow_signals = true`. A drain takes the alert's node out of scheduling through the
 `drain_node(node, reason)` callback (`scontrol update NodeName=… State=DRAIN Reason=…`, given by a
 collector with --slurm); it is never run on resolution, and like every step it is stored as done, so a
-node an operator resumed is not drained again for the same alert, even after a restart.
+node an operator resumed is not drained again for the same alert, even after a restart. Every drain first
+passes the circuit breaker (collector/alerting/breaker.py): past its limit the drain is held, said in a log
+line and counted, and the alert's other steps notify alone.
 
 `checkpoint` and `stop` ask the alert's process (or, for an alert of a whole job, each of its ranks)
 through its agent and its clusterwatch.train socket (`ask_train`, collector/alerting/train_asks.py): its handler
@@ -48,6 +50,7 @@ from ..rules.config import SEVERITIES, ActionsConfig, ActionStep
 from ..rules.model import FIRING, RESOLVED, AlertEvent
 from .alertmanager import AlertmanagerNotifier
 from .alerts import Alert, AlertStore
+from .breaker import DrainBreaker
 from .webhook import post_json
 
 log = logging.getLogger("clusterwatch.alerts")
@@ -94,13 +97,16 @@ class Dispatcher:
             is refused, since anyone may have sent it; None: every node (a Dispatcher of its own).
         alertmanager: Sends every firing and resolved alert to Alertmanager (--alertmanager), whatever the
             steps; None: none.
+        breaker: Admits or holds each drain (the most nodes a window may lose); None: every drain runs (a
+            Dispatcher without drain_node, or a test of the steps alone).
     """
 
     def __init__(self, store: AlertStore, config: ActionsConfig, send_signal: SendSignal | None = None,
                  logger: logging.Logger = log, drain_node: DrainNode | None = None, ask_train: AskTrain | None = None,
                  node_trusted: Callable[[str], bool] | None = None,
-                 alertmanager: AlertmanagerNotifier | None = None) -> None:
+                 alertmanager: AlertmanagerNotifier | None = None, breaker: DrainBreaker | None = None) -> None:
         self.store = store
+        self.breaker = breaker
         self.alertmanager = alertmanager
         self.config = config
         self.send_signal = send_signal
@@ -138,7 +144,7 @@ class Dispatcher:
                 for i, step in enumerate(self.config.steps):
                     if i in a.steps_done and step.on_resolved and step.action not in ("signal", "drain",
                                                                                       *TRAIN_ACTIONS):
-                        self._run_step(i, step, a)
+                        self._run_step(i, step, a, now)
         return changed
 
     def tick(self, now: float) -> None:
@@ -156,9 +162,9 @@ class Dispatcher:
                 continue
             self.store.mark_step_done(a.id, i)
             a.steps_done.add(i)
-            self._run_step(i, step, a)
+            self._run_step(i, step, a, now)
 
-    def _run_step(self, index: int, step: ActionStep, a: Alert) -> None:
+    def _run_step(self, index: int, step: ActionStep, a: Alert, now: float) -> None:
         payload = a.to_dict()
         if step.action == "log":
             self.logger.warning("alert %s %s [%s] %s", a.state, a.rule, a.severity, _one_line(a.description))
@@ -185,6 +191,12 @@ class Dispatcher:
                                 a.rule, _one_line(a.node))
             self.drains_refused += 1
             return
+        if step.action == "drain" and self.breaker is not None:
+            # decided here, on the caller's thread, one alert after another: two lanes cannot both take the last
+            verdict = self.breaker.consider(a.node, now)
+            if not verdict.admitted:
+                self.logger.warning("drain step for alert %s %s held: %s", a.id, a.rule, verdict.why)
+                return
         if not self._lanes.put((a.rule, index), (step, payload)):
             with self._count_lock:
                 self.dropped += 1

@@ -38,6 +38,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "drains_refused": ("clusterwatch_actions_drains_refused",
                        "Drain steps refused: the alert's node is not one plain node name, or its agent proved "
                        "nothing."),
+    "drains_held": ("clusterwatch_actions_drains_held",
+                    "Drain steps held by the circuit breaker (--drain-max-nodes, --drain-max-share in "
+                    "--drain-window): the alert notified only."),
     "alertmanager_errors": ("clusterwatch_alertmanager_send_errors",
                             "Sends of alerts to an Alertmanager that failed (refused, timed out, an HTTP error); "
                             "retried with backoff, except those it refused as malformed."),
