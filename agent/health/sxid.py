@@ -1,7 +1,7 @@
 """The NVSwitch driver's SXID lines in the kernel log: a pure parser, as strict as the XID one (kmsg.py).
 
 An NVSwitch error is printed by the switch's driver instance, a head line that carries the fatal or
-non-fatal word, then lines of detail under the same SXID (real lines in tests/agent/test_health_sxid.py):
+non-fatal word, then lines of detail under the same SXID (real lines in tests/agent/test_health_fabric.py):
 
     nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up
     nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)
