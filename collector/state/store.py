@@ -235,8 +235,9 @@ def _make_private(path: str) -> None:
         return  # a folder that takes no file: connect() says what is wrong
     for name in (path, f"{path}-wal", f"{path}-shm"):
         try:
-            st = os.stat(name)
-            if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            # a plain file only: --db naming a folder (/tmp, say) must never have its mode changed
+            st = os.lstat(name)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
                 os.chmod(name, stat.S_IMODE(st.st_mode) & ~0o077)
         except OSError:
             pass

@@ -120,6 +120,7 @@ def test_a_real_collector_makes_its_store_private(tmp_path: Path) -> None:
     from tests.support.helpers import Collector
 
     db = tmp_path / "state" / "cw.db"
+    db.parent.mkdir(mode=0o700)  # an explicit --db's folder is never made by the collector (a mistyped path)
     collector = Collector(tmp_path, db=db)
     try:
         assert mode(db) == 0o600 and mode(db.parent) == 0o700
@@ -128,3 +129,15 @@ def test_a_real_collector_makes_its_store_private(tmp_path: Path) -> None:
         assert {f.name: mode(f) & 0o077 for f in made} == {f.name: 0 for f in made}
     finally:
         collector.stop()
+
+
+def test_a_folder_named_as_the_store_keeps_its_mode(tmp_path: Path) -> None:
+    """--db naming a shared folder (a mistyped /tmp) must not take its bits away: others lose /tmp otherwise."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        open_db(str(shared))
+    except Exception:  # SQLite cannot open a folder: what it says is the CLI's concern, the mode is ours
+        pass
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
