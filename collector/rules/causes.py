@@ -13,6 +13,11 @@ that does not return; stopped, T: a SIGSTOP, ctrl-Z or a debugger), a rank whose
 a node whose agent is down, the odd rank out (the one whose step, power or utilisation differs from the
 others'), and last the shape of a hung collective on the rank itself: its GPU busy at near-idle power
 (NCCL's kernel spins at ~100 % utilisation while it waits, drawing little).
+
+Where the job's GPUs offer NVML GPM (SM and tensor activity), those say it directly: a GPU at high utilisation
+whose SMs are near idle and whose tensor cores do nothing is spinning, whatever its power; and the odd rank out
+is the one whose tensor activity differs from the others' (the one still computing while they wait in the
+collective, or the one idle while they compute). Without GPM, utilisation and power as above.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from clusterwatch.humanize import duration
 
 __all__ = ["Cause", "CauseSource", "RankFigures", "CAUSE_LOOKBACK_S", "HUNG_POWER_SHARE", "HELD_MIN_S",
            "from_health", "held_rank", "held_long_enough", "gone_rank", "agent_down", "odd_rank_out",
-           "hung_collective"]
+           "hung_collective", "spinning"]
 
 #: How far before a stall began a health event still counts as its cause ("in the minutes before").
 CAUSE_LOOKBACK_S = 600.0
@@ -37,12 +42,19 @@ HELD_FLOOR_S = 5.0
 #: is waiting, not working (a hung collective).
 HUNG_UTIL_PERCENT = 50.0
 HUNG_POWER_SHARE = 0.5
+#: With GPM: SM activity at or under this (a collective's kernel spins on a few of the SMs) and tensor activity
+#: under this (none) on a GPU at HUNG_UTIL_PERCENT or more is waiting, whatever its power.
+HUNG_SM_PERCENT = 5.0
+HUNG_TENSOR_PERCENT = 1.0
 #: A rank's utilisation this many points from the others' median (theirs within UTIL_TOGETHER of it)
 #: makes it the odd one out; its power this share from theirs (theirs within POWER_TOGETHER).
 UTIL_APART = 40.0
 UTIL_TOGETHER = 15.0
 POWER_APART = 0.4
 POWER_TOGETHER = 0.15
+#: A rank's tensor activity this many points from the others' (theirs within TENSOR_TOGETHER of their median).
+TENSOR_APART = 20.0
+TENSOR_TOGETHER = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +90,8 @@ class RankFigures:
     util: float | None = None
     power_watts: float | None = None
     power_peak_watts: float | None = None
+    sm_active: float | None = None  # GPM's, in percent: None where its GPU does not offer it
+    tensor_active: float | None = None
 
 
 def _rank(rank: int | None, node: str, pid: int | None = None) -> str:
@@ -158,10 +172,13 @@ def _odd(values: Sequence[tuple[RankFigures, float]], apart: Callable[[float, fl
 
 
 def odd_rank_out(ranks: Sequence[RankFigures]) -> Cause | None:
-    """The one rank whose step, power or utilisation differs from the others' (None when none, or several do).
+    """The one rank whose step, tensor activity, power or utilisation differs from the others' (None when none,
+    or several do).
 
     Steps first: in a hung job the ranks that reached the collective wait at one step and the one that did
-    not is behind (of two ranks, the one behind); then power and utilisation, of three ranks or more.
+    not is behind (of two ranks, the one behind). Then, where every rank's GPU offers GPM, its tensor activity
+    alone (`_odd_tensor`): utilisation and power are the cruder readings of the same activity. Else power and
+    utilisation, of three ranks or more.
     """
     stepped = [r for r in ranks if r.step is not None]
     if len(stepped) >= 2:
@@ -175,6 +192,8 @@ def odd_rank_out(ranks: Sequence[RankFigures]) -> Cause | None:
                 rest = next(s for s in steps if s != lone[0])
                 return Cause("odd_rank", f"{_rank(odd.rank, odd.node, odd.pid)} is at step {odd.step}, "
                              f"the others at step {rest}", _odd_figures(odd, "step"))
+    if ranks and all(r.tensor_active is not None for r in ranks):
+        return _odd_tensor(ranks)
     powered = [(r, r.power_watts) for r in ranks if r.power_watts is not None]
     hit = _odd(powered, lambda v, m: abs(v - m) >= POWER_APART * max(m, 1.0),
                lambda w, m: abs(w - m) <= POWER_TOGETHER * max(m, 1.0))
@@ -191,6 +210,23 @@ def odd_rank_out(ranks: Sequence[RankFigures]) -> Cause | None:
     return None
 
 
+def _odd_tensor(ranks: Sequence[RankFigures]) -> Cause | None:
+    """The one rank whose tensor activity differs from the others': of three or more, apart from their median;
+    of two, the one at work while the other's tensor cores do nothing (it never reached the collective)."""
+    values = [(r, r.tensor_active) for r in ranks]
+    hit = _odd(values, lambda v, m: abs(v - m) >= TENSOR_APART, lambda w, m: abs(w - m) <= TENSOR_TOGETHER)
+    if hit is None and len(values) == 2:
+        (a, va), (b, vb) = sorted(values, key=lambda x: x[1])  # type: ignore[arg-type,return-value]
+        if va < HUNG_TENSOR_PERCENT and vb >= TENSOR_APART:
+            hit = b, vb, va
+    if hit is None:
+        return None
+    r, v, m = hit
+    others = "the other" if len(values) == 2 else "the others"
+    return Cause("odd_rank", f"{_rank(r.rank, r.node, r.pid)} has tensor activity {v:.0f} %, {others} "
+                 f"~{m:.0f} %", _odd_figures(r, "tensor_activity"))
+
+
 def _odd_figures(r: RankFigures, by: str) -> dict[str, Any]:
     figures: dict[str, Any] = {"cause": "odd_rank", "cause_by": by, "cause_node": r.node}
     if r.rank is not None:
@@ -200,8 +236,17 @@ def _odd_figures(r: RankFigures, by: str) -> dict[str, Any]:
     return figures
 
 
+def spinning(util: float | None, sm_active: float | None, tensor_active: float | None) -> bool:
+    """Whether GPM says a GPU spins: busy by utilisation, its SMs near idle, its tensor cores doing nothing."""
+    return (util is not None and sm_active is not None and tensor_active is not None
+            and util >= HUNG_UTIL_PERCENT and sm_active <= HUNG_SM_PERCENT and tensor_active < HUNG_TENSOR_PERCENT)
+
+
 def hung_collective(r: RankFigures) -> Cause | None:
-    """The rank's own GPU busy at near-idle power: a collective waiting for a peer that never comes."""
+    """The rank's own GPU busy while it does nothing: a collective waiting for a peer that never comes. By GPM
+    where the GPU offers it (it then decides alone), else by its power against the highest it drew."""
+    if r.sm_active is not None and r.tensor_active is not None:
+        return _spinning_cause(r) if spinning(r.util, r.sm_active, r.tensor_active) else None
     if r.util is None or r.power_watts is None or not r.power_peak_watts or r.util < HUNG_UTIL_PERCENT:
         return None
     if r.power_watts > HUNG_POWER_SHARE * r.power_peak_watts:
@@ -213,3 +258,14 @@ def hung_collective(r: RankFigures) -> Cause | None:
     return Cause("hung_collective", f"a hung collective: its GPU reads {r.util:.0f} % at {r.power_watts:.0f} W, "
                  f"{r.power_watts / r.power_peak_watts:.0%} of the {r.power_peak_watts:.0f} W it drew at work",
                  figures)
+
+
+def _spinning_cause(r: RankFigures) -> Cause:
+    assert r.util is not None and r.sm_active is not None and r.tensor_active is not None
+    figures: dict[str, Any] = {"cause": "hung_collective", "cause_node": r.node,
+                               "sm_active_percent": round(r.sm_active, 1),
+                               "tensor_active_percent": round(r.tensor_active, 1)}
+    if r.gpu:
+        figures["cause_gpu"] = r.gpu
+    return Cause("hung_collective", f"a hung collective: its GPU reads {r.util:.0f} % utilisation with "
+                 f"{r.sm_active:.0f} % SM activity and no tensor activity", figures)

@@ -173,13 +173,17 @@ class IdleGpuRule:
     Attributes:
         enabled: Whether the rule runs.
         severity: Severity of its alerts.
-        util_below_percent: Utilisation under this is idle.
+        util_below_percent: Utilisation under this is idle (a GPU without GPM).
+        sm_active_below_percent: SM activity (NVML GPM) under this is idle whatever the utilisation says: a
+            kernel that spins on a few SMs (a collective waiting) reads 100 % utilisation. Where the GPU offers
+            GPM, this decides and utilisation is not read.
         for_s: Idle (or without processes) this long fires.
     """
 
     enabled: bool = True
     severity: str = "warning"
     util_below_percent: float = 5.0
+    sm_active_below_percent: float = 5.0
     for_s: float = 1800.0
 
 

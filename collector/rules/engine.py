@@ -274,8 +274,10 @@ class Engine:
 
     def _figures_of(self, p: Proc) -> RankFigures:
         g = self._idle_gpus.gpus.get((p.node, p.gpu)) if p.gpu else None
-        return RankFigures(p.rank, p.node, p.pid, p.gpu, p.step, p.last_util,
-                           g.power if g is not None else None, g.power_peak if g is not None else None)
+        if g is None:
+            return RankFigures(p.rank, p.node, p.pid, p.gpu, p.step, p.last_util)
+        return RankFigures(p.rank, p.node, p.pid, p.gpu, p.step, p.last_util, g.power, g.power_peak, g.sm_active,
+                           g.tensor_active)
 
     def _job_cause(self, job_id: str, since: float, t: float) -> Cause | None:
         """The job's most likely stall cause as of `t`: a health event on its GPUs since `since` (from the

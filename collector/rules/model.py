@@ -93,6 +93,9 @@ class GpuObservation:
         index: GPU index, for display only.
         power_watts: Power draw, None when unknown (a stall's cause: a hung collective reads ~100 %
             utilisation at near-idle power).
+        sm_active: SM activity in percent (NVML GPM), None where the GPU does not offer it: utilisation says
+            only that a kernel ran, this how much of the GPU it used (a spinning collective reads ~0).
+        tensor_active: Tensor-core activity in percent (GPM), None where not read.
     """
 
     t: float
@@ -103,6 +106,8 @@ class GpuObservation:
     processes: int | None = None
     index: int | None = None
     power_watts: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
 
 
 class GpuClockObservation(NamedTuple):
