@@ -86,6 +86,7 @@ class Agent:
         train_endpoint=None,
         roots=None,
         job_output=None,
+        health_file=None,
     ) -> None:
         self.config = config
         self.roots = roots
@@ -99,6 +100,7 @@ class Agent:
         self.provenance = provenance
         self.health = health  # agent/health/monitor.py's HealthMonitor, or None
         self.job_output = job_output  # agent/job_output.py's JobOutputReader (--read-job-output), or None
+        self.health_file = health_file  # agent/health_file.py's HealthFileWriter, for the prolog's gate, or None
         self.boot_id = uuid.uuid4().hex
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
@@ -197,6 +199,8 @@ class Agent:
                 batch.provenance.add(pid=record.pid, start_time=record.start_time, json=record.to_json())
         if self.health is not None:
             self.health.drain_into(batch)  # XIDs, ECC events, health counters read on their own threads
+            if self.health_file is not None:
+                self.health_file.see(batch)
         return batch, samples
 
 

@@ -156,6 +156,8 @@ class AgentRuntime:
             self.agent.job_output.close()
         if self.agent.health is not None:
             self.agent.health.stop()  # before the GPU source: its threads call NVML
+        if self.agent.health_file is not None:
+            self.agent.health_file.remove()  # no one keeps it current now: the gate must not trust it
         self.agent.gpus.close()
         if self._spool_lock is not None:
             os.close(self._spool_lock)
@@ -293,10 +295,13 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
             from .provenance_worker import ProvenanceWorker
 
             provenance = ProvenanceWorker()
+        from .health_file import HealthFileWriter
         from .job_output import open_job_output
 
+        health_file = HealthFileWriter(config.spool_dir) if health is not None else None
         return Agent(config, gpus, procs, labeler, spool=spool, train_endpoint=endpoint,
-                     provenance=provenance, health=health, roots=roots, job_output=open_job_output(config))
+                     provenance=provenance, health=health, roots=roots, job_output=open_job_output(config),
+                     health_file=health_file)
     except BaseException:
         if endpoint is not None:  # nor does a failed start leave its socket behind
             endpoint.close()
