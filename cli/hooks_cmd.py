@@ -7,6 +7,10 @@ nobody: the prolog writes a "start" event file into the node's spool and makes s
 runs (starting it detached when needed); the epilog writes an "end" event file. The agent picks the
 files up on its next poll and sends them to the collector.
 
+The one exception is the health gate (`prolog --gate`, off by default): on a node its agent knows to be
+unfit, the prolog exits 1 with the reason, and Slurm drains the node and requeues the job
+(cli/health_gate.py; docs/how-to/gate-jobs-on-gpu-health.md).
+
 Imports stay small (no grpc, no psutil): this runs for every job on every node.
 """
 from __future__ import annotations
@@ -189,14 +193,56 @@ def _token(settings: dict) -> str | None:
     return read_token_file(token_file) if token_file else token
 
 
-def _hook(kind: str, ctx: click.Context, options: dict) -> None:
-    _arm_deadline(kind)
+def _gate_refusal(ctx: click.Context, options: dict, gate) -> str | None:
+    """The reason to refuse this job when the gate is on and the node's agent knows it unfit; else None.
+
+    Never raises: a bad setting, or a health file that cannot tell, lets the job run with one line.
+    """
+    # --gate on the command line, else CLUSTERWATCH_GATE, else [prolog] gate (click's default_map)
+    if ctx.get_parameter_source("gate") is not click.core.ParameterSource.COMMANDLINE:
+        gate = os.environ.get("CLUSTERWATCH_GATE", gate)
+    if gate is None:
+        return None  # off by default: nothing more is imported
+    from clusterwatch.agent.spool import spool_dir_for
+
+    from clusterwatch.errors import ConfigError
+
+    from .health_gate import gate_also, gate_enabled, verdict
+
     try:
-        run_hook(kind, _settings(ctx, options), dict(os.environ))
+        if not gate_enabled(gate):
+            return None
+        also = gate_also(options.get("gate_also"))
+        settings = _settings(ctx, options)
+        job = _job_id(dict(os.environ))
+        found = verdict(spool_dir_for(settings.get("spool_dir"), _node(settings, dict(os.environ))), also)
+    except Exception as exc:  # noqa: BLE001 - the gate cannot tell: the job runs
+        reason = str(exc) if isinstance(exc, ConfigError) else f"{exc.__class__.__name__}: {exc}"
+        _say("prolog", f"gate off for this job: {reason}")
+        return None
+    if found.refuse:
+        return f"job {job} refused: {found.reason}"
+    if found.reason:
+        _say("prolog", f"gate: job {job}: {found.reason}")
+    return None
+
+
+def _hook(kind: str, ctx: click.Context, options: dict, gate=None) -> None:
+    _arm_deadline(kind)
+    refusal = None
+    try:
+        if kind == "prolog":
+            refusal = _gate_refusal(ctx, options, gate)
+        if refusal is None:
+            run_hook(kind, _settings(ctx, options), dict(os.environ))
     except BaseException as exc:  # noqa: BLE001 - whatever it is, the node must not drain
         _say(kind, f"failed: {exc.__class__.__name__}: {exc}")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+    if refusal is not None:
+        # The one non-zero exit, on evidence only: slurmd drains the node and Slurm requeues the job.
+        _say(kind, refusal)
+        os._exit(1)
     sys.stdout.flush()
     os._exit(0)  # skips interpreter teardown: a hook has nothing to clean up and every ms counts
 
@@ -218,6 +264,7 @@ def _with_common(f):
 @click.command(epilog=examples(
     "clusterwatch prolog    # in Slurm's Prolog script, as root, with SLURM_JOB_ID and the job's GPUs set",
     "clusterwatch prolog --collector collector01:50051 --gpu-source sim",
+    "clusterwatch prolog --gate    # refuse jobs on a node whose agent knows a GPU unfit",
 ))
 @click.option("--collector", envvar="CLUSTERWATCH_COLLECTOR", default=None, metavar="HOST:PORT",
               help="Collector address for an agent this prolog starts.")
@@ -228,16 +275,22 @@ def _with_common(f):
 @click.option("--gpu-source", envvar="CLUSTERWATCH_GPU_SOURCE", default=None,
               help="GPU source for that agent: auto, nvml, sim or none.")
 @click.option("--interval", envvar="CLUSTERWATCH_INTERVAL", default=None, help="Poll interval for that agent.")
+# A flag whose value stays a string (CLUSTERWATCH_GATE and [prolog] gate are read by the hook): no exit 2.
+@click.option("--gate", flag_value="on", type=str, default=None,
+              help="Refuse the job (exit 1: Slurm drains the node, requeues the job) when this node's agent "
+                   "knows a GPU unfit; off by default (CLUSTERWATCH_GATE=1).")
+@click.option("--gate-also", envvar="CLUSTERWATCH_GATE_ALSO", default=None, metavar="FINDINGS",
+              help="More findings that refuse a job, comma-separated: a kind or kind:number (xid:13).")
 @_with_common
 @click.pass_context
-def prolog(ctx, collector, token, token_file, gpu_source, interval, spool_dir, node) -> None:
+def prolog(ctx, collector, token, token_file, gpu_source, interval, gate, gate_also, spool_dir, node) -> None:
     """Slurm Prolog: announce the job to this node's agent, starting the agent if it is not running.
 
     Reads SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURMD_NODENAME and SLURM_JOB_GPUS (or
-    CUDA_VISIBLE_DEVICES). Always exits 0 within a second.
+    CUDA_VISIBLE_DEVICES). Exits 0 within a second, except with --gate on a node known unfit: exit 1.
     """
     _hook("prolog", ctx, dict(collector=collector, token=token, token_file=token_file, gpu_source=gpu_source,
-                              interval=interval, spool_dir=spool_dir, node=node))
+                              interval=interval, spool_dir=spool_dir, node=node, gate_also=gate_also), gate=gate)
 
 
 @click.command(epilog=examples(

@@ -28,7 +28,9 @@ from .errors import ConfigError
 SYSTEM_CONFIG = "/etc/clusterwatch/config.toml"
 # [cli]: the commands that ask a collector (each takes --collector, --collectors-before and --tls-ca)
 SECTIONS = {"agent": ("agent",), "collector": ("collector",),
-            "cli": ("status", "jobs", "alerts", "record", "health", "diagnose")}
+            "cli": ("status", "jobs", "alerts", "record", "health", "diagnose"),
+            # [prolog]: the hook's own settings (the health gate); where to find the agent it takes from [agent]
+            "prolog": ("prolog",)}
 # Top-level keys: the collectors list, in the one order every host uses
 TOP_LEVEL = ("collectors", "collectors_before")
 
