@@ -84,11 +84,21 @@ def health(node: str, collector: str, collectors_before: str, tls_ca: str | None
     answers, partial = ask_all((found.for_node(node),) if node else found.all, tls_ca, "the GPUs' health",
                                lambda stub, metadata: stub.ListHealth(request, timeout=5.0, metadata=metadata))
     rows = merge_rows([r for a in answers for r in a.gpus])
+    # a node's fabric (its InfiniBand / RoCE ports, its NVSwitches) is held by the collector its name picks: once
+    nodes = sorted({r.node: r for a in answers for r in a.nodes}.values(),
+                   key=lambda r: (_SEVERITY_ORDER.get(r.severity, 3), r.node))
     if as_json:
         from clusterwatch.json_view import dumps, message_to_json
 
-        click.echo(dumps({"schema": HEALTH_SCHEMA, "gpus": [message_to_json(r) for r in rows]}), nl=False)
+        click.echo(dumps({"schema": HEALTH_SCHEMA, "gpus": [message_to_json(r) for r in rows],
+                          "nodes": [message_to_json(r) for r in nodes]}), nl=False)
     else:
         click.echo(render_health(rows, time.time()), nl=False)
+        from clusterwatch.report.text import printable
+
+        for r in nodes:
+            click.echo(f"{r.severity or '-':<9} {printable(r.node)}: fabric")
+            for f in r.findings:
+                click.echo(f"{'':<9} - {printable(f.description)}")
     if partial:
         raise SystemExit(1)

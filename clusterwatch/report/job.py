@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .alerts import alerts_section
 from .code import code_section
+from .cost import cost_section
 from .health import health_section
 from .notes import notes_section
 from .requests import requests_section
@@ -98,6 +99,7 @@ def render(view: query_pb2.JobView, now: float | None = None, width: int | None 
     lines.extend(nodes_section(view, width))
     lines.extend(ranks_section(view, now, width))
     lines.extend(gpus_section(view, width))
+    lines.extend(cost_section(view))
     lines.extend(alerts_section(view, width))
     lines.extend(health_section(view, width))
     lines.extend(requests_section(view, now))

@@ -168,4 +168,5 @@ class QueryServicer(query_pb2_grpc.QueryServicer):
         if health is not None:
             with self.core.lock:  # ingest changes the health engine under it
                 resp.gpus.extend(health.health_rows(request.node))
+                resp.nodes.extend(health.node_rows(request.node))
         return resp

@@ -13,6 +13,7 @@ from clusterwatch.wire import gpu_activity_to_proto, gpu_reading_from_proto
 
 from ..state.activity import current_activity
 from ..state.cluster import ClusterState, JobState, ProcessSeries, allocator_totals
+from ..state.job_cost import gpu_cost_to_proto
 
 DEFAULT_TREND_POINTS = 40
 
@@ -159,4 +160,16 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
         activity = current_activity(gs) if not job.ended else None  # an ended job's GPU may be another's now
         if activity is not None:
             gpu_activity_to_proto(activity, gv.activity)
+    listed = {g.uuid for g in view.gpus}
+    for uuid in job.gpu_cost:
+        if uuid not in listed:  # one it held earlier: still part of what the job cost
+            gs = state.gpus.get(uuid)
+            gv = view.gpus.add(uuid=uuid)
+            if gs is not None:
+                gv.node, gv.index, gv.name, gv.memory_total_bytes = (gs.node, gs.info.index, gs.info.name,
+                                                                     gs.info.memory_total_bytes)
+    for gv in view.gpus:
+        cost = job.gpu_cost.get(gv.uuid)
+        if cost is not None:
+            gpu_cost_to_proto(cost, gv.cost)
     return view

@@ -282,7 +282,8 @@ class CollectorCore:
             self._writes.batch(node, boot_id, records, changed)
         self.counters.batches += 1
         self.counters.samples += cols.rows
-        if batch.health_events or batch.gpu_health:  # the samples are in the state: an XID's pid names a process
+        # the samples are in the state: an XID's pid names a process
+        if batch.health_events or batch.gpu_health or batch.fabric_ports:
             self._notify("on_health", node, batch, now)
         self._after_batch(node, now, touched, changed, records)
         return True
@@ -315,6 +316,8 @@ class CollectorCore:
         changed = {st.job_event(node, e).job_id for e in events if e.kind == "start"}
         touched = st.add_processes(node, cols, now, closed)
         st.add_gpus(node, batch.gpus)
+        if batch.gpu_health:
+            st.add_gpu_health(node, batch.gpu_health)
         for t in trainings:
             st.add_training(node, t)
         ns = st.nodes.get(node)

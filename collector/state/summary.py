@@ -12,6 +12,8 @@ from clusterwatch.v1 import query_pb2
 
 from clusterwatch.json_view import message_to_json
 
+from .job_cost import ACTIVITY_LEVELS
+
 # 2: the job and its alerts as the --json documents have them (docs/json.md: numbers as numbers, null for
 # unknown); 1 had protobuf's mapping (64-bit integers as strings, 0 for unset times)
 SUMMARY_VERSION = 2
@@ -42,7 +44,7 @@ def summary_of(view: query_pb2.JobView) -> dict:
             "memory_total_bytes": g.memory_total_bytes, "memory_peak_bytes": g.memory_peak_bytes,
             "utilization_mean_percent": round(mean, 1) if mean is not None else None,
             "busy_seconds": round(g.busy_seconds, 1), "covered_seconds": round(g.covered_seconds, 1),
-            "processes": g.processes,
+            "processes": g.processes, "cost": _gpu_cost(g.cost) if g.HasField("cost") else None,
         })
     run_time = (job.end_time or view.now) - job.start_time if job.start_time else 0.0
     cpu_s = sum(p.cpu_seconds for p in view.processes)
@@ -58,10 +60,50 @@ def summary_of(view: query_pb2.JobView) -> dict:
             "cpu_efficiency": round(cpu_s / (run_time * job.cpus), 4) if job.cpus and run_time > 0 else None,
             "rss_peak_bytes": sum(p.rss_peak_bytes for p in view.processes),
         },
+        # what the job's GPUs cost while it held them; each GPU's in hardware.gpus[].cost
+        "gpu_cost": _cost_totals([g.cost for g in view.gpus if g.HasField("cost")]),
         "ranks": ranks,
         "provenance": provenance,
         "tags": dict(view.tags),
         "alerts": [message_to_json(a) for a in view.alerts],
+    }
+
+
+def _levels(seconds) -> dict[str, float]:
+    """Seconds by activity level ({} when none were counted: a GPU never read with that basis)."""
+    return {name: round(s, 1) for name, s in zip(ACTIVITY_LEVELS, seconds, strict=True)} if seconds else {}
+
+
+def _gpu_cost(c: query_pb2.GpuCost) -> dict:
+    """One GPU's cost to the job (collector/state/job_cost.py says how each figure is taken)."""
+    return {
+        "energy_joules": round(c.energy_joules, 3) if c.HasField("energy_joules") else None,
+        "shared": c.shared, "energy_resets": c.energy_resets,
+        "throttle_seconds": {k: round(v, 3) for k, v in sorted(c.throttle_seconds.items())},
+        "activity_seconds": {"sm_active": _levels(c.sm_active_seconds),
+                             "utilization": _levels(c.utilization_seconds)},
+    }
+
+
+def _cost_totals(costs: list[query_pb2.GpuCost]) -> dict:
+    """The job's GPU cost over its GPUs: energy (None where no GPU had a counter), throttle time by reason, and
+    GPU-hours at each activity level, by SM activity (GPM) where read, else by utilisation."""
+    energy = [c.energy_joules for c in costs if c.HasField("energy_joules")]
+    throttle: dict[str, float] = {}
+    for c in costs:
+        for reason, s in c.throttle_seconds.items():
+            throttle[reason] = throttle.get(reason, 0.0) + s
+
+    def hours(field: str) -> dict[str, float]:
+        return {name: round(sum(getattr(c, field)[i] for c in costs if getattr(c, field)) / 3600, 4)
+                for i, name in enumerate(ACTIVITY_LEVELS)}
+
+    return {
+        "energy_joules": round(sum(energy), 3) if energy else None,
+        "energy_shared": any(c.shared for c in costs),
+        "energy_resets": sum(c.energy_resets for c in costs),
+        "throttle_seconds": {k: round(v, 3) for k, v in sorted(throttle.items())},
+        "gpu_hours_by_activity": {"sm_active": hours("sm_active_seconds"), "utilization": hours("utilization_seconds")},
     }
 
 

@@ -23,6 +23,7 @@ OBJECT_OF = {
     "HealthView": "health", "JobView": "status_document", "ListJobsResponse": "jobs_document",
     "ListAlertsResponse": "alerts_document", "ListHealthResponse": "health_document", "GpuHealthRow": "gpu_health",
     "XidCount": "xid_count", "TrainAnswerView": "train_answer", "GpuActivity": "gpu_activity",
+    "NodeHealthRow": "node_health", "FabricPortView": "fabric_port",
 }
 
 PROVENANCE = {  # a record as the agent sends it (Provenance.to_dict) and the collector stores it, node added

@@ -138,7 +138,7 @@ class ProcessView(_message.Message):
     def __init__(self, node: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[float] = ..., user: _Optional[str] = ..., command: _Optional[str] = ..., rank: _Optional[int] = ..., mapped_by: _Optional[str] = ..., last_seen: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., rss_peak_bytes: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_memory_peak_bytes: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., gpu_memory_trend: _Optional[_Iterable[float]] = ..., rss_trend: _Optional[_Iterable[float]] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., samples_held: _Optional[int] = ..., alive: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., loss: _Optional[float] = ..., lr: _Optional[float] = ..., stalled_since: _Optional[float] = ..., first_seen: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., gpu_allocated_bytes: _Optional[int] = ..., gpu_reserved_bytes: _Optional[int] = ..., gpu_alloc_retries: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., state_since: _Optional[float] = ...) -> None: ...
 
 class GpuView(_message.Message):
-    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds", "activity")
+    __slots__ = ("node", "uuid", "index", "name", "utilization", "memory_used_bytes", "memory_total_bytes", "memory_peak_bytes", "power_watts", "utilization_trend", "processes", "busy_seconds", "covered_seconds", "activity", "cost")
     NODE_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class GpuView(_message.Message):
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COVERED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     node: str
     uuid: str
     index: int
@@ -167,7 +168,31 @@ class GpuView(_message.Message):
     busy_seconds: float
     covered_seconds: float
     activity: _agent_pb2.GpuActivity
-    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ..., activity: _Optional[_Union[_agent_pb2.GpuActivity, _Mapping]] = ...) -> None: ...
+    cost: GpuCost
+    def __init__(self, node: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., utilization_trend: _Optional[_Iterable[float]] = ..., processes: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., covered_seconds: _Optional[float] = ..., activity: _Optional[_Union[_agent_pb2.GpuActivity, _Mapping]] = ..., cost: _Optional[_Union[GpuCost, _Mapping]] = ...) -> None: ...
+
+class GpuCost(_message.Message):
+    __slots__ = ("energy_joules", "shared", "energy_resets", "throttle_seconds", "sm_active_seconds", "utilization_seconds")
+    class ThrottleSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENERGY_JOULES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_RESETS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    energy_joules: float
+    shared: bool
+    energy_resets: int
+    throttle_seconds: _containers.ScalarMap[str, float]
+    sm_active_seconds: _containers.RepeatedScalarFieldContainer[float]
+    utilization_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, energy_joules: _Optional[float] = ..., shared: _Optional[bool] = ..., energy_resets: _Optional[int] = ..., throttle_seconds: _Optional[_Mapping[str, float]] = ..., sm_active_seconds: _Optional[_Iterable[float]] = ..., utilization_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AlertView(_message.Message):
     __slots__ = ("rule", "state", "severity", "node", "pid", "gpu", "rank", "since", "fired_at", "resolved_at", "description", "ended_while_firing", "cause", "cause_node", "cause_rank", "cause_gpu", "cause_xid")
@@ -419,8 +444,47 @@ class GpuHealthRow(_message.Message):
     recovery_action: str
     def __init__(self, node: _Optional[str] = ..., gpu: _Optional[str] = ..., index: _Optional[int] = ..., severity: _Optional[str] = ..., lost: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ..., xids: _Optional[_Iterable[_Union[XidCount, _Mapping]]] = ..., temperature_c: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., throttle_reasons: _Optional[_Iterable[str]] = ..., jobs: _Optional[_Iterable[str]] = ..., recovery_action: _Optional[str] = ...) -> None: ...
 
+class NodeHealthRow(_message.Message):
+    __slots__ = ("node", "severity", "findings", "jobs", "ports")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    severity: str
+    findings: _containers.RepeatedCompositeFieldContainer[HealthView]
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    ports: _containers.RepeatedCompositeFieldContainer[FabricPortView]
+    def __init__(self, node: _Optional[str] = ..., severity: _Optional[str] = ..., findings: _Optional[_Iterable[_Union[HealthView, _Mapping]]] = ..., jobs: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[_Union[FabricPortView, _Mapping]]] = ...) -> None: ...
+
+class FabricPortView(_message.Message):
+    __slots__ = ("port", "state", "rate_gbps", "highest_rate_gbps", "link_layer", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    HIGHEST_RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    state: str
+    rate_gbps: float
+    highest_rate_gbps: float
+    link_layer: str
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, port: _Optional[str] = ..., state: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., highest_rate_gbps: _Optional[float] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class ListHealthResponse(_message.Message):
-    __slots__ = ("gpus",)
+    __slots__ = ("gpus", "nodes")
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuHealthRow]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuHealthRow, _Mapping]]] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeHealthRow]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuHealthRow, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeHealthRow, _Mapping]]] = ...) -> None: ...
