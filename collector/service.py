@@ -20,6 +20,7 @@ from clusterwatch.tls import server_credentials
 from .alerting.actions import Dispatcher
 from .alerting.alertmanager import AlertmanagerNotifier, alertmanager_urls, page_base_url
 from .alerting.alerts import AlertStore
+from .alerting.audit import ActionAudit
 from .alerting.breaker import BreakerLimits, DrainBreaker
 from .alerting.live import Alerting
 from .alerting.train_asks import TrainAsks
@@ -111,7 +112,9 @@ class CollectorServer:
             if config.alertmanagers else None,
             # never more than a few nodes drained an hour, whatever fires (counted in the store: restarts too)
             breaker=DrainBreaker(conn, BreakerLimits(config.drain_max_nodes, config.drain_max_share,
-                                                     config.drain_window_s), lambda: len(state.nodes)))
+                                                     config.drain_window_s), lambda: len(state.nodes)),
+            # every automatic action, why and what came of it (health --history, /metrics)
+            audit=ActionAudit(conn))
         health = HealthEngine(catalog)
         # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
         health_listener = HealthListener(health, state, lambda events, now: self.alerting.handle(events, now),
@@ -256,12 +259,19 @@ class CollectorServer:
         exposition = Exposition(ClusterCollector(
             self.core.state, self.core.clock, self.config.per_process_metrics,
             counters=self.counter_values, alerts=self.active_alerts,
-            after_intervals=self.config.agent_down_after_intervals, extra=self.health_families(),
+            after_intervals=self.config.agent_down_after_intervals, extra=self.extra_families(),
             owns_node=_owns_node(self.config),
         ), self.core.lock)
         host, _, port = self.config.metrics_listen.rpartition(":")
         self._httpd = serve_metrics(exposition, host.strip("[]") or "127.0.0.1", int(port))
         self.metrics_port = self._httpd.server_port
+
+    def extra_families(self):
+        """The families after the state's: the GPU health ones, then the automatic actions' counts."""
+        from .export.action_families import ActionFamilies, Chained
+
+        audit = self.alerting.dispatcher.audit
+        return Chained(self.health_families(), ActionFamilies(audit.count_rows) if audit is not None else None)
 
     def health_families(self):
         """The GPU health families of /metrics (collector/health/metrics.py), as the exporter takes them."""

@@ -23,6 +23,9 @@ node an operator resumed is not drained again for the same alert, even after a r
 passes the circuit breaker (collector/alerting/breaker.py): past its limit the drain is held, said in a log
 line and counted, and the alert's other steps notify alone.
 
+Every step that acts, and every one that did not run and why, is a row of the audit trail
+(collector/alerting/audit.py), its outcome written when its lane has run it.
+
 `checkpoint` and `stop` ask the alert's process (or, for an alert of a whole job, each of its ranks)
 through its agent and its clusterwatch.train socket (`ask_train`, collector/alerting/train_asks.py): its handler
 runs in the training loop at the next report(), so they come ahead of signals, which stay for processes
@@ -50,6 +53,7 @@ from ..rules.config import SEVERITIES, ActionsConfig, ActionStep
 from ..rules.model import FIRING, RESOLVED, AlertEvent
 from .alertmanager import AlertmanagerNotifier
 from .alerts import Alert, AlertStore
+from .audit import ActionAudit
 from .breaker import DrainBreaker
 from .webhook import post_json
 
@@ -99,14 +103,17 @@ class Dispatcher:
             steps; None: none.
         breaker: Admits or holds each drain (the most nodes a window may lose); None: every drain runs (a
             Dispatcher without drain_node, or a test of the steps alone).
+        audit: The audit trail each acting step is written to, with what came of it; None: none.
     """
 
     def __init__(self, store: AlertStore, config: ActionsConfig, send_signal: SendSignal | None = None,
                  logger: logging.Logger = log, drain_node: DrainNode | None = None, ask_train: AskTrain | None = None,
                  node_trusted: Callable[[str], bool] | None = None,
-                 alertmanager: AlertmanagerNotifier | None = None, breaker: DrainBreaker | None = None) -> None:
+                 alertmanager: AlertmanagerNotifier | None = None, breaker: DrainBreaker | None = None,
+                 audit: ActionAudit | None = None) -> None:
         self.store = store
         self.breaker = breaker
+        self.audit = audit
         self.alertmanager = alertmanager
         self.config = config
         self.send_signal = send_signal
@@ -149,6 +156,8 @@ class Dispatcher:
 
     def tick(self, now: float) -> None:
         """Run escalation steps that have come due for alerts still firing; tell Alertmanager what fires."""
+        if self.audit is not None:  # what the lanes reported, written on this thread
+            self.audit.flush()
         firing = [a for a in self.store.active() if a.state == FIRING]
         for a in firing:
             self._escalate(a, now)
@@ -165,60 +174,89 @@ class Dispatcher:
             self._run_step(i, step, a, now)
 
     def _run_step(self, index: int, step: ActionStep, a: Alert, now: float) -> None:
-        payload = a.to_dict()
         if step.action == "log":
             self.logger.warning("alert %s %s [%s] %s", a.state, a.rule, a.severity, _one_line(a.description))
             return
-        if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
-            self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
+        held = self._why_not(step, a, now)
+        if held is not None:
+            self._audit(step.action, a, now, *held)
             return
         if step.action in TRAIN_ACTIONS:
-            self._ask_train(step.action, a)
+            self._ask_train(step.action, a, now)
             return
-        if step.action == "drain" and (self.drain_node is None or not a.node):
-            self.logger.info("drain step for %s skipped (%s)", a.rule,
-                             "the collector runs without --slurm" if a.node else "the alert names no node")
-            return
-        if step.action == "drain" and why_not_a_node_name(a.node):
+        row = self._audit(step.action, a, now, "queued", "")
+        if not self._lanes.put((a.rule, index), (step, a.to_dict(), row)):
+            with self._count_lock:
+                self.dropped += 1
+                self.errors += 1
+            if self.audit is not None and row is not None:
+                self.audit.finish(row, step.action, "dropped", "its lane held 100 waiting actions")
+
+    def _why_not(self, step: ActionStep, a: Alert, now: float) -> tuple[str, str] | None:
+        """(outcome, why) of a step that must not run, said in the log; None: it runs."""
+        if step.action == "signal" and (not self.config.allow_signals or self.send_signal is None or a.pid < 0):
+            self.logger.info("signal step for %s skipped (allow_signals is off or no process)", a.rule)
+            return "skipped", "allow_signals is off, or the alert names no process"
+        if step.action in TRAIN_ACTIONS and (self.ask_train is None or not a.job_id):
+            why = "no job" if self.ask_train is not None else "this collector asks no process"
+            self.logger.info("%s step for %s skipped (%s)", step.action, a.rule, why)
+            return "skipped", why
+        if step.action != "drain":
+            return None
+        if self.drain_node is None or not a.node:
+            why = "the collector runs without --slurm" if a.node else "the alert names no node"
+            self.logger.info("drain step for %s skipped (%s)", a.rule, why)
+            return "skipped", why
+        if why_not_a_node_name(a.node):
             # the alert's node is its agent's Hello's: a keyword or node set would drain other nodes
-            self.logger.warning("drain step for %s refused: not draining %r: %s", a.rule, a.node[:200],
-                                why_not_a_node_name(a.node))
+            why = f"not draining {a.node[:200]!r}: {why_not_a_node_name(a.node)}"
+            self.logger.warning("drain step for %s refused: %s", a.rule, why)
             self.drains_refused += 1
-            return
-        if step.action == "drain" and self.node_trusted is not None and not self.node_trusted(a.node):
-            self.logger.warning("drain step for %s refused: the agent of %s is not authenticated (no token, "
-                                "certificate or munge credential), so what raised the alert may be forged",
-                                a.rule, _one_line(a.node))
+            return "refused", why
+        if self.node_trusted is not None and not self.node_trusted(a.node):
+            why = (f"the agent of {_one_line(a.node)} is not authenticated (no token, certificate or munge "
+                   "credential), so what raised the alert may be forged")
+            self.logger.warning("drain step for %s refused: %s", a.rule, why)
             self.drains_refused += 1
-            return
-        if step.action == "drain" and self.breaker is not None:
+            return "refused", why
+        if self.breaker is not None:
             # decided here, on the caller's thread, one alert after another: two lanes cannot both take the last
             verdict = self.breaker.consider(a.node, now)
             if not verdict.admitted:
                 self.logger.warning("drain step for alert %s %s held: %s", a.id, a.rule, verdict.why)
-                return
-        if not self._lanes.put((a.rule, index), (step, payload)):
-            with self._count_lock:
-                self.dropped += 1
-                self.errors += 1
+                return "held", verdict.why
+        return None
 
-    def _ask_train(self, kind: str, a: Alert) -> None:
+    def _audit(self, action: str, a: Alert, now: float, outcome: str, detail: str) -> int | None:
+        """One row of the audit trail for an action on this alert's subject; its id (None without a trail)."""
+        if self.audit is None:
+            return None
+        evidence = {"figures": a.figures, "gpu": a.gpu, "pid": a.pid, "rank": a.rank, "severity": a.severity,
+                    "fired_at": a.fired_at}
+        return self.audit.record(action, node=a.node, job_id=a.job_id, rule=a.rule, alert_id=a.id,
+                                 why=_one_line(f"{a.rule}: {a.description}"), evidence=evidence, outcome=outcome,
+                                 detail=detail, at=now)
+
+    def _ask_train(self, kind: str, a: Alert, now: float) -> None:
         """Queue the request on the agents' streams (no waiting: the answers are stored as they come)."""
-        if self.ask_train is None or not a.job_id:
-            self.logger.info("%s step for %s skipped (%s)", kind, a.rule,
-                             "no job" if self.ask_train is not None else "this collector asks no process")
-            return
+        assert self.ask_train is not None
         asked = self.ask_train(a.job_id, a.node, a.pid, a.start_time, a.rank, kind, f"alert {a.id} {a.rule}")
         self.logger.warning("alert %s %s: asked %d process(es) of job %s to %s", a.id, a.rule, asked, a.job_id, kind)
+        self._audit(kind, a, now, "asked", f"asked {asked} process(es) of job {a.job_id}")
 
-    def _deliver_counted(self, item: tuple[ActionStep, dict]) -> None:
-        step, payload = item
+    def _deliver_counted(self, item: tuple[ActionStep, dict, int | None]) -> None:
+        step, payload, row = item
         try:
             self._deliver(step, payload)
         except Exception as exc:  # one failing endpoint must not stop its lane
             with self._count_lock:  # lanes fail in threads of their own
                 self.errors += 1
             self.logger.warning("alert action %s for %s failed: %s", step.action, payload.get("rule"), exc)
+            if self.audit is not None and row is not None:
+                self.audit.finish(row, step.action, "failed", _one_line(str(exc)))
+            return
+        if self.audit is not None and row is not None:
+            self.audit.finish(row, step.action, "done")
 
     def _deliver(self, step: ActionStep, payload: dict) -> None:
         body = json.dumps(payload, default=str).encode()

@@ -142,11 +142,13 @@ def test_the_reference_names_the_options_of_clusterwatch_itself():
 def _exported() -> set[str]:
     """Every series name the collector can export, as a scrape writes it (counters end in _total)."""
     from clusterwatch.collector.export import families as f
+    from clusterwatch.collector.export.action_families import ACTIONS
     from clusterwatch.collector.export.counter_metrics import COUNTERS
     from clusterwatch.collector.health.metrics import HEALTH_FAMILIES
 
     fams = [f.JOB_INFO, f.JOB_CODE, *f.JOB_FAMILIES, *f.JOB_COST_FAMILIES, *f.RANK_FAMILIES, *f.PROCESS_FAMILIES,
-            *f.GPU_FAMILIES, *f.NODE_FAMILIES, f.ALERT_FAMILY, *HEALTH_FAMILIES]
+            *f.GPU_FAMILIES, *f.NODE_FAMILIES, f.ALERT_FAMILY, *HEALTH_FAMILIES,
+            ACTIONS]
     return {fam.sample_name for fam in fams} | {f"{name}_total" for name, _ in COUNTERS.values()}
 
 
