@@ -29,7 +29,9 @@ def describe_code(record: dict) -> str:
     return printable(line)
 
 
-def code_section(view: query_pb2.JobView) -> list[str]:
+def code_versions(view: query_pb2.JobView) -> list[tuple[list[str], str, str]]:
+    """The versions of the code the job's ranks run, most ranks first: (the ranks, or "pid N" where no rank is
+    known; the code, as describe_code says it; the command of its first rank); [] where none was recorded."""
     if not view.provenance_json:
         return []
     try:
@@ -40,17 +42,24 @@ def code_section(view: query_pb2.JobView) -> list[str]:
     groups: dict[str, list[dict]] = {}
     for r in records:
         groups.setdefault(r.get("code_id", "unknown"), []).append(r)
+    return [([ranks.get((r.get("node"), r.get("pid")), f"pid {r.get('pid')}") for r in recs], describe_code(recs[0]),
+             printable(" ".join(map(str, recs[0].get("cmdline", [])))))
+            for _, recs in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+
+
+def code_section(view: query_pb2.JobView) -> list[str]:
+    versions = code_versions(view)
+    if not versions:
+        return []
     out = [title("Code (git provenance)")]
-    if len(groups) == 1:
-        (records,) = groups.values()
-        out.append(f"  {describe_code(records[0])}")
-        out.append(f"  all {len(records)} recorded rank(s) run the same code")
-        command = printable(" ".join(map(str, records[0].get("cmdline", []))))
+    if len(versions) == 1:
+        ((whose, code, command),) = versions
+        out.append(f"  {code}")
+        out.append(f"  all {len(whose)} recorded rank(s) run the same code")
         if command:
             out.append(f"  command: {command if len(command) <= WIDTH - 11 else command[:WIDTH - 12] + '…'}")
         return out
-    out.append(f"  ranks run {len(groups)} different versions of the code:")
-    for _, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        who = ", ".join(ranks.get((r.get("node"), r.get("pid")), f"pid {r.get('pid')}") for r in recs)
-        out.append(f"  - ranks {who}: {describe_code(recs[0])}")
+    out.append(f"  ranks run {len(versions)} different versions of the code:")
+    for whose, code, _ in versions:
+        out.append(f"  - ranks {', '.join(whose)}: {code}")
     return out

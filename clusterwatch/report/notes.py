@@ -17,6 +17,17 @@ if TYPE_CHECKING:
 
 def notes_section(view: query_pb2.JobView, run_time: float) -> list[str]:
     """Advice a user can act on, in the spirit of jobstats' notes."""
+    notes = job_notes(view, run_time)
+    if not notes:
+        return []
+    out = [title("Notes")]
+    for n in notes:
+        out.extend(wrap(f"* {n}", "    "))
+    return out
+
+
+def job_notes(view: query_pb2.JobView, run_time: float) -> list[str]:
+    """The notes, one sentence or a few each, in the order the report gives them."""
     notes = []
     gpus = [g for g in view.gpus if g.HasField("utilization")]
     idle = [g for g in view.gpus if g.processes == 0]
@@ -77,9 +88,4 @@ def notes_section(view: query_pb2.JobView, run_time: float) -> list[str]:
             notes.append(f"Host memory reached {human_bytes(peak)} of the {human_bytes(job.memory_bytes)} "
                          "allocated: past it, Slurm kills the job (OUT_OF_MEMORY). Ask for more (--mem) or use less.")
     notes.extend(alert_notes(view))
-    if not notes:
-        return []
-    out = [title("Notes")]
-    for n in notes:
-        out.extend(wrap(f"* {n}", "    "))
-    return out
+    return notes

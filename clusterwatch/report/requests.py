@@ -31,15 +31,21 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.0f} h ago"
 
 
-def answer_line(answer, now: float) -> str:
-    """One answer on one line: whose, what was asked, what came back, when, who asked."""
+def answer_row(answer, now: float) -> list[str]:
+    """An answer's cells: whose, what was asked, what came back, when, who asked, its message (cut)."""
     message = printable(answer.message)
     if len(message) > MAX_NOTE:
         message = message[:MAX_NOTE - 1] + "…"
     when = answer.answered_at or answer.asked_at
     said = SAID.get(answer.status, printable(answer.status))
-    return (f"  {who(answer)}: {printable(answer.kind)} {said}, {_ago(now - when)}"
-            f" (asked by {printable(answer.asked_by) or 'unknown'})" + (f": {message}" if message else ""))
+    return [who(answer), printable(answer.kind), said, _ago(now - when), printable(answer.asked_by) or "unknown",
+            message]
+
+
+def answer_line(answer, now: float) -> str:
+    """One answer on one line: whose, what was asked, what came back, when, who asked."""
+    whose, kind, said, ago, asked_by, message = answer_row(answer, now)
+    return (f"  {whose}: {kind} {said}, {ago} (asked by {asked_by})" + (f": {message}" if message else ""))
 
 
 def requests_section(view, now: float | None = None) -> list[str]:

@@ -5,6 +5,7 @@ Pure and free of protobuf at import: replay and provenance print with printable(
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from clusterwatch.humanize import duration, size
 
@@ -165,6 +166,40 @@ def table(columns: list[Col], rows: list[list[str]], width: int | None, tails: l
     out = [cells([c.header for c in columns]).rstrip()]
     for n, row in enumerate(rows):
         out.append(cells(row).rstrip() + (tails[n] if tails else ""))
+    return out
+
+
+@dataclass
+class Table:
+    """A section's table as data: the text report formats it with table() (lines()), the job page as an HTML
+    table, so the two show the same rows."""
+
+    title: str
+    columns: list[Col]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # per row: said under it ("" for nothing)
+    marks: list[str] = field(default_factory=list)  # per row: what the page marks it as ("held", "stalled"; "")
+    footer: list[str] = field(default_factory=list)  # sentences under the table
+
+    def add(self, row: list[str], note: str = "", mark: str = "") -> None:
+        self.rows.append(row)
+        self.notes.append(note)
+        self.marks.append(mark)
+
+    def lines(self, width: int | None) -> list[str]:
+        """The section as the text report prints it: its title, the table with each row's note, the footer."""
+        return ([title(self.title)] + with_notes(table(self.columns, self.rows, width), self.notes, width)
+                + [f"  {line}" for line in self.footer])
+
+
+def with_notes(lines: list[str], notes: list[str], width: int | None) -> list[str]:
+    """A table's lines (header first) with each row's note, where it has one, on lines of its own below it:
+    a row stays within the width however long its note."""
+    out = lines[:1]
+    for line, note in zip(lines[1:], notes, strict=True):
+        out.append(line)
+        if note:
+            out.extend(wrap_words(note, "        ↳ ", "          ", width or len(note) + 12))
     return out
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from clusterwatch.humanize import duration
 from clusterwatch.model import HELD_STATES
 
-from .text import Col, human_bytes, meter, sparkline, table, title, wrap_words
+from .text import Col, Table, human_bytes, meter, sparkline, title, wrap_words
 
 if TYPE_CHECKING:
     from clusterwatch.v1 import query_pb2
@@ -23,6 +23,23 @@ def job_cpu(view: query_pb2.JobView, run_time: float) -> tuple[float, float | No
 
 def overall_section(view: query_pb2.JobView, width: int | None, run_time: float = 0.0) -> list[str]:
     out = [title("Overall utilisation")]
+    figures = overall_figures(view, run_time)
+    meters = [(name, fraction, text) for name, fraction, text, metered in figures if metered]
+    # 40 cells, fewer where the lines must fit: 19 before the meter, 2 brackets and "  nnn%" after it
+    cells = 40
+    if width is not None:
+        cells = max(10, min(40, width - 19 - 8 - max((len(t) for _, _, t in meters), default=0)))
+    for name, fraction, text, metered in figures:
+        if metered:
+            out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
+        else:  # a long one wraps under its text
+            out.extend(wrap_words(text, f"  {name:<16} ", " " * 19, width or 19 + len(text)))
+    return out
+
+
+def overall_figures(view: query_pb2.JobView, run_time: float) -> list[tuple[str, float | None, str, bool]]:
+    """The job's overall figures in the order shown: (label, fraction used, the figures said, drawn as a meter);
+    a figure with nothing to compare with (no allocation known) has no meter."""
     meters: list[tuple[str, float | None, str]] = []  # label, fraction, the figures after the meter
     lines: list[tuple[str, str]] = []  # label, figures without a meter (nothing to compare with)
     live = [p for p in view.processes if p.alive] or list(view.processes)
@@ -72,24 +89,17 @@ def overall_section(view: query_pb2.JobView, width: int | None, run_time: float 
         ram = sum(n.memory_total_bytes for n in view.nodes)
         lines.append(("Host memory", f"{human_bytes(rss)}{at}; allocation unknown"
                                      + (f" (node RAM {human_bytes(ram)})" if ram else "")))
-    # 40 cells, fewer where the lines must fit: 19 before the meter, 2 brackets and "  nnn%" after it
-    cells = 40
-    if width is not None:
-        cells = max(10, min(40, width - 19 - 8 - max((len(t) for _, _, t in meters), default=0)))
-    if not gpus:
-        out.append("  GPU              no GPU reported for this job")
-    for name, fraction, text in meters:
-        out.append(f"  {name:<16} {meter(fraction, cells)}{text}")
-    for name, text in lines:  # a long one wraps under its text
-        out.extend(wrap_words(text, f"  {name:<16} ", " " * 19, width or 19 + len(text)))
-    return out
+    return ([] if gpus else [("GPU", None, "no GPU reported for this job", False)]) \
+        + [(name, fraction, text, True) for name, fraction, text in meters] \
+        + [(name, None, text, False) for name, text in lines]
 
 
 def nodes_section(view: query_pb2.JobView, width: int | None) -> list[str]:
     """Per node: is its agent reporting, and what the job uses there (jobstats' per-node lines)."""
-    if len(view.nodes) < 1:
-        return []
-    out = [title("Nodes")]
+    return nodes_table(view).lines(width) if view.nodes else []
+
+
+def nodes_table(view: query_pb2.JobView) -> Table:
     ended = bool(view.job.end_time)
     columns = [Col("NODE", 14, "<"), Col("AGENT", 6, "<"), Col("PROCS", 5), Col("CPU CORES", 9),
                Col("HOST MEM", 10), Col("GPUS", 4, drop=1), Col("GPU UTIL", 8),
@@ -102,7 +112,7 @@ def nodes_section(view: query_pb2.JobView, width: int | None) -> list[str]:
     gpus_of: dict[str, list] = {}
     for g in view.gpus:
         gpus_of.setdefault(g.node, []).append(g)
-    rows = []
+    out = Table("Nodes", columns)
     for n in sorted(view.nodes, key=lambda n: n.node):
         procs = procs_of.get(n.node, [])
         cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
@@ -119,22 +129,28 @@ def nodes_section(view: query_pb2.JobView, width: int | None) -> list[str]:
         total = sum(g.memory_total_bytes for g in gpus)
         mem = f"{human_bytes(used)} / {human_bytes(total)}" if total else "-"
         agent = "ended" if ended else ("up" if n.agent_up else "DOWN")
-        rows.append([n.node, agent, str(len(procs)), f"{cpu:.1f}", human_bytes(rss), str(len(gpus)), util, mem])
-    out.extend(table(columns, rows, width))
+        out.add([n.node, agent, str(len(procs)), f"{cpu:.1f}", human_bytes(rss), str(len(gpus)), util, mem],
+                mark="down" if agent == "DOWN" else "")
     down = [n.node for n in view.nodes if not n.agent_up and not ended]
     if down:
-        out.append(f"  no recent samples from {', '.join(down)}: its figures are the last ones received")
+        out.footer.append(f"no recent samples from {', '.join(down)}: its figures are the last ones received")
     for n in sorted(view.nodes, key=lambda n: n.node):
         if n.gpu_pids_note:  # the agent cannot tie GPU memory to processes there (a container without host pids)
-            out.append(f"  {n.node}: {n.gpu_pids_note}")
+            out.footer.append(f"{n.node}: {n.gpu_pids_note}")
     return out
 
 
 def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
-    out = [title("Processes (by rank)")]
     if not view.processes:
-        out.append("  no process of this job has been reported yet")
-        return out
+        return [title("Processes (by rank)"), "  no process of this job has been reported yet"]
+    out = ranks_table(view, now).lines(width)
+    training = training_table(view, now)
+    return out + (training.lines(width) if training else [])
+
+
+def ranks_table(view: query_pb2.JobView, now: float) -> Table:
+    """Per process: its rank, where, its GPU and host memory with their trends; a process gone or held
+    (D, stopped, traced) says so under its row."""
     # the allocator's own figures, where a process reports them (clusterwatch.train): beside NVML's
     has_alloc = any(p.HasField("gpu_allocated_bytes") or p.HasField("gpu_reserved_bytes") for p in view.processes)
     # at 80 columns the trends, the GPU memory peak and the per-process GPU utilisation go first; with the
@@ -144,7 +160,7 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
         columns += [Col("ALLOC", 9), Col("RESERVED", 9)]
     columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1),
                 Col("CPU", 5, drop=1 if has_alloc else 0), Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
-    rows, notes = [], []
+    out = Table("Processes (by rank)", columns)
     for p in view.processes:
         row = [_rank(p), p.node, str(p.pid), p.command,
                human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"]
@@ -157,61 +173,46 @@ def ranks_section(view: query_pb2.JobView, now: float, width: int | None) -> lis
                 f"{p.cpu_percent:.0f}%" if p.HasField("cpu_percent") else "-",
                 human_bytes(p.rss_bytes) if p.HasField("rss_bytes") else "-",
                 sparkline(list(p.rss_trend), 8)]
-        rows.append(row)
-        said = ["gone"] if not p.alive and not view.job.end_time else []
-        if p.state:
-            said.append(held_text(p, now))
-        notes.append(", ".join(said))
-    out.extend(with_notes(table(columns, rows, width), notes, width))
+        gone = not p.alive and not view.job.end_time
+        said = (["gone"] if gone else []) + ([held_text(p, now)] if p.state else [])
+        # the page marks the row; the text says why under it (a stall: in the Training table)
+        mark = "held" if p.state else "gone" if gone else "stalled" if p.HasField("stalled_since") else ""
+        out.add(row, ", ".join(said), mark)
     if has_alloc:
-        out.append("  GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live tensors) "
-                   "and RESERVED are the allocator's own")
+        out.footer.append("GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live "
+                          "tensors) and RESERVED are the allocator's own")
     mapped = sorted({p.mapped_by for p in view.processes if p.mapped_by})
     if mapped:
-        out.append(f"  mapped to the job by: {', '.join(mapped)}")
-    out.extend(training_section(view, now, width))
+        out.footer.append(f"mapped to the job by: {', '.join(mapped)}")
     return out
 
 
-def training_section(view: query_pb2.JobView, now: float, width: int | None) -> list[str]:
+def training_table(view: query_pb2.JobView, now: float) -> Table | None:
     """Per rank: its step, step rate, loss and learning rate as it reports them (clusterwatch.train), and
-    whether its step has stalled; nothing where no process reports."""
+    whether its step has stalled; None where no process reports."""
     reporting = [p for p in view.processes if p.HasField("step") or p.HasField("loss") or p.HasField("lr")]
     if not reporting:
-        return []
-    out = [title("Training (by rank, as reported)")]
+        return None
     columns = [Col("RANK", 5), Col("NODE", 10, "<"), Col("PID", 7), Col("STEP", 9), Col("STEP/S", 7),
                Col("LOSS", 10), Col("LR", 9)]
-    rows, notes = [], []
+    out = Table("Training (by rank, as reported)", columns)
     for p in reporting:
-        rows.append([_rank(p), p.node, str(p.pid), str(p.step) if p.HasField("step") else "-",
-                     f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-",
-                     f"{p.loss:.4g}" if p.HasField("loss") else "-", f"{p.lr:.3g}" if p.HasField("lr") else "-"])
+        row = [_rank(p), p.node, str(p.pid), str(p.step) if p.HasField("step") else "-",
+               f"{p.steps_per_s:.2f}" if p.HasField("steps_per_s") else "-",
+               f"{p.loss:.4g}" if p.HasField("loss") else "-", f"{p.lr:.3g}" if p.HasField("lr") else "-"]
         note = ""
         if p.HasField("stalled_since"):  # its step has not moved for a while: its STEP/S reads 0
             note = f"stalled since {time.strftime('%H:%M:%S %Z', time.localtime(p.stalled_since))}"
             if p.alive and not view.job.end_time:
                 note += f" ({duration(now - p.stalled_since)})"
-        notes.append(note)
-    out.extend(with_notes(table(columns, rows, width), notes, width))
+        out.add(row, note, "stalled" if note else "")
     rates = [(p.steps_per_s, p) for p in reporting if p.HasField("steps_per_s") and p.alive]
     if len(rates) > 1:
         slow_rate, slow = min(rates, key=lambda r: r[0])
         fast = max(r for r, _ in rates)
         if fast > 0 and slow_rate < 0.9 * fast:
-            out.append(f"  slowest: {_who(slow)} on {slow.node} at {slow_rate:.2f} steps/s "
-                       f"({(1 - slow_rate / fast) * 100:.0f}% behind the fastest)")
-    return out
-
-
-def with_notes(lines: list[str], notes: list[str], width: int | None) -> list[str]:
-    """A table's lines (header first) with each row's note, where it has one, on lines of its own below it:
-    a row stays within the width however long its note."""
-    out = lines[:1]
-    for line, note in zip(lines[1:], notes, strict=True):
-        out.append(line)
-        if note:
-            out.extend(wrap_words(note, "        ↳ ", "          ", width or len(note) + 12))
+            out.footer.append(f"slowest: {_who(slow)} on {slow.node} at {slow_rate:.2f} steps/s "
+                              f"({(1 - slow_rate / fast) * 100:.0f}% behind the fastest)")
     return out
 
 
@@ -235,20 +236,26 @@ def held_text(p: query_pb2.ProcessView, now: float) -> str:
 
 
 def gpus_section(view: query_pb2.JobView, width: int | None) -> list[str]:
-    if not view.gpus:
-        return []
-    out = [title("GPUs")]
-    columns = [Col("NODE", 10, "<"), Col("GPU", 3), Col("NAME", 22, "<"), Col("UTIL", 5),
+    return gpus_table(view).lines(width) if view.gpus else []
+
+
+def gpus_table(view: query_pb2.JobView) -> Table:
+    # SM activity (GPM) beside utilisation where a GPU reads it; its name gives the room at 80 columns
+    gpm = any(g.HasField("activity") and g.activity.HasField("sm_active") for g in view.gpus)
+    columns = [Col("NODE", 10, "<"), Col("GPU", 3), Col("NAME", 17 if gpm else 22, "<"), Col("UTIL", 5),
+               *([Col("SM", 4)] if gpm else []),
                Col("TREND", 12, "<", drop=2), Col("MEMORY", 21), Col("PEAK", 9, drop=1), Col("POWER", 6),
                Col("PROCS", 5)]
-    rows = []
+    out = Table("GPUs", columns)
+    if gpm:
+        out.footer.append("SM: the share of its SMs at work (NVML GPM); UTIL says only that a kernel ran")
     for g in view.gpus:
-        rows.append([g.node, str(g.index), g.name, f"{g.utilization:.0f}%" if g.HasField("utilization") else "-",
+        sm = [f"{g.activity.sm_active:.0f}%" if g.activity.HasField("sm_active") else "-"] if gpm else []
+        out.add([g.node, str(g.index), g.name, f"{g.utilization:.0f}%" if g.HasField("utilization") else "-", *sm,
                      sparkline(list(g.utilization_trend)),
                      (f"{human_bytes(g.memory_used_bytes)} / {human_bytes(g.memory_total_bytes)}"
                       if g.HasField("memory_used_bytes") else "-"),
                      human_bytes(g.memory_peak_bytes),
                      f"{g.power_watts:.0f} W" if g.HasField("power_watts") else "-",
-                     str(g.processes) if g.processes else "none"])
-    out.extend(table(columns, rows, width))
+                 str(g.processes) if g.processes else "none"], mark="" if g.processes else "idle")
     return out
