@@ -11,6 +11,9 @@ import hashlib
 from clusterwatch.v1 import query_pb2
 from markupsafe import Markup
 
+from clusterwatch.report.sections import job_sections
+from clusterwatch.report.text import printable_message
+
 from .history import GpuCharts, RankCharts
 from .job_charts import DEFAULT_RANGE, RANGES, job_charts
 from .templating import render
@@ -82,14 +85,17 @@ def index_page(jobs: list[query_pb2.JobInfo], firing: dict[str, int], refused_no
 def job_page(view: query_pb2.JobView, status_text: str, ranks: list[RankCharts], gpus: list[GpuCharts],
              stored: bool, actions: dict | None = None, range_key: str = DEFAULT_RANGE) -> str:
     """One job: header, badge, actions (action_pages.actions_section), alerts with their explanation, charts
-    over the last `range_key` of job_charts.RANGES, then the status report whole."""
+    over the last `range_key` of job_charts.RANGES, then the status report's sections as tables (report.html)
+    with its text whole beneath."""
+    charts = job_charts(view, ranks, gpus, stored, range_key)  # the alerts' ranks and nodes as the history has them
+    view = printable_message(view)  # a bidirectional override or ESC in a name shown, as status shows it
     job = view.job
     power = [(g.label, g.power_watts) for g in gpus if g.power_watts is not None]
     return render("job.html", job=job, level=badge(view.alerts), gpu_count=job.gpus or len(view.gpus),
                   stored=stored, tags=sorted(view.tags.items()), actions=actions or None, alerts=_alerts(view),
-                  health=_health(view), charts=job_charts(view, ranks, gpus, stored, range_key), power=power,
-                  ranges=RANGES, range_key=range_key,
-                  status_text=status_text, **page_context(f"clusterwatch: job {job.job_id}"))
+                  health=_health(view), charts=charts, power=power, ranges=RANGES, range_key=range_key,
+                  report=job_sections(view), status_text=status_text,
+                  **page_context(f"clusterwatch: job {job.job_id}"))
 
 
 def _alerts(view: query_pb2.JobView) -> list[dict]:
