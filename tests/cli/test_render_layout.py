@@ -131,3 +131,23 @@ def test_loss_and_lr_are_shown_where_reported():
     assert header.split() == ["RANK", "NODE", "PID", "STEP", "STEP/S", "LOSS", "LR"]
     assert rows[0].split()[-2:] == ["0.1235", "0.0003"]
     assert rows[1].split()[-2:] == ["2.5", "0.0003"]
+
+
+def test_the_gpu_table_shows_sm_activity_beside_utilisation_where_read_within_80_columns():
+    v = busy_view()
+    v.gpus[0].utilization = 100.0
+    v.gpus[0].activity.window_s, v.gpus[0].activity.sm_active = 10.0, 2.0  # a collective spinning
+    v.gpus.add(node=LONG_NODE, index=1, name="NVIDIA A100-SXM4-80GB", utilization=100.0, processes=1)  # no GPM
+    for width in (80, None):
+        text = render(v, width=width)
+        lines = text.split("\nGPUs\n", 1)[1].splitlines()
+        header = next(x for x in lines if x.startswith("  NODE"))
+        assert header.split()[3:5] == ["UTIL", "SM"], header
+        rows = [x for x in lines if LONG_NODE[:5] in x]
+        assert [r.split()[r.split().index("100%") + 1] for r in rows] == ["2%", "-"], rows
+        assert "SM: the share of its SMs at work (NVML GPM)" in text
+        if width == 80:
+            assert max(len(x) for x in text.splitlines()) <= 80
+    # no GPU with GPM: the table as it always was
+    plain = render(busy_view(), width=80).split("\nGPUs\n", 1)[1]
+    assert " SM " not in plain.splitlines()[1] and "NVML GPM" not in plain
