@@ -161,6 +161,7 @@ def ranks_table(view: query_pb2.JobView, now: float) -> Table:
     columns += [Col("PEAK", 9, drop=2), Col("TREND", 12, "<", drop=3), Col("UTIL", 5, drop=1),
                 Col("CPU", 5, drop=1 if has_alloc else 0), Col("RSS", 9), Col("TREND", 8, "<", drop=3)]
     out = Table("Processes (by rank)", columns)
+    alerted = {(a.node, a.pid) for a in view.alerts if a.state == "firing" and a.pid}
     for p in view.processes:
         row = [_rank(p), p.node, str(p.pid), p.command,
                human_bytes(p.gpu_memory_bytes) if p.HasField("gpu_memory_bytes") else "-"]
@@ -176,7 +177,8 @@ def ranks_table(view: query_pb2.JobView, now: float) -> Table:
         gone = not p.alive and not view.job.end_time
         said = (["gone"] if gone else []) + ([held_text(p, now)] if p.state else [])
         # the page marks the row; the text says why under it (a stall: in the Training table)
-        mark = "held" if p.state else "gone" if gone else "stalled" if p.HasField("stalled_since") else ""
+        mark = ("held" if p.state else "gone" if gone else "stalled" if p.HasField("stalled_since")
+                else "alerted" if (p.node, p.pid) in alerted else "")
         out.add(row, ", ".join(said), mark)
     if has_alloc:
         out.footer.append("GPU MEM is NVML's figure (the CUDA context and the allocator's reserve); ALLOC (live "

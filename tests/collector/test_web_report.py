@@ -103,6 +103,9 @@ def test_the_held_gone_and_stalled_rows_are_marked_with_what_status_says_of_them
     assert [m for m, c in marks if len(c) > 1] == ["", "held", "gone"]
     notes = [c[0] for m, c in marks if len(c) == 1]
     assert notes[0].startswith("↳ uninterruptible sleep (D) for") and notes[1] == "↳ gone"
+    view.alerts.add(rule="gpu_memory_leak", state="firing", node=view.processes[0].node, pid=123456)
+    _, tables_alerted = _page(view)
+    assert tables_alerted["Processes (by rank)"][1][0][0] == "alerted"  # the rank a firing alert is about
     _, training = tables["Training (by rank, as reported)"]
     assert [m for m, c in training if len(c) > 1] == ["", "stalled", ""]
     assert [c[0] for m, c in training if len(c) == 1] == ["↳ stalled since " + _hhmmss(700.0) + " (5 min)"]
