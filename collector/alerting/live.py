@@ -119,11 +119,8 @@ class Alerting(CoreListener):
         events: list[AlertEvent] = []
         for c in batch.gpu_health:
             gs = self.state.gpus.get(c.uuid)
-            events += self.engine.observe_gpu_clocks(GpuClockObservation(
-                c.time, node, c.uuid, self._gpu_owner.get(c.uuid, ""),
-                c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
-                float(c.temperature_c) if c.HasField("temperature_c") else None,
-                gs.info.index if gs is not None else None))
+            events += self.engine.observe_gpu_clocks(GpuClockObservation.of_reading(
+                node, c, self._gpu_owner.get(c.uuid, ""), gs.info.index if gs is not None else None))
         self.handle(events, now)
 
     def health_views(self, job_id: str) -> list:

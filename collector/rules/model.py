@@ -132,6 +132,22 @@ class GpuClockObservation(NamedTuple):
     temperature_c: float | None = None
     index: int | None = None
 
+    @classmethod
+    def of_reading(cls, node: str, reading: Any, job_id: str, index: int | None) -> GpuClockObservation:
+        """A GpuHealth reading's (the agents' health record) clock-event reasons and temperature: what the collector
+        feeds the engine from each batch (collector/alerting/live.py), and replay from a trace's gpu_health record
+        read back into one, so that both feed it alike.
+
+        Args:
+            node: The reading's node.
+            reading: The GpuHealth message.
+            job_id: The running job its GPU is allocated to, "" where none.
+            index: The GPU's index, for display.
+        """
+        return cls(reading.time, node, reading.uuid, job_id,
+                   reading.clock_event_reasons if reading.HasField("clock_event_reasons") else None,
+                   float(reading.temperature_c) if reading.HasField("temperature_c") else None, index)
+
 
 @dataclass(slots=True)  # not frozen, as GpuObservation
 class NodeHeartbeat:

@@ -159,7 +159,7 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries, poi
     gtotal = gpu_memory_total(state, uuid) if uuid else None
     node_mem = (ns.memory_total_bytes or None) if ns is not None else None
     gpu_index = gs.info.index if gs is not None else None
-    steps = list(series.step_history)
+    steps = _steps(series)
     step_times = [t for t, _ in steps]
     alloc = list(series.allocator_history)
     alloc_times = [a[0] for a in alloc]
@@ -188,6 +188,15 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries, poi
         out.insert(0, {**observation_record(opening, labels=False), "gpu_index": gpu_index})
     out[0].update(labels_record(s.user, s.command, job.name, job.partition))
     return out
+
+
+def _steps(series: ProcessSeries) -> list[tuple[float, int]]:
+    """(t, step) of the process's reports as far back as the collector holds them: every one of the last few
+    (step_history), and before those one a history step (progress_history). With the last few alone, a line
+    older than them would carry no step, and a replay would judge job_slowdown's baseline on nothing."""
+    recent = list(series.step_history)
+    first = recent[0][0] if recent else float("inf")
+    return [(t, step) for t, step, *_ in series.progress_history if t < first] + recent
 
 
 def _allocator_figures(series: ProcessSeries, alloc: list[tuple], alloc_times: list[float], t: float,

@@ -7,6 +7,8 @@ skipped, not fatal: a trace cut off by a crash still replays. GPU health records
 go to a HealthEngine (collector/health/), with the GPU's users taken from the
 trace's process lines, as the collector takes them from its state; its findings
 are the engine's source of a stall's causes, as the collector's HealthEngine is.
+Their clock-event reasons and temperature go to the engine as well (job_slowdown's
+GPU side and its culprit), as the collector feeds each health reading.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from clusterwatch.errors import ParseError
 
 from ..health.xid_catalog import XidCatalog
 from ..rules import AlertEvent, Engine, RuleSet
+from ..rules.model import GpuClockObservation
 from ..state.observations import gpu_from_record, heartbeat_from_record, process_from_record
 
 
@@ -95,6 +98,8 @@ class _Health:
         self.job_gpus: dict[str, set[tuple[str, str]]] = {}
         self.job_start: dict[str, float] = {}
         self.gpu_index: dict[str, int] = {}
+        # (node, GPU) → the job its latest gpu record says it is allocated to: the collector's GPU owner
+        self.owner: dict[tuple[str, str], str] = {}
         self.parent: dict[tuple[str, str], str] = {}   # (node, MIG instance) → its whole GPU, from gpu records
         # processes held (D, T, t) as their latest line says: (node, pid, start time) → that line
         self.held: dict[tuple[str, Any, Any], dict[str, Any]] = {}
@@ -137,6 +142,7 @@ class _Health:
         job_id = d.get("job_id")
         if job_id:
             self.job_gpus.setdefault(str(job_id), set()).add((str(d["node"]), str(d["gpu"])))
+        self.owner[(str(d["node"]), str(d["gpu"]))] = str(job_id or "")
         if d.get("index") is not None:
             self.gpu_index[str(d["gpu"])] = d["index"]
         parent = d.get("parent")
@@ -215,7 +221,8 @@ class _Health:
             msg.pid = pid
         return self.engine.observe_event(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid, pid, msg.time))
 
-    def counters(self, d: dict[str, Any]) -> list[AlertEvent]:
+    def reading(self, d: dict[str, Any]) -> Any:
+        """A gpu_health record read back into the GpuHealth message the collector took."""
         from clusterwatch.v1 import agent_pb2
 
         from .record import HEALTH_COUNTERS
@@ -227,7 +234,15 @@ class _Health:
                 setattr(msg, name, v)
         for counter, n in (d.get("nvlink_errors") or {}).items():   # not an object: AttributeError, a bad line
             msg.nvlink_errors[counter] = n
-        return self.engine.observe_counters(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid))
+        return msg
+
+    def counters(self, node: str, msg: Any) -> list[AlertEvent]:
+        return self.engine.observe_counters(node, msg, self.users(node, msg.uuid))
+
+    def clocks(self, node: str, msg: Any) -> Any:
+        """The reading's clock-event reasons and temperature as the collector gives them to the engine."""
+        return GpuClockObservation.of_reading(node, msg, self.owner.get((node, msg.uuid), ""),
+                                              self.gpu_index.get(msg.uuid))
 
 
 _SOURCE_NUMBERS = {"nvml": 1, "kmsg": 2}
@@ -293,7 +308,9 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
             elif kind == "gpu_health":
                 st.records += 1
                 st.health += 1
-                events = health.counters(d)
+                node, msg = str(d["node"]), health.reading(d)
+                # the health rules first, then job_slowdown, as the collector takes a batch's health records
+                events = [*health.counters(node, msg), *eng.observe_gpu_clocks(health.clocks(node, msg))]
             else:
                 _bad(st, lineno, f"unknown kind {kind!r}")
                 continue

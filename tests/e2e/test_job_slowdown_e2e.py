@@ -83,9 +83,10 @@ class SlowingJob:
 
 
 @contextmanager
-def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool) -> Iterator[SlowingJob]:
+def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: str) -> Iterator[SlowingJob]:
     """Start the ranks (reporting steps through clusterwatch.train where `steps`, else silent), the stand-in's
-    state, the collector with RULES and the agent (NVML, health counters every second); stop them all after."""
+    state, the collector with RULES (and `collector_args`) and the agent (NVML, health counters every second);
+    stop them all after."""
     from clusterwatch.agent.spool import write_event
 
     from clusterwatch.model import JobEvent
@@ -105,7 +106,7 @@ def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool) -> Iterator[Slowing
     rules.write_text(RULES)
     job = SlowingJob(job_id, node, ranks, None, None, state, slow)  # type: ignore[arg-type]
     job.gpus()
-    job.collector = Collector(tmp_path, "--rules", str(rules), "--rules-interval", "1")
+    job.collector = Collector(tmp_path, "--rules", str(rules), "--rules-interval", "1", *collector_args)
     job.agent = Proc([*CLI, "agent", "--collector", job.collector.address, "--node", node, "--interval", "0.5",
                       "--send-interval", "0", "--health-interval", "1", "--gpu-source", "nvml", "--no-provenance",
                       "--spool-dir", str(spool), "--train-socket", str(sock), "--kmsg", "none"],
@@ -121,17 +122,22 @@ def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool) -> Iterator[Slowing
         assert code == 0, job.agent.text()
 
 
+def _slow_and_fired(job: SlowingJob) -> dict:
+    """A steady baseline first (2 s of warm-up, then six 2 s buckets at speed), then rank 1's GPU held down and
+    the steps at half speed: the firing job_slowdown."""
+    wait_for(lambda: max((p.get("step") or 0 for p in job.processes()), default=0) >= 40, timeout=90,
+             interval=0.5, what="the job's steps at the collector")
+    at_speed = time.monotonic() + 16
+    wait_for(lambda: time.monotonic() > at_speed, timeout=30, interval=0.5, what="a baseline at speed")
+    assert job.firing() is None
+    job.slow_down(1)
+    return wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown firing")
+
+
 def test_a_held_down_gpu_slows_the_job_and_the_alert_names_that_gpu_and_rank(stub_lib: Path,
                                                                                 tmp_path: Path) -> None:
     with slowing_job(stub_lib, tmp_path, steps=True) as job:
-        # a steady baseline first: 2 s of warm-up, then six 2 s buckets at speed (the collector's own clock)
-        wait_for(lambda: max((p.get("step") or 0 for p in job.processes()), default=0) >= 40, timeout=90,
-                 interval=0.5, what="the job's steps at the collector")
-        at_speed = time.monotonic() + 16
-        wait_for(lambda: time.monotonic() > at_speed, timeout=30, interval=0.5, what="a baseline at speed")
-        assert job.firing() is None
-        job.slow_down(1)
-        fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown firing")
+        fired = _slow_and_fired(job)
     assert fired["job_id"] == job.job_id, fired
     assert (fired.get("cause"), fired.get("cause_gpu"), fired.get("cause_rank"), fired.get("cause_node")) == (
         "gpu_clocks", "GPU-sd1", 1, "sd-node"), fired
@@ -149,3 +155,22 @@ def test_without_steps_the_gpu_side_alone_names_the_held_gpu(stub_lib: Path, tmp
         fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown from the GPU side")
     assert (fired["job_id"], fired["gpu"], fired["rank"], fired["node"]) == (job.job_id, "GPU-sd1", 1, "sd-node"), fired
     assert fired.get("cause") == "gpu_clocks" and "judged from the GPUs alone" in fired["description"], fired
+
+
+def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Path, tmp_path: Path) -> None:
+    """`record` the job once job_slowdown fires, `replay` the trace with the same rules: the same alert, naming
+    the same GPU and rank from the trace's gpu_health records (every sample a history point: --history-step 0)."""
+    trace = tmp_path / "slow.jsonl"
+    with slowing_job(stub_lib, tmp_path, True, "--history-step", "0") as job:
+        live = _slow_and_fired(job)
+        recorded = cli("record", job.job_id, "--collector", job.collector.address, "-o", str(trace))
+        assert recorded.returncode == 0, recorded.stderr
+    replayed = cli("replay", str(trace), "--rules", str(tmp_path / "rules.toml"), "--format", "jsonl")
+    assert replayed.returncode == 0, replayed.stderr
+    fired = [e for e in map(json.loads, replayed.stdout.splitlines())
+             if e["rule"] == "job_slowdown" and e["state"] == "firing"]
+    assert len(fired) == 1, replayed.stdout
+    got = fired[0]  # its figures at the top level, as AlertEvent.to_dict gives them
+    assert (got["job_id"], got["node"], got.get("cause"), got.get("cause_gpu"), got.get("cause_rank")) == (
+        live["job_id"], live["node"], live["cause"], live["cause_gpu"], live["cause_rank"]), (got, live)
+    assert "hardware slowdown" in got["description"], got
