@@ -58,8 +58,7 @@ def test_docs_and_comments_name_only_files_the_repository_holds():
 
 
 # the pages a user reads: measured figures live in bench/README.md, with their date and commit
-USER_PAGES = [p for p in DOCS if p == "README.md" or (p.startswith("docs/") and p != "docs/rules.md")]
-# docs/rules.md is the detection engineer's; its before/after tables move to bench/README.md with issue 26
+USER_PAGES = [p for p in DOCS if p == "README.md" or p.startswith("docs/")]
 COMMIT = re.compile(r"\b(?:commits?|at|before|after|since)\s+\(?[0-9a-f]{7,12}\b")
 # a table whose header has a "before" and an "after" column
 BEFORE_AFTER_TABLE = re.compile(r"^(\|[^\n]*\bbefore\b[^\n]*\|[^\n]*\bafter\b[^\n]*\|)\s*\n\|[-| :]+\|$", re.I | re.M)
