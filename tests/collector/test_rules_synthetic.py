@@ -1,8 +1,10 @@
 """The engine catches every generated leak and stall in its window and stays quiet on benign runs.
 
-Twenty seeded random draws per kind (the kinds of tests/synth_traces.py, among them slow leaks under heavy
-noise at 30-60 s polls, staircases with 45-120 min treads, and the look-alikes: one step, two steps hours
-apart, a warm-up with a long tail): rates, sizes, noise, periods and poll intervals 1–60 s
+Twenty seeded random draws per kind (the kinds of tests/synth_traces.py, among them the whole grid of
+60-3,000 MiB/h under 0-500 MiB of noise, slow leaks under heavy noise at 30-60 s polls, staircases with
+45-120 min treads, and the look-alikes: one step, two steps hours apart, a warm-up with a long tail, an
+allocator cache that levels off, thread pools and fd churn), each linear leak in the window its noise
+allows: rates, sizes, noise, periods and poll intervals 1–60 s
 with jitter and missing polls (tests/synth_traces.py). On a failure the message lists each
 failing draw (seed, poll interval, what was missed, the first false alarms).
 """
