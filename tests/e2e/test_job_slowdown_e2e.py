@@ -163,6 +163,10 @@ def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Pat
     trace = tmp_path / "slow.jsonl"
     with slowing_job(stub_lib, tmp_path, True, "--history-step", "0") as job:
         live = _slow_and_fired(job)
+        # a few seconds more of the slow job: replay cuts its buckets at every line, where the live rules looked
+        # once a second, so its window may fill a bucket later than live's
+        later = time.monotonic() + 6
+        wait_for(lambda: time.monotonic() > later, timeout=30, interval=0.5, what="the slow job a little longer")
         recorded = cli("record", job.job_id, "--collector", job.collector.address, "-o", str(trace))
         assert recorded.returncode == 0, recorded.stderr
     replayed = cli("replay", str(trace), "--rules", str(tmp_path / "rules.toml"), "--format", "jsonl")
