@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     gpus = 200 if args.quick else args.gpus
+    from clusterwatch.collector.health.decisions import GpuUser
     from clusterwatch.collector.health.engine import HISTORY_EVENTS, HISTORY_READINGS, HealthEngine
     from clusterwatch.collector.health.xid_catalog import load_catalog
 
@@ -61,7 +62,7 @@ def main() -> None:
     moving = [reading(t0 + 30 * i, "GPU-bench", 40 + i % 50) for i in range(HISTORY_READINGS)]
     evs = [event(t0 + 30 * i, "GPU-bench", i) for i in range(HISTORY_EVENTS)]
 
-    def per_gpu(msgs: list, events: list) -> float:
+    def per_gpu(msgs: list, events: list, distinct: bool = False) -> float:
         """Bytes a GPU's full history holds (views made before the count: they are there without history)."""
         eng = HealthEngine(catalog, same_xid_s=0.0)
         views = [eng.view(f"n{g // 8}", f"GPU-{g:05d}") for g in range(gpus)]
@@ -71,8 +72,12 @@ def main() -> None:
         for v in views:
             for m in msgs:
                 v.keep_reading(m)
-            for e in events:
-                v.events.append((e.time, e.SerializeToString()))
+            for e in events:  # with the user it names (the engine keeps whom each event named), each a new
+                # process (a new tuple) where `distinct`, else the one process again (a tuple shared, as the engine's)
+                named = (GpuUser("7", 0, e.pid, e.process, e.time if distinct else t0),)
+                if v.events and v.events[-1][2] == named:
+                    named = v.events[-1][2]
+                v.events.append((e.time, e.SerializeToString(), named))
         got = (tracemalloc.get_traced_memory()[0] - before) / gpus
         tracemalloc.stop()
         return got
@@ -80,6 +85,7 @@ def main() -> None:
     history_still = per_gpu(still, [])
     history_moving = per_gpu(moving, [])
     history_events = per_gpu([], evs)
+    history_events_distinct = per_gpu([], evs, distinct=True)
 
     # CPU of observe_counters, with and without the history's appends
     n = 2000 if args.quick else 20000
@@ -119,7 +125,7 @@ def main() -> None:
     print(f"health history for record: {HISTORY_READINGS} readings + {HISTORY_EVENTS} events per GPU, {gpus} GPUs")
     print(f"{'row':<40}{'figure':>16}")
     for name, b in (("readings, counters still", history_still), ("readings, temperature moving", history_moving),
-                    ("events, full", history_events)):
+                    ("events, full", history_events), ("events, full, each a new process", history_events_distinct)):
         print(f"{name + ', per GPU':<40}{b / 1024:>13.1f} KiB")
         print(f"{'  for 8,000 GPUs':<40}{b * 8000 / 2**20:>13.1f} MiB")
     print(f"{'observe_counters, with history':<40}{with_history * 1e6:>13.1f} µs")

@@ -74,15 +74,20 @@ class GpuHealthView:
     link_errors: bool = False
     lost: bool = False                    # gpu_lost said; again only once the GPU has answered since
     lost_at: float = 0.0                  # when it was lost: a reading from before says nothing of it
-    # for `record`, oldest first: (time, serialized HealthEvent); the counter readings' times and
-    # bodies (a GpuHealth without time and uuid, see _NOT_KEPT), two deques: a tuple each costs 56 bytes
-    events: deque[tuple[float, bytes]] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
+    # for `record`, oldest first: (time, serialized HealthEvent, the GPU users it was given: whom it named);
+    # the counter readings' times and bodies (a GpuHealth without time and uuid, see _NOT_KEPT), two deques: a
+    # tuple each costs 56 bytes
+    events: deque[tuple[float, bytes, tuple[GpuUser, ...]]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     reading_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     readings: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     # the link error counters (pcie_replays, nvlink_errors: a serialized GpuHealth of those alone) from each
     # time they changed: a reading's are the last change's at or before it
     link_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     link_values: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+    # (time, users) of the readings that raised a finding naming users (throttling, memory errors, a link): a
+    # replay names whom the collector named then, not whom the trace's process lines suggest
+    named: deque[tuple[float, tuple[GpuUser, ...]]] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
 
     def keep_reading(self, msg: Any) -> None:
         """Keep a GpuHealth reading for `record`."""
@@ -207,7 +212,11 @@ class HealthEngine:
         uuid = msg.uuid or (f"PCI:{msg.pci}" if msg.pci else "unknown GPU")
         pid = msg.pid if msg.HasField("pid") else None
         self._count(node, uuid, msg)
-        self.view(node, uuid).events.append((msg.time, msg.SerializeToString()))
+        v = self.view(node, uuid)
+        named = tuple(users)
+        if v.events and v.events[-1][2] == named:
+            named = v.events[-1][2]   # the users of the event before (the same processes hit): one tuple for a run
+        v.events.append((msg.time, msg.SerializeToString(), named))
         finding: HealthFinding | None = None
         if msg.kind == "xid" and msg.HasField("xid"):
             if msg.xid in LOST_XIDS:
@@ -302,6 +311,8 @@ class HealthEngine:
                     out.append(self._fire(node, msg.uuid, msg.time, degraded, users, None))
                 v.link_errors = degraded is not None
             v.links = links
+        if out and users:
+            v.named.append((msg.time, tuple(users)))
         return out
 
     def observe_port(self, node: str, msg: Any, users: Sequence[GpuUser]) -> list[AlertEvent]:

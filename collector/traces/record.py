@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from clusterwatch.model import ProcessKey
 
+from ..health.decisions import GpuUser
 from ..health.mig import with_parents
 from ..rules.model import GpuObservation, NodeHeartbeat, ProcessObservation
 from ..state.cluster import ALLOCATOR_FRESH_S, ClusterState, JobGpu, JobState, ProcessSeries, allocator_totals
@@ -269,32 +271,34 @@ def _health_rows(state: ClusterState, job: JobState, health: Any, rows: list[tup
             continue
         ours = (node, uuid) in gpus
         node_pids = pids.get(node, set())
-        for t, data in view.events:
+        for t, data, users in view.events:
             if t < since:
                 continue
             msg = agent_pb2.HealthEvent.FromString(data)
             if not ours and not (msg.HasField("pid") and msg.pid in node_pids):
                 continue
-            rec = health_event_record(node, msg, max(t, first.get(node, t)))
+            rec = health_event_record(node, msg, max(t, first.get(node, t)), users)
             out.append((rec["t"], _HEALTH_EVENT, rec))
         if not ours:
             continue
-        readings = [(t, data) for t, data in view.history_readings() if t >= since]
+        named = dict(view.named)  # a reading's users by its own time, also where it is placed at the first line
+        readings = [(t, data, t) for t, data in view.history_readings() if t >= since]
         start_line = first_proc.get(node)
-        early = [i for i, (t, _) in enumerate(readings) if start_line is not None and begin <= t < start_line]
+        early = [i for i, (t, _, _) in enumerate(readings) if start_line is not None and begin <= t < start_line]
         if early:
             last = early[-1]
-            readings = [(start_line if i == last else t, data) for i, (t, data) in enumerate(readings)
+            readings = [(start_line if i == last else t, data, own) for i, (t, data, own) in enumerate(readings)
                         if i == last or i not in early]
-        for t, data in readings:
+        for t, data, own in readings:
             msg = agent_pb2.GpuHealth.FromString(data)
             msg.time, msg.uuid = t, uuid
-            out.append((t, _HEALTH_COUNTERS, gpu_health_record(node, msg)))
+            out.append((t, _HEALTH_COUNTERS, gpu_health_record(node, msg, named.get(own))))
     return out
 
 
-def health_event_record(node: str, msg: Any, t: float) -> dict[str, Any]:
-    """A HealthEvent as a `health_event` record placed at `t` (docs/traces.md).
+def health_event_record(node: str, msg: Any, t: float, users: Sequence[GpuUser] | None = None) -> dict[str, Any]:
+    """A HealthEvent as a `health_event` record placed at `t` (docs/traces.md), with the GPU users the collector
+    named for it where given (`users_record`).
 
     The pid it names is `hit_pid`, never `pid`: a replay in several processes shares lines out by the
     text after `"pid":`, and a health record must reach the one that holds the GPU's users.
@@ -316,15 +320,29 @@ def health_event_record(node: str, msg: Any, t: float) -> dict[str, Any]:
         rec["source"] = _SOURCES[msg.source]
     if msg.text:
         rec["text"] = msg.text
+    if users is not None:
+        rec["users"] = users_record(users)
     return rec
 
 
-def gpu_health_record(node: str, msg: Any) -> dict[str, Any]:
-    """A GpuHealth reading as a `gpu_health` record: the counters the GPU gave, by their own names."""
+def users_record(users: Sequence[GpuUser]) -> list[dict[str, Any]]:
+    """The GPU users the collector named for a health record, as its `users` (docs/traces.md): a replay names
+    them, not those it would make out from the trace's process lines. Each user's pid is `process_id`, never
+    `pid` (see health_event_record)."""
+    return [{k: v for k, v in (("job_id", u.job_id), ("rank", u.rank), ("process_id", u.pid),
+                               ("process", u.process), ("start_time", u.start_time)) if v is not None}
+            for u in users]
+
+
+def gpu_health_record(node: str, msg: Any, users: Sequence[GpuUser] | None = None) -> dict[str, Any]:
+    """A GpuHealth reading as a `gpu_health` record: the counters the GPU gave, by their own names; and where
+    it raised a finding naming users (throttling, memory errors, a link), those users (`users_record`)."""
     rec: dict[str, Any] = {"kind": "gpu_health", "t": msg.time, "node": node, "gpu": msg.uuid}
     for name in HEALTH_COUNTERS:
         if msg.HasField(name):
             rec[name] = getattr(msg, name)
     if msg.nvlink_errors:
         rec["nvlink_errors"] = dict(sorted(msg.nvlink_errors.items()))
+    if users is not None:
+        rec["users"] = users_record(users)
     return rec

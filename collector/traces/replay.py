@@ -4,8 +4,9 @@ A trace is JSON lines, one observation per line (docs/traces.md). Reading the
 file is the only I/O here; everything else is the same engine the collector runs.
 Lines that are not JSON objects with `t`, `node` and `pid` are counted and
 skipped, not fatal: a trace cut off by a crash still replays. GPU health records
-go to a HealthEngine (collector/health/), with the GPU's users taken from the
-trace's process lines, as the collector takes them from its state; its findings
+go to a HealthEngine (collector/health/), with the GPU users the collector named,
+which the record carries (`users`); an older trace's record without them takes the
+users from the trace's process lines, as the collector takes them from its state; its findings
 are the engine's source of a stall's causes, as the collector's HealthEngine is.
 Their clock-event reasons and temperature go to the engine as well (job_slowdown's
 GPU side and its culprit), as the collector feeds each health reading.
@@ -219,7 +220,10 @@ class _Health:
         pid = d.get("hit_pid")
         if pid is not None:
             msg.pid = pid
-        return self.engine.observe_event(str(d["node"]), msg, self.users(str(d["node"]), msg.uuid, pid, msg.time))
+        users = _named(d)
+        if users is None:
+            users = self.users(str(d["node"]), msg.uuid, pid, msg.time)
+        return self.engine.observe_event(str(d["node"]), msg, users)
 
     def reading(self, d: dict[str, Any]) -> Any:
         """A gpu_health record read back into the GpuHealth message the collector took."""
@@ -236,13 +240,32 @@ class _Health:
             msg.nvlink_errors[counter] = n
         return msg
 
-    def counters(self, node: str, msg: Any) -> list[AlertEvent]:
-        return self.engine.observe_counters(node, msg, self.users(node, msg.uuid))
+    def counters(self, node: str, msg: Any, users: list | None) -> list[AlertEvent]:
+        """The reading to the health rules, with the users the record names (None: those the trace shows)."""
+        return self.engine.observe_counters(node, msg, self.users(node, msg.uuid) if users is None else users)
 
     def clocks(self, node: str, msg: Any) -> Any:
         """The reading's clock-event reasons and temperature as the collector gives them to the engine."""
         return GpuClockObservation.of_reading(node, msg, self.owner.get((node, msg.uuid), ""),
                                               self.gpu_index.get(msg.uuid))
+
+
+def _named(d: dict[str, Any]) -> list | None:
+    """The GPU users a health record says the collector named (record.py `users_record`), None where it says
+    none (a trace from before records carried them); a malformed one is a bad line (TypeError, KeyError)."""
+    named = d.get("users")
+    if named is None:
+        return None
+    from clusterwatch.collector.health.decisions import GpuUser
+
+    out = []
+    for u in named:
+        rank, pid, process = u.get("rank"), u.get("process_id"), u.get("process")
+        if any(v is not None and type(v) is not int for v in (rank, pid)) or not isinstance(process, (str, type(None))):
+            raise TypeError("a user's rank, process_id or process")
+        out.append(GpuUser(job_id=str(u["job_id"]), rank=rank, pid=pid, process=process,
+                           start_time=float(u.get("start_time", 0.0))))
+    return out
 
 
 _SOURCE_NUMBERS = {"nvml": 1, "kmsg": 2}
@@ -310,7 +333,7 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                 st.health += 1
                 node, msg = str(d["node"]), health.reading(d)
                 # the health rules first, then job_slowdown, as the collector takes a batch's health records
-                events = [*health.counters(node, msg), *eng.observe_gpu_clocks(health.clocks(node, msg))]
+                events = [*health.counters(node, msg, _named(d)), *eng.observe_gpu_clocks(health.clocks(node, msg))]
             else:
                 _bad(st, lineno, f"unknown kind {kind!r}")
                 continue

@@ -119,13 +119,69 @@ def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
     assert events[0]["t"] == T0 and events[0]["event_t"] == T0 - 20 and events[0]["hit_pid"] == 101
     assert events[1] == {"kind": "health_event", "t": T0 + 50, "node": "n1", "gpu": "GPU-b", "event": "xid",
                          "xid": 13, "hit_pid": 102, "process": HOSTILE, "source": "kmsg",
-                         "text": "Graphics SM Warp Exception"}
+                         "text": "Graphics SM Warp Exception",
+                         "users": [{"job_id": "7", "rank": 1, "process_id": 102, "process": HOSTILE,
+                                    "start_time": START}]}   # whom the collector named
     readings = [r for r in rows if r.get("kind") == "gpu_health"]
     assert len(readings) == 2 * POLLS // 10
     assert readings[-1] == {"kind": "gpu_health", "t": T0 + 390, "node": "n1", "gpu": "GPU-b",
                             "ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": 0, "clock_event_reasons": 0x40,
                             "temperature_c": 60, "pcie_replays": 1000}   # not the violation time: for /metrics
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+
+
+def test_the_records_carry_the_gpu_users_the_collector_named(tmp_path):
+    _, _, lines = _live(tmp_path)
+    rows = [json.loads(x) for x in lines]
+    rank = {"GPU-a": (0, 101, "python"), "GPU-b": (1, 102, HOSTILE)}
+    # every event names its GPU's rank; a reading only where it raised a finding: GPU-a's ECC errors counted
+    # (gpu_memory_errors), GPU-b throttled for the rule's window and its link replaying (both at its 300th poll)
+    named = [(r["kind"], r["t"], r["gpu"]) for r in rows if "users" in r]
+    assert [n for n in named if n[0] == "gpu_health"] == [("gpu_health", T0 + 110, "GPU-a"),
+                                                          ("gpu_health", T0 + 300, "GPU-b")], named
+    assert sum(n[0] == "health_event" for n in named) == 4
+    for r in rows:
+        if "users" in r:
+            (user,) = r["users"]
+            assert (user["job_id"], user["rank"], user["process_id"], user["process"], user["start_time"]) == (
+                "7", *rank[r["gpu"]], START), r
+    assert all('"pid":' not in x for x in lines if '"kind":"health_' in x or '"kind":"gpu_health"' in x)
+
+
+def test_replay_names_the_users_a_record_carries_and_an_older_record_the_traces():
+    proc = {"t": T0, "node": "n1", "pid": 7, "start_time": T0 - 5, "job_id": "9", "rank": 2, "gpu": "GPU-a",
+            "gpu_util": 90.0}
+    lost = {"kind": "health_event", "t": T0 + 1, "node": "n1", "gpu": "GPU-a", "event": "xid", "xid": 79,
+            "source": "kmsg"}
+
+    def replayed(*records: dict) -> list[tuple]:
+        lines = [json.dumps(x).encode() for x in (proc, *records)]
+        return [(e.rule, e.job_id, e.rank) for e in replay_lines(lines, load_rules(None)) if e.rule == "gpu_lost"]
+
+    # a trace from before records named users: the process lines say who was on the GPU
+    assert replayed(lost) == [("gpu_lost", "9", 2)]
+    # a record that names users: those, whatever the process lines say (here: a rank they do not show)
+    other = {"job_id": "11", "rank": 5, "process_id": 8, "process": "python", "start_time": T0 - 9}
+    assert replayed({**lost, "users": [other]}) == [("gpu_lost", "11", 5)]
+    # the collector named no one (the process had not reached the GPU yet): no one
+    assert replayed({**lost, "users": []}) == [("gpu_lost", "", None)]
+    # a throttled GPU's readings: without users (an older trace's) the trace's rank; the reading that raised
+    # gpu_throttle naming users, those
+    hot = [{"kind": "gpu_health", "t": T0 + 30 * i, "node": "n1", "gpu": "GPU-a", "clock_event_reasons": 0x40}
+           for i in range(12)]
+
+    def throttled(readings: list[dict]) -> list[tuple]:
+        lines = [json.dumps(x).encode() for x in (proc, *readings)]
+        return [(e.t, e.job_id, e.rank) for e in replay_lines(lines, load_rules(None)) if e.rule == "gpu_throttle"]
+
+    ((t, *who),) = throttled(hot)
+    assert who == ["9", 2]
+    assert throttled([{**r, "users": [other]} if r["t"] == t else r for r in hot]) == [(t, "11", 5)]
+    st = ReplayStats()
+    bad = [{**lost, "users": "alice"}, {**lost, "users": [{"rank": 1}]},
+           {**lost, "users": [{"job_id": "9", "rank": "2"}]}, {**lost, "users": [["9", 2]]}]
+    assert list(replay_lines([json.dumps(x).encode() for x in bad], load_rules(None), st)) == []
+    assert st.bad_lines == 4, st.first_bad
 
 
 def _counted_before_the_first_poll(seq: int, t: float) -> agent_pb2.Batch:
