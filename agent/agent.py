@@ -34,6 +34,7 @@ from .backends.pid_visibility import NOT_IN_PROC, OTHER_NAMESPACE
 from .config import AgentConfig
 from .labels import JobLabeler
 from .spool import JobSpool, with_gpu_uuids
+from .tmpfs import tmpfs_scan_to_proto
 
 log = logging.getLogger("clusterwatch.agent")
 
@@ -87,6 +88,7 @@ class Agent:
         roots=None,
         job_output=None,
         health_file=None,
+        tmpfs=None,
     ) -> None:
         self.config = config
         self.roots = roots
@@ -101,6 +103,7 @@ class Agent:
         self.health = health  # agent/health/monitor.py's HealthMonitor, or None
         self.job_output = job_output  # agent/job_output.py's JobOutputReader (--read-job-output), or None
         self.health_file = health_file  # agent/health_file.py's HealthFileWriter, for the prolog's gate, or None
+        self.tmpfs = tmpfs  # agent/tmpfs.py's TmpfsScanner (what users' files hold in /dev/shm...), or None
         self.boot_id = uuid.uuid4().hex
         self.gpu_errors = 0
         self.inventory = gpus.inventory()
@@ -201,6 +204,10 @@ class Agent:
             self.health.drain_into(batch)  # XIDs, ECC events, health counters read on their own threads
             if self.health_file is not None:
                 self.health_file.see(batch)
+        if self.tmpfs is not None:
+            scan = self.tmpfs.take()  # a walk ended on its own thread since the last poll: most polls have none
+            if scan is not None:
+                tmpfs_scan_to_proto(scan, batch.tmpfs_scans.add())
         return batch, samples
 
 

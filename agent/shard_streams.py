@@ -95,6 +95,9 @@ class BatchSplitter:
         node_batch.health_events.extend(batch.health_events)
         node_batch.gpu_health.extend(batch.gpu_health)
         node_batch.fabric_ports.extend(batch.fabric_ports)
+        if batch.tmpfs_scans:  # per user, not per job: each collector with the node's jobs attributes them
+            for c in parts:
+                parts[c][0].tmpfs_scans.extend(batch.tmpfs_scans)
         for e in batch.job_events:
             if e.kind == agent_pb2.JobEvent.END:
                 self._job_gpus.pop(e.job_id, None)

@@ -44,6 +44,7 @@ MAX_HEALTH_TEXT = 512
 MAX_HEALTH_PROCESS = 256
 MAX_PCI = 32
 MAX_PORT_NAME = 64      # a fabric port's device, speed or link layer (mlx5_0, HDR, InfiniBand)
+MAX_TMPFS_USES = 4096   # users with files in one tmpfs walk
 
 
 class HelloRefused(ValueError):
@@ -156,6 +157,12 @@ def bound_batch(batch: agent_pb2.Batch) -> Refusal | None:
                    or _keys_refusal(gh.nvlink_errors, "a GPU health reading's NVLink errors"))
         if refusal is not None:
             return refusal
+    for scan in batch.tmpfs_scans:  # one entry per uid with files: a node has a few; the rest are not kept
+        if len(scan.uses) > MAX_TMPFS_USES:
+            del scan.uses[MAX_TMPFS_USES:]
+        for u in scan.uses:
+            if len(u.user) > MAX_USER:
+                return _too_long("a tmpfs use's user name", MAX_USER)
     for fp in batch.fabric_ports:
         if max(len(fp.device), len(fp.speed), len(fp.link_layer)) > MAX_PORT_NAME:
             return _too_long("a fabric port's device, speed or link layer", MAX_PORT_NAME)

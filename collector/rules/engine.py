@@ -103,7 +103,7 @@ class Engine:
             Alert events caused by it.
         """
         (t, node, job_id, pid, start_time, gpu, rank, user, command, job_name, partition, gmem, gtotal, util, _cpu,
-         rss, ceiling, job_ceiling, threads, fds, step, allocated, reserved, retries) = obs
+         rss, ceiling, job_ceiling, threads, fds, step, allocated, reserved, retries, tmpfs) = obs
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
@@ -114,6 +114,10 @@ class Engine:
             p.host_full = NODE_MEMORY
         # else: without an RSS it says nothing of its ceiling (`record` writes one only beside an RSS), and the
         # name stays its last: a leak measured against the allocation is not renamed by a read that failed
+        if tmpfs:  # the job's tmpfs files, on its oldest process on the node: host memory too
+            p.host_tmpfs = True
+            if rss is not None:
+                rss += tmpfs
         out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
@@ -156,7 +160,12 @@ class Engine:
             # line without one must not rename a leak measured against the allocation
             ceiling = g("node_mem_total_bytes")
         allocated = g("gpu_allocated_bytes")
-        out = self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), g("rss_bytes"),
+        rss, tmpfs = g("rss_bytes"), g("tmpfs_bytes")
+        if tmpfs:
+            p.host_tmpfs = True
+            if rss is not None:
+                rss += tmpfs
+        out = self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), rss,
                            ceiling, g("threads"), g("open_fds"), g("step"), allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, g("gpu_reserved_bytes"), g("gpu_alloc_retries"),
@@ -223,7 +232,7 @@ class Engine:
             else:
                 f = s.roll(t, rss, ntotal)
                 if f is not None:
-                    ev = memory_leak.said(p, Rule.HOST_MEMORY_LEAK, f, memory_leak.HOST_MEMORY, p.host_full)
+                    ev = memory_leak.said(p, Rule.HOST_MEMORY_LEAK, f, memory_leak.host_what(p), p.host_full)
                     out = [ev] if out is None else [*out, ev]
         if threads is not None and p.thr_leak is not None:
             f = p.thr_leak.add(t, threads)

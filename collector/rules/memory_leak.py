@@ -16,18 +16,26 @@ from .model import FIRING, RESOLVED, AlertEvent, Rule
 from .process import Proc, hours, leak_figures, mb
 
 NAMES = (Rule.GPU_MEMORY_LEAK, Rule.HOST_MEMORY_LEAK)
-SLOTS = ("gpu_leak", "alloc_leak", "host_leak", "alloc_seen")
+SLOTS = ("gpu_leak", "alloc_leak", "host_leak", "alloc_seen", "host_tmpfs")
 
 #: What a GPU leak judged on the allocator's figures is said to be (compared by identity).
 ALLOCATED = "Allocated tensors"
 GPU_MEMORY = "GPU memory"
 HOST_MEMORY = "Host memory (RSS)"
+#: Said of the process that carries its job's tmpfs files (/dev/shm) on the node: those are its host memory too.
+HOST_MEMORY_TMPFS = "Host memory (RSS and the job's /dev/shm and tmpfs files)"
 
 
 def init(p: Any) -> None:
     """The state of a process first seen."""
     p.gpu_leak = p.alloc_leak = p.host_leak = None
     p.alloc_seen = False
+    p.host_tmpfs = False
+
+
+def host_what(p: Any) -> str:
+    """What a process's host_memory_leak judges: its RSS, and its job's tmpfs files where it carries them."""
+    return HOST_MEMORY_TMPFS if p.host_tmpfs else HOST_MEMORY
 
 
 def restart(p: Any) -> None:
@@ -86,7 +94,7 @@ def describe(ctx: Any, p: Any, rule: str, said: tuple[str, str, dict[str, Any]]
     f = series.current(p.last_t) if series is not None else None
     if f is None:
         return said
-    what, full = (gpu_what, "GPU") if rule == Rule.GPU_MEMORY_LEAK else (HOST_MEMORY, p.host_full)
+    what, full = (gpu_what, "GPU") if rule == Rule.GPU_MEMORY_LEAK else (host_what(p), p.host_full)
     desc, severity = _text(p, what, full, f, getattr(p.rules, rule).severity)
     figures = leak_figures(f)
     if what is ALLOCATED:

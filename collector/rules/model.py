@@ -51,6 +51,9 @@ class ProcessObservation(NamedTuple):
             from the driver (its cache too), over the process's GPUs, where the process reports them
             (clusterwatch.train); gpu_memory_leak judges allocated bytes where they are given.
         gpu_alloc_retries: Allocations that freed the allocator's cache and retried (gpu_memory_fragmentation).
+        tmpfs_bytes: What the job's user's files hold on the node's tmpfs (/dev/shm, ...), given on one process of
+            the job per node (its oldest there) and added to its RSS for host_memory_leak: files no process maps
+            (written with write(), or mapped then unmapped) are in no RSS. None elsewhere.
     """
 
     t: float
@@ -77,6 +80,7 @@ class ProcessObservation(NamedTuple):
     gpu_allocated_bytes: float | None = None
     gpu_reserved_bytes: float | None = None
     gpu_alloc_retries: int | None = None
+    tmpfs_bytes: float | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs three times as much to build, every GPU every batch

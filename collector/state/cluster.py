@@ -191,6 +191,11 @@ class NodeState:
     # Its latest stream proved who sent it (token, mutual TLS or root's munge credential): only then is
     # the user its samples name a job's owner, and only then does an action reach its processes.
     authenticated: bool = False
+    # What each user's files hold on its tmpfs mounts (/dev/shm, ...), at its agent's latest walk (tmpfs_at,
+    # 0: none yet; truncated: the walk hit its bound, the bytes are a floor): collector/state/tmpfs.py
+    tmpfs_by_user: dict[str, int] = field(default_factory=dict)
+    tmpfs_at: float = 0.0
+    tmpfs_truncated: bool = False
 
 
 @dataclass(slots=True)

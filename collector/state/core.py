@@ -42,6 +42,7 @@ from .cluster import ClusterState, JobState, ProcessSeries
 from .durability import PendingWrites
 from .job_closing import JobClosing
 from .store import STALE_AFTER_S, ProvenanceRow, Store
+from .tmpfs import take_tmpfs_scan
 
 if TYPE_CHECKING:
     from ..health.engine import HealthEngine
@@ -321,6 +322,8 @@ class CollectorCore:
         for t in trainings:
             st.add_training(node, t)
         ns = st.nodes.get(node)
+        if ns is not None and batch.tmpfs_scans:
+            take_tmpfs_scan(ns, batch.tmpfs_scans[-1])
         if ns is not None and batch.HasField("counters"):
             ns.samples_sent = batch.counters.samples_sent
             ns.samples_dropped = batch.counters.samples_dropped

@@ -117,32 +117,53 @@ def node_observations(state: ClusterState, node: str, touched: list[ProcessSerie
     # what each job's live processes on this node hold (their allocation's room is shared), and each GPU's users
     job_rss: dict[str, int] = {}
     users: dict[str, int] = {}
+    oldest: dict[str, ProcessSeries] = {}  # each job's oldest live process here: it carries the job's tmpfs bytes
     for series in touched:
         s = series.latest
         if s.job_id:
             job_ids.add(s.job_id)
         if series.alive:
-            if s.job_id and s.rss_bytes:
-                job_rss[s.job_id] = job_rss.get(s.job_id, 0) + s.rss_bytes
+            if s.job_id:
+                if s.rss_bytes:
+                    job_rss[s.job_id] = job_rss.get(s.job_id, 0) + s.rss_bytes
+                o = oldest.get(s.job_id)
+                if o is None or (s.start_time, s.pid) < (o.latest.start_time, o.latest.pid):
+                    oldest[s.job_id] = series
             for g in s.gpus:
                 users[g.gpu_uuid] = users.get(g.gpu_uuid, 0) + 1
-    processes = _processes(state, ns, node, touched, job_rss, min_interval_s)
+    carriers: dict[int, int] = {}  # id(series) → its job's tmpfs bytes on this node (collector/state/tmpfs.py)
+    if ns is not None and ns.tmpfs_at:
+        from .tmpfs import job_tmpfs
+
+        for job_id, series in oldest.items():
+            held = job_tmpfs(ns, state.jobs.get(job_id))
+            if held is not None:
+                carriers[id(series)] = held
+                job_rss[job_id] = job_rss.get(job_id, 0) + held  # the allocation's room: tmpfs is charged to it
+    processes = _processes(state, ns, node, touched, job_rss, min_interval_s, carriers)
     gpus = []
     if ns is not None:
+        from .activity import current_activity  # here, not at the top: replay imports this module without state
+
         for uuid in ns.gpus:
             gs = state.gpus.get(uuid)
             reading = gs.latest if gs is not None else None
-            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index, power
+            act = current_activity(gs) if gs is not None else None  # GPM: None on a GPU without it
+            # positional, in GpuObservation's order: t, node, gpu, job_id, utilization, processes, index, power,
+            # SM activity, tensor activity
             gpus.append(GpuObservation(t, node, uuid, owners.get(uuid, ""), reading.utilization if reading else None,
                                        users.get(uuid, 0), gs.info.index if gs is not None else None,
-                                       reading.power_watts if reading else None))
+                                       reading.power_watts if reading else None,
+                                       act.sm_active if act is not None else None,
+                                       act.tensor_active if act is not None else None))
     heartbeat = NodeHeartbeat(t, node, bool(job_ids), ns.send_interval_s if ns is not None else 0.0,
                               tuple(sorted(job_ids)))
     return NodeObservations(processes, gpus, heartbeat)
 
 
 def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: list[ProcessSeries],
-               job_rss: dict[str, int], min_interval_s: float) -> list[ProcessObservation]:
+               job_rss: dict[str, int], min_interval_s: float, carriers: dict[int, int] | None = None
+               ) -> list[ProcessObservation]:
     from .cluster import allocator_totals
 
     node_mem = ns.memory_total_bytes if ns is not None and ns.memory_total_bytes else None
@@ -166,17 +187,18 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
             if gtotal == -1:  # not looked up yet in this batch (None: looked up, size unknown)
                 gtotal = gpu_totals[gpu_uuid] = gpu_memory_total(state, gpu_uuid)
             gmem, gutil = gpu_figures(s)
+        tmpfs = carriers.get(id(series)) if carriers else None
         ceiling = None
         if job is not None and job.memory_bytes and s.rss_bytes is not None:
             ceiling = allocation_room(job.memory_bytes / max(1, len(job.nodes)), job_rss.get(s.job_id, 0)) \
-                + s.rss_bytes
+                + s.rss_bytes + (tmpfs or 0)
         allocated = reserved = retries = None
         if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
             allocated, reserved, retries = allocator_totals(series, s.time)
         out.append(make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
                          job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
                          s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
-                         retries)))
+                         retries, tmpfs)))
     return out
 
 
@@ -184,17 +206,19 @@ def gpu_record(obs: GpuObservation, parent: str = "") -> dict[str, Any]:
     """The GPU observation as a trace's `gpu` record (docs/traces.md); `parent`, a MIG instance's whole GPU."""
     rec: dict[str, Any] = {"kind": "gpu", "node": obs.node, "gpu": obs.gpu, "index": obs.index,
                            "job_id": obs.job_id, "t": obs.t, "utilization": obs.utilization,
-                           "power_watts": obs.power_watts, "processes": obs.processes}
+                           "power_watts": obs.power_watts, "processes": obs.processes,
+                           "sm_active": obs.sm_active, "tensor_active": obs.tensor_active}
     if parent:
         rec["parent"] = parent
     return {k: v for k, v in rec.items() if v is not None}
 
 
 def gpu_from_record(d: Mapping[str, Any]) -> GpuObservation:
-    """A trace's `gpu` record read back (KeyError, TypeError or ValueError where it is malformed)."""
+    """A trace's `gpu` record read back (KeyError, TypeError or ValueError where it is malformed); one without
+    GPM's activity (an older trace's, a GPU without it) reads as a GPU without GPM."""
     g = d.get
     return GpuObservation(float(d["t"]), str(d["node"]), str(d["gpu"]), str(g("job_id", "")), g("utilization"),
-                          g("processes"), g("index"), g("power_watts"))
+                          g("processes"), g("index"), g("power_watts"), g("sm_active"), g("tensor_active"))
 
 
 def heartbeat_record(hb: NodeHeartbeat) -> dict[str, Any]:

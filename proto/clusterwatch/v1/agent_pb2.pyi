@@ -309,7 +309,7 @@ class HealthEvent(_message.Message):
     def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., kind: _Optional[str] = ..., xid: _Optional[int] = ..., data: _Optional[int] = ..., pid: _Optional[int] = ..., process: _Optional[str] = ..., pci: _Optional[str] = ..., source: _Optional[_Union[HealthEvent.Source, str]] = ..., text: _Optional[str] = ..., kernel_boot_id: _Optional[str] = ..., kmsg_seq: _Optional[int] = ..., sxid: _Optional[int] = ..., fatal: _Optional[bool] = ..., device: _Optional[str] = ...) -> None: ...
 
 class FabricPort(_message.Message):
-    __slots__ = ("time", "device", "port", "state", "phys_state", "rate_gbps", "width", "speed", "link_layer", "counters")
+    __slots__ = ("time", "device", "port", "state", "phys_state", "rate_gbps", "width", "speed", "link_layer", "counters", "expected_gbps")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +327,7 @@ class FabricPort(_message.Message):
     SPEED_FIELD_NUMBER: _ClassVar[int]
     LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_GBPS_FIELD_NUMBER: _ClassVar[int]
     time: float
     device: str
     port: int
@@ -337,7 +338,8 @@ class FabricPort(_message.Message):
     speed: str
     link_layer: str
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, time: _Optional[float] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[int] = ..., phys_state: _Optional[int] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., speed: _Optional[str] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    expected_gbps: float
+    def __init__(self, time: _Optional[float] = ..., device: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[int] = ..., phys_state: _Optional[int] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., speed: _Optional[str] = ..., link_layer: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., expected_gbps: _Optional[float] = ...) -> None: ...
 
 class GpuHealth(_message.Message):
     __slots__ = ("time", "uuid", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "remapped_rows_corrected", "remapped_rows_uncorrected", "remapped_rows_pending", "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "clock_event_reasons", "violation_seconds", "temperature_c", "pcie_replays", "nvlink_errors")
@@ -394,7 +396,7 @@ class GpuHealth(_message.Message):
     def __init__(self, time: _Optional[float] = ..., uuid: _Optional[str] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., remapped_rows_corrected: _Optional[int] = ..., remapped_rows_uncorrected: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., clock_event_reasons: _Optional[int] = ..., violation_seconds: _Optional[_Mapping[str, float]] = ..., temperature_c: _Optional[int] = ..., pcie_replays: _Optional[int] = ..., nvlink_errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters", "health_events", "gpu_health", "fabric_ports")
+    __slots__ = ("seq", "sent_at", "processes", "gpus", "training", "provenance", "job_events", "counters", "health_events", "gpu_health", "fabric_ports", "tmpfs_scans")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +408,7 @@ class Batch(_message.Message):
     HEALTH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_PORTS_FIELD_NUMBER: _ClassVar[int]
+    TMPFS_SCANS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     processes: ProcessTable
@@ -417,7 +420,32 @@ class Batch(_message.Message):
     health_events: _containers.RepeatedCompositeFieldContainer[HealthEvent]
     gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealth]
     fabric_ports: _containers.RepeatedCompositeFieldContainer[FabricPort]
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., fabric_ports: _Optional[_Iterable[_Union[FabricPort, _Mapping]]] = ...) -> None: ...
+    tmpfs_scans: _containers.RepeatedCompositeFieldContainer[TmpfsScan]
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., processes: _Optional[_Union[ProcessTable, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., training: _Optional[_Iterable[_Union[TrainingSample, _Mapping]]] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., job_events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., health_events: _Optional[_Iterable[_Union[HealthEvent, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., fabric_ports: _Optional[_Iterable[_Union[FabricPort, _Mapping]]] = ..., tmpfs_scans: _Optional[_Iterable[_Union[TmpfsScan, _Mapping]]] = ...) -> None: ...
+
+class TmpfsUse(_message.Message):
+    __slots__ = ("uid", "user", "bytes", "files")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    user: str
+    bytes: int
+    files: int
+    def __init__(self, uid: _Optional[int] = ..., user: _Optional[str] = ..., bytes: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
+
+class TmpfsScan(_message.Message):
+    __slots__ = ("time", "uses", "truncated", "entries")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    uses: _containers.RepeatedCompositeFieldContainer[TmpfsUse]
+    truncated: bool
+    entries: int
+    def __init__(self, time: _Optional[float] = ..., uses: _Optional[_Iterable[_Union[TmpfsUse, _Mapping]]] = ..., truncated: _Optional[bool] = ..., entries: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "batch", "train_answer")
