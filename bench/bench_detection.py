@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from clusterwatch.collector.rules import Engine, load_rules  # noqa: E402
+from clusterwatch.collector.state.observations import process_from_record  # noqa: E402
 
 from tests.synth_traces import KINDS, KINDS_BENIGN, check, make  # noqa: E402
 
@@ -63,7 +64,7 @@ def _events(rules, rows) -> list[dict]:
     eng = Engine(rules)
     out: list[dict] = []
     for row in rows:
-        out += [e.to_dict() for e in eng.observe_mapping(row)]
+        out += [e.to_dict() for e in eng.observe(process_from_record(row))]  # as replay reads a line
     return out
 
 

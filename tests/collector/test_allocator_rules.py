@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules, parse_rules
+from clusterwatch.collector.state.observations import process_from_record
 
 MIB, GIB = 1 << 20, 1 << 30
 CONTEXT = 500 * MIB  # the CUDA context: NVML's figure is it plus the allocator's reserve
@@ -23,7 +24,7 @@ def _run(points, allocator: bool = True, mapping: bool = False) -> list:
             obs = obs._replace(gpu_allocated_bytes=allocated, gpu_reserved_bytes=reserved, gpu_alloc_retries=retries)
         if mapping:  # as replay reads a trace line
             d = {k: v for k, v in obs._asdict().items() if v is not None}
-            evs += eng.observe_mapping(d)
+            evs += eng.observe(process_from_record(d))
         else:
             evs += eng.observe(obs)
     return evs

@@ -9,6 +9,7 @@ import random
 
 import pytest
 from clusterwatch.collector.rules import Engine, load_rules
+from clusterwatch.collector.state.observations import process_from_record
 
 from tests.synth_traces import KINDS_BENIGN, make
 
@@ -23,5 +24,6 @@ def test_a_benign_day_raises_nothing(kind):
         assert tr.rows[-1]["t"] > 23.5 * 3600 and not tr.expect
         eng = Engine(RULES)
         for row in tr.rows:
-            fired += [(interval, e.rule, round(e.t)) for e in eng.observe_mapping(row) if e.state == "firing"]
+            fired += [(interval, e.rule, round(e.t)) for e in eng.observe(process_from_record(row))
+                      if e.state == "firing"]
     assert not fired, fired

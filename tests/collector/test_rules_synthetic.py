@@ -15,6 +15,7 @@ from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
 from clusterwatch.collector.rules.config import MB
 from clusterwatch.collector.rules.leak import LeakSeries
 from clusterwatch.collector.rules.staircase import STEP_HOLD
+from clusterwatch.collector.state.observations import process_from_record
 
 from tests.synth_traces import KINDS, KINDS_BENIGN, KINDS_LEAK, check, make
 
@@ -27,7 +28,7 @@ def _run(tr):
     eng = Engine(RULES)
     out = []
     for row in tr.rows:
-        out += [e.to_dict() for e in eng.observe_mapping(row)]
+        out += [e.to_dict() for e in eng.observe(process_from_record(row))]
     return out
 
 
@@ -67,8 +68,9 @@ def test_oom_leak_caught_well_before_the_crash():
 
 
 def test_both_entry_points_agree():
-    # observe(ProcessObservation) is the live entry, observe_mapping(dict) replay's, each reading
-    # its fields its own way into the one hot path: the same trace must give the same events.
+    # a row as live builds it (ProcessObservation) and as replay reads it back from a line
+    # (process_from_record: the fields left out take their defaults, an index for a GPU becomes its text):
+    # the same trace must give the same events.
     fields = set(ProcessObservation._fields)
     for kind in (*KINDS_LEAK, "util_stall", "nccl_hang", "ckpt_spikes", "eval_sawtooth"):
         tr = make(kind, random.Random(f"agree-{kind}"), interval=20)
@@ -78,7 +80,7 @@ def test_both_entry_points_agree():
             obs = {k: v for k, v in row.items() if k in fields}
             obs["gpu"] = str(obs["gpu"])
             ev_a += [e.to_dict() for e in a.observe(ProcessObservation(**obs))]
-            ev_b += [e.to_dict() for e in b.observe_mapping(row)]
+            ev_b += [e.to_dict() for e in b.observe(process_from_record(row))]
         assert ev_a == ev_b, kind
         assert any(e["state"] == "firing" for e in ev_a) == bool(tr.expect), kind
 
