@@ -64,11 +64,15 @@ def render_health(rows: list, now: float) -> str:
 @click.command(epilog=examples(
     "clusterwatch health",
     "clusterwatch health gpu-node-017 --json",
+    "clusterwatch health --history gpu-node-017",
 ))
 @click.argument("node", required=False, default="")
 @collector_option
 @click.option("--json", "as_json", is_flag=True, help="Print the GPUs as JSON (docs/json.md).")
-def health(node: str, collector: str, collectors_before: str, tls_ca: str | None, as_json: bool) -> None:
+@click.option("--history", is_flag=True,
+              help="Show what clusterwatch did on its own (drains, notifications, resumes), newest first.")
+def health(node: str, collector: str, collectors_before: str, tls_ca: str | None, as_json: bool,
+           history: bool) -> None:
     """GPUs with health findings (XIDs, lost GPUs, memory errors, throttling), worst first, for operators.
 
     NODE: only this node's GPUs. Needs an admin of the collector (its --query-admin, or root); a user's own
@@ -79,6 +83,9 @@ def health(node: str, collector: str, collectors_before: str, tls_ca: str | None
     from .status_cmd import ask_all
 
     found = deployment(collector, collectors_before)
+    if history:
+        _history(node, found, tls_ca, as_json)
+        return
     request = query_pb2.ListHealthRequest(node=node)
     # a node's health is held by the collector its name picks (one line and exit 1 where it is unknown there)
     answers, partial = ask_all((found.for_node(node),) if node else found.all, tls_ca, "the GPUs' health",
@@ -100,5 +107,27 @@ def health(node: str, collector: str, collectors_before: str, tls_ca: str | None
             click.echo(f"{r.severity or '-':<9} {printable(r.node)}: fabric")
             for f in r.findings:
                 click.echo(f"{'':<9} - {printable(f.description)}")
+    if partial:
+        raise SystemExit(1)
+
+
+def _history(node: str, found, tls_ca: str | None, as_json: bool) -> None:
+    """The audit trails of every collector (a job's actions are on its collector, a node's on its own)."""
+    from clusterwatch.v1 import actions_pb2, actions_pb2_grpc
+
+    from .health_history import HISTORY_SCHEMA, merge_actions, render_actions
+    from .status_cmd import ask_all
+
+    request = actions_pb2.ListActionsRequest(node=node, limit=200)
+    answers, partial = ask_all(found.all, tls_ca, "the automatic actions",
+                               lambda stub, metadata: stub.ListActions(request, timeout=5.0, metadata=metadata),
+                               stub_class=actions_pb2_grpc.ActionsStub)
+    actions = merge_actions(answers)[:200]
+    if as_json:
+        from clusterwatch.json_view import dumps, message_to_json
+
+        click.echo(dumps({"schema": HISTORY_SCHEMA, "actions": [message_to_json(a) for a in actions]}), nl=False)
+    else:
+        click.echo(render_actions(actions), nl=False)
     if partial:
         raise SystemExit(1)

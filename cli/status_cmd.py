@@ -33,12 +33,12 @@ def check_collector_address(address: str) -> None:
         fail(f"--collector {exc} (the collector's --listen port, 50051 by default)")
 
 
-def _stub(address: str, tls_ca: str | None = None):
+def _stub(address: str, tls_ca: str | None = None, stub_class=None):
     from clusterwatch.v1 import query_pb2_grpc
 
     check_collector_address(address)
     channel = query_channel(address, tls_ca)
-    return channel, query_pb2_grpc.QueryStub(channel)
+    return channel, (stub_class or query_pb2_grpc.QueryStub)(channel)
 
 
 def _explain(exc, address: str, what: str) -> str:
@@ -202,7 +202,8 @@ def jobs(collector: str, collectors_before: str, tls_ca: str | None, include_end
         sys.exit(1)
 
 
-def ask_all(addresses: tuple[str, ...], tls_ca: str | None, what: str, call, credential: MungeCredential | None = None):
+def ask_all(addresses: tuple[str, ...], tls_ca: str | None, what: str, call, credential: MungeCredential | None = None,
+            stub_class=None):
     """`call(stub, metadata)` on every collector at once: the answers of those that answered, and whether
     one did not.
 
@@ -215,7 +216,7 @@ def ask_all(addresses: tuple[str, ...], tls_ca: str | None, what: str, call, cre
     import grpc
 
     def one(address: str, cred: MungeCredential):
-        channel, stub = _stub(address, tls_ca)
+        channel, stub = _stub(address, tls_ca, stub_class)  # the Query service's unless another is named
         try:
             return call(stub, cred.metadata())
         except grpc.RpcError as exc:

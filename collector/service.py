@@ -172,7 +172,7 @@ class CollectorServer:
         warning = start_warning(cfg.allow_unauthenticated_actions, query.auth, [cfg.listen, cfg.query_listen, pages])
         if warning:
             log.warning("%s", warning)
-        query_pb2_grpc.add_QueryServicer_to_server(query, server)
+        self._add_query_services(query, server)
         creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         self.grpc_port = bind(server, cfg.listen, "--listen", creds)
         await server.start()
@@ -242,11 +242,20 @@ class CollectorServer:
             counts["slurm_records_skipped"] = self._registry.records_skipped
         return counter_families(counts)
 
+    def _add_query_services(self, query: QueryServicer, server: grpc.aio.Server) -> None:
+        """The users' query service, and beside it the operators' audit trail (same auth, same ports)."""
+        from clusterwatch.v1 import actions_pb2_grpc
+
+        from .queries.actions_service import ActionsServicer
+
+        query_pb2_grpc.add_QueryServicer_to_server(query, server)
+        actions_pb2_grpc.add_ActionsServicer_to_server(ActionsServicer(query, self.alerting.dispatcher.audit), server)
+
     async def _start_query_server(self, query: QueryServicer) -> None:
         """The query service alone on --query-listen: TLS without client certificates when TLS is on."""
         server = grpc.aio.server(interceptors=[MalformedMessageInterceptor(self._count_rejected)],
                                  options=[NO_REUSEPORT, *server_options(self._query_cap)])
-        query_pb2_grpc.add_QueryServicer_to_server(query, server)
+        self._add_query_services(query, server)
         cfg = self.config
         creds = server_credentials(cfg.tls_cert, cfg.tls_key)  # no client certificates: login nodes have none
         self.query_port = bind(server, cfg.query_listen, "--query-listen", creds)

@@ -1,0 +1,44 @@
+"""The operators' view of what clusterwatch did on its own: the audit trail (`clusterwatch health --history`).
+
+Beside the query service, on its ports, asking its authentication: an action names every user's jobs and
+nodes, so only the collector's admins are answered, as for `clusterwatch health`.
+"""
+from __future__ import annotations
+
+import grpc
+from clusterwatch.v1 import actions_pb2, actions_pb2_grpc
+
+from ..alerting.audit import ActionAudit
+from .service import QueryServicer
+
+#: The most rows one answer holds: a page of a terminal's history, not the whole table.
+MAX_ROWS = 5000
+DEFAULT_ROWS = 200
+
+
+class ActionsServicer(actions_pb2_grpc.ActionsServicer):
+    """The audit trail, newest first, to admins.
+
+    Args:
+        query: the query service, whose authentication and admins this one shares.
+        audit: the collector's audit trail; None: no actions are recorded, and none are listed.
+    """
+
+    def __init__(self, query: QueryServicer, audit: ActionAudit | None) -> None:
+        self.query = query
+        self.audit = audit
+
+    async def ListActions(self, request, context):
+        caller = await self.query._caller(context)
+        if not caller.admin:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "clusterwatch health --history is for the cluster's operators (users the collector's "
+                                "--query-admin names, and root): its actions name every user's jobs")
+        resp = actions_pb2.ListActionsResponse()
+        if self.audit is None:
+            return resp
+        # on the loop's thread, the one the trail is written on (rows() writes the lanes' outcomes first)
+        for r in self.audit.rows(min(request.limit or DEFAULT_ROWS, MAX_ROWS), request.node):
+            resp.actions.add(time=r.at, action=r.action, node=r.node, job_id=r.job_id, outcome=r.outcome,
+                             detail=r.detail, why=r.why, rule=r.rule)
+        return resp

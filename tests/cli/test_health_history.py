@@ -1,0 +1,96 @@
+"""`clusterwatch health --history [NODE]`: what clusterwatch did on its own, newest first, for operators only.
+
+A real collector with munge-identified queries (a real munged) and a rules file that notifies (a command step)
+and drains (no --slurm: the drain is skipped, and says why) on gpu_xid; a real agent over the real pynvml and
+the C stand-in for the driver, whose kernel log has an XID 48.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import grpc
+import jsonschema
+import pytest
+from clusterwatch.cli.common import MUNGE_PAYLOAD
+from clusterwatch.v1 import actions_pb2, actions_pb2_grpc
+
+from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.support.helpers import CLI, ROOT, Collector, Proc, cli, kmsg_record, wait_for
+
+pytestmark = pytest.mark.e2e
+stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
+NODE = "hh-node"
+
+RULES = """\
+[[actions.steps]]
+action = "command"
+rules = ["gpu_xid"]
+command = ["true"]
+
+[[actions.steps]]
+action = "drain"
+rules = ["gpu_xid"]
+"""
+
+
+def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp_path: Path, munged) -> None:
+    state = tmp_path / "nvml-state.txt"
+    write_state(state, "gpu GPU-hh0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 name=NVIDIA H100\n")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"))
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES)
+    collector = Collector(tmp_path, "--query-auth", "munge", "--munge-socket", str(munged), "--rules", str(rules))
+    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", NODE, "--gpu-source", "nvml",
+                  "--interval", "0.5", "--send-interval", "0", "--no-provenance",
+                  "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock"),
+                  "--kmsg", str(kmsg)],
+                 tmp_path / "agent.log", env=child_env(stub_lib, state))
+    env = {"CLUSTERWATCH_MUNGE_SOCKET": str(munged)}
+    try:
+        def both_done():
+            r = cli("health", "--history", "--collector", collector.address, "--json", env=env)
+            doc = json.loads(r.stdout) if r.returncode == 0 else {}
+            got = {(a["action"], a["outcome"]) for a in doc.get("actions", [])}
+            return doc if got == {("command", "done"), ("drain", "skipped")} else None
+
+        doc = wait_for(both_done, timeout=60, what="the notification and the drain in health --history --json")
+        assert doc["schema"] == "clusterwatch.health_history/1"
+        schema = json.loads((ROOT / "docs" / "json" / "clusterwatch.schema.json").read_text())
+        assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)] == []
+        by_action = {a["action"]: a for a in doc["actions"]}
+        drain = by_action["drain"]
+        assert (drain["node"], drain["rule"], drain["job_id"]) == (NODE, "gpu_xid", None)
+        assert "--slurm" in drain["detail"] and drain["why"].startswith("gpu_xid: ")
+        assert [a["time"] for a in doc["actions"]] == sorted((a["time"] for a in doc["actions"]), reverse=True)
+
+        text = cli("health", "--history", NODE, "--collector", collector.address, env=env)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert lines[0].split() == ["WHEN", "ACTION", "NODE", "JOB", "OUTCOME"]
+        rows = [line.split()[2:] for line in lines[1:] if line[:4].isdigit()]  # past the date and time
+        assert sorted(rows) == [["command", NODE, "-", "done"], ["drain", NODE, "-", "skipped"]], text.stdout
+        assert "why: gpu_xid: " in text.stdout
+        # another node's history is empty, not an error (a node drained and since removed still has one)
+        other = cli("health", "--history", "other-node", "--collector", collector.address, env=env)
+        assert (other.returncode, other.stdout) == (0, "no automatic action recorded\n"), other.stderr
+
+        # a user who is not an admin: refused
+        cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", f"--socket={munged}", "-s", MUNGE_PAYLOAD],
+                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        channel = grpc.insecure_channel(collector.address)
+        try:
+            actions_pb2_grpc.ActionsStub(channel).ListActions(actions_pb2.ListActionsRequest(), timeout=10,
+                                                              metadata=[("x-clusterwatch-munge", cred)])
+            raise AssertionError("nobody was given the automatic actions")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "for the cluster's operators" in err.details()
+        finally:
+            channel.close()
+    finally:
+        agent_code = agent.stop()
+        collector.stop()
+    assert agent_code == 0, agent.text()
