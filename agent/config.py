@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusterwatch.agent.health.fabric import ExpectedRates
+
 # 15 minutes of 64 processes polled every second, with room to spare: a collector restart or a
 # short network cut loses nothing.
 DEFAULT_BUFFER_SAMPLES = 100_000
@@ -47,7 +49,11 @@ class AgentConfig:
             None: not read (the CLI's default is /dev/kmsg). The same log's NVSwitch SXID lines are read too.
         ib_sysfs: the InfiniBand / RoCE ports' sysfs folder, read on the health cadence (/sys/class/infiniband;
             a tree shaped like it in tests); None: not read (the CLI's default is /sys/class/infiniband).
+        ib_expect: the rate each port should run at (--ib-expect-rate, parse_expected_rates), sent with its
+            readings: a port below it is fabric_port's `degraded`; empty: nothing expected (split cables run at 2X).
         health_interval_s: how often the GPUs' health counters are read (ECC, throttling, ...).
+        tmpfs_interval_s: how often the node's tmpfs mounts are walked for what each uid's files hold there
+            (agent/tmpfs.py), on a thread of its own; 0: not walked.
         activity_interval_s: how often the GPUs' true activity (NVML GPM: SM, tensor, DRAM) is read, each
             reading the activity over that window; 0: not read.
         read_job_output: read the progress of jobs that do not call clusterwatch.train from their own output
@@ -80,8 +86,10 @@ class AgentConfig:
     process_source: str = "auto"
     kmsg: str | None = None
     ib_sysfs: str | None = None
+    ib_expect: ExpectedRates = ExpectedRates()
     health_interval_s: float = 30.0
     activity_interval_s: float = 10.0
+    tmpfs_interval_s: float = 30.0
     collectors_before: str = ""
     read_job_output: bool = False
     job_output_regex: str = ""

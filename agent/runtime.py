@@ -97,6 +97,8 @@ class AgentRuntime:
             sender.start()
             if agent.health is not None:
                 agent.health.start()
+            if agent.tmpfs is not None:
+                agent.tmpfs.start()
             log.info("agent on %s: polling every %.1fs, GPU source %s, collector %s",
                      config.node, config.interval_s, agent.gpus.name, describe(sender))
             joiner = PollJoiner(config.interval_s, config.send_interval_s, build_table=False)
@@ -156,6 +158,8 @@ class AgentRuntime:
             self.agent.job_output.close()
         if self.agent.health is not None:
             self.agent.health.stop()  # before the GPU source: its threads call NVML
+        if self.agent.tmpfs is not None:
+            self.agent.tmpfs.stop()
         if self.agent.health_file is not None:
             self.agent.health_file.remove()  # no one keeps it current now: the gate must not trust it
         self.agent.gpus.close()
@@ -289,7 +293,8 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
         from .health.monitor import open_health
 
         health = open_health(gpus.name, config.kmsg, counters_every_s=config.health_interval_s, log=log,
-                             sim_nvml=getattr(gpus, "health_nvml", None), ib_sysfs=config.ib_sysfs)
+                             sim_nvml=getattr(gpus, "health_nvml", None), ib_sysfs=config.ib_sysfs,
+                             ib_expect=config.ib_expect)
         endpoint = open_train_endpoint(config.train_socket)
         if config.provenance:
             from .provenance_worker import ProvenanceWorker
@@ -297,11 +302,13 @@ def build_agent(config: AgentConfig, live: bool = True) -> Agent:
             provenance = ProvenanceWorker()
         from .health_file import HealthFileWriter
         from .job_output import open_job_output
+        from .tmpfs import TmpfsScanner
 
         health_file = HealthFileWriter(config.spool_dir) if health is not None else None
+        tmpfs = TmpfsScanner(config.tmpfs_interval_s) if config.tmpfs_interval_s > 0 else None
         return Agent(config, gpus, procs, labeler, spool=spool, train_endpoint=endpoint,
                      provenance=provenance, health=health, roots=roots, job_output=open_job_output(config),
-                     health_file=health_file)
+                     health_file=health_file, tmpfs=tmpfs)
     except BaseException:
         if endpoint is not None:  # nor does a failed start leave its socket behind
             endpoint.close()

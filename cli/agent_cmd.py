@@ -78,6 +78,15 @@ from .help_text import examples
 @click.option("--ib-sysfs", envvar="CLUSTERWATCH_IB_SYSFS", default="/sys/class/infiniband", show_default=True,
               metavar="PATH", help="The InfiniBand / RoCE ports' sysfs folder, read for link flaps, rate and errors "
                                    "('none': not read) (CLUSTERWATCH_IB_SYSFS).")
+@click.option("--ib-expect-rate", envvar="CLUSTERWATCH_IB_EXPECT_RATE", default="", metavar="GBPS[,DEVICE[/PORT]=GBPS]",
+              help="The rate, Gb/s, the ports should run at, so a link that trains narrow or slow at boot is "
+                   "fabric_port's `degraded`: GBPS for every port, DEVICE=GBPS or DEVICE/PORT=GBPS for some, comma "
+                   "separated (200,mlx5_4=100); off by default, as a split cable's halves run at 2X (HDR100 is 2X "
+                   "HDR, 100 Gb/s) (CLUSTERWATCH_IB_EXPECT_RATE).")
+@click.option("--tmpfs-interval", envvar="CLUSTERWATCH_TMPFS_INTERVAL", type=click.FloatRange(min=0), default=30.0,
+              show_default=True, metavar="SECONDS",
+              help="How often the node's tmpfs (/dev/shm, ...) is walked for what each user's files hold, counted in "
+                   "the host memory of the user's jobs on the node; 0: not walked (CLUSTERWATCH_TMPFS_INTERVAL).")
 @click.option("--provenance/--no-provenance", default=True, show_default=True,
               help="Record the git provenance of each rank process (git runs as the process's owner).")
 @click.option("--read-job-output/--no-read-job-output", default=False, show_default=True,
@@ -99,8 +108,8 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
           sim_run, process_source, pids,
           local_job_id, once,
           as_json, token, token_file, agent_auth, munge_socket, tls_ca, tls_cert, tls_key,
-          spool_dir, buffer_samples, train_socket, kmsg, ib_sysfs, provenance, read_job_output, job_output_regex,
-          ensure, poll_on_sigusr1, verbose) -> None:
+          spool_dir, buffer_samples, train_socket, kmsg, ib_sysfs, ib_expect_rate, tmpfs_interval, provenance,
+          read_job_output, job_output_regex, ensure, poll_on_sigusr1, verbose) -> None:
     """Sample this node's GPU processes (and --pid trees) and stream them to the collector."""
     import os
 
@@ -131,10 +140,12 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         deployment(collector, collectors_before)  # a malformed list: one line and exit 2
     elif collectors_before:
         fail("--collectors-before needs --collector (the current list)")
+    from clusterwatch.agent.health.fabric import parse_expected_rates
     from clusterwatch.agent.roots import parse_root
 
     try:
         roots = tuple(parse_root(p) for p in pids)
+        ib_expect = parse_expected_rates(ib_expect_rate)
     except ConfigError as exc:
         fail(str(exc))
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -151,7 +162,8 @@ def agent(collector, collectors_before, node, interval, send_interval, health_in
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, process_source=process_source,
         kmsg=None if kmsg in ("", "none") else kmsg, collectors_before=collectors_before,
         read_job_output=read_job_output, job_output_regex=job_output_regex,
-        ib_sysfs=None if ib_sysfs in ("", "none") else ib_sysfs,
+        ib_sysfs=None if ib_sysfs in ("", "none") else ib_sysfs, ib_expect=ib_expect,
+        tmpfs_interval_s=tmpfs_interval,
     )
     # Before anything is opened: a SIGTERM while NVML opens stops the run it starts, and close()
     # removes the train socket (the default action would leave it behind).

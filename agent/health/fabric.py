@@ -14,6 +14,11 @@ only when it is a regular file (never a FIFO that would block, nor a symlink in 
 READ_LIMIT bytes of it; a value that does not parse is None and counted (`errors`), never logged one by one;
 the tree is walked to its fixed depth only, so a symlink loop costs one failed open; names are bounded
 in length and number (MAX_DEVICES, MAX_PORTS).
+
+A port that trains at boot on fewer lanes than its cable has (1X of a 4X link) runs at that rate from its first
+reading, and nothing in sysfs says it should run faster: the rate the site expects (ExpectedRates, the agent's
+--ib-expect-rate) travels with each reading, and the collector's fabric_port compares them. It is the site's to
+say, never assumed: a split cable runs its halves at 2X (HDR100 is 2X HDR, 100 Gb/s) by design.
 """
 from __future__ import annotations
 
@@ -24,8 +29,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["PortReading", "FabricReader", "parse_state", "parse_rate", "parse_counter", "COUNTERS", "IB_SYSFS",
-           "READ_LIMIT", "MAX_DEVICES", "MAX_PORTS"]
+from clusterwatch.errors import ConfigError
+
+__all__ = ["PortReading", "FabricReader", "ExpectedRates", "parse_state", "parse_rate", "parse_counter",
+           "parse_expected_rates", "COUNTERS", "IB_SYSFS", "READ_LIMIT", "MAX_DEVICES", "MAX_PORTS"]
 
 IB_SYSFS = "/sys/class/infiniband"
 # the counters that tell a link's health (the port's traffic counters are not health)
@@ -39,6 +46,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _STATE = re.compile(r"(\d{1,2}): ?[A-Za-z_ ]{1,40}")
 _RATE = re.compile(r"(?P<gbps>\d{1,5}(?:\.\d{1,3})?) Gb/sec(?: \((?P<width>\d{1,2})X ?(?P<speed>[A-Z0-9]{0,8})\))?")
 _NUMBER = re.compile(r"\d{1,20}")
+_EXPECT = re.compile(r"(?:(?P<device>[A-Za-z0-9_.:-]{1,64})(?:/(?P<port>\d{1,2}))?=)?(?P<gbps>\d{1,5}(?:\.\d{1,3})?)")
 
 
 def parse_state(text: str) -> int | None:
@@ -67,6 +75,52 @@ def parse_counter(text: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpectedRates:
+    """The rate, Gb/s, the site expects of its ports: one for every port, a device's, a port's (the most
+    specific wins); no entry: nothing expected."""
+
+    every: float | None = None
+    devices: dict[str, float] = field(default_factory=dict)
+    ports: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def of(self, device: str, port: int) -> float | None:
+        got = self.ports.get((device, port))
+        if got is None:
+            got = self.devices.get(device, self.every)
+        return got
+
+    def __bool__(self) -> bool:
+        return self.every is not None or bool(self.devices) or bool(self.ports)
+
+
+def parse_expected_rates(text: str) -> ExpectedRates:
+    """--ib-expect-rate: comma-separated GBPS (every port), DEVICE=GBPS (its ports), DEVICE/PORT=GBPS (one port),
+    as "200,mlx5_2=100,mlx5_0/2=400"; "" is nothing expected. ConfigError names the entry that is none of these,
+    a rate of 0 or one said twice."""
+    if not text.strip():
+        return ExpectedRates()
+    every: float | None = None
+    devices: dict[str, float] = {}
+    ports: dict[tuple[str, int], float] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        m = _EXPECT.fullmatch(entry)
+        if m is None or float(m.group("gbps")) <= 0:
+            raise ConfigError(f"--ib-expect-rate: {entry[:80]!r} is not GBPS, DEVICE=GBPS or DEVICE/PORT=GBPS "
+                              "with a rate above 0 (200, mlx5_2=100, mlx5_0/1=400)")
+        gbps, device = float(m.group("gbps")), m.group("device")
+        if device is None:
+            seen, every = every is not None, gbps
+        elif m.group("port") is None:
+            seen, devices[device] = device in devices, gbps
+        else:
+            key = (device, int(m.group("port")))
+            seen, ports[key] = key in ports, gbps
+        if seen:
+            raise ConfigError(f"--ib-expect-rate: {entry[:80]!r} says again what an earlier entry said")
+    return ExpectedRates(every, devices, ports)
+
+
+@dataclass(frozen=True, slots=True)
 class PortReading:
     """One port at one read; None: not known (absent, or garbage)."""
 
@@ -80,18 +134,22 @@ class PortReading:
     speed: str = ""
     link_layer: str = ""
     counters: dict[str, int] = field(default_factory=dict)
+    expected_gbps: float | None = None     # the rate the site expects of it (ExpectedRates)
 
 
 class FabricReader:
     """Reads every port under `root` (/sys/class/infiniband, or a tree shaped like it in tests).
 
     `read()` returns a PortReading a port; a node without InfiniBand or RoCE has no `root` and reads none.
-    Unreadable or malformed values are counted in `errors`.
+    Unreadable or malformed values are counted in `errors`. `expect`: the rates the site expects of its ports,
+    given with each reading.
     """
 
-    def __init__(self, root: str = IB_SYSFS, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, root: str = IB_SYSFS, *, clock: Callable[[], float] = time.time,
+                 expect: ExpectedRates | None = None) -> None:
         self.root = root
         self._clock = clock
+        self._expect = expect or ExpectedRates()
         self.errors = 0
 
     def _read(self, path: str) -> str | None:
@@ -169,4 +227,5 @@ class FabricReader:
                            state=self._value(os.path.join(path, "state"), parse_state),
                            phys_state=self._value(os.path.join(path, "phys_state"), parse_state),
                            rate_gbps=rate[0] if rate else None, width=rate[1] if rate else None,
-                           speed=rate[2] if rate else "", link_layer=layer, counters=counters)
+                           speed=rate[2] if rate else "", link_layer=layer, counters=counters,
+                           expected_gbps=self._expect.of(device, port))

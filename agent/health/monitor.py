@@ -17,7 +17,7 @@ from typing import Any, Callable
 from clusterwatch.agent.health.counters import CounterReader, GpuCounters
 from clusterwatch.agent.health.devices import physical_gpus
 from clusterwatch.agent.health.events import EventWatcher, GpuEvent
-from clusterwatch.agent.health.fabric import FabricReader, PortReading
+from clusterwatch.agent.health.fabric import ExpectedRates, FabricReader, PortReading
 from clusterwatch.agent.health.kmsg import KmsgReader, XidEvent
 from clusterwatch.agent.health.sxid import SxidEvent
 from clusterwatch.v1 import agent_pb2
@@ -60,7 +60,7 @@ def sxid_event_to_proto(e: SxidEvent, boot_id: str, out: agent_pb2.HealthEvent) 
 
 def port_to_proto(r: PortReading, out: agent_pb2.FabricPort) -> None:
     out.time, out.device, out.port, out.speed, out.link_layer = r.time, r.device, r.port, r.speed, r.link_layer
-    for name in ("state", "phys_state", "rate_gbps", "width"):
+    for name in ("state", "phys_state", "rate_gbps", "width", "expected_gbps"):
         value = getattr(r, name)
         if value is not None:
             setattr(out, name, value)
@@ -94,6 +94,7 @@ class HealthMonitor:
         kmsg_path: the kernel log to read (/dev/kmsg), or None.
         ib_sysfs: the InfiniBand ports' sysfs folder (/sys/class/infiniband; a tree shaped like it in tests),
             or None; read where it exists.
+        ib_expect: the rates the site expects of its ports (--ib-expect-rate), sent with each reading.
         counters_every_s: the counters' cadence.
         clock: wall clock.
         kmsg_boot_time: the kernel log's boot time in Unix seconds (tests; default from the clocks).
@@ -102,7 +103,7 @@ class HealthMonitor:
     def __init__(self, nvml: Any = None, kmsg_path: str | None = None, *, counters_every_s: float = 30.0,
                  clock: Callable[[], float] = time.time, log: logging.Logger | None = None,
                  kmsg_boot_time: float | None = None, boot_id: str | None = None,
-                 ib_sysfs: str | None = None) -> None:
+                 ib_sysfs: str | None = None, ib_expect: ExpectedRates | None = None) -> None:
         self._log = log or logging.getLogger("clusterwatch.agent")
         self._clock = clock
         self._lock = threading.Lock()
@@ -112,7 +113,8 @@ class HealthMonitor:
         self._nvml_thread = BackgroundThread(self._run_nvml, name="clusterwatch-gpu-health", os_name="cw-gpu-health")
         self._stop = self._nvml_thread.stopping
         self._fabric_thread = BackgroundThread(self._run_fabric, name="clusterwatch-fabric", os_name="cw-fabric")
-        self._fabric = FabricReader(ib_sysfs, clock=clock) if ib_sysfs and os.path.isdir(ib_sysfs) else None
+        self._fabric = (FabricReader(ib_sysfs, clock=clock, expect=ib_expect)
+                        if ib_sysfs and os.path.isdir(ib_sysfs) else None)
         self.dropped = 0
         self.boot_id = kernel_boot_id() if boot_id is None else boot_id
         self.counters_every_s = counters_every_s
@@ -252,7 +254,7 @@ class HealthMonitor:
 
 def open_health(gpu_source_name: str, kmsg_path: str | None, *, counters_every_s: float = 30.0,
                 log: logging.Logger | None = None, sim_nvml: Any = None,
-                ib_sysfs: str | None = None) -> HealthMonitor | None:
+                ib_sysfs: str | None = None, ib_expect: ExpectedRates | None = None) -> HealthMonitor | None:
     """The monitor for an agent whose GPU source is `gpu_source_name`; None when there is nothing to watch.
 
     NVML's events and counters are read where the GPU source is NVML, or from `sim_nvml`, the simulated
@@ -266,5 +268,6 @@ def open_health(gpu_source_name: str, kmsg_path: str | None, *, counters_every_s
         nvml = pynvml
     if nvml is None and not kmsg_path and not ib_sysfs:
         return None
-    monitor = HealthMonitor(nvml, kmsg_path, counters_every_s=counters_every_s, log=log, ib_sysfs=ib_sysfs)
+    monitor = HealthMonitor(nvml, kmsg_path, counters_every_s=counters_every_s, log=log, ib_sysfs=ib_sysfs,
+                            ib_expect=ib_expect)
     return monitor if monitor.parts else None

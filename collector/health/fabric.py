@@ -5,8 +5,10 @@ its switches, so the finding names every job on the node, and a stall of any of 
 Two rules:
 
 - fabric_port: a port that flaps (link_downed rose, or it left ACTIVE), retrains (link_error_recovery rose),
-  runs below its rate (below the highest the collector has seen it run at, or below what its width and speed
-  give), or climbs in errors (symbol, receive, link integrity, buffer overrun) faster than FabricRule allows.
+  runs below its rate (below the rate the site expects of it, the agent's --ib-expect-rate: a port that trained
+  narrow at boot has run at nothing higher; below the highest the collector has seen it run at; or below what its
+  width and speed give), or climbs in errors (symbol, receive, link integrity, buffer overrun) faster than
+  FabricRule allows.
   It stands while its trouble lasts (a flap for `flap_window_s` after the last one).
 - nvswitch_sxid: an SXID the agent read in the kernel log; critical when the driver's line says Fatal, a
   warning when it says Non-fatal (DOMAIN.md gives no catalogue of SXID severities). A moment, like an XID.
@@ -64,6 +66,7 @@ class PortState:
     width: int | None = None
     speed: str = ""
     counters: dict[str, int] = field(default_factory=dict)
+    expected_gbps: float | None = None      # the rate the site expects of it (the agent's --ib-expect-rate)
 
     @classmethod
     def of(cls, msg: Any) -> PortState:
@@ -71,7 +74,8 @@ class PortState:
             return getattr(msg, name) if msg.HasField(name) else None
 
         return cls(time=msg.time, state=opt("state"), phys_state=opt("phys_state"), rate_gbps=opt("rate_gbps"),
-                   width=opt("width"), speed=msg.speed, counters=dict(msg.counters))
+                   width=opt("width"), speed=msg.speed, counters=dict(msg.counters),
+                   expected_gbps=opt("expected_gbps"))
 
 
 def _rise(before: PortState, after: PortState, name: str) -> int:
@@ -99,7 +103,12 @@ def port_trouble(rule: FabricRule, before: PortState | None, after: PortState, *
         out["flapping"] = f"flapping: last went down {after.time - last_flap:.0f} s ago"
     if active and after.rate_gbps is not None:
         nominal = LANE_GBPS.get(after.speed, 0.0) * (after.width or 0)
-        if highest_gbps is not None and after.rate_gbps < highest_gbps:
+        expected = after.expected_gbps
+        if expected is not None and after.rate_gbps < expected:
+            lanes = f" ({after.width}X {after.speed})" if after.width and after.speed else ""
+            out["degraded"] = (f"runs at {after.rate_gbps:g} Gb/s{lanes}, below the {expected:g} Gb/s the site "
+                               "expects of it")
+        elif highest_gbps is not None and after.rate_gbps < highest_gbps:
             out["degraded"] = f"runs at {after.rate_gbps:g} Gb/s, below the {highest_gbps:g} Gb/s it ran at"
         elif nominal and after.rate_gbps < nominal:
             out["degraded"] = (f"runs at {after.rate_gbps:g} Gb/s, below the {nominal:g} Gb/s of "

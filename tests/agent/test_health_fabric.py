@@ -7,9 +7,20 @@ import os
 from pathlib import Path
 
 import pytest
-from clusterwatch.agent.health.fabric import FabricReader, parse_counter, parse_rate, parse_state
+from clusterwatch.agent.health.fabric import (
+    ExpectedRates,
+    FabricReader,
+    parse_counter,
+    parse_expected_rates,
+    parse_rate,
+    parse_state,
+)
 from clusterwatch.agent.health.kmsg import KmsgReader
+from clusterwatch.agent.health.monitor import port_to_proto
 from clusterwatch.agent.health.sxid import parse_sxid
+from clusterwatch.v1 import agent_pb2
+
+from clusterwatch.errors import ConfigError
 
 
 def port(root: Path, device: str, n: int, *, state="4: ACTIVE", phys="5: LinkUp", rate="200 Gb/sec (4X HDR)",
@@ -108,3 +119,37 @@ def test_the_kernel_log_reader_takes_the_kernels_sxids_only(tmp_path):
     reader.stop()
     assert [(e.line.sxid, e.seq, e.time) for e in got] == [(20034, 1, 1002.0)]
     assert reader.not_kernel == 1
+
+
+@pytest.mark.parametrize("text, want", [
+    ("", ExpectedRates()), ("  ", ExpectedRates()),
+    ("200", ExpectedRates(every=200.0)),
+    ("200,mlx5_4=100", ExpectedRates(every=200.0, devices={"mlx5_4": 100.0})),
+    (" mlx5_0/1=400 , mlx5_0=200 ", ExpectedRates(devices={"mlx5_0": 200.0}, ports={("mlx5_0", 1): 400.0})),
+    ("12.5", ExpectedRates(every=12.5))])
+def test_expected_rates_parse(text, want):
+    assert parse_expected_rates(text) == want
+
+
+@pytest.mark.parametrize("text", ["fast", "0", "200,", "mlx5_0=", "mlx5_0/x=200", "mlx5 0=200", "200Gb",
+                                  "-200", "mlx5_0=0", "200,100", "mlx5_0=200,mlx5_0=400", "a/1=1,a/1=2",
+                                  "bad;name=200"])
+def test_expected_rates_refuse_what_is_none_of_the_forms(text):
+    with pytest.raises(ConfigError, match="--ib-expect-rate"):
+        parse_expected_rates(text)
+
+
+def test_each_reading_carries_the_rate_expected_of_its_port(tmp_path):
+    port(tmp_path, "mlx5_0", 1, rate="50 Gb/sec (1X HDR)")      # a 4X cable that trained on one lane at boot
+    port(tmp_path, "mlx5_0", 2)
+    port(tmp_path, "mlx5_4", 1, rate="100 Gb/sec (2X HDR)")     # half of a split cable (HDR100)
+    expect = parse_expected_rates("200,mlx5_4=100,mlx5_0/2=400")
+    got = {(r.device, r.port): r.expected_gbps for r in FabricReader(str(tmp_path), expect=expect).read()}
+    assert got == {("mlx5_0", 1): 200.0, ("mlx5_0", 2): 400.0, ("mlx5_4", 1): 100.0}
+    readings = FabricReader(str(tmp_path)).read()                # the default: nothing expected, none sent
+    assert [r.expected_gbps for r in readings] == [None, None, None]
+    sent = agent_pb2.FabricPort()
+    port_to_proto(readings[0], sent)
+    assert not sent.HasField("expected_gbps")
+    port_to_proto(FabricReader(str(tmp_path), expect=expect).read()[0], sent)
+    assert (sent.expected_gbps, sent.rate_gbps, sent.width) == (200.0, 50.0, 1)

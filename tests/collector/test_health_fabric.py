@@ -82,3 +82,35 @@ def test_an_sxid_is_a_finding_on_its_node_once_per_record():
     assert engine.observe_event("n1", msg, USERS) == []       # the same record read again
     assert engine.fabric.sxid_counts == {("n1", "nvidia-nvswitch1", "PCI:0000:06:00.0", 20034, True): 1}
     assert engine.gpus == {}                                  # no GPU of that name
+
+
+def test_a_port_below_the_rate_the_site_expects_is_degraded_from_its_first_reading():
+    def first(rate, width, expected=None):
+        msg = reading(0, rate=rate, width=width)
+        if expected is not None:
+            msg.expected_gbps = expected
+        return trouble(None, msg, highest=None)
+
+    # a 4X HDR cable that trained on one lane at boot: its rate file says 1X, which its width and speed give
+    assert first(50.0, 1) == {}
+    assert first(50.0, 1, expected=200.0) == {
+        "degraded": "runs at 50 Gb/s (1X HDR), below the 200 Gb/s the site expects of it"}
+    # half of a split cable (HDR100 is 2X HDR) is none, with no expectation or the site's own
+    assert first(100.0, 2) == first(100.0, 2, expected=100.0) == first(200.0, 4, expected=200.0) == {}
+    # a port that is down is down, not degraded
+    msg = reading(30, state=1, rate=50.0, width=1)
+    msg.expected_gbps = 200.0
+    assert set(trouble(reading(0), msg)) == {"down"}
+
+
+def test_a_narrow_port_is_a_finding_once_on_its_node():
+    engine = HealthEngine(load_catalog())
+    narrow = reading(0, rate=50.0, width=1)
+    narrow.expected_gbps = 200.0
+    [alert] = engine.observe_port("n1", narrow, USERS)
+    assert (alert.rule, alert.severity) == ("fabric_port", "warning")
+    assert "port mlx5_0/1 of n1: runs at 50 Gb/s (1X HDR), below the 200 Gb/s the site expects" in alert.description
+    again = reading(30, rate=50.0, width=1)
+    again.expected_gbps = 200.0
+    assert engine.observe_port("n1", again, USERS) == []            # still narrow: said once
+    assert [f.uuid for _, f in engine.fabric.node_findings(["n1"], standing=True)] == ["mlx5_0/1"]

@@ -44,10 +44,14 @@ def batches(job: StallingJob) -> float:
     return metric_value(job.collector.metrics(), "clusterwatch_ingest_batches_total") or 0.0
 
 
-def start(tmp_path: Path, *agent_args: str) -> tuple[StallingJob, Path]:
+def start(tmp_path: Path, *agent_args: str, rates: dict[str, str] | None = None) -> tuple[StallingJob, Path]:
+    """The job, its agent reading the tree (two ports, `rates` more by device: DEVICE/1 at that rate) from its first
+    reading, and the collector."""
     tree = tmp_path / "infiniband"
     write_port(tree, "mlx5_0", 1, link_downed=2, link_error_recovery=1, symbol_error=7, port_rcv_errors=0)
     write_port(tree, "mlx5_1", 1, link_downed=0, link_error_recovery=0, symbol_error=0, port_rcv_errors=0)
+    for device, rate in (rates or {}).items():
+        write_port(tree, device, 1, rate=rate, link_downed=0)
     env = {k: v for k, v in clean_environ().items() if not k.startswith("SLURM")}
     job = start_stalling_job(tmp_path, NODE, env, ["--gpu-source", "none", "--ib-sysfs", str(tree),
                                                    "--health-interval", "1", *agent_args], kmsg=True, by_pid=True)
@@ -131,6 +135,27 @@ def test_a_quiet_tree_is_no_stalls_cause(tmp_path: Path) -> None:
         assert health_nodes(job) == []
         metrics = job.collector.metrics()
         assert troubles(metrics) == {0.0} and "clusterwatch_nvswitch_sxid_errors_total{" not in metrics, metrics
+    finally:
+        agent_code = job.close()
+    assert agent_code == 0, job.agent.text()
+
+
+def test_a_port_that_trained_narrow_at_boot_is_degraded_against_the_rate_expected(tmp_path: Path) -> None:
+    # from the agent's first reading on: mlx5_2/1 trained on one lane of its four at boot (it never ran faster);
+    # half of a split cable (HDR100, 2X) is what the site expects of mlx5_4
+    job, _ = start(tmp_path, "--ib-expect-rate", "200,mlx5_4=100",
+                   rates={"mlx5_2": "50 Gb/sec (1X HDR)", "mlx5_4": "100 Gb/sec (2X HDR)"})
+    try:
+        [node] = wait_for(lambda: health_nodes(job), timeout=60, what="a finding on the node")
+        assert [(f["rule"], f["gpu"]) for f in node["findings"]] == [("fabric_port", "mlx5_2/1")], node
+        assert "runs at 50 Gb/s (1X HDR), below the 200 Gb/s the site expects of it" in (
+            node["findings"][0]["description"]), node
+        metrics = job.collector.metrics()
+        assert metric_value(metrics, "clusterwatch_fabric_port_trouble", node=NODE, port="mlx5_2/1",
+                            kind="degraded") == 1, metrics
+        for port in ("mlx5_0/1", "mlx5_1/1", "mlx5_4/1"):
+            assert metric_value(metrics, "clusterwatch_fabric_port_trouble", node=NODE, port=port,
+                                kind="degraded") == 0, metrics
     finally:
         agent_code = job.close()
     assert agent_code == 0, job.agent.text()
