@@ -9,6 +9,7 @@ import random
 import pytest
 from clusterwatch.collector.rules import Engine, GpuObservation, ProcessObservation, load_rules, parse_rules
 from clusterwatch.collector.rules.causes import RankFigures, hung_collective, odd_rank_out
+from clusterwatch.collector.state.observations import gpu_from_record, gpu_record
 
 
 def _fired(evs: list, rule: str) -> list:
@@ -140,3 +141,16 @@ def test_hung_collective_by_gpm_decides_alone_and_without_it_by_power():
     no_gpm = RankFigures(0, "n", 1, util=100.0, power_watts=70.0, power_peak_watts=300.0)
     assert "at 70 W, 23% of the 300 W" in hung_collective(no_gpm).text
 
+
+
+# ---- the trace's gpu record -----------------------------------------------------------------------------------
+
+def test_the_gpu_record_carries_activity_where_read_and_an_old_one_reads_as_without_gpm():
+    obs = GpuObservation(5.0, "n1", "GPU-a", "9", 100.0, 1, 0, 250.0, 2.0, 0.0)
+    rec = gpu_record(obs)
+    assert (rec["sm_active"], rec["tensor_active"]) == (2.0, 0.0)
+    assert gpu_from_record(rec) == obs
+    old = {"kind": "gpu", "t": 5.0, "node": "n1", "gpu": "GPU-a", "job_id": "9", "utilization": 100.0}
+    back = gpu_from_record(old)
+    assert (back.sm_active, back.tensor_active) == (None, None)
+    assert "sm_active" not in gpu_record(back) and "tensor_active" not in gpu_record(back)

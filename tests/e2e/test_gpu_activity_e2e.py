@@ -38,6 +38,14 @@ def _value(samples: list, name: str, **labels: str) -> float | None:
     return None
 
 
+def _agent(collector: Collector, node: str, spool: Path, tmp_path: Path, env: dict[str, str]) -> Proc:
+    """A real agent over the real pynvml and the stand-in, polling every half second and sending each poll."""
+    return Proc([*CLI, "agent", "--collector", collector.address, "--node", node, "--interval", "0.5",
+                 "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
+                 "--train-socket", str(tmp_path / "train.sock"), "--kmsg", "none"],
+                tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": node})
+
+
 def test_gpm_activity_reaches_metrics_and_status_and_a_gpu_without_it_has_none(stub_lib: Path,
                                                                                tmp_path: Path) -> None:
     from clusterwatch.agent.spool import write_event
@@ -58,10 +66,7 @@ def test_gpm_activity_reaches_metrics_and_status_and_a_gpu_without_it_has_none(s
     spool = tmp_path / "spool"
     write_event(str(spool), JobEvent("start", JOB, time.time(), gpu_indexes="0,1"))
     collector = Collector(tmp_path)
-    agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "act-node", "--interval", "0.5",
-                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
-                  "--train-socket", str(tmp_path / "train.sock"), "--kmsg", "none"],
-                 tmp_path / "agent.log", env={**env, "SLURMD_NODENAME": "act-node"})
+    agent = _agent(collector, "act-node", spool, tmp_path, env)
     try:
         def scraped():
             got = _samples(collector.metrics())
@@ -99,3 +104,56 @@ def test_gpm_activity_reaches_metrics_and_status_and_a_gpu_without_it_has_none(s
     assert agent_code == 0, agent.text()
     said = [line for line in agent.text().splitlines() if "GPM" in line]
     assert len(said) == 1 and "GPU-act1" in said[0] and "GPU-act0" not in said[0], said
+
+
+def _alerts(collector: Collector, rule: str) -> list[dict]:
+    r = cli("alerts", "--collector", collector.address, "--json")
+    assert r.returncode == 0, r.stderr
+    return [e for e in json.loads(r.stdout).get("alerts", []) if e["rule"] == rule]
+
+
+def test_a_gpu_busy_by_utilisation_but_idle_by_its_sms_raises_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
+    from clusterwatch.agent.spool import write_event
+
+    from clusterwatch.model import JobEvent
+
+    job = unique_job_id()
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[idle_gpu]\nfor_s = 3\n")
+    state = tmp_path / "nvml-state.txt"
+    env = {k: v for k, v in child_env(stub_lib, state).items() if not k.startswith("SLURM")}
+    ranks = [subprocess.Popen(["sleep", "300"], env={**env, "SLURM_JOB_ID": job, "SLURM_PROCID": str(i),
+                                                     "SLURM_LOCALID": str(i), "SLURM_STEP_ID": "0"})
+             for i in range(2)]
+    write_state(state,
+                f"gpu GPU-spin0 total={80 * GiB} used={20 * GiB} util=100 power=300000 name=NVIDIA H100 80GB HBM3\n"
+                f"gpu GPU-busy1 total={80 * GiB} used={20 * GiB} util=100 power=300000 name=NVIDIA A100-SXM4-80GB\n"
+                f"proc GPU-spin0 {ranks[0].pid} {8 * GiB}\nsample GPU-spin0 {ranks[0].pid} 100 age_us=100000\n"
+                f"proc GPU-busy1 {ranks[1].pid} {8 * GiB}\nsample GPU-busy1 {ranks[1].pid} 100 age_us=100000\n"
+                # GPU 0 spins: 100 % by utilisation, 2 % by its SMs; GPU 1 has no GPM and reads 100 % too
+                "gpm GPU-spin0 sm=2 occupancy=1 tensor=0 dram=1\n")
+    spool = tmp_path / "spool"
+    write_event(str(spool), JobEvent("start", job, time.time(), gpu_indexes="0,1"))
+    collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    agent = _agent(collector, "spin-node", spool, tmp_path, env)
+    try:
+        def firing() -> list[dict]:
+            return [e for e in _alerts(collector, "idle_gpu") if e["state"] == "firing"]
+
+        # GPM's first reading comes with the GPU's second sample (10 s), then 3 s of it fire
+        [alert] = wait_for(firing, timeout=90, what="idle_gpu on the GPU whose SMs idle")
+        assert alert["gpu"] == "GPU-spin0" and alert["job_id"] == job, alert
+        assert "is idle (2 % SM activity at 100 % utilisation)" in alert["description"], alert
+        # the GPU without GPM, busy by its utilisation the whole while, is not idle (today's rule)
+        assert [e["gpu"] for e in _alerts(collector, "idle_gpu")] == ["GPU-spin0"]
+        # `status` shows SM activity beside utilisation: 2 % on the GPU that has it, "-" on the other
+        status = cli("status", job, "--collector", collector.address, env={"COLUMNS": "80"})
+        gpus = status.stdout.split("\nGPUs\n", 1)[1].split("\n\n", 1)[0]
+        rows = [line.split() for line in gpus.splitlines() if line.startswith("  spin-node")]
+        assert sorted(r[r.index("100%") + 1] for r in rows) == ["-", "2%"], status.stdout
+    finally:
+        agent.stop()
+        collector.stop()
+        for r in ranks:
+            r.kill()
+            r.wait()
