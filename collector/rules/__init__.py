@@ -3,7 +3,7 @@
 Public surface::
 
     load_rules(path=None) -> RuleSet         parse_rules(text, source) -> RuleSet
-    Engine(rules).observe(ProcessObservation) / observe_mapping(dict) / observe_gpu(GpuObservation)
+    Engine(rules).observe(ProcessObservation) / observe_gpu(GpuObservation)
                  .observe_gpu_clocks(GpuClockObservation)
                  .heartbeat(NodeHeartbeat) / tick(now) / forget_process(...) / forget_job(...)
                  .forget_node(...) / active() / series()

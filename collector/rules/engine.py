@@ -11,7 +11,7 @@ its condition clears, or when its process, job or node is forgotten.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from . import causes as _causes
@@ -121,55 +121,6 @@ class Engine:
         out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None)
         if allocated is not None:
             found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
-            if found:
-                out = [*out, *found]
-        return out
-
-    def observe_mapping(self, d: Mapping[str, Any]) -> list[AlertEvent] | tuple[AlertEvent, ...]:
-        """Take one process observation in its written-down form: a trace's process line
-        (collector/state/observations.py `observation_record`), ProcessObservation's fields by name.
-
-        `replay` no longer uses it: it reads each line back with the builder's own reader
-        (collector/state/observations.py `process_from_record`) into `observe`, the one input type.
-        Left for bench/bench_detection.py and the tests that feed rows as dicts; to go once they read
-        lines that way too. Missing keys read as None (labels as "", start_time as 0.0);
-        `job_mem_total_bytes`, where the line has it, is the host memory's ceiling, as in
-        `observe`.
-
-        Args:
-            d: The observation (a parsed trace line, for example).
-
-        Returns:
-            Alert events caused by it.
-        """
-        g = d.get
-        t = d["t"]
-        key = (d["node"], d["pid"], g("start_time", 0.0))
-        p = self._procs.get(key)
-        job_id = g("job_id", "")
-        rank = g("rank")
-        if p is None or p.job_id != job_id or p.rank != rank:
-            gpu = g("gpu", "")
-            p = self._labels(key, p, t, job_id, "" if gpu is None else str(gpu), rank,
-                             g("user", ""), g("command", ""), g("job_name", ""), g("partition", ""))
-        if "job_mem_total_bytes" in d:
-            ceiling = d["job_mem_total_bytes"]
-            p.host_full = JOB_ALLOCATION
-        else:
-            # the name stays the process's last: `record` gives the ceiling only on lines with an RSS, and a
-            # line without one must not rename a leak measured against the allocation
-            ceiling = g("node_mem_total_bytes")
-        allocated = g("gpu_allocated_bytes")
-        rss, tmpfs = g("rss_bytes"), g("tmpfs_bytes")
-        if tmpfs:
-            p.host_tmpfs = True
-            if rss is not None:
-                rss += tmpfs
-        out = self._ingest(p, t, g("gpu_mem_bytes"), g("gpu_mem_total_bytes"), g("gpu_util"), rss,
-                           ceiling, g("threads"), g("open_fds"), g("step"), allocated is not None)
-        if allocated is not None:
-            found = self._allocator(p, t, allocated, g("gpu_reserved_bytes"), g("gpu_alloc_retries"),
-                                    g("gpu_mem_bytes"), g("gpu_mem_total_bytes"))
             if found:
                 out = [*out, *found]
         return out

@@ -7,6 +7,7 @@ import random
 
 import pytest
 from clusterwatch.collector.rules import Engine, load_rules
+from clusterwatch.collector.state.observations import process_from_record
 
 from tests.synth_traces import make
 
@@ -30,5 +31,6 @@ def test_soak_days_that_once_fired_stay_quiet(kind, day, interval):
     eng = Engine(RULES)
     fired = []
     for row in tr.rows:
-        fired += [(e.rule, round(e.t / 3600, 2)) for e in eng.observe_mapping(row) if e.state == "firing"]
+        fired += [(e.rule, round(e.t / 3600, 2)) for e in eng.observe(process_from_record(row))
+                  if e.state == "firing"]
     assert not fired, fired
