@@ -33,6 +33,9 @@ class Rule(StrEnum):
     GPU_MEMORY_ERRORS = "gpu_memory_errors"
     GPU_THROTTLE = "gpu_throttle"
     GPU_LINK_ERRORS = "gpu_link_errors"
+    # raised by the collector over the findings and drains it kept (collector/health/offenders.py)
+    GPU_REPEAT_OFFENDER = "gpu_repeat_offender"
+    NODE_REPEAT_OFFENDER = "node_repeat_offender"
 
 
 #: The fixed rule names as plain strings; alert routing and the labelled traces use them.

@@ -30,6 +30,7 @@ from .export.counter_metrics import counter_families
 from .health.engine import HealthEngine
 from .health.kmsg_marks import KmsgMarks
 from .health.live import HealthListener
+from .health.offenders import FindingHistory
 from .ingest.agent_auth import TokenInterceptor, agent_auth_from_config
 from .ingest.service import FLUSH_S, AgentOutboxes, IngestServicer
 from .queries.auth import auth_from_config
@@ -116,9 +117,10 @@ class CollectorServer:
             # every automatic action, why and what came of it (health --history, /metrics)
             audit=ActionAudit(conn))
         health = HealthEngine(catalog)
+        # every finding kept 90 days, and the rules file's escalations over them and over the drains
+        self.offenders = FindingHistory(conn, rules.escalations)
         # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
-        health_listener = HealthListener(health, state, lambda events, now: self.alerting.handle(events, now),
-                                         marks=KmsgMarks(conn))
+        health_listener = HealthListener(health, state, self._handle_health, marks=KmsgMarks(conn))
         self.alerting = Alerting(rules, state, alert_store, min_interval_s=look_s, dispatcher=dispatcher,
                                  health=health_listener)
         self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting,
@@ -140,6 +142,14 @@ class CollectorServer:
         self._web_access = None  # who the pages took requests from (its refusals are counted on /metrics)
         self._query_cap = 0
         self._registry = None
+
+    def _handle_health(self, events: list, now: float) -> None:
+        """The health rules' alerts, and the escalations they raise: a finding's at once, a drain's once the
+        alert's drain step has been decided (its audit row is written by then)."""
+        self.alerting.handle([*events, *self.offenders.record(events, now)], now)
+        drained = [a for node in sorted({e.node for e in events}) for a in self.offenders.check_drains(node, now)]
+        if drained:
+            self.alerting.handle(drained, now)
 
     async def start(self) -> None:
         cfg = self.config

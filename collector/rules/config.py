@@ -362,6 +362,30 @@ class ActionsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Escalation:
+    """One escalation of the rules file (collector/health/offenders.py): `count` of `what` on one GPU (or
+    node) within `within_s` raises an alert.
+
+    Attributes:
+        on: "gpu" or "node": whose history is counted.
+        what: a health rule's findings (gpu_xid, gpu_lost, ...) or "drain" (the collector's drains of a node).
+        count: how many within the window raise it.
+        within_s: the window, seconds.
+        xid: with gpu_xid, only this XID (0: any).
+        severity: the alert's severity.
+        advice: what to do, said in the alert ("replace the GPU", "take the node out").
+    """
+
+    on: str
+    what: str
+    count: int
+    within_s: float
+    xid: int = 0
+    severity: str = "critical"
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSet:
     """Every rule with its parameters, overrides, allow-list and actions."""
 
@@ -379,6 +403,7 @@ class RuleSet:
     overrides: tuple[Override, ...] = ()
     allow: tuple[AllowEntry, ...] = ()
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    escalations: tuple[Escalation, ...] = ()
 
     def for_process(self, job_name: str, user: str, partition: str, command: str
                     ) -> tuple[RuleSet, frozenset[str]]:
@@ -512,10 +537,23 @@ _STEP = Table(
     build=lambda v: ActionStep(**v), checks=(_step_checks,))
 _ACTIONS = Table({"allow_signals": Key("allow_signals", Bool()), "steps": Key("steps", ArrayOf(_STEP))},
                  build=lambda v: dataclasses.replace(_DEFAULTS.actions, **v))
+def _escalation_checks(e: dict[str, Any]) -> None:
+    if e["on"] == "gpu" and e["what"] == "drain":
+        raise Invalid('drains are of a node: on = "node"', key="on")
+    if e.get("xid") and e["what"] != "gpu_xid":
+        raise Invalid('xid counts with what = "gpu_xid" only', key="xid")
+
+
+_ESCALATION = Table(
+    keys_of(Escalation, {"on": Text(("gpu", "node")), "severity": Text(SEVERITIES),
+                         "what": Text(("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu_link_errors",
+                                       "fabric_port", "nvswitch_sxid", "drain")),
+                         "count": Number(integer=True, at_least=1), "within_s": Number(at_least=1)}),
+    build=lambda v: Escalation(**v), checks=(_escalation_checks,))
 RULES_FILE = Table(
     {**{name: Key(name, _rule_table(name)) for name in _RULE_KEYS},
      "overrides": Key("overrides", ArrayOf(_OVERRIDE)), "allow": Key("allow", ArrayOf(_ALLOW)),
-     "actions": Key("actions", _ACTIONS)},
+     "actions": Key("actions", _ACTIONS), "escalations": Key("escalations", ArrayOf(_ESCALATION))},
     build=lambda v: dataclasses.replace(_DEFAULTS, **v), noun="table")
 
 

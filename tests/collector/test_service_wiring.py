@@ -6,6 +6,7 @@ import asyncio
 from clusterwatch.collector.config import CollectorConfig
 from clusterwatch.collector.health.kmsg_marks import KmsgMarks
 from clusterwatch.collector.ingest.service import IngestServicer
+from clusterwatch.collector.rules.model import FIRING, AlertEvent
 from clusterwatch.collector.service import CollectorServer
 from clusterwatch.collector.state.store import open_db
 from clusterwatch.v1 import agent_pb2
@@ -48,8 +49,12 @@ def test_the_health_rules_alerts_are_handled_by_the_alerting(tmp_path):
     server = CollectorServer(CollectorConfig(db_path=str(tmp_path / "cw.db")))
     handled = []
     server.alerting.handle = lambda events, now: handled.append((events, now))
-    server.alerting.health.handle(["an event"], 5.0)
-    assert handled == [(["an event"], 5.0)]
+    event = AlertEvent(t=5.0, rule="gpu_xid", state=FIRING, severity="critical", node="n1", gpu="GPU-1",
+                       figures={"xid": 48})
+    server.alerting.health.handle([event], 5.0)
+    assert handled == [([event], 5.0)]
+    # and the finding is kept for the repeat offenders
+    assert [(o.node, o.gpu, o.findings) for o in server.offenders.ranking()[0]] == [("n1", "GPU-1", 1)]
 
 
 def test_the_agents_stream_is_built_at_start_with_what_agents_must_prove(tmp_path):

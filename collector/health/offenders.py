@@ -1,0 +1,166 @@
+"""Repeat offenders: every health finding kept per GPU and node for 90 days, and escalation over that history.
+
+A GPU that logs XID 48 once may have met a cosmic ray; twice in a day it is failing. A node drained three
+times in a week is not being repaired by a reboot. The findings the health rules raise (collector/health)
+are one row each here, in the collector's store, so the history outlives a restart; the drains are the audit
+trail's (collector/alerting/audit.py). The rules file's `[[escalations]]` say what count, within what
+window, raises `gpu_repeat_offender` or `node_repeat_offender`, with the evidence in the alert's figures.
+
+Table `finding_history` (created if missing)::
+
+    id        INTEGER PRIMARY KEY
+    at        REAL    when the finding was raised (Unix seconds)
+    node, gpu TEXT    where ("" gpu: a node's finding, a port's or an NVSwitch's)
+    rule      TEXT    gpu_xid, gpu_lost, ...
+    xid       INTEGER the XID, for gpu_xid; NULL otherwise
+    job_id    TEXT    a job it hurt ("" none); one row a job, so a finding on a GPU two jobs share is two rows
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import NamedTuple
+
+from ..rules.config import Escalation
+from ..rules.model import FIRING, AlertEvent
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS finding_history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    node TEXT NOT NULL,
+    gpu TEXT NOT NULL DEFAULT '',
+    rule TEXT NOT NULL,
+    xid INTEGER,
+    job_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS finding_history_gpu ON finding_history(gpu, at);
+CREATE INDEX IF NOT EXISTS finding_history_node ON finding_history(node, at);
+"""
+
+KEEP_S = 90 * 86400.0
+#: Rows kept at most, whatever the 90 days hold: a thousand nodes' worth of a bad month, a few tens of MB.
+MAX_ROWS = 500_000
+#: The health rules' findings that count (the escalation alerts themselves never do).
+FINDING_RULES = ("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu_link_errors", "fabric_port",
+                 "nvswitch_sxid")
+GPU_REPEAT = "gpu_repeat_offender"
+NODE_REPEAT = "node_repeat_offender"
+
+
+class Offender(NamedTuple):
+    """A GPU or node ranked by its history: findings, drains (nodes), distinct jobs hurt."""
+
+    node: str
+    gpu: str
+    findings: int
+    drains: int
+    jobs_hurt: int
+
+
+class FindingHistory:
+    """The findings table, its ranking and the escalations over it.
+
+    Args:
+        conn: the collector's store (the action_audit table, for drains, is in it too); the caller owns its thread.
+        escalations: the rules file's.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, escalations: tuple[Escalation, ...] = (),
+                 max_rows: int = MAX_ROWS) -> None:
+        self.conn = conn
+        self.escalations = escalations
+        self.max_rows = max_rows
+        # (escalation, node, gpu) raised since start: said once, not on every later finding (its alert stands)
+        self._raised: set[tuple[int, str, str]] = set()
+        conn.executescript(_SCHEMA)
+        conn.commit()
+
+    def record(self, events: list[AlertEvent], now: float) -> list[AlertEvent]:
+        """Keep the health findings among `events` (those firing); returns the escalations they raise."""
+        rows = [(e.t, e.node, e.gpu if e.rule != "fabric_port" else "", e.rule,
+                 e.figures.get("xid") if e.rule == "gpu_xid" else None, e.job_id)
+                for e in events if e.state == FIRING and e.rule in FINDING_RULES]
+        if not rows:
+            return []
+        self.conn.executemany("INSERT INTO finding_history (at, node, gpu, rule, xid, job_id) VALUES (?,?,?,?,?,?)",
+                              rows)
+        last = self.conn.execute("SELECT MAX(id) FROM finding_history").fetchone()[0]
+        self.conn.execute("DELETE FROM finding_history WHERE id <= ? OR at < ?", (last - self.max_rows,
+                                                                                  now - KEEP_S))
+        self.conn.commit()
+        subjects = {(r[1], r[2]) for r in rows}
+        return [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
+
+    def check_drains(self, node: str, now: float) -> list[AlertEvent]:
+        """The escalations a drain of `node` raises (called once the drain is decided)."""
+        return self._check(node, "", now, drains=True)
+
+    def _check(self, node: str, gpu: str, now: float, drains: bool) -> list[AlertEvent]:
+        out = []
+        for i, esc in enumerate(self.escalations):
+            if (esc.what == "drain") != drains:
+                continue
+            subject_gpu = gpu if esc.on == "gpu" else ""
+            if esc.on == "gpu" and not gpu:
+                continue
+            key = (i, node, subject_gpu)
+            if key in self._raised:
+                continue
+            times = self._times(esc, node, subject_gpu, now)
+            if len(times) < esc.count:
+                continue
+            self._raised.add(key)
+            out.append(_alert(esc, node, subject_gpu, times, now))
+        return out
+
+    def _times(self, esc: Escalation, node: str, gpu: str, now: float) -> list[float]:
+        """When each counted event within the window happened (a finding on several jobs' GPU counts once)."""
+        since = now - esc.within_s
+        if esc.what == "drain":
+            q = ("SELECT at FROM action_audit WHERE action='drain' AND outcome IN ('queued', 'done') AND node=? "
+                 "AND at > ? ORDER BY at")
+            return [t for (t,) in self.conn.execute(q, (node, since))]
+        q = "SELECT DISTINCT at FROM finding_history WHERE node=? AND rule=? AND at > ?"
+        args: list = [node, esc.what, since]
+        if esc.on == "gpu":
+            q += " AND gpu=?"
+            args.append(gpu)
+        if esc.xid:
+            q += " AND xid=?"
+            args.append(esc.xid)
+        return [t for (t,) in self.conn.execute(q + " ORDER BY at", args)]
+
+    def ranking(self, node: str = "", since: float = 0.0, limit: int = 20) -> tuple[list[Offender], list[Offender]]:
+        """The GPUs and the nodes with the most findings (then drains, then jobs hurt) since `since`."""
+        where, args = "at > ?", [since]
+        if node:
+            where += " AND node=?"
+            args.append(node)
+        gpus = [Offender(n, g, f, 0, j) for n, g, f, j in self.conn.execute(
+            "SELECT node, gpu, COUNT(DISTINCT rule || at), COUNT(DISTINCT NULLIF(job_id, '')) FROM finding_history "
+            f"WHERE {where} AND gpu != '' GROUP BY node, gpu ORDER BY 3 DESC, 4 DESC, 1, 2 LIMIT ?", (*args, limit))]
+        findings = {n: (f, j) for n, f, j in self.conn.execute(
+            "SELECT node, COUNT(DISTINCT gpu || rule || at), COUNT(DISTINCT NULLIF(job_id, '')) FROM finding_history "
+            f"WHERE {where} GROUP BY node", args)}
+        drains = dict(self.conn.execute(
+            "SELECT node, COUNT(*) FROM action_audit WHERE action='drain' AND outcome IN ('queued', 'done') "
+            f"AND {where} GROUP BY node", args)) if self._has_audit() else {}
+        nodes = [Offender(n, "", findings.get(n, (0, 0))[0], drains.get(n, 0), findings.get(n, (0, 0))[1])
+                 for n in set(findings) | set(drains)]
+        nodes.sort(key=lambda o: (-o.findings, -o.drains, -o.jobs_hurt, o.node))
+        return gpus, nodes[:limit]
+
+    def _has_audit(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='action_audit'").fetchone() is not None
+
+
+def _alert(esc: Escalation, node: str, gpu: str, times: list[float], now: float) -> AlertEvent:
+    what = "drains" if esc.what == "drain" else (f"XID {esc.xid}" if esc.xid else esc.what) + " findings"
+    where = f"GPU {gpu} on {node}" if gpu else f"node {node}"
+    window = f"{esc.within_s / 3600:g} h" if esc.within_s < 2 * 86400 else f"{esc.within_s / 86400:g} days"
+    text = f"{where}: {len(times)} {what} in {window} (the rules file's escalation: {esc.count})"
+    return AlertEvent(t=now, rule=GPU_REPEAT if esc.on == "gpu" else NODE_REPEAT, state=FIRING,
+                      severity=esc.severity, node=node, gpu=gpu,
+                      description=text + (f": {esc.advice}" if esc.advice else ""),
+                      figures={"count": len(times), "within_s": esc.within_s, "what": esc.what, "xid": esc.xid or None,
+                               "times": times[-20:], "advice": esc.advice})

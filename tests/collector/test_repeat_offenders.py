@@ -1,0 +1,111 @@
+"""Repeat offenders: the findings kept per GPU and node (90 days, bounded), ranked, and the rules file's
+escalations over them and over the drains of the audit trail, in a real SQLite store."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from clusterwatch.collector.alerting.audit import ActionAudit
+from clusterwatch.collector.health.offenders import KEEP_S, FindingHistory
+from clusterwatch.collector.rules.config import parse_rules
+from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
+
+from clusterwatch.errors import ConfigError
+
+RULES = """\
+[[escalations]]
+on = "gpu"
+what = "gpu_xid"
+xid = 48
+count = 2
+within_s = 86400
+advice = "replace the GPU"
+
+[[escalations]]
+on = "node"
+what = "drain"
+count = 3
+within_s = 604800
+advice = "take the node out"
+"""
+DAY = 86400.0
+
+
+def _xid(node: str, gpu: str, xid: int, t: float, job: str = "") -> AlertEvent:
+    return AlertEvent(t=t, rule="gpu_xid", state=FIRING, severity="critical", node=node, gpu=gpu, job_id=job,
+                      description=f"XID {xid}", figures={"xid": xid})
+
+
+def _history(tmp_path: Path, max_rows: int = 500_000) -> tuple[sqlite3.Connection, FindingHistory]:
+    conn = sqlite3.connect(tmp_path / "cw.db", check_same_thread=False)
+    return conn, FindingHistory(conn, parse_rules(RULES).escalations, max_rows=max_rows)
+
+
+def test_xid_48_twice_on_one_gpu_in_a_day_raises_its_escalation_with_the_evidence(tmp_path: Path) -> None:
+    _, h = _history(tmp_path)
+    t0 = 1_800_000_000.0
+    # one finding hurting two jobs is one finding; another XID and another GPU do not count
+    assert h.record([_xid("n1", "GPU-a", 48, t0, "1"), _xid("n1", "GPU-a", 48, t0, "2")], t0) == []
+    assert h.record([_xid("n1", "GPU-a", 13, t0 + 60), _xid("n1", "GPU-b", 48, t0 + 60)], t0 + 60) == []
+    assert h.record([AlertEvent(t=t0 + 90, rule="gpu_xid", state=RESOLVED, severity="critical", node="n1",
+                                gpu="GPU-a", figures={"xid": 48})], t0 + 90) == []
+    [alert] = h.record([_xid("n1", "GPU-a", 48, t0 + 3600, "3")], t0 + 3600)
+    assert (alert.rule, alert.node, alert.gpu, alert.state, alert.severity) == (
+        "gpu_repeat_offender", "n1", "GPU-a", FIRING, "critical")
+    assert alert.figures["count"] == 2 and alert.figures["times"] == [t0, t0 + 3600]
+    assert alert.description == ("GPU GPU-a on n1: 2 XID 48 findings in 24 h (the rules file's escalation: 2): "
+                                 "replace the GPU")
+    assert h.record([_xid("n1", "GPU-a", 48, t0 + 7200)], t0 + 7200) == []  # raised once, not on every finding
+    # a day apart is not within the day
+    assert h.record([_xid("n2", "GPU-c", 48, t0)], t0) == []
+    assert h.record([_xid("n2", "GPU-c", 48, t0 + DAY + 1)], t0 + DAY + 1) == []
+
+
+def test_three_drains_of_a_node_in_a_week_raise_its_escalation(tmp_path: Path) -> None:
+    conn, h = _history(tmp_path)
+    audit = ActionAudit(conn)
+    t0 = 1_800_000_000.0
+
+    def drain(node: str, t: float, outcome: str = "done") -> None:
+        audit.record("drain", node=node, job_id="", rule="gpu_lost", alert_id=1, why="gpu_lost", evidence={},
+                     outcome=outcome, at=t)
+
+    drain("n1", t0 - 8 * DAY)  # a week and a day ago: out of the window
+    drain("n1", t0 - 3 * DAY)
+    drain("n1", t0 - DAY, outcome="held")  # held by the breaker: not a drain
+    drain("n1", t0 - 60)
+    assert h.check_drains("n1", t0) == []
+    drain("n1", t0)
+    [alert] = h.check_drains("n1", t0)
+    assert (alert.rule, alert.node, alert.gpu) == ("node_repeat_offender", "n1", "")
+    assert alert.figures["times"] == [t0 - 3 * DAY, t0 - 60, t0] and "take the node out" in alert.description
+    gpus, nodes = h.ranking(since=t0 - 30 * DAY)
+    assert gpus == [] and [(o.node, o.drains) for o in nodes] == [("n1", 4)]  # held not counted
+
+
+def test_the_ranking_and_the_bounds(tmp_path: Path) -> None:
+    conn, h = _history(tmp_path, max_rows=6)
+    t0 = 1_800_000_000.0
+    h.record([_xid("n1", "GPU-a", 48, t0 - KEEP_S - 1, "9")], t0 - KEEP_S - 1)
+    h.record([_xid("n1", "GPU-a", 79, t0, "1"), _xid("n1", "GPU-a", 79, t0, "2")], t0)
+    h.record([_xid("n1", "GPU-a", 13, t0 + 1, "1")], t0 + 1)
+    h.record([_xid("n2", "GPU-b", 13, t0 + 2, "3")], t0 + 2)
+    # older than 90 days: gone
+    assert conn.execute("SELECT COUNT(*) FROM finding_history WHERE job_id='9'").fetchone() == (0,)
+    gpus, nodes = h.ranking()
+    assert [(o.node, o.gpu, o.findings, o.jobs_hurt) for o in gpus] == [("n1", "GPU-a", 2, 2), ("n2", "GPU-b", 1, 1)]
+    assert [(o.node, o.findings, o.jobs_hurt) for o in nodes] == [("n1", 2, 2), ("n2", 1, 1)]
+    for i in range(10):
+        h.record([_xid("n3", "GPU-c", 13, t0 + 10 + i)], t0 + 10 + i)
+    assert conn.execute("SELECT COUNT(*) FROM finding_history").fetchone() == (6,)  # the newest kept
+
+
+@pytest.mark.parametrize("body, says", [
+    ('on = "gpu"\nwhat = "drain"\ncount = 3\nwithin_s = 60', "drains are of a node"),
+    ('on = "node"\nwhat = "gpu_lost"\nxid = 48\ncount = 3\nwithin_s = 60', "xid counts with"),
+    ('on = "rack"\nwhat = "gpu_lost"\ncount = 3\nwithin_s = 60', "on"),
+])
+def test_a_wrong_escalation_is_refused_with_the_key(body: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_rules("[[escalations]]\n" + body)
