@@ -81,6 +81,9 @@ def overall_figures(view: query_pb2.JobView, run_time: float) -> list[tuple[str,
     # host memory against what Slurm allocated (the job is killed past it), never the node's RAM
     rss = (sum(p.rss_peak_bytes for p in view.processes) if ended
            else sum(p.rss_bytes for p in live if p.HasField("rss_bytes")))
+    shm = [n for n in view.nodes if n.HasField("tmpfs_bytes")]  # the user's tmpfs files: host memory too
+    shm_bytes = sum(n.tmpfs_bytes for n in shm)
+    rss += shm_bytes
     mem = view.job.memory_bytes
     at = " at peak" if ended else ""
     if mem:
@@ -89,9 +92,22 @@ def overall_figures(view: query_pb2.JobView, run_time: float) -> list[tuple[str,
         ram = sum(n.memory_total_bytes for n in view.nodes)
         lines.append(("Host memory", f"{human_bytes(rss)}{at}; allocation unknown"
                                      + (f" (node RAM {human_bytes(ram)})" if ram else "")))
+    if shm_bytes:
+        lines.append(("Shared memory", tmpfs_text(shm, shm_bytes)))
     return ([] if gpus else [("GPU", None, "no GPU reported for this job", False)]) \
         + [(name, fraction, text, True) for name, fraction, text in meters] \
         + [(name, None, text, False) for name, text in lines]
+
+
+def tmpfs_text(nodes: list, held: int) -> str:
+    """What the job's user's files hold in /dev/shm and the other tmpfs mounts, counted in host memory above."""
+    text = f"{human_bytes(held)}{'+' if any(n.tmpfs_truncated for n in nodes) else ''} in /dev/shm and tmpfs " \
+           "files of the job's user (in host memory)"
+    shared = sorted({j for n in nodes if n.tmpfs_bytes for j in n.tmpfs_shared_with})
+    if shared:
+        text += f"; the user's job{'s' if len(shared) > 1 else ''} {', '.join(shared)} on the same node" \
+                f"{'s' if len(nodes) > 1 else ''} hold{'' if len(shared) > 1 else 's'} them too"
+    return text
 
 
 def nodes_section(view: query_pb2.JobView, width: int | None) -> list[str]:
@@ -116,7 +132,7 @@ def nodes_table(view: query_pb2.JobView) -> Table:
     for n in sorted(view.nodes, key=lambda n: n.node):
         procs = procs_of.get(n.node, [])
         cpu = sum(p.cpu_percent for p in procs if p.HasField("cpu_percent")) / 100
-        rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes"))
+        rss = sum(p.rss_bytes for p in procs if p.HasField("rss_bytes")) + n.tmpfs_bytes  # tmpfs files too
         gpus = gpus_of.get(n.node, [])
         covered = sum(g.covered_seconds for g in gpus)
         trend = [u for g in gpus for u in g.utilization_trend]

@@ -14,6 +14,7 @@ from clusterwatch.wire import gpu_activity_to_proto, gpu_reading_from_proto
 from ..state.activity import current_activity
 from ..state.cluster import ClusterState, JobState, ProcessSeries, allocator_totals
 from ..state.job_cost import gpu_cost_to_proto
+from ..state.tmpfs import job_tmpfs, sharing_jobs
 
 DEFAULT_TREND_POINTS = 40
 
@@ -127,6 +128,12 @@ def job_view(state: ClusterState, job: JobState, now: float, trend_points: int =
             nv.last_seen = ns.last_seen
             nv.agent_up = state.node_up(ns, now, after_intervals)
             nv.memory_total_bytes = ns.memory_total_bytes
+            held = None if job.ended else job_tmpfs(ns, job)  # its user's files in /dev/shm... (state/tmpfs.py)
+            if held is not None:
+                nv.tmpfs_bytes = held
+                nv.tmpfs_truncated = ns.tmpfs_truncated
+                if held:
+                    nv.tmpfs_shared_with.extend(sharing_jobs(state, node, job))
     # GPUs: those allocated to it (prolog / Slurm), and those its live processes use (an ended job's summary
     # lists those its processes used), with how many of those processes use each
     used: dict[str, int] = {}

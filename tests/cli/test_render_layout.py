@@ -151,3 +151,18 @@ def test_the_gpu_table_shows_sm_activity_beside_utilisation_where_read_within_80
     # no GPU with GPM: the table as it always was
     plain = render(busy_view(), width=80).split("\nGPUs\n", 1)[1]
     assert " SM " not in plain.splitlines()[1] and "NVML GPM" not in plain
+
+
+def test_the_jobs_tmpfs_files_count_in_host_memory_and_their_line_fits_80_columns():
+    v = busy_view()
+    v.job.memory_bytes = 8 << 30
+    v.nodes[0].tmpfs_bytes = 3 << 30
+    v.nodes[0].tmpfs_shared_with.extend(["4243", "4250"])
+    text = render(v, width=80)
+    assert max(len(x) for x in text.splitlines()) <= 80
+    flat = " ".join(text.split())
+    assert "4.0 GiB of 8.0 GiB allocated" in flat  # 1 GiB of RSS and 3 GiB of files
+    assert "Shared memory 3.0 GiB in /dev/shm and tmpfs files of the job's user (in host memory)" in flat
+    assert "jobs 4243, 4250 on the same node hold them too" in flat
+    v.nodes[0].ClearField("tmpfs_bytes")  # an older agent: no walk, no line
+    assert "Shared memory" not in render(v, width=80)

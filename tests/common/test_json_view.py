@@ -8,7 +8,7 @@ import re
 
 import jsonschema
 import pytest
-from clusterwatch.v1 import agent_pb2, query_pb2
+from clusterwatch.v1 import actions_pb2, agent_pb2, query_pb2
 from google.protobuf.descriptor import FieldDescriptor as F
 
 from clusterwatch import json_view
@@ -23,7 +23,7 @@ OBJECT_OF = {
     "HealthView": "health", "JobView": "status_document", "ListJobsResponse": "jobs_document",
     "ListAlertsResponse": "alerts_document", "ListHealthResponse": "health_document", "GpuHealthRow": "gpu_health",
     "XidCount": "xid_count", "TrainAnswerView": "train_answer", "GpuActivity": "gpu_activity",
-    "NodeHealthRow": "node_health", "FabricPortView": "fabric_port",
+    "NodeHealthRow": "node_health", "FabricPortView": "fabric_port", "ActionView": "action",
 }
 
 PROVENANCE = {  # a record as the agent sends it (Provenance.to_dict) and the collector stores it, node added
@@ -89,7 +89,8 @@ def filled(message, depth: int = 0):
 
 @pytest.mark.parametrize("message", sorted(OBJECT_OF))
 def test_every_field_of_a_query_message_is_in_the_schema_and_the_schema_has_no_other(message):
-    cls = getattr(query_pb2, message, None) or getattr(agent_pb2, message)  # GpuActivity: agent.proto's
+    # GpuActivity: agent.proto's; ActionView: actions.proto's
+    cls = getattr(query_pb2, message, None) or getattr(agent_pb2, message, None) or getattr(actions_pb2, message)
     props = SCHEMA["$defs"][OBJECT_OF[message]]["properties"]
     document = json_view.message_to_json(cls())
     if message in ("JobView", "ListJobsResponse", "ListAlertsResponse", "ListHealthResponse"):

@@ -233,18 +233,24 @@ class AlertView(_message.Message):
     def __init__(self, rule: _Optional[str] = ..., state: _Optional[str] = ..., severity: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., rank: _Optional[int] = ..., since: _Optional[float] = ..., fired_at: _Optional[float] = ..., resolved_at: _Optional[float] = ..., description: _Optional[str] = ..., ended_while_firing: _Optional[bool] = ..., cause: _Optional[str] = ..., cause_node: _Optional[str] = ..., cause_rank: _Optional[int] = ..., cause_gpu: _Optional[str] = ..., cause_xid: _Optional[int] = ...) -> None: ...
 
 class NodeView(_message.Message):
-    __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes", "gpu_pids_note")
+    __slots__ = ("node", "last_seen", "agent_up", "memory_total_bytes", "gpu_pids_note", "tmpfs_bytes", "tmpfs_shared_with", "tmpfs_truncated")
     NODE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     AGENT_UP_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_PIDS_NOTE_FIELD_NUMBER: _ClassVar[int]
+    TMPFS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TMPFS_SHARED_WITH_FIELD_NUMBER: _ClassVar[int]
+    TMPFS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     node: str
     last_seen: float
     agent_up: bool
     memory_total_bytes: int
     gpu_pids_note: str
-    def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ..., gpu_pids_note: _Optional[str] = ...) -> None: ...
+    tmpfs_bytes: int
+    tmpfs_shared_with: _containers.RepeatedScalarFieldContainer[str]
+    tmpfs_truncated: bool
+    def __init__(self, node: _Optional[str] = ..., last_seen: _Optional[float] = ..., agent_up: _Optional[bool] = ..., memory_total_bytes: _Optional[int] = ..., gpu_pids_note: _Optional[str] = ..., tmpfs_bytes: _Optional[int] = ..., tmpfs_shared_with: _Optional[_Iterable[str]] = ..., tmpfs_truncated: _Optional[bool] = ...) -> None: ...
 
 class HealthView(_message.Message):
     __slots__ = ("time", "rule", "severity", "node", "gpu", "rank", "pid", "description", "advice", "action")
