@@ -920,13 +920,24 @@ def _peaks(col: list, width: int) -> list:
 
 
 def _point(cols: ProcessColumns, i: int, g: int) -> Point:
-    """Row i of a table as a history point (g: where its GPU-use entries start).
+    """Row i of a table as a history point (g: where its GPU-use entries start), as cols.sample(i, …) would
+    give it: GPU memory summed over the process's GPUs that report it, the highest SM utilisation.
 
-    For a poll before a batch's last (its last poll's point is taken from the updated sample);
-    rare with the agent's batches, so it goes through a whole sample and its GPU properties.
+    For a poll before a batch's last (its last poll's point is taken from the updated sample). Not rare:
+    the agent's polls are not a step apart to the last bit, so a step often lands on a batch's first poll
+    rather than its last; read from the columns, without building a whole sample (ingest's hot path).
     """
-    s = cols.sample(i, "", g)
-    return Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization, s.threads, s.open_fds)
+    mems, sms = cols.gpu_memory_bytes, cols.gpu_sm_utilization
+    gmem = gutil = None
+    for k in range(g, g + cols.gpu_count[i]):
+        m, u = mems[k], sms[k]
+        if m >= 0:  # -1: unknown
+            gmem = m if gmem is None else gmem + m
+        if u == u and (gutil is None or u > gutil):  # NaN: unknown
+            gutil = u
+    c, r, th, fd = cols.cpu_percent[i], cols.rss_bytes[i], cols.threads[i], cols.open_fds[i]
+    return Point(cols.time[i], c if c == c else None, r if r >= 0 else None, gmem, gutil,
+                 th if th >= 0 else None, fd if fd >= 0 else None)
 
 
 #: Allocator figures older than this (a process that stopped sending them) are not its figures now.

@@ -15,7 +15,6 @@ import sqlite3
 import stat
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import NamedTuple
 
 from clusterwatch.errors import ConfigError
@@ -140,7 +139,10 @@ class StreamSeqs(NamedTuple):
 
 def job_row(job: JobState) -> JobRow:
     """A job as the jobs table holds it (without `updated`)."""
-    info = {k: v for k, v in asdict(job).items() if k in _JOB_FIELDS}
+    # Read by name, not through asdict(job): that deep-copies the whole job first (its processes, provenance,
+    # costs), for every running job at every flush; these fields are plain values, lists and dicts, which
+    # json.dumps writes as it would their copies, in the same order (the dataclass's).
+    info = {k: getattr(job, k) for k in _JOB_FIELDS}
     # its GPU totals (collector/state/cluster.py GpuUseTotals), so that a restart goes on counting: figures only
     info["gpu_totals"] = {u: [t.busy_seconds, t.covered_seconds, t.memory_peak, t.last_time]
                           for u, t in job.gpu_totals.items()}
