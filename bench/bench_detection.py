@@ -1,7 +1,7 @@
 """Detection quality of the leak and stall rules: caught, false alarms and delay, per kind of trace.
 
     python bench/bench_detection.py [--draws 10] [--kinds a,b] [--no-dev] [--no-anchor] [--quick]
-                                    [--soak | --soak-days N]
+                                    [--soak | --soak-days N] [--rules-interval 5]
 
 For every kind of tests/synth_traces.py, `--draws` seeded draws (the poll interval cycles
 through 1, 5, 10, 15, 20, 30, 45, 60 s, so every interval is drawn), each run through the
@@ -19,6 +19,10 @@ The soak: benign process-days (24 h traces of every benign kind, every poll inte
 every firing event a false alarm, counted per rule and per kind and per 1,000 process-days.
 `--soak` runs SOAK_FULL_DAYS of them (a few minutes); by default `--soak-days` (one of each kind
 at each interval); `--quick` a slice, one of each kind.
+
+Live and replay: replay judges every sample; the live collector shows each process to the rules at most
+every --rules-interval seconds (5 by default), so at 1 s polls live sees one sample in five.
+`--rules-interval 5` measures what live does (the draws and the soak thinned as the collector thins them).
 """
 from __future__ import annotations
 
@@ -60,10 +64,30 @@ def _score_module():
     return mod
 
 
+#: Each process shown to the rules at most this often (`--rules-interval`): 0 shows every sample, as replay
+#: does; the live collector's default (--rules-interval 5) shows the latest sample once 5 s have passed since the
+#: last it showed (collector/state/observations.py), so at 1 s polls the rules see every fifth.
+LOOK_S = 0.0
+
+
+def _shown(rows: list[dict], look_s: float) -> list[dict]:
+    """The rows the live collector shows its rules when it looks at most every `look_s` seconds a process."""
+    if look_s <= 0:
+        return rows
+    last: dict[tuple, float] = {}
+    out = []
+    for row in rows:
+        key = (row["node"], row["pid"])
+        if row["t"] - last.get(key, -1e18) >= look_s:
+            last[key] = row["t"]
+            out.append(row)
+    return out
+
+
 def _events(rules, rows) -> list[dict]:
     eng = Engine(rules)
     out: list[dict] = []
-    for row in rows:
+    for row in _shown(rows, LOOK_S):
         out += [e.to_dict() for e in eng.observe(process_from_record(row))]  # as replay reads a line
     return out
 
@@ -173,7 +197,12 @@ def main() -> None:
     ap.add_argument("--soak", action="store_true", help=f"the full soak ({SOAK_FULL_DAYS} process-days)")
     ap.add_argument("--soak-days", type=int, default=len(KINDS_BENIGN) * len(INTERVALS),
                     help="benign process-days to soak (default: one of each kind at each interval)")
+    ap.add_argument("--rules-interval", type=float, default=0.0,
+                    help="show each process to the rules at most this often, as the live collector does "
+                         "(its --rules-interval, 5 s by default); 0: every sample, as replay")
     a = ap.parse_args()
+    global LOOK_S
+    LOOK_S = a.rules_interval
     if a.soak:
         a.soak_days = SOAK_FULL_DAYS
     if a.quick:
@@ -195,7 +224,9 @@ def main() -> None:
         return f"{1000.0 * n / days:.1f}" if days else "–"
 
     print(f"{a.draws} draws a kind, poll intervals {', '.join(map(str, INTERVALS))} s in turn; "
-          f"soak: {a.soak_days} benign process-days")
+          f"soak: {a.soak_days} benign process-days; "
+          + (f"the rules shown a process every {LOOK_S:g} s at most (live)" if LOOK_S > 0
+             else "the rules shown every sample (replay)"))
     print()
     print("| kind | rule | caught | false alarms | false alarms / 1,000 process-days (soak) | median delay (min) "
           "| p90 delay (min) | noise bound, median (min) | median / bound "

@@ -28,3 +28,18 @@ def test_detection_table():
     assert f"soak: {len(KINDS_BENIGN)} benign process-days" in out.stdout
     for rule in ("gpu_memory_leak", "host_memory_leak", "handle_leak", "gpu_stall", "training_stall", "idle_gpu"):
         assert rows[rule].split("|")[2:4] == [" 0 ", " 0.0 "], rows[rule]
+
+
+def test_rules_interval_shows_what_the_live_collector_shows():
+    # live, each process is shown to the rules once its last shown sample is rules-interval old (observations.py)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_detection", ROOT / "bench" / "bench_detection.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [{"t": float(t), "node": "n1", "pid": pid} for t in range(100) for pid in (1, 2)]
+    assert bench._shown(rows, 0.0) is rows
+    shown = bench._shown(rows, 5.0)
+    for pid in (1, 2):
+        ts = [r["t"] for r in shown if r["pid"] == pid]
+        assert ts == [float(t) for t in range(0, 100, 5)]
