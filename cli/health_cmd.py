@@ -115,7 +115,7 @@ def _history(node: str, found, tls_ca: str | None, as_json: bool) -> None:
     """The audit trails of every collector (a job's actions are on its collector, a node's on its own)."""
     from clusterwatch.v1 import actions_pb2, actions_pb2_grpc
 
-    from .health_history import HISTORY_SCHEMA, merge_actions, render_actions
+    from .health_history import HISTORY_SCHEMA, merge_actions, merge_offenders, render_actions, render_offenders
     from .status_cmd import ask_all
 
     request = actions_pb2.ListActionsRequest(node=node, limit=200)
@@ -123,11 +123,14 @@ def _history(node: str, found, tls_ca: str | None, as_json: bool) -> None:
                                lambda stub, metadata: stub.ListActions(request, timeout=5.0, metadata=metadata),
                                stub_class=actions_pb2_grpc.ActionsStub)
     actions = merge_actions(answers)[:200]
+    gpus, nodes = merge_offenders(answers, "gpus"), merge_offenders(answers, "nodes")
     if as_json:
         from clusterwatch.json_view import dumps, message_to_json
 
-        click.echo(dumps({"schema": HISTORY_SCHEMA, "actions": [message_to_json(a) for a in actions]}), nl=False)
+        click.echo(dumps({"schema": HISTORY_SCHEMA, "actions": [message_to_json(a) for a in actions],
+                          "gpus": [message_to_json(o) for o in gpus],
+                          "nodes": [message_to_json(o) for o in nodes]}), nl=False)
     else:
-        click.echo(render_actions(actions), nl=False)
+        click.echo(render_actions(actions) + render_offenders(gpus, nodes), nl=False)
     if partial:
         raise SystemExit(1)

@@ -1,4 +1,5 @@
-"""`clusterwatch health --history`: what the automation did (the collectors' audit trails), newest first."""
+"""`clusterwatch health --history`: what the automation did (the collectors' audit trails), newest first, and
+the repeat offenders (the GPUs and nodes by the findings each collector kept for them)."""
 from __future__ import annotations
 
 import time
@@ -27,4 +28,43 @@ def render_actions(actions: list) -> str:
             out.append(f"{'':<19} {printable(a.detail)}")
         if a.why:
             out.append(f"{'':<19} why: {printable(a.why)}")
+    return "\n".join(out) + "\n"
+
+
+#: The GPUs, and the nodes, the ranking shows.
+RANKED = 20
+
+
+def merge_offenders(answers: list, field: str) -> list:
+    """Several collectors' `gpus` (or `nodes`) as one ranking: a GPU or node once (the collector that kept the
+    most of its findings), most findings first, then drains, then jobs hurt."""
+    best: dict[tuple[str, str], object] = {}
+    for answer in answers:
+        for o in getattr(answer, field):
+            held = best.get((o.node, o.gpu))
+            if held is None or (o.findings, o.drains) > (held.findings, held.drains):
+                best[(o.node, o.gpu)] = o
+    ranked = sorted(best.values(), key=lambda o: (-o.findings, -o.drains, -o.jobs_hurt, o.node, o.gpu))
+    return ranked[:RANKED]
+
+
+def render_offenders(gpus: list, nodes: list) -> str:
+    """The ranking in 80 columns: the GPUs (UUID, node), then the nodes, with findings, drains, jobs hurt and
+    the mean time between findings."""
+    from clusterwatch.report.text import fit, human_duration, printable
+
+    def mtbf(o) -> str:
+        return human_duration(o.mtbf_s) if o.HasField("mtbf_s") else "-"
+
+    if not gpus and not nodes:
+        return "no health finding kept (repeat offenders: none)\n"
+    out = ["", "REPEAT OFFENDERS (the findings kept 90 days; MTBF: mean time between them)"]
+    if gpus:
+        out.append(f"{'GPU':<40} {'NODE':<14} {'FINDINGS':>8} {'JOBS':>5} {'MTBF':>8}")
+        out += [f"{fit(printable(o.gpu), 40):<40} {fit(printable(o.node), 14):<14} {o.findings:>8} {o.jobs_hurt:>5} "
+                f"{mtbf(o):>8}" for o in gpus]
+    if nodes:
+        out.append(f"{'NODE':<40} {'FINDINGS':>8} {'DRAINS':>6} {'JOBS':>5} {'MTBF':>8}")
+        out += [f"{fit(printable(o.node), 40):<40} {o.findings:>8} {o.drains:>6} {o.jobs_hurt:>5} {mtbf(o):>8}"
+                for o in nodes]
     return "\n".join(out) + "\n"

@@ -48,13 +48,15 @@ NODE_REPEAT = "node_repeat_offender"
 
 
 class Offender(NamedTuple):
-    """A GPU or node ranked by its history: findings, drains (nodes), distinct jobs hurt."""
+    """A GPU or node ranked by its history: findings, drains (nodes), distinct jobs hurt, and the mean time
+    between its findings (None with fewer than two; findings at one instant, on several GPUs or rules, are one)."""
 
     node: str
     gpu: str
     findings: int
     drains: int
     jobs_hurt: int
+    mtbf_s: float | None = None
 
 
 class FindingHistory:
@@ -136,22 +138,29 @@ class FindingHistory:
         if node:
             where += " AND node=?"
             args.append(node)
-        gpus = [Offender(n, g, f, 0, j) for n, g, f, j in self.conn.execute(
-            "SELECT node, gpu, COUNT(DISTINCT rule || at), COUNT(DISTINCT NULLIF(job_id, '')) FROM finding_history "
-            f"WHERE {where} AND gpu != '' GROUP BY node, gpu ORDER BY 3 DESC, 4 DESC, 1, 2 LIMIT ?", (*args, limit))]
-        findings = {n: (f, j) for n, f, j in self.conn.execute(
-            "SELECT node, COUNT(DISTINCT gpu || rule || at), COUNT(DISTINCT NULLIF(job_id, '')) FROM finding_history "
-            f"WHERE {where} GROUP BY node", args)}
+        gpus = [Offender(n, g, f, 0, j, m) for n, g, f, j, m in self.conn.execute(
+            f"SELECT node, gpu, COUNT(DISTINCT rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF} "
+            f"FROM finding_history WHERE {where} AND gpu != '' GROUP BY node, gpu ORDER BY 3 DESC, 4 DESC, 1, 2 "
+            "LIMIT ?", (*args, limit))]
+        findings = {n: (f, j, m) for n, f, j, m in self.conn.execute(
+            f"SELECT node, COUNT(DISTINCT gpu || rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF} "
+            f"FROM finding_history WHERE {where} GROUP BY node", args)}
         drains = dict(self.conn.execute(
             "SELECT node, COUNT(*) FROM action_audit WHERE action='drain' AND outcome IN ('queued', 'done') "
             f"AND {where} GROUP BY node", args)) if self._has_audit() else {}
-        nodes = [Offender(n, "", findings.get(n, (0, 0))[0], drains.get(n, 0), findings.get(n, (0, 0))[1])
-                 for n in set(findings) | set(drains)]
+        nodes = []
+        for n in set(findings) | set(drains):
+            count, jobs, mtbf = findings.get(n, (0, 0, None))
+            nodes.append(Offender(n, "", count, drains.get(n, 0), jobs, mtbf))
         nodes.sort(key=lambda o: (-o.findings, -o.drains, -o.jobs_hurt, o.node))
         return gpus, nodes[:limit]
 
     def _has_audit(self) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='action_audit'").fetchone() is not None
+
+
+#: Mean time between a group's findings: the span of their distinct times over the gaps between them.
+_MTBF = "CASE WHEN COUNT(DISTINCT at) > 1 THEN (MAX(at) - MIN(at)) / (COUNT(DISTINCT at) - 1) END"
 
 
 def _alert(esc: Escalation, node: str, gpu: str, times: list[float], now: float) -> AlertEvent:

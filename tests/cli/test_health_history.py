@@ -65,6 +65,25 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         assert (drain["node"], drain["rule"], drain["job_id"]) == (NODE, "gpu_xid", None)
         assert "--slurm" in drain["detail"] and drain["why"].startswith("gpu_xid: ")
         assert [a["time"] for a in doc["actions"]] == sorted((a["time"] for a in doc["actions"]), reverse=True)
+        # the repeat offenders: the GPU and its node, one finding each, no job hurt, no drain done
+        assert doc["gpus"] == [{"node": NODE, "gpu": "GPU-hh0", "findings": 1, "drains": 0, "jobs_hurt": 0,
+                                "mtbf_s": None}]
+        assert doc["nodes"] == [{"node": NODE, "gpu": None, "findings": 1, "drains": 0, "jobs_hurt": 0,
+                                 "mtbf_s": None}]
+
+        # a second XID an hour's worth later in the kernel log: two findings, and the mean time between them
+        with kmsg.open("a") as f:
+            f.write(kmsg_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
+
+        def two_findings():
+            r = cli("health", "--history", "--collector", collector.address, "--json", env=env)
+            found = json.loads(r.stdout) if r.returncode == 0 else {}
+            return found if [g["findings"] for g in found.get("gpus", [])] == [2] else None
+
+        doc = wait_for(two_findings, timeout=60, what="the second finding in health --history --json's gpus")
+        assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)] == []
+        [gpu], [node] = doc["gpus"], doc["nodes"]
+        assert gpu["mtbf_s"] is not None and 0 < gpu["mtbf_s"] < 60 and node["mtbf_s"] == gpu["mtbf_s"]
 
         text = cli("health", "--history", NODE, "--collector", collector.address, env=env)
         assert text.returncode == 0, text.stderr
@@ -73,9 +92,17 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         rows = [line.split()[2:] for line in lines[1:] if line[:4].isdigit()]  # past the date and time
         assert sorted(rows) == [["command", NODE, "-", "done"], ["drain", NODE, "-", "skipped"]], text.stdout
         assert "why: gpu_xid: " in text.stdout
+        ranking = lines[lines.index("REPEAT OFFENDERS (the findings kept 90 days; MTBF: mean time between them)"):]
+        assert max(len(line) for line in ranking) <= 80, text.stdout
+        assert ranking[1].split() == ["GPU", "NODE", "FINDINGS", "JOBS", "MTBF"]
+        gpu_row = ranking[2].split()
+        assert gpu_row[:4] == ["GPU-hh0", NODE, "2", "0"] and gpu_row[-1] == "s", text.stdout  # "N s"
+        assert ranking[3].split() == ["NODE", "FINDINGS", "DRAINS", "JOBS", "MTBF"]
+        assert ranking[4].split()[:4] == [NODE, "2", "0", "0"], text.stdout
         # another node's history is empty, not an error (a node drained and since removed still has one)
         other = cli("health", "--history", "other-node", "--collector", collector.address, env=env)
-        assert (other.returncode, other.stdout) == (0, "no automatic action recorded\n"), other.stderr
+        assert (other.returncode, other.stdout) == (
+            0, "no automatic action recorded\nno health finding kept (repeat offenders: none)\n"), other.stderr
 
         # a user who is not an admin: refused
         cred = subprocess.run(["runuser", "-u", "nobody", "--", "munge", f"--socket={munged}", "-s", MUNGE_PAYLOAD],

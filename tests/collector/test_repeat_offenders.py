@@ -101,6 +101,29 @@ def test_the_ranking_and_the_bounds(tmp_path: Path) -> None:
     assert conn.execute("SELECT COUNT(*) FROM finding_history").fetchone() == (6,)  # the newest kept
 
 
+def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> None:
+    _, h = _history(tmp_path)
+    t0 = 1_800_000_000.0
+    # GPU-a: findings at t0, t0 + 1 h (two rules at one instant, two jobs: one failure), t0 + 3 h
+    h.record([_xid("n1", "GPU-a", 79, t0, "1")], t0)
+    h.record([_xid("n1", "GPU-a", 48, t0 + 3600, "1"), _xid("n1", "GPU-a", 48, t0 + 3600, "2"),
+              AlertEvent(t=t0 + 3600, rule="gpu_lost", state=FIRING, severity="critical", node="n1", gpu="GPU-a")],
+             t0 + 3600)
+    h.record([_xid("n1", "GPU-a", 13, t0 + 3 * 3600)], t0 + 3 * 3600)
+    # GPU-b, on the same node, once: no mean time of its own; the node's times are GPU-a's and GPU-b's
+    h.record([_xid("n1", "GPU-b", 13, t0 + 7 * 3600)], t0 + 7 * 3600)
+    gpus, nodes = h.ranking()
+    assert [(o.gpu, o.findings, o.mtbf_s) for o in gpus] == [("GPU-a", 4, 5400.0), ("GPU-b", 1, None)]
+    assert [(o.node, o.findings, o.jobs_hurt, o.mtbf_s) for o in nodes] == [("n1", 5, 2, 7 * 3600 / 3)]
+    # a node drained but with no finding kept: ranked, with no mean time
+    audit = ActionAudit(h.conn)
+    audit.record("drain", node="n2", job_id="", rule="gpu_xid", alert_id=1, why="gpu_xid: XID 48", evidence={},
+                 outcome="queued", at=t0)
+    _, nodes = h.ranking()
+    assert [(o.node, o.findings, o.drains, o.mtbf_s) for o in nodes] == [("n1", 5, 0, 7 * 3600 / 3),
+                                                                         ("n2", 0, 1, None)]
+
+
 @pytest.mark.parametrize("body, says", [
     ('on = "gpu"\nwhat = "drain"\ncount = 3\nwithin_s = 60', "drains are of a node"),
     ('on = "node"\nwhat = "gpu_lost"\nxid = 48\ncount = 3\nwithin_s = 60', "xid counts with"),

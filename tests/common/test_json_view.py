@@ -24,6 +24,7 @@ OBJECT_OF = {
     "ListAlertsResponse": "alerts_document", "ListHealthResponse": "health_document", "GpuHealthRow": "gpu_health",
     "XidCount": "xid_count", "TrainAnswerView": "train_answer", "GpuActivity": "gpu_activity",
     "NodeHealthRow": "node_health", "FabricPortView": "fabric_port", "ActionView": "action",
+    "OffenderView": "offender",
 }
 
 PROVENANCE = {  # a record as the agent sends it (Provenance.to_dict) and the collector stores it, node added
@@ -89,7 +90,7 @@ def filled(message, depth: int = 0):
 
 @pytest.mark.parametrize("message", sorted(OBJECT_OF))
 def test_every_field_of_a_query_message_is_in_the_schema_and_the_schema_has_no_other(message):
-    # GpuActivity: agent.proto's; ActionView: actions.proto's
+    # GpuActivity: agent.proto's; ActionView, OffenderView: actions.proto's
     cls = getattr(query_pb2, message, None) or getattr(agent_pb2, message, None) or getattr(actions_pb2, message)
     props = SCHEMA["$defs"][OBJECT_OF[message]]["properties"]
     document = json_view.message_to_json(cls())
