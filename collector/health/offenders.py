@@ -14,6 +14,14 @@ Table `finding_history` (created if missing)::
     rule      TEXT    gpu_xid, gpu_lost, ...
     xid       INTEGER the XID, for gpu_xid; NULL otherwise
     job_id    TEXT    a job it hurt ("" none); one row a job, so a finding on a GPU two jobs share is two rows
+
+Table `escalation_raised`: an escalation raised on a GPU or node is raised once, and this says so across a
+restart of the collector (the alert stands in the alert table; saying it again on every later finding would
+notify, or drain, again). A mark goes with the history it was counted over, after 90 days::
+
+    escalation TEXT   the escalation, by what defines it (on:what:xid:count:within_s)
+    node, gpu  TEXT   its subject ("" gpu: a node's)
+    at         REAL   when it was raised
 """
 from __future__ import annotations
 
@@ -35,6 +43,13 @@ CREATE TABLE IF NOT EXISTS finding_history (
 );
 CREATE INDEX IF NOT EXISTS finding_history_gpu ON finding_history(gpu, at);
 CREATE INDEX IF NOT EXISTS finding_history_node ON finding_history(node, at);
+CREATE TABLE IF NOT EXISTS escalation_raised (
+    escalation TEXT NOT NULL,
+    node TEXT NOT NULL,
+    gpu TEXT NOT NULL DEFAULT '',
+    at REAL NOT NULL,
+    PRIMARY KEY (escalation, node, gpu)
+);
 """
 
 KEEP_S = 90 * 86400.0
@@ -72,8 +87,6 @@ class FindingHistory:
         self.conn = conn
         self.escalations = escalations
         self.max_rows = max_rows
-        # (escalation, node, gpu) raised since start: said once, not on every later finding (its alert stands)
-        self._raised: set[tuple[int, str, str]] = set()
         conn.executescript(_SCHEMA)
         conn.commit()
 
@@ -89,6 +102,7 @@ class FindingHistory:
         last = self.conn.execute("SELECT MAX(id) FROM finding_history").fetchone()[0]
         self.conn.execute("DELETE FROM finding_history WHERE id <= ? OR at < ?", (last - self.max_rows,
                                                                                   now - KEEP_S))
+        self.conn.execute("DELETE FROM escalation_raised WHERE at < ?", (now - KEEP_S,))
         self.conn.commit()
         subjects = {(r[1], r[2]) for r in rows}
         return [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
@@ -99,19 +113,22 @@ class FindingHistory:
 
     def _check(self, node: str, gpu: str, now: float, drains: bool) -> list[AlertEvent]:
         out = []
-        for i, esc in enumerate(self.escalations):
+        for esc in self.escalations:
             if (esc.what == "drain") != drains:
                 continue
             subject_gpu = gpu if esc.on == "gpu" else ""
             if esc.on == "gpu" and not gpu:
                 continue
-            key = (i, node, subject_gpu)
-            if key in self._raised:
-                continue
+            key = (_key(esc), node, subject_gpu)
+            if self.conn.execute("SELECT 1 FROM escalation_raised WHERE escalation=? AND node=? AND gpu=?",
+                                 key).fetchone():
+                continue  # raised once (before a restart too), not on every later finding: its alert stands
             times = self._times(esc, node, subject_gpu, now)
             if len(times) < esc.count:
                 continue
-            self._raised.add(key)
+            self.conn.execute("INSERT INTO escalation_raised (escalation, node, gpu, at) VALUES (?,?,?,?)",
+                              (*key, now))
+            self.conn.commit()
             out.append(_alert(esc, node, subject_gpu, times, now))
         return out
 
@@ -157,6 +174,11 @@ class FindingHistory:
 
     def _has_audit(self) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='action_audit'").fetchone() is not None
+
+
+def _key(esc: Escalation) -> str:
+    """An escalation by what defines it, not by its place in the rules file (a file edited keeps its marks)."""
+    return f"{esc.on}:{esc.what}:{esc.xid}:{esc.count}:{esc.within_s:g}"
 
 
 #: Mean time between a group's findings: the span of their distinct times over the gaps between them.

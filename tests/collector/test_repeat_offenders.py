@@ -101,6 +101,28 @@ def test_the_ranking_and_the_bounds(tmp_path: Path) -> None:
     assert conn.execute("SELECT COUNT(*) FROM finding_history").fetchone() == (6,)  # the newest kept
 
 
+def test_raised_once_holds_across_a_restart_of_the_collector(tmp_path: Path) -> None:
+    conn, h = _history(tmp_path)
+    t0 = 1_800_000_000.0
+    h.record([_xid("n1", "GPU-a", 48, t0)], t0)
+    [alert] = h.record([_xid("n1", "GPU-a", 48, t0 + 60)], t0 + 60)
+    assert alert.gpu == "GPU-a"
+    conn.close()
+    # the collector restarted: the store reopened, the escalation is not raised again on the next finding
+    conn, h = _history(tmp_path)
+    assert h.record([_xid("n1", "GPU-a", 48, t0 + 120)], t0 + 120) == []
+    # while another GPU's is raised as before
+    h.record([_xid("n1", "GPU-b", 48, t0 + 120)], t0 + 120)
+    assert [a.gpu for a in h.record([_xid("n1", "GPU-b", 48, t0 + 180)], t0 + 180)] == ["GPU-b"]
+    conn.close()
+    # a mark goes with the history it was counted over: after 90 days, two new XIDs raise it again
+    conn, h = _history(tmp_path)
+    later = t0 + KEEP_S + 3600
+    assert h.record([_xid("n1", "GPU-a", 48, later)], later) == []
+    assert [a.gpu for a in h.record([_xid("n1", "GPU-a", 48, later + 60)], later + 60)] == ["GPU-a"]
+    assert conn.execute("SELECT node, gpu FROM escalation_raised ORDER BY at").fetchall() == [("n1", "GPU-a")]
+
+
 def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> None:
     _, h = _history(tmp_path)
     t0 = 1_800_000_000.0
