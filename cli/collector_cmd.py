@@ -210,6 +210,17 @@ def _web_listen_callback(ctx: click.Context, param: click.Parameter, value: str 
                    "node), whichever is smaller.")
 @click.option("--drain-window", type=click.FloatRange(min=1), default=3600.0, show_default=True,
               envvar="CLUSTERWATCH_DRAIN_WINDOW", help="Seconds the circuit breaker counts drains over.")
+@click.option("--resume", is_flag=True, envvar="CLUSTERWATCH_RESUME",
+              help="Resume a node clusterwatch drained (never one a person drained) once it is repaired and a "
+                   "check passes; every step in the audit trail (with --slurm).")
+@click.option("--resume-after", type=click.FloatRange(min=0), default=900.0, show_default=True,
+              envvar="CLUSTERWATCH_RESUME_AFTER",
+              help="Seconds without a health finding on a drained node's GPUs that count as a repair (a new "
+                   "boot id from its agent counts at once).")
+@click.option("--resume-window", type=click.FloatRange(min=0), default=86400.0, show_default=True,
+              envvar="CLUSTERWATCH_RESUME_WINDOW",
+              help="A node drained again this many seconds after clusterwatch resumed it is not resumed again "
+                   "automatically.")
 @click.option("-v", "--verbose", count=True,
               help="More log lines: -v adds the libraries' INFO lines (clusterwatch's own show always), -vv DEBUG.")
 def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web_user_header, web_proxy_secret_file,
@@ -219,7 +230,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
               ports_file, slurm, slurm_refresh, ssh_known_hosts, ssh_key, ssh_user, ssh_port, ssh_address,
               tls_cert, tls_key, tls_client_ca, query_auth, munge_socket, query_admins, show_all_jobs,
               summary_dir, agent_rate_limit, rules_interval, xid_catalog_path, collectors, collectors_before, shard,
-              alertmanager, drain_max_nodes, drain_max_share, drain_window, verbose) -> None:
+              alertmanager, drain_max_nodes, drain_max_share, drain_window, resume, resume_after, resume_window,
+              verbose) -> None:
     """Run the collector."""
     setup_logging(verbose)
     token = resolve_token(token, token_file)  # one line and exit 2 when unfit
@@ -232,6 +244,8 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
     proxies = _check_web_proxy(web_user_header, web_trusted_proxies, web_proxy_secret_file, web_listen)
     socket_group = _web_socket_group(web_socket_group, web_listen)
     _check_shard(collectors, collectors_before, shard)
+    if resume and not slurm:
+        fail("--resume resumes nodes through Slurm: give --slurm too")
     if db_path:
         _check_db_path(db_path)
     if web_owner_uid is not None and not _loopback_listen(web_listen or DEFAULT_WEB_LISTEN):
@@ -253,7 +267,7 @@ def collector(listen, query_listen, metrics_listen, web_listen, web_actions, web
         allow_unauthenticated_actions=allow_unauthenticated_actions,
         collectors=collectors, collectors_before=collectors_before, shard=shard, xid_catalog_path=xid_catalog_path,
         alertmanagers=tuple(alertmanager), drain_max_nodes=drain_max_nodes, drain_max_share=drain_max_share,
-        drain_window_s=drain_window,
+        drain_window_s=drain_window, resume=resume, resume_after_s=resume_after, resume_window_s=resume_window,
     )
 
     try:

@@ -92,6 +92,11 @@ class CollectorConfig:
         drain_max_share: ...and at most this share of the nodes known (never under one node); past either,
             drains are held and the alerts notify only.
         drain_window_s: the breaker's window, in seconds.
+        resume: resume a node clusterwatch drained once it is repaired and a check passes
+            (collector/alerting/resume.py); needs slurm.
+        resume_after_s: the node's GPUs without a health finding this long is a repair (a new agent boot id is
+            one at once).
+        resume_window_s: a node drained again this soon after clusterwatch resumed it is not resumed again.
     """
 
     listen: str = "127.0.0.1:50051"
@@ -144,3 +149,6 @@ class CollectorConfig:
     drain_max_nodes: int = 2
     drain_max_share: float = 0.05
     drain_window_s: float = 3600.0
+    resume: bool = False
+    resume_after_s: float = 900.0
+    resume_window_s: float = 86400.0

@@ -23,6 +23,7 @@ from .alerting.alerts import AlertStore
 from .alerting.audit import ActionAudit
 from .alerting.breaker import BreakerLimits, DrainBreaker
 from .alerting.live import Alerting
+from .alerting.resume import Resumer, ResumeSettings
 from .alerting.train_asks import TrainAsks
 from .config import CollectorConfig
 from .export import ClusterCollector, Exposition, serve_metrics
@@ -70,6 +71,22 @@ def slurm_drain(timeout_s: float):
         asyncio.run(mapper.drain_node(node, reason))
 
     return drain_node
+
+
+class SlurmResume:
+    """What a resume asks of Slurm (collector/alerting/resume.py): scontrol through the bounded runner, from the
+    resumer's own thread."""
+
+    def __init__(self, timeout_s: float) -> None:
+        from .jobmap.scontrol import ScontrolMapper
+
+        self.mapper = ScontrolMapper(timeout_s=timeout_s, retries=1)
+
+    def node_drain(self, node: str):
+        return asyncio.run(self.mapper.node_drain(node))
+
+    def resume_node(self, node: str) -> None:
+        asyncio.run(self.mapper.resume_node(node))
 
 
 class CollectorServer:
@@ -123,8 +140,14 @@ class CollectorServer:
         health_listener = HealthListener(health, state, self._handle_health, marks=KmsgMarks(conn))
         self.alerting = Alerting(rules, state, alert_store, min_interval_s=look_s, dispatcher=dispatcher,
                                  health=health_listener)
-        self.core = CollectorCore(config, store, state=state, listeners=[self.alerting], alerts=self.alerting,
-                                  health=health)
+        # --resume: a node clusterwatch drained comes back once repaired and checked (every step audited)
+        self.resumer = Resumer(conn, dispatcher.audit, state, health, SlurmResume(config.slurm_timeout_s),
+                               ResumeSettings(config.resume_after_s, config.resume_window_s, config.drain_window_s,
+                                              config.agent_down_after_intervals),
+                               node_trusted=dispatcher.node_trusted) \
+            if config.resume and config.slurm and dispatcher.audit is not None else None
+        self.core = CollectorCore(config, store, state=state, alerts=self.alerting, health=health,
+                                  listeners=[self.alerting, *([self.resumer] if self.resumer is not None else [])])
         self.outboxes = outboxes
         # the agents' stream: built by start(), which finds out what agents must prove (munge is asked)
         self.ingest: IngestServicer
@@ -386,6 +409,8 @@ class CollectorServer:
         except Exception as exc:  # kept for the agents to resend: what was not acked is not lost
             log.error("stopping with writes the store refused (%s); agents resend what was not acknowledged", exc)
         self.alerting.close()
+        if self.resumer is not None:
+            self.resumer.close()
         for httpd in (self._httpd, self._web):
             if httpd is not None:
                 httpd.shutdown()

@@ -247,7 +247,7 @@ class Dispatcher:
     def _deliver_counted(self, item: tuple[ActionStep, dict, int | None]) -> None:
         step, payload, row = item
         try:
-            self._deliver(step, payload)
+            said = self._deliver(step, payload)
         except Exception as exc:  # one failing endpoint must not stop its lane
             with self._count_lock:  # lanes fail in threads of their own
                 self.errors += 1
@@ -256,9 +256,10 @@ class Dispatcher:
                 self.audit.finish(row, step.action, "failed", _one_line(str(exc)))
             return
         if self.audit is not None and row is not None:
-            self.audit.finish(row, step.action, "done")
+            self.audit.finish(row, step.action, "done", said)
 
-    def _deliver(self, step: ActionStep, payload: dict) -> None:
+    def _deliver(self, step: ActionStep, payload: dict) -> str:
+        """Run one step; returns what the audit row's detail keeps (a drain's reason: a resume compares it)."""
         body = json.dumps(payload, default=str).encode()
         if step.action == "webhook":
             post_json(step.url, body, step.timeout_s)
@@ -276,6 +277,8 @@ class Dispatcher:
             reason = drain_reason(payload)
             self.drain_node(payload["node"], reason)
             self.logger.warning("drained node %s: %s", payload["node"], reason)
+            return reason
+        return ""
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until queued actions have run (for shutdown and tests); False if some still run."""

@@ -15,12 +15,13 @@ Table `action_audit` (created if missing)::
 
     id        INTEGER PRIMARY KEY
     at        REAL    when it was decided (Unix seconds)
-    action    TEXT    webhook, command, signal, drain, checkpoint, stop
+    action    TEXT    webhook, command, signal, drain, checkpoint, stop; resume_check, resume (--resume:
+                      collector/alerting/resume.py)
     node, job_id, rule, alert_id    its subject and the alert that asked for it
     why       TEXT    the alert, in one line
     evidence  TEXT    JSON: the alert's figures, GPU, process
-    outcome   TEXT    queued, done, failed, held, refused, skipped, dropped, asked
-    detail    TEXT    the outcome in words (an error, the breaker's count)
+    outcome   TEXT    queued, done, failed, held, refused, skipped, dropped, asked, passed (a resume's check)
+    detail    TEXT    the outcome in words (an error, the breaker's count; a drain done: the Reason= it set)
     updated   REAL    when the outcome was last written
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ CREATE INDEX IF NOT EXISTS action_audit_node ON action_audit(node);
 """
 
 #: The outcomes a row can have (a bounded label on /metrics).
-OUTCOMES = ("queued", "done", "failed", "held", "refused", "skipped", "dropped", "asked")
+OUTCOMES = ("queued", "done", "failed", "held", "refused", "skipped", "dropped", "asked", "passed")
 #: Rows kept: the newest; an hour of a thousand nodes all firing is far fewer.
 MAX_ROWS = 20_000
 _DETAIL_MAX = 500

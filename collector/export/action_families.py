@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 
 ACTIONS = family("clusterwatch_actions", "counter",
                  "Automatic actions of the alert steps since the collector started, by action (webhook, command, "
-                 "signal, drain, checkpoint, stop) and outcome (done, failed, held, refused, skipped, dropped, "
-                 "asked); each is a row of the audit trail (clusterwatch health --history).", "action", "outcome")
+                 "signal, drain, checkpoint, stop; resume_check, resume with --resume) and outcome (done, failed, "
+                 "held, refused, skipped, dropped, asked, passed); each is a row of the audit trail (clusterwatch "
+                 "health --history).", "action", "outcome")
 
 
 class ActionFamilies:

@@ -30,6 +30,7 @@ from clusterwatch.collector.serving.bounded_exec import run_bounded
 from clusterwatch.backoff import Backoff
 from clusterwatch.errors import ParseError
 from clusterwatch.slurm.listpids import PidEntry, parse_listpids
+from clusterwatch.slurm.node_drain import NodeDrain, parse_node_drain
 from clusterwatch.slurm.node_names import shown_node_names, why_not_a_node_name
 from clusterwatch.slurm.scontrol import (
     JobRecord,
@@ -349,19 +350,54 @@ class ScontrolMapper:
             ValueError: `node` is not one node Slurm knows; the message says why, on one line.
             SlurmUnavailable: scontrol failed or timed out.
         """
+        await self._one_node(node, "draining")
+        await self._call(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+    async def _one_node(self, node: str, doing: str) -> None:
+        """Raise ValueError ("not DOING NODE: why") unless `node` is plain and Slurm shows exactly that one node;
+        asked once, no retries: what Slurm cannot confirm is not done."""
         why = why_not_a_node_name(node)
         if why:
-            raise ValueError(f"not draining {node!r}: {why}")
-        # asked once, no retries: a drain Slurm cannot confirm is not made
+            raise ValueError(f"not {doing} {node[:200]!r}: {why}")
         code, out, err = await self._exec(["-o", "show", "node", node])
         shown = shown_node_names(out) if code == 0 else []
         if shown != [node]:
             said = " ".join((err or out).split())[:120] or f"exit status {code}"
-            raise ValueError(f"not draining {node!r}: " + (
+            raise ValueError(f"not {doing} {node!r}: " + (
                 f"Slurm shows {len(shown)} nodes for it (a nodeset?), not one node" if len(shown) > 1 else
                 f"Slurm shows node {shown[0][:64]!r} for it, not a node of that name" if shown else
                 f"Slurm knows no node of that name (scontrol show node: {said})"))
-        await self._call(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+    async def node_drain(self, node: str) -> NodeDrain:
+        """``scontrol -o show node NODE``: its state and drain reason (who set it, when), for a resume.
+
+        Raises:
+            ValueError: `node` is not one node Slurm knows; the message says why, on one line.
+            SlurmUnavailable: scontrol failed or timed out.
+        """
+        why = why_not_a_node_name(node)
+        if why:
+            raise ValueError(f"not asking Slurm about {node[:200]!r}: {why}")
+        code, out, err = await self._call(["-o", "show", "node", node])
+        shown = parse_node_drain(out)
+        if shown is None or shown.node != node:
+            raise ValueError(f"Slurm does not show one node {node!r} for that name")
+        return shown
+
+    async def resume_node(self, node: str) -> None:
+        """``scontrol update NodeName=NODE State=RESUME``: the node takes jobs again.
+
+        Only a name that is one node (the same checks as drain_node); asked once, no retries.
+
+        Raises:
+            ValueError: `node` is not one node Slurm knows.
+            SlurmUnavailable: scontrol failed or timed out.
+        """
+        await self._one_node(node, "resuming")
+        code, out, err = await self._exec(["update", f"NodeName={node}", "State=RESUME"])
+        if code != 0:
+            line = (err.strip().splitlines() or [f"exit status {code}"])[-1]
+            raise SlurmUnavailable(f"scontrol update NodeName={node} State=RESUME failed: {line}")
 
 
 def default_env(slurm_conf: str | None = None) -> dict[str, str]:
