@@ -309,11 +309,14 @@ class CollectorServer:
         self.metrics_port = self._httpd.server_port
 
     def extra_families(self):
-        """The families after the state's: the GPU health ones, then the automatic actions' counts."""
+        """The families after the state's: the GPU health ones, the automatic actions' counts, the repeat
+        offenders'."""
         from .export.action_families import ActionFamilies, Chained
+        from .export.offender_families import OffenderFamilies
 
         audit = self.alerting.dispatcher.audit
-        return Chained(self.health_families(), ActionFamilies(audit.count_rows) if audit is not None else None)
+        return Chained(self.health_families(), ActionFamilies(audit.count_rows) if audit is not None else None,
+                       OffenderFamilies(self.offenders.figures))
 
     def health_families(self):
         """The GPU health families of /metrics (collector/health/metrics.py), as the exporter takes them."""

@@ -26,6 +26,7 @@ notify, or drain, again). A mark goes with the history it was counted over, afte
 from __future__ import annotations
 
 import sqlite3
+import threading
 from typing import NamedTuple
 
 from ..rules.config import Escalation
@@ -74,6 +75,16 @@ class Offender(NamedTuple):
     mtbf_s: float | None = None
 
 
+class OffenderFigures(NamedTuple):
+    """What /metrics shows of the history (collector/export/offender_families.py)."""
+
+    node_findings: dict[tuple[str, str], int]   # (node, rule): findings kept
+    node_drains: dict[str, int]                 # node: drains in the audit trail
+    flagged_nodes: frozenset[str]               # node_repeat_offender raised
+    gpu_findings: dict[tuple[str, str], int]    # (node, gpu): findings kept
+    flagged_gpus: frozenset[tuple[str, str]]    # (node, gpu): gpu_repeat_offender raised
+
+
 class FindingHistory:
     """The findings table, its ranking and the escalations over it.
 
@@ -89,6 +100,31 @@ class FindingHistory:
         self.max_rows = max_rows
         conn.executescript(_SCHEMA)
         conn.commit()
+        self._lock = threading.Lock()
+        self._figures = self._read_figures()
+
+    def figures(self) -> OffenderFigures:
+        """The figures as of the last finding or drain (read on the scrape's thread, written on the caller's)."""
+        with self._lock:
+            return self._figures
+
+    def _refresh(self) -> None:
+        figures = self._read_figures()
+        with self._lock:
+            self._figures = figures
+
+    def _read_figures(self) -> OffenderFigures:
+        c = self.conn
+        drains = dict(c.execute("SELECT node, COUNT(*) FROM action_audit WHERE action='drain' AND outcome IN "
+                                "('queued', 'done') GROUP BY node")) if self._has_audit() else {}
+        raised = c.execute("SELECT node, gpu FROM escalation_raised").fetchall()
+        return OffenderFigures(
+            {(n, r): k for n, r, k in c.execute("SELECT node, rule, COUNT(DISTINCT gpu || at) FROM finding_history "
+                                                "GROUP BY node, rule")},
+            drains, frozenset(n for n, g in raised if not g),
+            {(n, g): k for n, g, k in c.execute("SELECT node, gpu, COUNT(DISTINCT rule || at) FROM finding_history "
+                                                "WHERE gpu != '' GROUP BY node, gpu")},
+            frozenset((n, g) for n, g in raised if g))
 
     def record(self, events: list[AlertEvent], now: float) -> list[AlertEvent]:
         """Keep the health findings among `events` (those firing); returns the escalations they raise."""
@@ -105,11 +141,15 @@ class FindingHistory:
         self.conn.execute("DELETE FROM escalation_raised WHERE at < ?", (now - KEEP_S,))
         self.conn.commit()
         subjects = {(r[1], r[2]) for r in rows}
-        return [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
+        raised = [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
+        self._refresh()
+        return raised
 
     def check_drains(self, node: str, now: float) -> list[AlertEvent]:
         """The escalations a drain of `node` raises (called once the drain is decided)."""
-        return self._check(node, "", now, drains=True)
+        raised = self._check(node, "", now, drains=True)
+        self._refresh()
+        return raised
 
     def _check(self, node: str, gpu: str, now: float, drains: bool) -> list[AlertEvent]:
         out = []

@@ -71,7 +71,7 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         assert doc["nodes"] == [{"node": NODE, "gpu": None, "findings": 1, "drains": 0, "jobs_hurt": 0,
                                  "mtbf_s": None}]
 
-        # a second XID an hour's worth later in the kernel log: two findings, and the mean time between them
+        # a second XID later in the kernel log (the GPU lost): two findings, and the mean time between them
         with kmsg.open("a") as f:
             f.write(kmsg_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
 
@@ -84,6 +84,13 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         assert [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)] == []
         [gpu], [node] = doc["gpus"], doc["nodes"]
         assert gpu["mtbf_s"] is not None and 0 < gpu["mtbf_s"] < 60 and node["mtbf_s"] == gpu["mtbf_s"]
+        # and on /metrics: the node's findings by rule and the GPU's; no drain done, nothing flagged
+        metrics = collector.metrics()
+        # (the XID 79 is the GPU lost; the gpu_xid alert of the XID 48 stands, so it is no new gpu_xid finding)
+        assert f'clusterwatch_node_health_findings{{node="{NODE}",rule="gpu_xid"}} 1.0\n' in metrics, metrics
+        assert f'clusterwatch_node_health_findings{{node="{NODE}",rule="gpu_lost"}} 1.0\n' in metrics
+        assert f'clusterwatch_gpu_health_findings{{gpu="GPU-hh0",node="{NODE}"}} 2.0\n' in metrics
+        assert "clusterwatch_node_drains{" not in metrics and "clusterwatch_gpu_repeat_offender{" not in metrics
 
         text = cli("health", "--history", NODE, "--collector", collector.address, env=env)
         assert text.returncode == 0, text.stderr

@@ -123,6 +123,31 @@ def test_raised_once_holds_across_a_restart_of_the_collector(tmp_path: Path) -> 
     assert conn.execute("SELECT node, gpu FROM escalation_raised ORDER BY at").fetchall() == [("n1", "GPU-a")]
 
 
+def test_the_figures_for_metrics_follow_the_findings_the_drains_and_the_flags(tmp_path: Path) -> None:
+    from clusterwatch.collector.export.offender_families import OffenderFamilies
+
+    conn, h = _history(tmp_path)
+    audit = ActionAudit(conn)
+    t0 = 1_800_000_000.0
+    assert not any(h.figures())  # nothing kept: no series
+    h.record([_xid("n1", "GPU-a", 48, t0, "1"), _xid("n1", "GPU-a", 48, t0, "2")], t0)  # one finding, two jobs
+    h.record([_xid("n1", "GPU-a", 48, t0 + 60)], t0 + 60)  # raises GPU-a's escalation
+    audit.record("drain", node="n1", job_id="", rule="gpu_xid", alert_id=1, why="w", evidence={}, outcome="done",
+                 at=t0 + 61)
+    h.check_drains("n1", t0 + 61)
+    fig = h.figures()
+    assert fig.node_findings == {("n1", "gpu_xid"): 2} and fig.node_drains == {"n1": 1}
+    assert fig.gpu_findings == {("n1", "GPU-a"): 2} and fig.flagged_gpus == {("n1", "GPU-a")}
+    assert fig.flagged_nodes == frozenset()
+    rows = {fam.name: r for fam, r in OffenderFamilies(h.figures).series(fig)}
+    assert rows["clusterwatch_gpu_repeat_offender"] == [(("node", "gpu"), ("n1", "GPU-a"), 1.0)]
+    assert rows["clusterwatch_node_drains"] == [(("node",), ("n1",), 1.0)]
+    # a restarted collector reads them back from the store
+    conn.close()
+    _, again = _history(tmp_path)
+    assert again.figures() == fig
+
+
 def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> None:
     _, h = _history(tmp_path)
     t0 = 1_800_000_000.0

@@ -144,11 +144,12 @@ def _exported() -> set[str]:
     from clusterwatch.collector.export import families as f
     from clusterwatch.collector.export.action_families import ACTIONS
     from clusterwatch.collector.export.counter_metrics import COUNTERS
+    from clusterwatch.collector.export.offender_families import OFFENDER_FAMILIES
     from clusterwatch.collector.health.metrics import HEALTH_FAMILIES
 
     fams = [f.JOB_INFO, f.JOB_CODE, *f.JOB_FAMILIES, *f.JOB_COST_FAMILIES, *f.RANK_FAMILIES, *f.PROCESS_FAMILIES,
             *f.GPU_FAMILIES, *f.ACTIVITY_FAMILIES, *f.NODE_FAMILIES, f.ALERT_FAMILY, *HEALTH_FAMILIES,
-            ACTIONS]
+            ACTIONS, *OFFENDER_FAMILIES]
     return {fam.sample_name for fam in fams} | {f"{name}_total" for name, _ in COUNTERS.values()}
 
 
