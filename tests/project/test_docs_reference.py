@@ -94,6 +94,9 @@ def _default_text(option: click.Option) -> str | None:
     value = option.default
     if option.is_flag and not option.count:
         return "on" if value is True else "off"
+    if value is None:  # an address applied at run time: where the help names it, the reference shows it too
+        said = re.search(r"\bdefault:? `?(\d+\.\d+\.\d+\.\d+:\d+)", option.help or "")
+        return said.group(1) if said else None
     if value in UNSET or repr(value) == "Sentinel.UNSET":
         return None
     if isinstance(value, float):
