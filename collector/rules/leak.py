@@ -87,6 +87,13 @@ CONFIRM_STEP_MARGIN = 10.0
 TWO_STEP_MARGIN = 8.0
 #: ... and only where a leak leaves this many times the bucket variance a bucket (a line misfits two steps).
 LINE_MISFIT = 2.0
+#: Two steps LONG_TREAD_S or more apart on flat levels (`_flat_treads`) are two steps, however well a line fits:
+#: a leak grows between the breaks a fit may find as fast as over the window, so the levels' own slope must be
+#: under TREAD_RATIO of the line's by TREAD_Z standard errors. (A staircase's treads are shorter: 20-60 min
+#: of a leak's, which the windows catch before its third step, staircase.py, would.)
+LONG_TREAD_S = 4500.0
+TREAD_RATIO = 0.5
+TREAD_Z = 3.0
 #: The fewest buckets a leak's rise spans (a rise over fewer is as much a step, still to be seen).
 STEP_MIN_RISE_B = 4
 #: Standard errors by which the growth must slow down (see `LeakSeries._bends_over`) to count as a
@@ -532,10 +539,11 @@ class LeakSeries:
         if _step_candidate(ys, rule.max_jump_fraction, sigma_d):
             short = w.length <= SHORT_WINDOW_S
             margin = -SHORT_STEP_MARGIN if short else STEP_MARGIN
-            if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, margin):
+            long_b = round(LONG_TREAD_S / self.bucket_s)
+            if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, margin, long_b):
                 return None
             like_step = short and _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket,
-                                            -CONFIRM_STEP_MARGIN)
+                                            -CONFIRM_STEP_MARGIN, long_b)
         if rule.bend_ratio > 0 and self._bends_over(w, last_k, sigma_bucket, rule.bend_ratio):
             return None
         # Last, as the dearest: the Mann–Kendall test over the window's bucket minima. Rank-based,
@@ -769,7 +777,38 @@ def _step_candidate(ys: list[float], max_jump_fraction: float, sigma_d: float) -
     return jump > max_jump_fraction * total_rise
 
 
-def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float, margin: float) -> bool:
+def _flat_treads(xs: list[int], ds: list[float], cuts: tuple[int, ...], sigma: float) -> bool:
+    """Whether the levels between steps cut at `cuts` (indexes into xs) are flat: their common slope (each level
+    about its own mean) is under TREAD_RATIO of the line's over the whole window by TREAD_Z standard errors
+    (`sigma`: a bucket minimum's noise).
+
+    A leak grows between any two breaks a fit may choose, as fast as over the window; a cache that grows in
+    steps, ever more rarely, is flat between them, however the line, or three levels, fit the window as a whole.
+    """
+    x0 = xs[0]
+
+    def centred(a: int, b: int) -> tuple[float, float]:
+        """(sum of squared x deviations, sum of x deviations times ds) over [a, b)."""
+        m = b - a
+        if m < 2:
+            return 0.0, 0.0
+        sx = sum(x - x0 for x in xs[a:b]) / m
+        sd = sum(ds[a:b]) / m
+        sxx = sum((x - x0 - sx) ** 2 for x in xs[a:b])
+        return sxx, sum((x - x0 - sx) * (d - sd) for x, d in zip(xs[a:b], ds[a:b], strict=True))
+
+    all_xx, all_xd = centred(0, len(xs))
+    bounds = (0, *cuts, len(xs))
+    parts = [centred(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    w_xx = sum(p[0] for p in parts)
+    if all_xx <= 0 or w_xx <= 0 or sigma <= 0:
+        return False
+    line = all_xd / all_xx
+    return line > 0 and sum(p[1] for p in parts) / w_xx + TREAD_Z * sigma / math.sqrt(w_xx) < TREAD_RATIO * line
+
+
+def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigma: float, margin: float,
+              long_b: int = 1 << 30) -> bool:
     """Whether one step, or two, fit a window's bucket minima (xs, ys) better than a leak does: two flat
     levels by more than `margin` bucket variances (`sigma`: a bucket minimum's noise; a negative margin
     asks the leak to fit better than one step by as much), three by more than TWO_STEP_MARGIN.
@@ -779,7 +818,9 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
     level), where a point straddling it is not; a leak's rise is spread out. Two steps: a long window
     (hours) can hold two unrelated ones (a larger batch, later a larger evaluation set), which a line
     fits better than one step; three similar ones are a staircase (staircase.py). The second step is
-    sought on either side of the best single one (the best pair, where the steps stand apart).
+    sought on either side of the best single one (the best pair, where the steps stand apart). Two steps
+    `long_b` buckets or more apart count wherever their levels are flat (`_flat_treads`), the line's misfit
+    aside: a cache that grew twice, an hour and a half apart, under noise of a third of its steps.
     """
     n = len(ys)
     if n < 4:
@@ -804,9 +845,9 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
         return min(((sse(a, m) + sse(m, b), m) for m in range(a + 1, b)), default=(math.inf, a))
 
     best_step, m1 = best_split(0, n)
-    left, _ = best_split(0, m1)
-    right, _ = best_split(m1, n)
-    best_two = min(left + sse(m1, n), sse(0, m1) + right)
+    left, ml = best_split(0, m1)
+    right, mr = best_split(m1, n)
+    best_two, cuts = min((left + sse(m1, n), (ml, m1)), (sse(0, m1) + right, (m1, mr)))
     best_leak = math.inf
     for b in range(xs[0], xs[-1] - min_rise_b + 1, max(1, stride)):
         hs = [x - b if x > b else 0 for x in xs]
@@ -820,6 +861,9 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
             best_leak = sse_leak
     var = sigma * sigma
     if best_step + margin * var < best_leak:
+        return True
+    if (best_two + TWO_STEP_MARGIN * var < best_leak and xs[cuts[1]] - xs[cuts[0]] >= long_b
+            and _flat_treads(xs, ds, cuts, sigma)):
         return True
     # Two steps only where the leak fits clearly worse than the noise allows: under heavy noise a slow leak's
     # minima are fitted by three levels about as well as by a line, and the search for two breaks wins by chance.
