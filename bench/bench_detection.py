@@ -1,7 +1,7 @@
 """Detection quality of the leak and stall rules: caught, false alarms and delay, per kind of trace.
 
     python bench/bench_detection.py [--draws 10] [--kinds a,b] [--no-dev] [--no-anchor] [--quick]
-                                    [--soak | --soak-days N] [--rules-interval 5]
+                                    [--soak | --soak-days N] [--rules-interval 5] [--intervals 1]
 
 For every kind of tests/synth_traces.py, `--draws` seeded draws (the poll interval cycles
 through 1, 5, 10, 15, 20, 30, 45, 60 s, so every interval is drawn), each run through the
@@ -23,6 +23,8 @@ at each interval); `--quick` a slice, one of each kind.
 Live and replay: replay judges every sample; the live collector shows each process to the rules at most
 every --rules-interval seconds (5 by default), so at 1 s polls live sees one sample in five.
 `--rules-interval 5` measures what live does (the draws and the soak thinned as the collector thins them).
+`--intervals 1` runs only the draws and soak days polled every second (the same seeds), where live and replay
+differ most.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def _score_module():
 #: does; the live collector's default (--rules-interval 5) shows the latest sample once 5 s have passed since the
 #: last it showed (collector/state/observations.py), so at 1 s polls the rules see every fifth.
 LOOK_S = 0.0
+#: The draws and soak days run (`--intervals`): those of the other poll intervals are skipped, same seeds.
+ONLY_INTERVALS: tuple[float, ...] = INTERVALS
 
 
 def _shown(rows: list[dict], look_s: float) -> list[dict]:
@@ -132,6 +136,8 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
     a_delays: list[float] = []
     for seed in range(draws):
         iv = INTERVALS[seed % len(INTERVALS)]
+        if iv not in ONLY_INTERVALS:
+            continue
         tr = make(kind, random.Random(f"bench-{kind}-{seed}"), interval=iv)
         ev = _events(rules, tr.rows)
         missed, fa = check(ev, tr.expect)
@@ -154,8 +160,8 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
                 a_caught=a_caught, a_expected=a_expected, a_false=a_false, a_delays=a_delays)
 
 
-def soak(days: int, rules) -> tuple[Counter, Counter, list[str]]:
-    """False alarms over `days` benign process-days: (per rule, per kind, one line each).
+def soak(days: int, rules) -> tuple[Counter, Counter, list[str], Counter]:
+    """False alarms over `days` benign process-days: (per rule, per kind, one line each, days run per kind).
 
     Day i is kind i mod the kinds, at an interval that moves on by one every round of the kinds, so
     that any slice holds every kind and, from a few rounds on, every interval.
@@ -163,17 +169,21 @@ def soak(days: int, rules) -> tuple[Counter, Counter, list[str]]:
     per_rule: Counter = Counter()
     per_kind: Counter = Counter()
     said: list[str] = []
+    ran: Counter = Counter()
     nk = len(KINDS_BENIGN)
     for i in range(days):
         kind = KINDS_BENIGN[i % nk]
         iv = INTERVALS[(i % nk + i // nk) % len(INTERVALS)]
+        if iv not in ONLY_INTERVALS:
+            continue
         tr = make(kind, random.Random(f"soak-{kind}-{i}"), interval=iv, hours=24)
+        ran[kind] += 1
         for e in _events(rules, tr.rows):
             if e["state"] == "firing":
                 per_rule[e["rule"]] += 1
                 per_kind[kind] += 1
                 said.append(f"{e['rule']} on day {i} ({kind}, {iv} s polls) at {e['t'] / 3600:.1f} h")
-    return per_rule, per_kind, said
+    return per_rule, per_kind, said, ran
 
 
 def dev_score(args: list[str]) -> str:
@@ -200,9 +210,13 @@ def main() -> None:
     ap.add_argument("--rules-interval", type=float, default=0.0,
                     help="show each process to the rules at most this often, as the live collector does "
                          "(its --rules-interval, 5 s by default); 0: every sample, as replay")
+    ap.add_argument("--intervals", default="",
+                    help="comma-separated poll intervals: only the draws and soak days of these (same seeds)")
     a = ap.parse_args()
-    global LOOK_S
+    global LOOK_S, ONLY_INTERVALS
     LOOK_S = a.rules_interval
+    if a.intervals:
+        ONLY_INTERVALS = tuple(float(v) for v in a.intervals.split(","))
     if a.soak:
         a.soak_days = SOAK_FULL_DAYS
     if a.quick:
@@ -216,14 +230,16 @@ def main() -> None:
     def fmt(v: float) -> str:
         return "–" if v != v else f"{v:.0f}"
 
-    soak_rule, soak_kind, soak_said = soak(a.soak_days, rules) if a.soak_days > 0 else (Counter(), Counter(), [])
-    # a kind's share of the soak's days (day i is kind i mod the kinds)
-    kind_days = {k: len(range(i, a.soak_days, len(KINDS_BENIGN))) for i, k in enumerate(KINDS_BENIGN)}
+    soak_rule, soak_kind, soak_said, kind_days = (soak(a.soak_days, rules) if a.soak_days > 0
+                                                  else (Counter(), Counter(), [], Counter()))
+    a.soak_days = sum(kind_days.values())  # the days run (--intervals skips the others')
 
     def per_k(n: int, days: int) -> str:
         return f"{1000.0 * n / days:.1f}" if days else "–"
 
-    print(f"{a.draws} draws a kind, poll intervals {', '.join(map(str, INTERVALS))} s in turn; "
+    print(f"{a.draws} draws a kind, poll intervals {', '.join(map(str, INTERVALS))} s in turn"
+          + (f" (only those at {', '.join(f'{v:g}' for v in ONLY_INTERVALS)} s run)" if ONLY_INTERVALS != INTERVALS
+             else "") + "; "
           f"soak: {a.soak_days} benign process-days; "
           + (f"the rules shown a process every {LOOK_S:g} s at most (live)" if LOOK_S > 0
              else "the rules shown every sample (replay)"))

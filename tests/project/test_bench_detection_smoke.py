@@ -43,3 +43,15 @@ def test_rules_interval_shows_what_the_live_collector_shows():
     for pid in (1, 2):
         ts = [r["t"] for r in shown if r["pid"] == pid]
         assert ts == [float(t) for t in range(0, 100, 5)]
+
+
+def test_intervals_runs_only_the_draws_and_soak_days_of_those_polls():
+    # draw 7 of 8 and soak day 7 of 11 are the only ones polled every 60 s (the intervals cycle 1, 5, ..., 60 s)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERWATCH_")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_detection.py"), "--draws", "8", "--kinds",
+                          "linear_leak", "--intervals", "60", "--soak-days", "11", "--no-dev", "--no-anchor"],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert rows["linear_leak"].split("|")[3].strip() == "1/1"
+    assert "(only those at 60 s run)" in out.stdout and "soak: 1 benign process-days" in out.stdout
