@@ -65,8 +65,8 @@ def test_a_checkpoint_request_reaches_the_handler_and_its_answer_shows_in_status
         assert job.marker.read_text().strip(), "the handler did not run"
         text = job.status()
         assert "Requests to the training processes" in text, text
-        line = next(x for x in text.splitlines() if "checkpoint done" in x)
-        assert "saved checkpoint at step" in line, text
+        line = _entry(text, "checkpoint done")
+        assert line and "saved checkpoint at step" in line, text
         document = json.loads(cli("status", "dg-1", "--collector", job.collector.address, "--json").stdout)
         assert [a["status"] for a in document["train_answers"]] == ["done"]
     finally:
@@ -165,10 +165,25 @@ def test_an_alerts_checkpoint_step_reaches_the_handler_ahead_of_signals_and_show
 
         def line() -> str | None:
             r = cli("status", "leak-2", "--collector", collector.address)
-            return next((x for x in r.stdout.splitlines() if "checkpoint done" in x), None)
+            return _entry(r.stdout, "checkpoint done")
 
         shown = wait_for(line, timeout=30, what="the answer in status")
         assert "host_memory_leak" in shown and "asked by alert " in shown and "saved checkpoint at step" in shown
     finally:
         for p in (agent, leaker, collector):
             p.stop()
+
+
+def _entry(report: str, needle: str) -> str | None:
+    """The report's entry holding `needle`, its wrapped lines joined (the report keeps to 80 columns)."""
+    lines = report.splitlines()
+    for i, line in enumerate(lines):
+        if needle in line:
+            indent = len(line) - len(line.lstrip())
+            tail = []
+            for more in lines[i + 1:]:
+                if not more.strip() or len(more) - len(more.lstrip()) <= indent:
+                    break
+                tail.append(more.strip())
+            return " ".join([line.strip(), *tail])
+    return None
