@@ -150,7 +150,7 @@ class CollectorServer:
                                   listeners=[self.alerting, *([self.resumer] if self.resumer is not None else [])])
         self.outboxes = outboxes
         # the agents' stream: built by start(), which finds out what agents must prove (munge is asked)
-        self.ingest: IngestServicer
+        self.ingest: IngestServicer | None = None
         running = self.core.running_nodes()
         self.alerting.restore_nodes([(n, seen, n in running) for n, seen in store.load_node_times()])
         self.grpc_port = 0
@@ -260,7 +260,9 @@ class CollectorServer:
 
     def counter_values(self) -> dict[str, tuple[float, str]]:
         """The core's ingest counters, the servicer's own and the job registry's, as /metrics names them."""
-        counts = {**self.core.counts(), **self.ingest.counts(),
+        # before start() (a scrape in a bench, say) the stream has refused nobody yet: its counts read 0
+        ingest = self.ingest.counts() if self.ingest is not None else dict.fromkeys(IngestServicer.COUNTS, 0)
+        counts = {**self.core.counts(), **ingest,
                   "health_repeated": self.alerting.health.engine.duplicates,
                   "drains_refused": self.alerting.dispatcher.drains_refused}
         if (breaker := self.alerting.dispatcher.breaker) is not None:

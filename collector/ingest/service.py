@@ -148,8 +148,10 @@ class IngestServicer(agent_pb2_grpc.IngestServicer):
         # hellos refused because another stream speaks for their node
         self.node_taken = 0
 
+    COUNTS = ("identity_refused", "node_taken")
+
     def counts(self) -> dict[str, int]:
-        """The servicer's own counts, by name (collector/export/counter_metrics.py)."""
+        """The servicer's own counts (COUNTS), by name (collector/export/counter_metrics.py)."""
         return {"identity_refused": self.identity_refused, "node_taken": self.node_taken}
 
     async def Stream(self, request_iterator, context):
