@@ -144,7 +144,7 @@ def test_the_users_guide_and_the_counters_help_give_the_bound() -> None:
     from tests.support.helpers import ROOT
 
     text = " ".join((ROOT / "docs" / "how-to" / "instrument-training.md").read_text().split())
-    assert f"a key's value may change {MAX_TAG_CHANGES} times in a job" in text
+    assert f"A key's value may change {MAX_TAG_CHANGES} times in a job" in text
     assert f"`{TAG_CHANGING}`" in text
     metrics = " ".join((ROOT / "docs" / "metrics.md").read_text().split())
     assert (f"`clusterwatch_ingest_tag_changes_dropped_total` | Run tag values not shown: their key had changed "
