@@ -120,6 +120,21 @@ def _node_note(collector: Collector, job_id: str) -> str | None:
     return view.nodes[0].gpu_pids_note if view.nodes else None
 
 
+def _entry(report: str, needle: str) -> str | None:
+    """The report's entry starting with `needle`, its wrapped lines joined (the report keeps to 80 columns)."""
+    lines = report.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith(needle):
+            indent = len(line) - len(line.lstrip())
+            tail = []
+            for more in lines[i + 1:]:
+                if not more.strip() or len(more) - len(more.lstrip()) <= indent:
+                    break
+                tail.append(more.strip())
+            return " ".join([line.strip(), *tail])
+    return None
+
+
 def _agent_args(collector: Collector, tmp_path: Path, *extra: str) -> list[str]:
     return [*CLI, "agent", "--collector", collector.address, "--node", "gpu-node", "--interval", "0.5",
             "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--kmsg", "none",
@@ -147,7 +162,9 @@ def test_an_agent_in_its_own_pid_namespace_says_so_and_the_job_view_carries_it(s
         agent.stop()
         collector.stop()
     assert "PID namespace of its own" in note and "pid: host" in note
-    assert status.returncode == 0 and f"gpu-node: {note}" in status.stdout, status.stdout + status.stderr
+    # the text report keeps to 80 columns: the note is read across its wrapped lines
+    assert status.returncode == 0 and _entry(status.stdout, "gpu-node: ") == f"gpu-node: {note}", \
+        status.stdout + status.stderr
     assert (1, False) in rows  # the agent (pid 1 in there) is not given the host pid 1's GPU memory
     assert sum("PID namespace of its own" in line for line in agent.text().splitlines()) == 1
 
