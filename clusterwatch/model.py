@@ -89,6 +89,9 @@ HELD_STATES = {
 }
 #: At most this many characters of a wchan: kernel symbols are well under it.
 WCHAN_CHARS = 64
+#: The names uid 0 goes by (its name, or its number where it could not be named). Its tmpfs files (/run,
+#: /dev/shm) are the machine's, never counted in a job's host memory: collector/state/tmpfs.py.
+ROOT_USERS = frozenset({"root", "0"})
 _SYMBOL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
 

@@ -5,7 +5,7 @@ import time
 from typing import TYPE_CHECKING
 
 from clusterwatch.humanize import duration
-from clusterwatch.model import HELD_STATES
+from clusterwatch.model import HELD_STATES, ROOT_USERS
 
 from .text import Col, Table, human_bytes, meter, sparkline, title, wrap_words
 
@@ -94,6 +94,8 @@ def overall_figures(view: query_pb2.JobView, run_time: float) -> list[tuple[str,
                                      + (f" (node RAM {human_bytes(ram)})" if ram else "")))
     if shm_bytes:
         lines.append(("Shared memory", tmpfs_text(shm, shm_bytes)))
+    elif not ended and view.job.user in ROOT_USERS:  # root's files are the machine's (collector/state/tmpfs.py)
+        lines.append(("Shared memory", "/dev/shm and tmpfs files not counted for root's jobs (the machine's)"))
     return ([] if gpus else [("GPU", None, "no GPU reported for this job", False)]) \
         + [(name, fraction, text, True) for name, fraction, text in meters] \
         + [(name, None, text, False) for name, text in lines]

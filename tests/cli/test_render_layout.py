@@ -166,3 +166,15 @@ def test_the_jobs_tmpfs_files_count_in_host_memory_and_their_line_fits_80_column
     assert "jobs 4243, 4250 on the same node hold them too" in flat
     v.nodes[0].ClearField("tmpfs_bytes")  # an older agent: no walk, no line
     assert "Shared memory" not in render(v, width=80)
+
+
+def test_a_root_jobs_tmpfs_is_said_not_counted_in_80_columns():
+    v = busy_view()
+    v.job.user = "root"  # the collector gives no tmpfs figure for root's jobs (collector/state/tmpfs.py)
+    text = render(v, width=80)
+    assert max(len(x) for x in text.splitlines()) <= 80
+    assert "/dev/shm and tmpfs files not counted for root's jobs (the machine's)" in " ".join(text.split())
+    v.job.user = "alice"  # another user's job before a walk: nothing said
+    assert "Shared memory" not in render(v, width=80)
+    v.job.user, v.job.end_time = "root", 1000.0  # an ended job: its tmpfs is not shown at all
+    assert "Shared memory" not in render(v, width=80)

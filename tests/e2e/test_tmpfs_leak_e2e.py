@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -52,15 +54,20 @@ def _host_leaks(collector: Collector, job: str) -> list[dict]:
 def test_a_dev_shm_file_grown_by_write_is_a_host_memory_leak_and_a_burst_then_held_is_not(tmp_path: Path):
     job = unique_job_id()
     shm = Path("/dev/shm") / f"cw-e2e-{uuid.uuid4().hex}"
-    control = tmp_path / "control"
+    # the writer runs as nobody: root's tmpfs files are the machine's, counted for no job (collector/state/tmpfs.py)
+    shared = Path(tempfile.mkdtemp(prefix="cw-e2e-shm-"))
+    shared.chmod(0o755)
+    control = shared / "control"
     control.write_text("hold")
-    (tmp_path / "writer.py").write_text(WRITER)
+    control.chmod(0o666)  # the writer sets it back to "hold" after a burst
+    (shared / "writer.py").write_text(WRITER)
     rules = tmp_path / "rules.toml"
     rules.write_text((ROOT / "collector" / "rules" / "demo_rules.toml").read_text())
     spool = tmp_path / "spool"
     spool.mkdir()
     collector = Collector(tmp_path, "--rules", str(rules))
-    writer = Proc([sys.executable, str(tmp_path / "writer.py"), str(shm), str(control)], tmp_path / "writer.log")
+    writer = Proc(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                   str(shared / "writer.py"), str(shm), str(control)], tmp_path / "writer.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", NODE, "--gpu-source", "none",
                   "--interval", "1", "--no-provenance", "--tmpfs-interval", "1", "--kmsg", "none",
                   "--spool-dir", str(spool), "--train-socket", str(spool / "train.sock"), "--job-id", job,
@@ -102,3 +109,4 @@ def test_a_dev_shm_file_grown_by_write_is_a_host_memory_leak_and_a_burst_then_he
         for p in (agent, writer, collector):
             p.stop()
         shm.unlink(missing_ok=True)
+        shutil.rmtree(shared, ignore_errors=True)
