@@ -66,5 +66,5 @@ def test_demo_from_the_clones_root_with_a_non_editable_install(installed):
                        capture_output=True, text=True, cwd=ROOT, timeout=180, env=_env())
     assert "No module named" not in r.stderr + r.stdout, r.stderr
     assert r.returncode == 0, r.stderr
-    # the closing summary's heading (demo_cmd.py, since f9330d3)
+    # the closing summary's heading (demo_cmd.py, since f22982e)
     assert "The job's summary as stored when it ended" in r.stdout and "demo-node2" in r.stdout
