@@ -6,7 +6,6 @@ import os
 import re
 
 import pytest
-
 from clusterwatch.agent.job_output_parse import Progress, ProgressTracker, parse_line
 from clusterwatch.agent.job_output_regex import SiteRegex, check_pattern
 from clusterwatch.agent.job_output_tail import OutputTail

@@ -27,7 +27,8 @@ def run_raising(monkeypatch, exc: BaseException) -> None:
 
 @pytest.mark.parametrize("exc, code", [
     (ConfigError("config file x.toml: line 3: not valid TOML: Expected ']'"), 2),
-    (CatalogError("XID catalog x.toml: line 2: [xid.13] severity must be one of info, warning, critical, not 'fatal'"), 2),
+    (CatalogError("XID catalog x.toml: line 2: [xid.13] severity must be one of info, warning, critical, "
+                  "not 'fatal'"), 2),
     (CollectorUnreachable("the collector at c1:50051 does not answer"), 1),
     (ClusterwatchError("something a person can act on"), 1),
 ])

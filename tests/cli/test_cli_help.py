@@ -7,8 +7,8 @@ import subprocess
 
 import click
 import pytest
-
 from clusterwatch.cli.main import COMMANDS, cli
+
 from tests.support.helpers import CLI, clean_environ
 
 CTX = click.Context(cli)

@@ -18,4 +18,5 @@ def test_a_wrong_site_catalog_stops_the_collector_with_one_line(tmp_path: Path) 
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert f"XID catalog {site}: line 2: [xid.13] severity must be one of info, warning, critical, not 'fatal'" in lines[0]
+    assert (f"XID catalog {site}: line 2: [xid.13] severity must be one of info, warning, critical, "
+            "not 'fatal'") in lines[0]
