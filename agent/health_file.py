@@ -4,8 +4,9 @@ records say is wrong with its GPUs now, kept in ``<spool>/health.json``.
 It is built from the records the health monitor hands each batch, so it costs the poll no NVML call:
 the last counters of each GPU (row remaps, uncorrectable ECC since the last reset), a lost GPU until it
 answers again, XIDs and the driver's recovery actions until the agent restarts (a GPU reset or a reboot
-restarts it, as the node's maintenance does). The file is replaced whole by a rename, so the prolog never
-reads half of it, and rewritten at least every REFRESH_S so that a stuck agent's file goes stale.
+restarts it, as the node's maintenance does), an NVLink down until it reads active again. The file is
+replaced whole by a rename, so the prolog never reads half of it, and rewritten at least every REFRESH_S so
+that a stuck agent's file goes stale.
 """
 from __future__ import annotations
 
@@ -80,6 +81,12 @@ class HealthFileWriter:
                 if e.data:
                     self._events[("recovery_action", e.uuid, e.data)] = Finding("recovery_action", e.uuid,
                                                                                code=e.data, since=e.time)
+            elif e.kind == "nvlink_down" and e.uuid:
+                # the counters reader's: an NVLink that was active reads inactive (data: the link), until it is up
+                self._events.setdefault(("nvlink_down", e.uuid, e.data),
+                                        Finding("nvlink_down", e.uuid, code=e.data, since=e.time))
+            elif e.kind == "nvlink_up" and e.uuid:
+                self._events.pop(("nvlink_down", e.uuid, e.data), None)
         for row in batch.gpu_health:
             self._lost.pop(row.uuid, None)   # it answered again
             self._counters[row.uuid] = counter_findings(row)

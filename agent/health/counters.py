@@ -2,7 +2,9 @@
 
 ECC (volatile and aggregate, corrected and uncorrected), remapped rows (and pending, failure),
 retired pages (where the GPU retires pages instead of remapping rows: before Ampere), clock
-event (throttle) reasons and the time spent in each, temperature, PCIe replays, NVLink errors.
+event (throttle) reasons and the time spent in each, temperature, PCIe replays, NVLink errors, and
+each NVLink's state: a link that was active and reads inactive is a change (`nvlink_changes`), as is
+its coming back.
 Every one is optional: a counter NVML cannot give (NOT_SUPPORTED, no permission, a function the
 driver or the bindings lack) is None and is never asked of that GPU again, so a GPU without it
 costs nothing after the first read; any other failure is None and counted. A lost GPU stops its
@@ -16,7 +18,7 @@ from typing import Any, Callable
 
 from clusterwatch.agent.health.devices import GONE, UNSUPPORTED, PhysicalGpu, nvml_code, physical_gpus
 
-__all__ = ["GpuCounters", "CounterReader", "VIOLATION_POLICIES", "NVLINK_COUNTERS"]
+__all__ = ["GpuCounters", "CounterReader", "LinkChange", "VIOLATION_POLICIES", "NVLINK_COUNTERS"]
 
 # nvmlPerfPolicyType_t → field suffix: time the clocks were held down for that reason
 VIOLATION_POLICIES = {0: "power", 1: "thermal", 2: "sync_boost", 3: "board_limit", 4: "low_utilization",
@@ -63,6 +65,18 @@ class _Gpu:
     gpu: PhysicalGpu
     unsupported: set[str] = field(default_factory=set)
     nvlinks: int | None = None     # links found at the first read
+    link_ids: list[int] | None = None   # the links whose state it gives (NOT_SUPPORTED ones are no links)
+    active: dict[int, bool] = field(default_factory=dict)   # link → its state at the last read that gave it
+    down: set[int] = field(default_factory=set)             # links seen active, inactive since
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChange:
+    """An NVLink of a GPU that went down (was active, reads inactive) or came back up after."""
+
+    uuid: str
+    link: int
+    down: bool
 
 
 class CounterReader:
@@ -77,6 +91,7 @@ class CounterReader:
         self._clock = clock
         self.errors = 0
         self.lost: set[str] = set()     # UUIDs that answered GPU_IS_LOST at the last read
+        self.nvlink_changes: list[LinkChange] = []   # the NVLinks that went down or came back at the last read
         nvml.nvmlInit()
         self._gpus = [_Gpu(g) for g in physical_gpus(nvml)]
         self._relist = False
@@ -92,14 +107,17 @@ class CounterReader:
             self._relist = False
         out = []
         lost = set()
+        changes: list[LinkChange] = []
         for gpu in self._gpus:
             try:
                 out.append(self._read_one(gpu, now))
+                changes += self._link_states(gpu)
             except _Gone:
                 lost.add(gpu.gpu.uuid)
                 self.errors += 1
                 self._relist = True
         self.lost = lost
+        self.nvlink_changes = changes
         return out
 
     def _ask(self, gpu: _Gpu, name: str, fn: str, *args: Any) -> Any:
@@ -182,6 +200,51 @@ class CounterReader:
                 gpu.unsupported.add("nvlink")
                 return {}
         return sums
+
+
+    def _link_states(self, gpu: _Gpu) -> list[LinkChange]:
+        """Read the GPU's NVLink states; the links that went down or came back since the last read.
+
+        A GPU without NVLink answers NOT_SUPPORTED on link 0: one call, then never asked again. Past
+        link 0, a link that answers NOT_SUPPORTED is no link (not asked again), INVALID_ARGUMENT ends the
+        GPU's links; a link whose read fails keeps its last state.
+        """
+        if "nvlink_state" in gpu.unsupported:
+            return []
+        nvml = self._nvml
+        first = gpu.link_ids is None
+        limit = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        ids = list(range(limit)) if first else gpu.link_ids
+        found: list[int] = []
+        changes = []
+        for link in ids:
+            try:
+                active = bool(nvml.nvmlDeviceGetNvLinkState(gpu.gpu.handle, link))
+            except (nvml.NVMLError, AttributeError) as exc:
+                code = nvml_code(exc)
+                if code in GONE:
+                    raise _Gone from None
+                if first and (code in UNSUPPORTED or code == _INVALID_ARGUMENT):
+                    if link == 0 or code == _INVALID_ARGUMENT:
+                        break       # no NVLink (link 0), or past the GPU's last link
+                    continue        # not a link of this GPU
+                self.errors += 1
+                found.append(link)
+                continue
+            found.append(link)
+            was = gpu.active.get(link)
+            gpu.active[link] = active
+            if not active and was:
+                gpu.down.add(link)
+                changes.append(LinkChange(gpu.gpu.uuid, link, down=True))
+            elif active and link in gpu.down:
+                gpu.down.discard(link)
+                changes.append(LinkChange(gpu.gpu.uuid, link, down=False))
+        if first:
+            gpu.link_ids = found
+            if not found:
+                gpu.unsupported.add("nvlink_state")
+        return changes
 
 
 def _int(value: Any) -> int | None:

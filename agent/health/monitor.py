@@ -227,6 +227,10 @@ class HealthMonitor:
             for uuid in sorted(self._reader.lost - said_lost):
                 self._on_gpu_event(GpuEvent(uuid=uuid, kind="gpu_lost", data=0, time=now))
             said_lost = (said_lost | self._reader.lost) - {c.uuid for c in got}
+            # an NVLink that went down (data: the link's index), or came back up after
+            for change in self._reader.nvlink_changes:
+                self._on_gpu_event(GpuEvent(uuid=change.uuid, kind="nvlink_down" if change.down else "nvlink_up",
+                                            data=change.link, time=now))
             with self._lock:
                 self._counters = (self._counters + got)[-MAX_HELD:]
             self._stop.wait(self.counters_every_s)

@@ -59,6 +59,8 @@ class Finding:
         what = _WHAT.get(self.kind, self.kind)
         if self.kind == "xid":
             what = f"XID {self.code}"
+        elif self.kind == "nvlink_down" and self.code is not None:
+            what = f"NVLink {self.code} is down"
         elif self.code is not None and self.kind != "gpu_lost":
             what = f"{what} ({self.code})"
         return f"{self.gpu or 'node'}: {what}"

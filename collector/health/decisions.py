@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from clusterwatch.collector.health.xid_catalog import XidCatalog
 
 __all__ = ["GpuUser", "HealthFinding", "MemoryCounters", "MemoryErrorThresholds", "ThrottleRule",
-           "gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "throttle_share", "worst_first",
+           "gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "nvlink_down", "throttle_share", "worst_first",
            "LOST_XIDS", "THROTTLE_REASONS"]
 
 LOST_XIDS = frozenset({79})    # "GPU has fallen off the bus"
@@ -229,6 +229,18 @@ class LinkCounts:
     time: float
     pcie_replays: int | None
     nvlink: dict[str, int]
+
+
+def nvlink_down(*, node: str, uuid: str, link: int, users: Sequence[GpuUser] = ()) -> HealthFinding:
+    """An NVLink of the GPU that was active reads inactive (the agent's counters reader): a gpu_link_errors
+    finding, critical (the prolog's gate keeps jobs off the node while it lasts)."""
+    hit = list(users)
+    who = f"; it holds {_jobs(users)}" if users else ""
+    description = f"GPU {uuid} of {node}: NVLink {link} is down{who}"
+    return HealthFinding(rule="gpu_link_errors", severity="critical", node=node, uuid=uuid, description=description,
+                         advice="Check the link (nvidia-smi nvlink -s; the NVSwitch's SXIDs) and reset the GPU or "
+                                "reboot the node; drain it if the link stays down.",
+                         action="drain", labels=_labels({"nvlink": str(link), "cause": "nvlink_down"}, hit))
 
 
 def gpu_link_errors(rule: LinkErrorRule, before: LinkCounts, after: LinkCounts, *, node: str, uuid: str,

@@ -35,6 +35,7 @@ from clusterwatch.collector.health.decisions import (
     gpu_memory_errors,
     gpu_throttle,
     gpu_xid,
+    nvlink_down,
     worst_first,
 )
 from clusterwatch.collector.health.fabric import FabricHealth
@@ -230,6 +231,9 @@ class HealthEngine:
             # the event says one happened; the counters, read later, say how many
             one = MemoryCounters(ecc_uncorrected_volatile=max(1, self.memory.uncorrected_volatile))
             finding = gpu_memory_errors(one, node=node, uuid=uuid, thresholds=self.memory, users=users)
+        elif msg.kind == "nvlink_down":
+            # the agent's counters reader: an NVLink that was active reads inactive (data: the link)
+            finding = nvlink_down(node=node, uuid=uuid, link=int(msg.data), users=users)
         if finding is None:
             return []
         if finding.rule == "gpu_xid" and self.catalog.lookup(msg.xid).application and "job_id" not in finding.labels:

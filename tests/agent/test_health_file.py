@@ -73,3 +73,21 @@ def test_it_is_rewritten_while_the_agent_runs_and_removed_when_it_stops(tmp_path
     assert _read(tmp_path).written_at == clock.now
     writer.remove()
     assert not (tmp_path / FILE_NAME).exists()
+
+
+def test_an_nvlink_down_is_held_until_it_is_up_and_the_gate_refuses_on_it(tmp_path) -> None:
+    from clusterwatch.slurm.health_gate import decide
+
+    writer = HealthFileWriter(str(tmp_path), clock=Clock())
+    batch = agent_pb2.Batch()
+    batch.gpu_health.add(uuid="GPU-a", time=1.0)
+    batch.health_events.add(kind="nvlink_down", uuid="GPU-a", data=3, time=1.0, source=agent_pb2.HealthEvent.NVML)
+    writer.see(batch)
+    assert _names(tmp_path) == [("GPU-a", "nvlink_down:3")]
+    writer.see(agent_pb2.Batch())   # the counters' next reading (the link still down) says nothing of it
+    verdict = decide(_read(tmp_path), 1000.0, agent_running=True, needs_reset=lambda xid: False)
+    assert verdict.refuse and verdict.reason == "clusterwatch gate: GPU-a: NVLink 3 is down"
+    up = agent_pb2.Batch()
+    up.health_events.add(kind="nvlink_up", uuid="GPU-a", data=3, time=2.0, source=agent_pb2.HealthEvent.NVML)
+    writer.see(up)
+    assert _names(tmp_path) == []

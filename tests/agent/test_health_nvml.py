@@ -206,3 +206,36 @@ def test_a_watcher_stuck_in_the_driver_keeps_its_event_set() -> None:
         nvml.release.set()
     watcher.stop(timeout=10)
     assert nvml.calls == ["nvmlInit", "nvmlEventSetFree", "nvmlShutdown"]
+
+
+LINKS = r"""
+import json, os, sys, pynvml
+from clusterwatch.agent.health.counters import CounterReader
+reader = CounterReader(pynvml)
+out = []
+for i, state in enumerate([None] + sys.argv[1:]):
+    if state:
+        os.replace(state, os.environ["NVML_STUB_STATE"])
+    reader.read(1000.0 + i)
+    out.append([[c.uuid, c.link, c.down] for c in reader.nvlink_changes])
+print(json.dumps({"changes": out, "errors": reader.errors}))
+reader.close()
+"""
+
+
+def test_an_nvlink_that_goes_down_is_a_change_and_a_gpu_without_nvlink_is_asked_once(stub_lib: Path,
+                                                                                        tmp_path: Path) -> None:
+    gpus = f"gpu GPU-aaaa total={80 * GiB} name=NVIDIA H100\ngpu GPU-bbbb total={80 * GiB} name=NVIDIA L40S\n"
+    states = []
+    # GPU-aaaa: four links, link 1 down from the start (never seen active: no change); GPU-bbbb: no NVLink
+    for i, bits in enumerate(["1011", "1001", "1001", "1011", "1111"]):
+        path = tmp_path / f"state-{i}.txt"
+        path.write_text(gpus + f"health GPU-aaaa nvlinks=4 nvlink_state={bits}\n")
+        states.append(str(path))
+    out, calls = _child(stub_lib, tmp_path, Path(states[0]).read_text(), LINKS, *states[1:])
+    assert out["changes"] == [[], [["GPU-aaaa", 2, True]], [], [["GPU-aaaa", 2, False]], []]
+    assert out["errors"] == 0
+    state_calls = [uuid for fn, uuid in calls if fn == "nvmlDeviceGetNvLinkState"]
+    assert state_calls.count("GPU-bbbb") == 1
+    # the first read asks every link NVML may have (36), the later ones the GPU's four
+    assert state_calls.count("GPU-aaaa") == 36 + 4 * 4

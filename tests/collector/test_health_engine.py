@@ -152,3 +152,15 @@ def test_pcie_replays_past_8_a_minute_are_a_degraded_link_and_a_reset_counter_no
     fresh.observe_counters("n1", links(0.0, pcie=10**6, replay=50), RANKS)
     assert fresh.observe_counters("n1", links(30.0, pcie=0, replay=0), RANKS) == []   # a reset, not errors
     assert fresh.observe_counters("n1", links(30.0, pcie=10**6), RANKS) == []         # no time between: nothing
+
+
+def test_an_nvlink_down_is_a_critical_gpu_link_errors_naming_the_link() -> None:
+    eng = HealthEngine(load_catalog())
+    e = agent_pb2.HealthEvent(time=7.0, uuid="GPU-a", kind="nvlink_down", data=2, source=NVML)
+    [ev] = eng.observe_event("n1", e, RANKS[:1])
+    assert (ev.rule, ev.severity, ev.job_id, ev.figures["nvlink"]) == ("gpu_link_errors", "critical", "77", "2")
+    assert "NVLink 2 is down" in ev.description
+    [(t, f)] = eng.findings([("n1", "GPU-a")])
+    assert t == 7.0 and f.rule == "gpu_link_errors"
+    up = agent_pb2.HealthEvent(time=8.0, uuid="GPU-a", kind="nvlink_up", data=2, source=NVML)
+    assert eng.observe_event("n1", up, RANKS[:1]) == []

@@ -29,6 +29,12 @@ def test_what_gates_refuses_with_the_gpu_and_the_cause(finding: Finding) -> None
     assert verdict.refuse and verdict.reason.startswith("clusterwatch gate: GPU-a: ")
 
 
+def test_an_nvlink_down_refuses_naming_the_gpu_and_the_link() -> None:
+    health = _file(Finding("nvlink_down", "GPU-a", code=5), Finding("retired_pages_pending", "GPU-b"))
+    verdict = decide(health, NOW, agent_running=True, needs_reset=_needs_reset)
+    assert verdict.refuse and verdict.reason == "clusterwatch gate: GPU-a: NVLink 5 is down"
+
+
 def test_an_xid_that_needs_no_reset_gates_only_where_the_site_says() -> None:
     health = _file(Finding("xid", "GPU-a", code=13), Finding("retired_pages_pending", "GPU-b"))
     assert not decide(health, NOW, agent_running=True, needs_reset=_needs_reset).refuse

@@ -5,7 +5,8 @@
  * is a text file named by NVML_STUB_STATE, re-read whenever its inode, mtime or size changes, so a
  * test rewrites it between polls. One directive a line, '#' starts a comment:
  *
- *   gpu UUID total=B used=B util=PCT power=MW [lost=1] [mig=1] name=NAME WITH SPACES
+ *   gpu UUID total=B used=B util=PCT power=MW [lost=1] [mig=1] [serial=S] name=NAME WITH SPACES
+ *      (serial=: the board's serial, nvmlDeviceGetSerial; NOT_SUPPORTED without it, as on consumer GPUs)
  *   mig PARENT_UUID SLOT UUID total=B used=B gi=N ci=N name=NAME      (a MIG instance in SLOT)
  *   proc UUID PID MEM|na [compute|graphics|mps]                       (na: NVML_VALUE_NOT_AVAILABLE)
  *   sample UUID PID SM ts=US | age_us=US                              (process utilisation sample)
@@ -25,8 +26,11 @@
  *   health UUID [viol_power_ns=N viol_thermal_ns=N viol_sync_ns=N viol_board_ns=N viol_low_util_ns=N
  *          viol_reliability_ns=N] [replay=N] [retired_sbe=N retired_dbe=N retired_pending=0|1]
  *          [nvlinks=N nvlink_replay=N nvlink_recovery=N nvlink_crc_flit=N nvlink_crc_data=N]
+ *          [nvlink_state=BITS]
  *     (violation time per perf policy, PCIe replays, retired pages, NVLink error counters: each
- *      counter is per link, on links 0..nvlinks-1; a link past them answers NOT_SUPPORTED)
+ *      counter is per link, on links 0..nvlinks-1; a link past them answers NOT_SUPPORTED, and past
+ *      NVML_NVLINK_MAX_LINKS INVALID_ARGUMENT. nvlink_state gives each link's state, link 0 first, one
+ *      digit a link: 1 active, 0 inactive; a link it does not name is active)
  *
  *   gpm UUID [sm=PCT occupancy=PCT tensor=PCT dram=PCT graphics=PCT pcie_tx=MIBS pcie_rx=MIBS
  *            nvlink_tx=MIBS nvlink_rx=MIBS]
@@ -72,6 +76,7 @@ typedef struct nvmlDevice_st {
     int mig_slot;
     char uuid[96];
     char name[96];
+    char serial[32];          /* "": nvmlDeviceGetSerial is NOT_SUPPORTED */
     unsigned long long total, memused;
     unsigned int util, power_mw, gi, ci, temp;
     unsigned long long throttle, event_types;
@@ -84,6 +89,7 @@ typedef struct nvmlDevice_st {
     unsigned long long viol_ns[6];   /* by nvmlPerfPolicyType_t 0..5 */
     unsigned int replay, retired[2], retired_pending, nvlinks;
     unsigned long long nvlink_err[4];   /* replay, recovery, crc flit, crc data: per link */
+    unsigned long long nvlink_off;      /* bit i: link i is inactive (nvlink_state) */
     int gpm;                            /* has GPM (a gpm line) */
     unsigned int gpm_given;             /* bit i: gpm_fig[i] was given */
     double gpm_fig[9];                  /* by GPM_KEYS */
@@ -202,6 +208,7 @@ static void load_state(void) {
                 d->event_types = kv(rest, "events") ? strtoull(kv(rest, "events"), NULL, 0) : 0x1F;
                 d->pci_bus = 16u + (unsigned)(ndev - 1);
                 if (kv(rest, "pci")) sscanf(kv(rest, "pci"), "%x:%x:%x", &d->pci_domain, &d->pci_bus, &d->pci_dev);
+                if (kv(rest, "serial")) sscanf(kv(rest, "serial"), "%31s", d->serial);
                 kv_name(rest, d->name, sizeof d->name);
             } else if (pass == 0 && strcmp(word, "mig") == 0) {
                 char parent[96] = ""; int slot = -1;
@@ -273,6 +280,9 @@ static void load_state(void) {
                 d->retired[1] = (unsigned)kv_num(rest, "retired_dbe", 0);
                 d->retired_pending = (unsigned)kv_num(rest, "retired_pending", 0);
                 d->nvlinks = (unsigned)kv_num(rest, "nvlinks", 0);
+                const char *bits = kv(rest, "nvlink_state");
+                for (int i = 0; bits && i < 64 && (bits[i] == '0' || bits[i] == '1'); i++)
+                    if (bits[i] == '0') d->nvlink_off |= 1ull << i;
             } else if (pass == 1 && strcmp(word, "gpm") == 0) {
                 sscanf(rest, "%95s", uuid);
                 int slot = find_uuid(uuid);
@@ -432,6 +442,13 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
     nvmlReturn_t ret = enter("nvmlDeviceGetName", d);
     return ret ? ret : copy_text(d->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *serial, unsigned int length) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetSerial", d);
+    if (ret) return ret;
+    if (d->mig_parent >= 0 || !d->serial[0]) return NVML_ERROR_NOT_SUPPORTED;   /* a board without one */
+    return copy_text(d->serial, serial, length);
 }
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
@@ -790,6 +807,17 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, 
     if (link >= d->nvlinks) return NVML_ERROR_NOT_SUPPORTED;
     if (counter < 0 || counter > 3) return NVML_ERROR_INVALID_ARGUMENT;
     *value = d->nvlink_err[counter];
+    return NVML_SUCCESS;
+}
+
+#define NVML_NVLINK_MAX_LINKS 36   /* nvml.h's, as pynvml has it */
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *isActive) {
+    nvmlReturn_t ret = enter("nvmlDeviceGetNvLinkState", d);
+    if (ret) return ret;
+    if (link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= d->nvlinks) return NVML_ERROR_NOT_SUPPORTED;
+    *isActive = link < 64 && (d->nvlink_off >> link) & 1 ? 0 : 1;
     return NVML_SUCCESS;
 }
 
