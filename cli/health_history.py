@@ -37,20 +37,22 @@ RANKED = 20
 
 def merge_offenders(answers: list, field: str) -> list:
     """Several collectors' `gpus` (or `nodes`) as one ranking: a GPU or node once (the collector that kept the
-    most of its findings), most findings first, then drains, then jobs hurt."""
+    most of its findings), most findings first, then drains, then jobs hurt; a GPU by its serial where known
+    (moved to another node, it is one GPU)."""
     best: dict[tuple[str, str], object] = {}
     for answer in answers:
         for o in getattr(answer, field):
-            held = best.get((o.node, o.gpu))
+            key = ("serial", o.serial) if o.serial else (o.node, o.gpu)
+            held = best.get(key)
             if held is None or (o.findings, o.drains) > (held.findings, held.drains):
-                best[(o.node, o.gpu)] = o
+                best[key] = o
     ranked = sorted(best.values(), key=lambda o: (-o.findings, -o.drains, -o.jobs_hurt, o.node, o.gpu))
     return ranked[:RANKED]
 
 
 def render_offenders(gpus: list, nodes: list) -> str:
-    """The ranking in 80 columns: the GPUs (UUID, node), then the nodes, with findings, drains, jobs hurt and
-    the mean time between findings."""
+    """The ranking in 80 columns: the GPUs (UUID, node; its serial under it where known), then the nodes, with
+    findings, drains, jobs hurt and the mean time between findings."""
     from clusterwatch.report.text import fit, human_duration, printable
 
     def mtbf(o) -> str:
@@ -61,8 +63,11 @@ def render_offenders(gpus: list, nodes: list) -> str:
     out = ["", "REPEAT OFFENDERS (the findings kept 90 days; MTBF: mean time between them)"]
     if gpus:
         out.append(f"{'GPU':<40} {'NODE':<14} {'FINDINGS':>8} {'JOBS':>5} {'MTBF':>8}")
-        out += [f"{fit(printable(o.gpu), 40):<40} {fit(printable(o.node), 14):<14} {o.findings:>8} {o.jobs_hurt:>5} "
-                f"{mtbf(o):>8}" for o in gpus]
+        for o in gpus:
+            out.append(f"{fit(printable(o.gpu), 40):<40} {fit(printable(o.node), 14):<14} {o.findings:>8} "
+                       f"{o.jobs_hurt:>5} {mtbf(o):>8}")
+            if o.serial:
+                out.append(f"  serial {fit(printable(o.serial), 70)}")
     if nodes:
         out.append(f"{'NODE':<40} {'FINDINGS':>8} {'DRAINS':>6} {'JOBS':>5} {'MTBF':>8}")
         out += [f"{fit(printable(o.node), 40):<40} {o.findings:>8} {o.drains:>6} {o.jobs_hurt:>5} {mtbf(o):>8}"

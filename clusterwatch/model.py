@@ -32,6 +32,7 @@ class GpuInfo:
     name: str
     memory_total_bytes: int
     parent_uuid: str = ""  # a MIG instance's: the whole GPU's UUID; "" for a whole GPU
+    serial: str = ""  # the board's serial where NVML gives one (a MIG instance: its parent's); "" otherwise
 
 
 class GpuUse(NamedTuple):

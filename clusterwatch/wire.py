@@ -278,10 +278,12 @@ def gpu_info_to_proto(g: GpuInfo, out: agent_pb2.GpuInfo) -> None:
     out.name = g.name
     out.memory_total_bytes = g.memory_total_bytes
     out.parent_uuid = g.parent_uuid
+    if g.serial:
+        out.serial = g.serial
 
 
 def gpu_info_from_proto(m: agent_pb2.GpuInfo) -> GpuInfo:
-    return GpuInfo(m.uuid, m.index, m.name, m.memory_total_bytes, m.parent_uuid)
+    return GpuInfo(m.uuid, m.index, m.name, m.memory_total_bytes, m.parent_uuid, m.serial)
 
 
 def training_to_proto(r: TrainingReport, out: agent_pb2.TrainingSample) -> None:

@@ -31,6 +31,7 @@ from .export.counter_metrics import counter_families
 from .health.engine import HealthEngine
 from .health.kmsg_marks import KmsgMarks
 from .health.live import HealthListener
+from .health.mig import gpu_serial
 from .health.offenders import FindingHistory
 from .ingest.agent_auth import TokenInterceptor, agent_auth_from_config
 from .ingest.service import FLUSH_S, AgentOutboxes, IngestServicer
@@ -135,7 +136,8 @@ class CollectorServer:
             audit=ActionAudit(conn))
         health = HealthEngine(catalog)
         # every finding kept 90 days, and the rules file's escalations over them and over the drains
-        self.offenders = FindingHistory(conn, rules.escalations)
+        self.offenders = FindingHistory(conn, rules.escalations,
+                                        serial_of=lambda node, uuid: gpu_serial(state, node, uuid))
         # the health rules' alerts go to the same table and actions as the others (self.alerting, built next)
         health_listener = HealthListener(health, state, self._handle_health, marks=KmsgMarks(conn))
         self.alerting = Alerting(rules, state, alert_store, min_interval_s=look_s, dispatcher=dispatcher,

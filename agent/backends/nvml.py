@@ -404,14 +404,28 @@ class NvmlGpuSource:
         nv = self._nv
         handle = nv.nvmlDeviceGetHandleByIndex(index)
         name = _text(nv.nvmlDeviceGetName(handle))
+        serial = self._serial(handle)
         if self._mig_enabled(handle):
-            instances = self._mig_instances(handle, index, name, _text(nv.nvmlDeviceGetUUID(handle)))
+            instances = self._mig_instances(handle, index, name, _text(nv.nvmlDeviceGetUUID(handle)), serial)
             if instances:
                 # The instances are what jobs get and what processes run on; the
                 # parent has no utilisation or process figures of its own in MIG mode.
                 return instances
         uuid = _text(nv.nvmlDeviceGetUUID(handle))
-        return [_Device(GpuInfo(uuid, index, name, self._total_memory(handle)), handle, self._calls(handle))]
+        return [_Device(GpuInfo(uuid, index, name, self._total_memory(handle), serial=serial), handle,
+                        self._calls(handle))]
+
+    def _serial(self, handle: Any) -> str:
+        """The board's serial (read once, with the inventory); "" where NVML gives none (consumer GPUs)."""
+        get_serial = getattr(self._nv, "nvmlDeviceGetSerial", None)
+        if get_serial is None:
+            return ""
+        try:
+            return _text(get_serial(handle)).strip()
+        except self._nvml_error as exc:
+            if getattr(exc, "value", None) in _GPU_GONE:
+                raise
+            return ""
 
     def _total_memory(self, handle: Any) -> int:
         try:
@@ -434,11 +448,12 @@ class NvmlGpuSource:
             return False  # NotSupported before Ampere
         return bool(current == _MIG_ENABLED)
 
-    def _mig_instances(self, parent: Any, index: int, parent_name: str, parent_uuid: str) -> list[_Device]:
+    def _mig_instances(self, parent: Any, index: int, parent_name: str, parent_uuid: str,
+                       serial: str = "") -> list[_Device]:
         """The MIG instances of a GPU; [] when they cannot be listed (the parent is used then).
 
         Each names its parent's UUID: the GPU's health is read on the whole GPU, and the collector applies it
-        to the jobs on its instances."""
+        to the jobs on its instances; and the board's serial, the parent's."""
         nv = self._nv
         out: list[_Device] = []
         try:
@@ -464,7 +479,8 @@ class NvmlGpuSource:
             total = self._total_memory(handle)
             # NVML documents device and process utilisation as not supported on MIG; the energy counter is the
             # whole GPU's, which no one instance's job spent alone (not asked: the collector says so).
-            dev = _Device(GpuInfo(uuid, index, name, total, parent_uuid), handle, self._calls(handle), is_mig=True)
+            dev = _Device(GpuInfo(uuid, index, name, total, parent_uuid, serial), handle, self._calls(handle),
+                          is_mig=True)
             dev.unsupported.update({"utilization", "process_util", "energy"})
             out.append(dev)
         return out

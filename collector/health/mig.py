@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["with_parents", "slices_of", "gpu_index"]
+__all__ = ["with_parents", "slices_of", "gpu_index", "gpu_serial"]
 
 
 def with_parents(state: Any, gpus: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -44,3 +44,13 @@ def gpu_index(state: Any, node: str, uuid: str) -> int | None:
     for u in slices_of(state, node, uuid):
         return state.gpus[u].info.index
     return None
+
+
+def gpu_serial(state: Any, node: str, uuid: str) -> str:
+    """The board serial of `node`'s GPU `uuid` as its agent said it ("" unknown): its own, or, for a whole GPU
+    in MIG mode (not in the inventory: its instances are), that its instances carry."""
+    gs = state.gpus.get(uuid)
+    if gs is not None:
+        return gs.info.serial
+    known = state.gpus
+    return next((s for u in slices_of(state, node, uuid) if (s := known[u].info.serial)), "")

@@ -14,6 +14,11 @@ Table `finding_history` (created if missing)::
     rule      TEXT    gpu_xid, gpu_lost, ...
     xid       INTEGER the XID, for gpu_xid; NULL otherwise
     job_id    TEXT    a job it hurt ("" none); one row a job, so a finding on a GPU two jobs share is two rows
+    serial    TEXT    the GPU's board serial where NVML gives one (its agent's inventory); NULL otherwise, and in
+                      a store from before it (the column is added when missing)
+
+A GPU is kept by its serial where known: moved to another node, its record follows it (the ranking, the
+escalations); without one, by its node and UUID.
 
 Table `escalation_raised`: an escalation raised on a GPU or node is raised once, and this says so across a
 restart of the collector (the alert stands in the alert table; saying it again on every later finding would
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ..rules.config import Escalation
@@ -40,7 +46,8 @@ CREATE TABLE IF NOT EXISTS finding_history (
     gpu TEXT NOT NULL DEFAULT '',
     rule TEXT NOT NULL,
     xid INTEGER,
-    job_id TEXT NOT NULL DEFAULT ''
+    job_id TEXT NOT NULL DEFAULT '',
+    serial TEXT
 );
 CREATE INDEX IF NOT EXISTS finding_history_gpu ON finding_history(gpu, at);
 CREATE INDEX IF NOT EXISTS finding_history_node ON finding_history(node, at);
@@ -73,6 +80,7 @@ class Offender(NamedTuple):
     drains: int
     jobs_hurt: int
     mtbf_s: float | None = None
+    serial: str = ""  # a GPU's board serial where known ("" none, and for a node)
 
 
 class OffenderFigures(NamedTuple):
@@ -91,14 +99,19 @@ class FindingHistory:
     Args:
         conn: the collector's store (the action_audit table, for drains, is in it too); the caller owns its thread.
         escalations: the rules file's.
+        serial_of: a GPU's board serial, by (node, UUID), as its agent said it ("" unknown).
     """
 
     def __init__(self, conn: sqlite3.Connection, escalations: tuple[Escalation, ...] = (),
-                 max_rows: int = MAX_ROWS) -> None:
+                 max_rows: int = MAX_ROWS, serial_of: Callable[[str, str], str] | None = None) -> None:
         self.conn = conn
         self.escalations = escalations
         self.max_rows = max_rows
+        self.serial_of = serial_of
         conn.executescript(_SCHEMA)
+        if "serial" not in {r[1] for r in conn.execute("PRAGMA table_info(finding_history)")}:
+            conn.execute("ALTER TABLE finding_history ADD COLUMN serial TEXT")  # a store from before serials
+        conn.execute("CREATE INDEX IF NOT EXISTS finding_history_serial ON finding_history(serial, at)")
         conn.commit()
         self._lock = threading.Lock()
         self._figures = self._read_figures()
@@ -133,8 +146,13 @@ class FindingHistory:
                 for e in events if e.state == FIRING and e.rule in FINDING_RULES]
         if not rows:
             return []
-        self.conn.executemany("INSERT INTO finding_history (at, node, gpu, rule, xid, job_id) VALUES (?,?,?,?,?,?)",
-                              rows)
+        serials = {(n, g): self._serial_now(n, g) for _, n, g, *_ in rows}
+        self.conn.executemany("INSERT INTO finding_history (at, node, gpu, rule, xid, job_id, serial) "
+                              "VALUES (?,?,?,?,?,?,?)", [(*r, serials[(r[1], r[2])]) for r in rows])
+        for (n, g), serial in serials.items():
+            if serial:  # its findings from before the serial was known (an older agent or store) are its too
+                self.conn.execute("UPDATE finding_history SET serial=? WHERE node=? AND gpu=? AND serial IS NULL",
+                                  (serial, n, g))
         last = self.conn.execute("SELECT MAX(id) FROM finding_history").fetchone()[0]
         self.conn.execute("DELETE FROM finding_history WHERE id <= ? OR at < ?", (last - self.max_rows,
                                                                                   now - KEEP_S))
@@ -144,6 +162,17 @@ class FindingHistory:
         raised = [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
         self._refresh()
         return raised
+
+    def _serial_now(self, node: str, gpu: str) -> str | None:
+        if not gpu or self.serial_of is None:
+            return None
+        return self.serial_of(node, gpu) or None
+
+    def _serial(self, node: str, gpu: str) -> str | None:
+        """The serial the GPU's findings are kept by (its latest finding's), None unknown."""
+        row = self.conn.execute("SELECT serial FROM finding_history WHERE node=? AND gpu=? AND serial IS NOT NULL "
+                                "ORDER BY at DESC LIMIT 1", (node, gpu)).fetchone()
+        return row[0] if row else None
 
     def check_drains(self, node: str, now: float) -> list[AlertEvent]:
         """The escalations a drain of `node` raises (called once the drain is decided)."""
@@ -160,10 +189,11 @@ class FindingHistory:
             if esc.on == "gpu" and not gpu:
                 continue
             key = (_key(esc), node, subject_gpu)
+            serial = self._serial(node, gpu) if esc.on == "gpu" else None
             if self.conn.execute("SELECT 1 FROM escalation_raised WHERE escalation=? AND node=? AND gpu=?",
-                                 key).fetchone():
+                                 key).fetchone() or (serial and self._raised_on_serial(key[0], serial)):
                 continue  # raised once (before a restart too), not on every later finding: its alert stands
-            times = self._times(esc, node, subject_gpu, now)
+            times = self._times(esc, node, subject_gpu, now, serial)
             if len(times) < esc.count:
                 continue
             self.conn.execute("INSERT INTO escalation_raised (escalation, node, gpu, at) VALUES (?,?,?,?)",
@@ -172,18 +202,30 @@ class FindingHistory:
             out.append(_alert(esc, node, subject_gpu, times, now))
         return out
 
-    def _times(self, esc: Escalation, node: str, gpu: str, now: float) -> list[float]:
-        """When each counted event within the window happened (a finding on several jobs' GPU counts once)."""
+    def _raised_on_serial(self, escalation: str, serial: str) -> bool:
+        """Whether the escalation stands on the board `serial` under another node or UUID (a GPU moved)."""
+        return self.conn.execute(
+            "SELECT 1 FROM escalation_raised r WHERE escalation=? AND gpu != '' AND EXISTS (SELECT 1 FROM "
+            "finding_history h WHERE h.node=r.node AND h.gpu=r.gpu AND h.serial=?)", (escalation, serial)
+        ).fetchone() is not None
+
+    def _times(self, esc: Escalation, node: str, gpu: str, now: float, serial: str | None = None) -> list[float]:
+        """When each counted event within the window happened (a finding on several jobs' GPU counts once); a GPU's
+        by its serial where known, on whichever node it was."""
         since = now - esc.within_s
         if esc.what == "drain":
             q = ("SELECT at FROM action_audit WHERE action='drain' AND outcome IN ('queued', 'done') AND node=? "
                  "AND at > ? ORDER BY at")
             return [t for (t,) in self.conn.execute(q, (node, since))]
-        q = "SELECT DISTINCT at FROM finding_history WHERE node=? AND rule=? AND at > ?"
-        args: list = [node, esc.what, since]
-        if esc.on == "gpu":
-            q += " AND gpu=?"
-            args.append(gpu)
+        if serial:
+            q = "SELECT DISTINCT at FROM finding_history WHERE serial=? AND rule=? AND at > ?"
+            args: list = [serial, esc.what, since]
+        else:
+            q = "SELECT DISTINCT at FROM finding_history WHERE node=? AND rule=? AND at > ?"
+            args = [node, esc.what, since]
+            if esc.on == "gpu":
+                q += " AND gpu=?"
+                args.append(gpu)
         if esc.xid:
             q += " AND xid=?"
             args.append(esc.xid)
@@ -195,10 +237,14 @@ class FindingHistory:
         if node:
             where += " AND node=?"
             args.append(node)
-        gpus = [Offender(n, g, f, 0, j, m) for n, g, f, j, m in self.conn.execute(
-            f"SELECT node, gpu, COUNT(DISTINCT rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF} "
-            f"FROM finding_history WHERE {where} AND gpu != '' GROUP BY node, gpu ORDER BY 3 DESC, 4 DESC, 1, 2 "
-            "LIMIT ?", (*args, limit))]
+        # a GPU by its serial where known (moved, it is one: shown where its latest finding was), else node and UUID
+        gpus = [Offender(*latest.split("\x1f", 2)[1:], f, 0, j, m, s or "") for f, j, m, s, latest in self.conn.execute(
+            f"SELECT COUNT(DISTINCT rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF}, MAX(serial), "
+            "MAX(printf('%017.6f', at) || char(31) || node || char(31) || gpu) "
+            f"FROM finding_history WHERE {where} AND gpu != '' "
+            "GROUP BY COALESCE('s' || serial, 'u' || node || char(31) || gpu)", args)]
+        gpus.sort(key=lambda o: (-o.findings, -o.jobs_hurt, o.node, o.gpu))
+        gpus = gpus[:limit]
         findings = {n: (f, j, m) for n, f, j, m in self.conn.execute(
             f"SELECT node, COUNT(DISTINCT gpu || rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF} "
             f"FROM finding_history WHERE {where} GROUP BY node", args)}

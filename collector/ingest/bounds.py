@@ -35,6 +35,7 @@ MAX_KEYS = 64           # keys of one such map
 MAX_HEALTH_KIND = 64
 # descriptions: cut to these
 MAX_GPU_NAME = 128
+MAX_GPU_SERIAL = 64  # NVML_DEVICE_SERIAL_BUFFER_SIZE is 30
 MAX_COMMAND = 256
 MAX_MAPPED_BY = 32
 MAX_STATE = 4
@@ -77,6 +78,8 @@ def hello_refusal(hello: agent_pb2.Hello) -> str | None:
             break
         if len(g.name) > MAX_GPU_NAME:
             g.name = g.name[:MAX_GPU_NAME]
+        if len(g.serial) > MAX_GPU_SERIAL or not g.serial.isprintable():
+            g.serial = ""  # an identity the agent could not vouch for: the GPU is kept by its UUID
     return None if problem is None else f"hello refused: {problem}"
 
 

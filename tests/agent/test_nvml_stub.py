@@ -386,3 +386,20 @@ def test_the_stand_in_serves_health_counters_and_events(stub_lib: Path, tmp_path
     got = json.loads(out.stdout)
     assert got == {"temp": 83, "reasons": 0x20, "ecc": [5, 50, 1, 2], "remapped": [3, 1, 1, 0],
                    "supported": 0x1F, "events": [[8, 79, "GPU-aaaa"], [2, 0, "GPU-aaaa"], "timeout"]}
+
+
+# --- the board's serial -----------------------------------------------------------------------
+
+def test_the_serial_is_read_once_with_the_inventory_and_none_where_nvml_gives_none(stub_lib: Path,
+                                                                                   tmp_path: Path) -> None:
+    # GPU-aaaa a data-center board with a serial; GPU-bbbb answers NOT_SUPPORTED, as consumer GPUs do
+    state = gpus().replace("power=312500 ", "power=312500 serial=1320221012345 ")
+    mig = (f"gpu GPU-mig0 total={40 * GiB} mig=1 serial=1565020000042 name=NVIDIA A100-SXM4-40GB\n"
+           f"mig GPU-mig0 0 MIG-a total={20 * GiB} name=NVIDIA A100-SXM4-40GB MIG 3g.20gb\n")
+    t = time.time()
+    out = drive(stub_lib, tmp_path, [{"state": state + mig, "now": t}, {"state": state + mig, "now": t + 5}],
+                calls=True)
+    # a MIG instance carries its board's serial (its parent's): the collector keeps the whole GPU's findings by it
+    assert out["serials"] == {"GPU-aaaa": "1320221012345", "GPU-bbbb": "", "MIG-a": "1565020000042"}
+    # once a GPU, with the inventory, not at every poll
+    assert sorted(u for f, u in out["calls"] if f == "nvmlDeviceGetSerial") == ["GPU-aaaa", "GPU-bbbb", "GPU-mig0"]

@@ -37,7 +37,8 @@ rules = ["gpu_xid"]
 
 def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp_path: Path, munged) -> None:
     state = tmp_path / "nvml-state.txt"
-    write_state(state, "gpu GPU-hh0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 name=NVIDIA H100\n")
+    write_state(state, "gpu GPU-hh0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 serial=1652922001234 "
+                "name=NVIDIA H100\n")
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(kmsg_record(1, "NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"))
     rules = tmp_path / "rules.toml"
@@ -65,11 +66,12 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         assert (drain["node"], drain["rule"], drain["job_id"]) == (NODE, "gpu_xid", None)
         assert "--slurm" in drain["detail"] and drain["why"].startswith("gpu_xid: ")
         assert [a["time"] for a in doc["actions"]] == sorted((a["time"] for a in doc["actions"]), reverse=True)
-        # the repeat offenders: the GPU and its node, one finding each, no job hurt, no drain done
+        # the repeat offenders: the GPU (with its board's serial, from the agent's inventory) and its node, one
+        # finding each, no job hurt, no drain done
         assert doc["gpus"] == [{"node": NODE, "gpu": "GPU-hh0", "findings": 1, "drains": 0, "jobs_hurt": 0,
-                                "mtbf_s": None}]
+                                "mtbf_s": None, "serial": "1652922001234"}]
         assert doc["nodes"] == [{"node": NODE, "gpu": None, "findings": 1, "drains": 0, "jobs_hurt": 0,
-                                 "mtbf_s": None}]
+                                 "mtbf_s": None, "serial": None}]
 
         # a second XID later in the kernel log (the GPU lost): two findings, and the mean time between them
         with kmsg.open("a") as f:
@@ -104,8 +106,9 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         assert ranking[1].split() == ["GPU", "NODE", "FINDINGS", "JOBS", "MTBF"]
         gpu_row = ranking[2].split()
         assert gpu_row[:4] == ["GPU-hh0", NODE, "2", "0"] and gpu_row[-1] == "s", text.stdout  # "N s"
-        assert ranking[3].split() == ["NODE", "FINDINGS", "DRAINS", "JOBS", "MTBF"]
-        assert ranking[4].split()[:4] == [NODE, "2", "0", "0"], text.stdout
+        assert ranking[3].split() == ["serial", "1652922001234"], text.stdout
+        assert ranking[4].split() == ["NODE", "FINDINGS", "DRAINS", "JOBS", "MTBF"]
+        assert ranking[5].split()[:4] == [NODE, "2", "0", "0"], text.stdout
         # another node's history is empty, not an error (a node drained and since removed still has one)
         other = cli("health", "--history", "other-node", "--collector", collector.address, env=env)
         assert (other.returncode, other.stdout) == (

@@ -179,3 +179,31 @@ def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> No
 def test_a_wrong_escalation_is_refused_with_the_key(body: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse_rules("[[escalations]]\n" + body)
+
+
+def test_a_gpu_is_kept_by_its_serial_and_keeps_its_record_moved_to_another_node(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "cw.db")
+    # a store from before serials: its table has no serial column, and opens all the same
+    conn.execute("CREATE TABLE finding_history (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+                 "node TEXT NOT NULL, gpu TEXT NOT NULL DEFAULT '', rule TEXT NOT NULL, xid INTEGER, "
+                 "job_id TEXT NOT NULL DEFAULT '')")
+    t0 = 1_800_000_000.0
+    conn.execute("INSERT INTO finding_history (at, node, gpu, rule, xid, job_id) VALUES (?,?,?,?,?,?)",
+                 (t0 - 60, "n1", "GPU-a", "gpu_xid", 48, "1"))
+    conn.commit()
+    serials = {("n1", "GPU-a"): "1320221012345", ("n2", "GPU-a2"): "1320221012345"}  # moved: a new UUID too
+    h = FindingHistory(conn, parse_rules(RULES).escalations, serial_of=lambda n, g: serials.get((n, g), ""))
+    assert h.record([_xid("n1", "GPU-a", 13, t0, "2"), _xid("n1", "GPU-c", 13, t0)], t0) == []
+    # the old row took the serial; a GPU without one keeps none (NULL, not "")
+    assert conn.execute("SELECT gpu, serial FROM finding_history ORDER BY id").fetchall() == [
+        ("GPU-a", "1320221012345"), ("GPU-a", "1320221012345"), ("GPU-c", None)]
+    # on n2 the board's second XID 48 within the day is its second: the escalation counts by serial
+    [alert] = h.record([_xid("n2", "GPU-a2", 48, t0 + 600, "3")], t0 + 600)
+    assert (alert.node, alert.gpu, alert.figures["times"]) == ("n2", "GPU-a2", [t0 - 60, t0 + 600])
+    gpus, nodes = h.ranking()
+    assert [(o.node, o.gpu, o.serial, o.findings, o.jobs_hurt) for o in gpus] == [
+        ("n2", "GPU-a2", "1320221012345", 3, 3), ("n1", "GPU-c", "", 1, 0)]
+    assert {o.node: o.findings for o in nodes} == {"n1": 3, "n2": 1}
+    # reopened (the collector restarted): the column is there, the mark stands across the move back
+    h2 = FindingHistory(conn, parse_rules(RULES).escalations, serial_of=lambda n, g: serials.get((n, g), ""))
+    assert h2.record([_xid("n1", "GPU-a", 48, t0 + 900)], t0 + 900) == []

@@ -17,18 +17,20 @@ GPU_PIDS_OTHER_NAMESPACE: GpuPidsHidden
 GPU_PIDS_NOT_IN_PROC: GpuPidsHidden
 
 class GpuInfo(_message.Message):
-    __slots__ = ("uuid", "index", "name", "memory_total_bytes", "parent_uuid")
+    __slots__ = ("uuid", "index", "name", "memory_total_bytes", "parent_uuid", "serial")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     name: str
     memory_total_bytes: int
     parent_uuid: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., parent_uuid: _Optional[str] = ...) -> None: ...
+    serial: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., serial: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "boot_id", "agent_version", "gpus", "interval_s", "gpu_source", "sent_at", "node_memory_total_bytes", "send_interval_s", "gpu_pids_hidden")

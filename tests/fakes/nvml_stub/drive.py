@@ -55,6 +55,7 @@ def main() -> None:
         return
     out["open_seconds"] = time.monotonic() - started
     out["inventory"] = [[g.uuid, g.index, g.name, g.memory_total_bytes] for g in src.inventory()]
+    out["serials"] = {g.uuid: getattr(g, "serial", None) for g in src.inventory()}
     out["pids_hidden"] = getattr(src, "pids_hidden", None)
     for i, step in enumerate(steps):
         if i > 0 and "state" in step:
