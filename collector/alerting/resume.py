@@ -99,10 +99,13 @@ class Resumer(CoreListener):
         slurm: asks Slurm for a node's drain and resumes it.
         settings: the waits and windows.
         node_trusted: whether a node's agent is authenticated; None: every node.
+        clock: Unix time, read on the Slurm thread when a resume fails (its retry is due `RETRY_S` after);
+            the collector core's clock, which drives `on_tick`'s `now`.
     """
 
     def __init__(self, conn: sqlite3.Connection, audit: ActionAudit, state: Any, health: Any, slurm: SlurmNodes,
-                 settings: ResumeSettings, node_trusted: Callable[[str], bool] | None = None) -> None:
+                 settings: ResumeSettings, node_trusted: Callable[[str], bool] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.conn = conn
         self.audit = audit
         self.state = state
@@ -110,6 +113,7 @@ class Resumer(CoreListener):
         self.slurm = slurm
         self.settings = settings
         self.node_trusted = node_trusted
+        self.clock = clock
         self._checked = 0.0
         self._said: dict[int, str] = {}  # drain id -> the last check written for it
         self._retry_at: dict[int, float] = {}  # drain id -> not before (a resume that failed)
@@ -262,7 +266,7 @@ class Resumer(CoreListener):
             self.slurm.resume_node(node)
         except Exception as exc:  # Slurm down or a refused name: said, and tried again later
             log.warning("resume of %s failed: %s", node, exc)
-            self._retry_at[drain.id] = time.time() + RETRY_S
+            self._retry_at[drain.id] = self.clock() + RETRY_S
             self.audit.finish(row, "resume", "failed", " ".join(str(exc).split())[:400])
             return
         log.warning("resumed node %s (clusterwatch drained it: %s)", node, drain.reason)
