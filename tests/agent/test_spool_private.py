@@ -110,14 +110,25 @@ def test_a_prologs_spool_its_locks_log_pid_and_event_are_private(tmp_path: Path)
     try:
         assert proc.returncode == 0, proc.stderr
         wait_for(lambda: (node_dir / "agent.run.lock").exists(), what="the agent's run lock")
+        # the agent it started may already have taken the job's event (it removes what it reads): any left
+        # must be private; the event's own mode under this umask is test_an_event_is_private_whatever_the_umask's
         events = list((node_dir / "events").glob("*.json"))
-        assert len(events) == 1
         assert mode(node_dir) == 0o700 and mode(node_dir / "events") == 0o700
         made = {p.name: mode(p) for p in [*node_dir.iterdir(), *events] if p.is_file()}
         assert {"agent.lock", "agent.run.lock", "agent.log", "agent.pid"} <= set(made), made
         assert made == {name: 0o600 for name in made}, made
     finally:
         stop_agent_of(node_dir)
+
+
+def test_an_event_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the prolog's shell's usual umask
+    try:
+        path = write_event(str(tmp_path / "sp"), JobEvent("start", "4244", time.time(), uid=0, user="root"))
+    finally:
+        os.umask(old)
+    assert mode(Path(path)) == 0o600
+    assert mode(tmp_path / "sp") == 0o700 and mode(tmp_path / "sp" / "events") == 0o700
 
 
 def test_a_spool_another_user_made_is_refused_in_one_line_and_root_writes_nothing_there(
