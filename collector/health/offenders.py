@@ -24,8 +24,7 @@ Table `escalation_raised`: an escalation raised on a GPU or node is raised once,
 restart of the collector (the alert stands in the alert table; saying it again on every later finding would
 notify, or drain, again). A mark goes with the history it was counted over, after 90 days::
 
-    escalation TEXT   the escalation, by what defines it (on:what:xid:count:within_s, then :jobsN with
-                      in_every_job)
+    escalation TEXT   the escalation, by what defines it (on:what:xid:count:within_s)
     node, gpu  TEXT   its subject ("" gpu: a node's)
     at         REAL   when it was raised
 """
@@ -194,19 +193,13 @@ class FindingHistory:
             if self.conn.execute("SELECT 1 FROM escalation_raised WHERE escalation=? AND node=? AND gpu=?",
                                  key).fetchone() or (serial and self._raised_on_serial(key[0], serial)):
                 continue  # raised once (before a restart too), not on every later finding: its alert stands
-            if esc.in_every_job:
-                jobs = self._every_job(esc, node, subject_gpu, serial)
-                if not jobs:
-                    continue
-            else:
-                times = self._times(esc, node, subject_gpu, now, serial)
-                if len(times) < esc.count:
-                    continue
+            times = self._times(esc, node, subject_gpu, now, serial)
+            if len(times) < esc.count:
+                continue
             self.conn.execute("INSERT INTO escalation_raised (escalation, node, gpu, at) VALUES (?,?,?,?)",
                               (*key, now))
             self.conn.commit()
-            out.append(_job_alert(esc, node, subject_gpu, jobs, now) if esc.in_every_job
-                       else _alert(esc, node, subject_gpu, times, now))
+            out.append(_alert(esc, node, subject_gpu, times, now))
         return out
 
     def _raised_on_serial(self, escalation: str, serial: str) -> bool:
@@ -237,22 +230,6 @@ class FindingHistory:
             q += " AND xid=?"
             args.append(esc.xid)
         return [t for (t,) in self.conn.execute(q + " ORDER BY at", args)]
-
-    def _every_job(self, esc: Escalation, node: str, gpu: str, serial: str | None) -> list[str]:
-        """The GPU's last `in_every_job` distinct jobs (by their latest row in the history), oldest first, where
-        each had `what` on it; [] when fewer are known or one of them had none (a job the GPU hurt otherwise)."""
-        where, args = ("serial=?", [serial]) if serial else ("node=? AND gpu=?", [node, gpu])
-        hit, hit_args = "rule=?", [esc.what]
-        if esc.xid:
-            hit += " AND xid=?"
-            hit_args.append(esc.xid)
-        rows = self.conn.execute(
-            f"SELECT job_id, MAX({hit}) FROM finding_history WHERE {where} AND job_id != '' "
-            "GROUP BY job_id ORDER BY MAX(at) DESC, MAX(id) DESC LIMIT ?", [*hit_args, *args, esc.in_every_job]
-        ).fetchall()
-        if len(rows) < esc.in_every_job or not all(h for _, h in rows):
-            return []
-        return [j for j, _ in reversed(rows)]
 
     def ranking(self, node: str = "", since: float = 0.0, limit: int = 20) -> tuple[list[Offender], list[Offender]]:
         """The GPUs and the nodes with the most findings (then drains, then jobs hurt) since `since`."""
@@ -287,8 +264,7 @@ class FindingHistory:
 
 def _key(esc: Escalation) -> str:
     """An escalation by what defines it, not by its place in the rules file (a file edited keeps its marks)."""
-    key = f"{esc.on}:{esc.what}:{esc.xid}:{esc.count}:{esc.within_s:g}"
-    return f"{key}:jobs{esc.in_every_job}" if esc.in_every_job else key  # the older marks keep their keys
+    return f"{esc.on}:{esc.what}:{esc.xid}:{esc.count}:{esc.within_s:g}"
 
 
 #: Mean time between a group's findings: the span of their distinct times over the gaps between them.
@@ -305,13 +281,3 @@ def _alert(esc: Escalation, node: str, gpu: str, times: list[float], now: float)
                       description=text + (f": {esc.advice}" if esc.advice else ""),
                       figures={"count": len(times), "within_s": esc.within_s, "what": esc.what, "xid": esc.xid or None,
                                "times": times[-20:], "advice": esc.advice})
-
-
-def _job_alert(esc: Escalation, node: str, gpu: str, jobs: list[str], now: float) -> AlertEvent:
-    what = (f"XID {esc.xid}" if esc.xid else esc.what) + " findings"
-    text = (f"GPU {gpu} on {node}: {what} in each of its last {len(jobs)} jobs ({', '.join(jobs)}) "
-            f"(the rules file's escalation: in_every_job = {esc.in_every_job})")
-    return AlertEvent(t=now, rule=GPU_REPEAT, state=FIRING, severity=esc.severity, node=node, gpu=gpu,
-                      description=text + (f": {esc.advice}" if esc.advice else ""),
-                      figures={"count": len(jobs), "in_every_job": esc.in_every_job, "what": esc.what,
-                               "xid": esc.xid or None, "jobs": jobs, "advice": esc.advice})

@@ -364,15 +364,13 @@ class ActionsConfig:
 @dataclass(frozen=True, slots=True)
 class Escalation:
     """One escalation of the rules file (collector/health/offenders.py): `count` of `what` on one GPU (or
-    node) within `within_s` raises an alert; or, with `in_every_job`, `what` on the GPU in each of its last
-    `in_every_job` distinct jobs (the jobs its findings hurt, from the history).
+    node) within `within_s` raises an alert.
 
     Attributes:
         on: "gpu" or "node": whose history is counted.
         what: a health rule's findings (gpu_xid, gpu_lost, ...) or "drain" (the collector's drains of a node).
-        count: how many within the window raise it (required without in_every_job).
-        within_s: the window, seconds (required without in_every_job).
-        in_every_job: N: the GPU's last N distinct jobs each had `what` on it (0: off; on = "gpu" only).
+        count: how many within the window raise it.
+        within_s: the window, seconds.
         xid: with gpu_xid, only this XID (0: any).
         severity: the alert's severity.
         advice: what to do, said in the alert ("replace the GPU", "take the node out").
@@ -380,9 +378,8 @@ class Escalation:
 
     on: str
     what: str
-    count: int = 0
-    within_s: float = 0.0
-    in_every_job: int = 0
+    count: int
+    within_s: float
     xid: int = 0
     severity: str = "critical"
     advice: str = ""
@@ -545,21 +542,13 @@ def _escalation_checks(e: dict[str, Any]) -> None:
         raise Invalid('drains are of a node: on = "node"', key="on")
     if e.get("xid") and e["what"] != "gpu_xid":
         raise Invalid('xid counts with what = "gpu_xid" only', key="xid")
-    if e.get("in_every_job"):
-        if e["on"] != "gpu":
-            raise Invalid('in_every_job counts a GPU\'s jobs: on = "gpu"', key="in_every_job")
-        return
-    for key in ("count", "within_s"):
-        if key not in e:
-            raise Invalid(f"needs {key} (or in_every_job)", key=key)
 
 
 _ESCALATION = Table(
     keys_of(Escalation, {"on": Text(("gpu", "node")), "severity": Text(SEVERITIES),
                          "what": Text(("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu_link_errors",
                                        "fabric_port", "nvswitch_sxid", "drain")),
-                         "count": Number(integer=True, at_least=1), "within_s": Number(at_least=1),
-                         "in_every_job": Number(integer=True, at_least=1)}),
+                         "count": Number(integer=True, at_least=1), "within_s": Number(at_least=1)}),
     build=lambda v: Escalation(**v), checks=(_escalation_checks,))
 RULES_FILE = Table(
     {**{name: Key(name, _rule_table(name)) for name in _RULE_KEYS},

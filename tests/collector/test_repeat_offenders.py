@@ -171,37 +171,10 @@ def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> No
                                                                          ("n2", 0, 1, None)]
 
 
-def _throttle(gpu: str, t: float, job: str) -> AlertEvent:
-    return AlertEvent(t=t, rule="gpu_throttle", state=FIRING, severity="warning", node="n1", gpu=gpu, job_id=job)
-
-
-def test_a_gpu_that_throttles_in_every_one_of_its_last_n_jobs_raises_once_with_the_jobs(tmp_path: Path) -> None:
-    rules = '[[escalations]]\non = "gpu"\nwhat = "gpu_throttle"\nin_every_job = 3\nadvice = "reseat the GPU"\n'
-    conn = sqlite3.connect(tmp_path / "cw.db")
-    h = FindingHistory(conn, parse_rules(rules).escalations)
-    t0 = 1_800_000_000.0
-    # GPU-a: jobs 1 and 2 throttled, then job 3 was hurt by an XID only: one of its last 3 jobs had none
-    assert h.record([_throttle("GPU-a", t0, "1"), _throttle("GPU-a", t0 + 10, "1")], t0 + 10) == []
-    assert h.record([_throttle("GPU-a", t0 + 60, "2")], t0 + 60) == []
-    assert h.record([_xid("n1", "GPU-a", 13, t0 + 120, "3")], t0 + 120) == []
-    assert h.record([_throttle("GPU-a", t0 + 180, "4"), _throttle("GPU-b", t0 + 180, "4")], t0 + 180) == []
-    assert h.record([_throttle("GPU-a", t0 + 240, "5")], t0 + 240) == []  # last 3: 3 (none), 4, 5
-    [alert] = h.record([_throttle("GPU-a", t0 + 300, "6"), _throttle("GPU-a", t0 + 300, "")], t0 + 300)
-    assert (alert.rule, alert.node, alert.gpu, alert.severity) == ("gpu_repeat_offender", "n1", "GPU-a", "critical")
-    assert alert.figures["jobs"] == ["4", "5", "6"] and alert.figures["in_every_job"] == 3
-    assert alert.description == ("GPU GPU-a on n1: gpu_throttle findings in each of its last 3 jobs (4, 5, 6) "
-                                 "(the rules file's escalation: in_every_job = 3): reseat the GPU")
-    assert h.record([_throttle("GPU-a", t0 + 360, "7")], t0 + 360) == []  # raised once
-    assert h.record([_throttle("GPU-b", t0 + 360, "5"), _throttle("GPU-b", t0 + 420, "6")], t0 + 420)[0].gpu == "GPU-b"
-
-
 @pytest.mark.parametrize("body, says", [
     ('on = "gpu"\nwhat = "drain"\ncount = 3\nwithin_s = 60', "drains are of a node"),
     ('on = "node"\nwhat = "gpu_lost"\nxid = 48\ncount = 3\nwithin_s = 60', "xid counts with"),
     ('on = "rack"\nwhat = "gpu_lost"\ncount = 3\nwithin_s = 60', "on"),
-    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = "all"', r"<rules>: line 4: .*in_every_job must be a number"),
-    ('on = "node"\nwhat = "gpu_throttle"\nin_every_job = 3', "in_every_job counts a GPU's jobs"),
-    ('on = "gpu"\nwhat = "gpu_throttle"\nwithin_s = 60', "needs count"),
 ])
 def test_a_wrong_escalation_is_refused_with_the_key(body: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
