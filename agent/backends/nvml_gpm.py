@@ -64,6 +64,8 @@ class _Device:
 
 
 def _code(exc: BaseException) -> int | None:
+    """The NVML error code of a failed call; a binding too old to have the function (AttributeError) or one
+    that says it does not implement it reads as NVML's own FUNCTION_NOT_FOUND."""
     value = getattr(exc, "value", None)
     if isinstance(value, int):
         return value

@@ -20,7 +20,7 @@ from clusterwatch.collector.health.live import job_nodes
 from clusterwatch.collector.health.mig import gpu_index, with_parents
 from clusterwatch.collector.rules.causes import CAUSE_LOOKBACK_S, Cause, from_health, held_long_enough, held_rank
 
-__all__ = ["HealthCauses"]
+__all__ = ["HealthCauses", "finding_cause"]
 
 
 class HealthCauses:
@@ -64,15 +64,21 @@ class HealthCauses:
         for t, f in engine.findings(sorted(with_parents(self.state, gpus)), since=since):
             if t > now + 1.0:
                 continue
-            rank = f.labels.get("rank", "")
-            xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
-            out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
-                                   rank=int(rank) if rank and "," not in rank else None,
-                                   xid=int(xid) if xid else None, gpu_index=gpu_index(self.state, f.node, f.uuid)))
+            out.append(finding_cause(t, f, now, gpu_index(self.state, f.node, f.uuid)))
         # the fabric of its nodes (collector/health/fabric.py): a port that flaps, an NVSwitch that faults
         out += [fabric_cause(t, f, now) for t, f in engine.fabric.node_findings(job_nodes(self.state, job), since=since)
                 if t <= now + 1.0]
         return out
+
+
+def finding_cause(t: float, f: Any, now: float, index: int | None) -> Cause:
+    """A health finding as a stall's cause: its rank where it names one, its XID (gpu_lost says it in its text
+    only). Live and replay both turn findings into causes through this."""
+    rank = f.labels.get("rank", "")
+    xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
+    return from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
+                       rank=int(rank) if rank and "," not in rank else None,
+                       xid=int(xid) if xid else None, gpu_index=index)
 
 
 def _xid_of(description: str) -> str | None:

@@ -158,8 +158,8 @@ class _Health:
         allocated to it and those its processes used) from `since`, not before the job, worst first, then its
         ranks held (D, T, t) long enough. The job's start is its first process's (a trace holds no Slurm start
         time)."""
-        from ..alerting.stall_causes import _xid_of
-        from ..rules.causes import CAUSE_LOOKBACK_S, from_health
+        from ..alerting.stall_causes import finding_cause
+        from ..rules.causes import CAUSE_LOOKBACK_S
 
         out = []
         gpus = self.job_gpus.get(job_id) or set()
@@ -169,11 +169,7 @@ class _Health:
         for t, f in self.engine.findings(sorted(gpus), since=since):
             if t > now + 1.0:
                 continue
-            rank = f.labels.get("rank", "")
-            xid = f.labels.get("xid") or (_xid_of(f.description) if f.rule == "gpu_lost" else None)
-            out.append(from_health(t, f.rule, f.node, f.uuid, f.description.split(" (in use by")[0], now,
-                                   rank=int(rank) if rank and "," not in rank else None,
-                                   xid=int(xid) if xid else None, gpu_index=self.gpu_index.get(f.uuid)))
+            out.append(finding_cause(t, f, now, self.gpu_index.get(f.uuid)))
         return out + self._held_ranks(job_id, stall_for, now)
 
     def _held_ranks(self, job_id: str, stall_for: float, now: float) -> list:
