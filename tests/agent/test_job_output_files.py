@@ -81,9 +81,15 @@ class Rank:
 
     def _python_pid(self) -> int:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # runuser forks the shell, which execs python
+        while time.monotonic() < deadline:
+            # runuser forks (still root, still runuser's arguments), drops to the user, runs the shell, which sets
+            # up stdout and execs python: only once argv[0] is python are the uid and the descriptors the rank's.
             for child in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split():
-                if "rank.py" in Path(f"/proc/{child}/cmdline").read_text():
+                try:
+                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if argv[0] == SYSTEM_PYTHON.encode():
                     return int(child)
             time.sleep(0.05)
         raise AssertionError("the rank did not start")
