@@ -10,7 +10,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import add, mul
 from typing import NamedTuple
 
 from clusterwatch.model import (
@@ -61,6 +62,9 @@ def _over(text: str, limit: int) -> bool:
 STALE_STEP_GAPS = 3.0
 DEFAULT_STEP_STALE_S = 60.0
 
+
+_NAN = float("nan")
+_INT64_MAX = (1 << 63) - 1  # the largest GPU memory a history ring holds (point_ring.py)
 
 # The longest gap between two samples that accumulators count whole (a poll's CPU percent is its average
 # since the poll before); past it, an agent was away and only this much counts.
@@ -387,23 +391,15 @@ class ClusterState:
         """
         polls = _Polls(cols, width, gstart)
         pids, starts, labels, label_sets = cols.pid, cols.start_time, cols.labels, cols.label_sets
-        first_time, t_last, n_polls, rows = polls.times[0], polls.times[-1], len(polls.times), cols.rows
+        first_time, t_last, n_polls, rows = polls.times[0], polls.t_last, len(polls.times), cols.rows
         step = self.history_step_s
-        cpu_col = cols.cpu_percent
         left: list[int] = []
         for j in range(width):
             series = pids_of.get(pids[j])
             if series is None or series.key.start_time != starts[j] or first_time < series.latest.time:
                 left.extend(range(j, rows, width))
                 continue
-            # CPU time: each poll's percent over the time since the poll before (the held sample, then each other)
-            prev, busy = series.latest.time, 0.0
-            for k in range(n_polls):
-                t, v = polls.times[k], cpu_col[j + k * width]
-                if v == v and t > prev:  # NaN: unknown
-                    busy += v * min(t - prev, MAX_GAP_S)
-                prev = t
-            series.cpu_seconds += busy / 100.0
+            series.cpu_seconds += polls.cpu_seconds(j, series.latest.time)
             lab = label_sets[labels[j]]
             relabelled = lab != series.labels
             if relabelled:  # converted whole from its last row
@@ -411,12 +407,12 @@ class ClusterState:
                 s = series.latest = self._convert(node, cols.sample(r, node, gstart[r]), unlabel)
                 series.labels = lab
                 self._join_job(series.key, s)
-            gpu = polls.take(series, j, relabelled)
+            polls.take(series, j, relabelled)
             series.samples += n_polls
             series.alive = True
             hist = series.history
             if hist.last_t + step <= t_last:  # usually a point a batch, at its last poll (last_t -inf: none yet)
-                polls.extend_history(series, j, step, gpu)
+                polls.extend_history(series, j, step)
             live.add(series.key)
             touched.append(series)
         return sorted(left)
@@ -825,12 +821,12 @@ class _Polls:
     """A batch whose polls list the same processes in the same order, cut for updating each process at once.
 
     Process j's rows are j, j + width, …; its GPU-use entries are at the same places in every poll. The
-    last poll's readings and the peaks over the polls are taken a column at a time (list slices: one
-    conversion a column, not one a value).
+    last poll's readings, the peaks over the polls and the CPU time of the polls after the first are taken
+    a column at a time (list slices and maps: one conversion a column, not one a value).
     """
 
     __slots__ = ("cols", "width", "gstart", "gcounts", "uuids", "times", "t_last", "last", "cpu", "rss", "thr",
-                 "fd", "rss_peaks", "uses", "gmem", "gsm", "gidx", "gmem_peaks")
+                 "fd", "rss_peaks", "uses", "gmem", "gsm", "gidx", "gmem_peaks", "cpu_first", "cpu_rest")
 
     def __init__(self, cols: ProcessColumns, width: int, gstart: list[int]) -> None:
         self.cols, self.width, self.gstart = cols, width, gstart
@@ -846,16 +842,36 @@ class _Polls:
             self.gmem, self.gsm, self.gidx = (cols.gpu_memory_bytes[-uses:], cols.gpu_sm_utilization[-uses:],
                                               cols.gpu[-uses:])
             self.gmem_peaks = _peaks(cols.gpu_memory_bytes, uses)
+        # Percent-seconds of each process over the polls after the first: the gaps between polls are every
+        # process's (a poll's rows share its time), so a poll is one pass over its column. NaN where a poll's
+        # percent is unknown (cpu_seconds then goes poll by poll).
+        self.cpu_first = cols.cpu_percent[:width]
+        rest = [0.0] * width
+        for k in range(1, len(self.times)):
+            gap = min(self.times[k] - self.times[k - 1], MAX_GAP_S)
+            rest = list(map(add, rest, map(mul, cols.cpu_percent[k * width:(k + 1) * width], repeat(gap))))
+        self.cpu_rest = rest
 
-    def take(self, series: ProcessSeries, j: int, relabelled: bool) -> tuple[int | None, float | None] | None:
+    def cpu_seconds(self, j: int, prev: float) -> float:
+        """Process j's CPU seconds over the batch: each poll's percent over the time since the poll before (the
+        first, since `prev`, its held sample's time), an unknown percent counting none."""
+        times = self.times
+        busy = self.cpu_rest[j]
+        if busy != busy:  # a percent unknown after the first poll: poll by poll, leaving it out
+            busy = 0.0
+            for k in range(1, len(times)):
+                v = self.cols.cpu_percent[j + k * self.width]
+                if v == v:
+                    busy += v * min(times[k] - times[k - 1], MAX_GAP_S)
+        v = self.cpu_first[j]
+        if v == v and times[0] > prev:
+            busy += v * min(times[0] - prev, MAX_GAP_S)
+        return busy / 100.0
+
+    def take(self, series: ProcessSeries, j: int, relabelled: bool) -> None:
         """Process j of the batch into its series: the last poll's readings into its latest sample (in place,
-        unless `relabelled`: then the sample is new already), its host and GPU memory peaks over the polls.
-
-        Returns the last poll's GPU memory and utilisation of a process on one GPU (the usual case, read
-        without the sample's properties), (None, None) for one on none, None otherwise.
-        """
+        unless `relabelled`: then the sample is new already), its host and GPU memory peaks over the polls."""
         gcount = self.gcounts[j]
-        gpu: tuple[int | None, float | None] | None = None if gcount else (None, None)
         if not relabelled:
             s = series.latest
             s.time = self.t_last
@@ -872,8 +888,7 @@ class _Polls:
             if gcount == 1:
                 g = self.gstart[j]
                 m, u = self.gmem[g], self.gsm[g]
-                gpu = (m if m >= 0 else None, u if u == u else None)
-                s.gpus = (GpuUse(self.uuids[self.gidx[g]], *gpu),)
+                s.gpus = (GpuUse(self.uuids[self.gidx[g]], m if m >= 0 else None, u if u == u else None),)
             elif gcount:
                 s.gpus = self.cols.gpu_uses(self.gstart[self.last + j], gcount)
             elif s.gpus:
@@ -887,29 +902,21 @@ class _Polls:
                 series.gpu_memory_peak = v
         elif gcount:  # GPU memory summed over the process's GPUs, poll by poll
             for row in range(j, self.cols.rows, self.width):
-                g = _point(self.cols, row, self.gstart[row]).gpu_memory_bytes
-                if g is not None and g > series.gpu_memory_peak:
+                g = _raw_point(self.cols, row, self.gstart[row])[3]  # -1 (unknown) never beats a peak
+                if g > series.gpu_memory_peak:
                     series.gpu_memory_peak = g
-        return gpu
 
-    def extend_history(self, series: ProcessSeries, j: int, step: float,
-                       gpu: tuple[int | None, float | None] | None) -> None:
+    def extend_history(self, series: ProcessSeries, j: int, step: float) -> None:
         """History points of process j: the first poll a step after the last point, the first a step after
-        that, … (usually one a batch, at its last poll; found by bisection, the polls being in time order).
-        gpu: the last poll's GPU memory and utilisation, when known (see refresh)."""
+        that, … (usually one a batch; found by bisection, the polls being in time order), each written
+        straight from its row."""
         times, hist = self.times, series.history
         polls = len(times)
         k = bisect_left(times, hist.last_t + step)  # 0 for an empty history (last_t -inf)
         while k < polls:
-            t = times[k]
-            if k == polls - 1:
-                s = series.latest
-                gmem, gutil = gpu if gpu is not None else (s.gpu_memory_bytes, s.gpu_utilization)
-                hist.append((t, s.cpu_percent, s.rss_bytes, gmem, gutil, s.threads, s.open_fds))
-            else:
-                row = j + k * self.width
-                hist.append(_point(self.cols, row, self.gstart[row]))
-            k = bisect_left(times, t + step, k + 1)
+            row = j + k * self.width
+            hist.append_raw(*_raw_point(self.cols, row, self.gstart[row]))
+            k = bisect_left(times, times[k] + step, k + 1)
 
 
 def _peaks(col: list, width: int) -> list:
@@ -919,25 +926,27 @@ def _peaks(col: list, width: int) -> list:
     return list(map(max, *(col[k:k + width] for k in range(0, len(col), width))))
 
 
-def _point(cols: ProcessColumns, i: int, g: int) -> Point:
-    """Row i of a table as a history point (g: where its GPU-use entries start), as cols.sample(i, …) would
-    give it: GPU memory summed over the process's GPUs that report it, the highest SM utilisation.
+def _raw_point(cols: ProcessColumns, i: int, g: int) -> tuple:
+    """Row i of a table as a history point in the ring's own encoding (NaN, -1: unknown, as the columns carry
+    them; g: where its GPU-use entries start): what the row's whole sample would give, GPU memory summed over
+    the process's GPUs that report it (unknown past what a ring holds), the highest SM utilisation.
 
-    For a poll before a batch's last (its last poll's point is taken from the updated sample). Not rare:
-    the agent's polls are not a step apart to the last bit, so a step often lands on a batch's first poll
-    rather than its last; read from the columns, without building a whole sample (ingest's hot path).
+    Ingest's hot path: a point is written from the columns, without building a sample or a Point.
     """
-    mems, sms = cols.gpu_memory_bytes, cols.gpu_sm_utilization
-    gmem = gutil = None
-    for k in range(g, g + cols.gpu_count[i]):
-        m, u = mems[k], sms[k]
-        if m >= 0:  # -1: unknown
-            gmem = m if gmem is None else gmem + m
-        if u == u and (gutil is None or u > gutil):  # NaN: unknown
-            gutil = u
-    c, r, th, fd = cols.cpu_percent[i], cols.rss_bytes[i], cols.threads[i], cols.open_fds[i]
-    return Point(cols.time[i], c if c == c else None, r if r >= 0 else None, gmem, gutil,
-                 th if th >= 0 else None, fd if fd >= 0 else None)
+    n = cols.gpu_count[i]
+    if n == 1:  # the usual case
+        gmem, gutil = cols.gpu_memory_bytes[g], cols.gpu_sm_utilization[g]
+    else:
+        gmem, gutil = -1, _NAN
+        for k in range(g, g + n):
+            m, u = cols.gpu_memory_bytes[k], cols.gpu_sm_utilization[k]
+            if m >= 0:
+                gmem = m if gmem < 0 else gmem + m
+            if u == u and not u <= gutil:  # NaN: unknown (and gutil NaN until a utilisation is known)
+                gutil = u
+        if gmem > _INT64_MAX:
+            gmem = -1
+    return cols.time[i], cols.cpu_percent[i], cols.rss_bytes[i], gmem, gutil, cols.threads[i], cols.open_fds[i]
 
 
 #: Allocator figures older than this (a process that stopped sending them) are not its figures now.

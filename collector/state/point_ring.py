@@ -106,17 +106,18 @@ class ProcessRing(ColumnRing):
 
     def append(self, point: Sequence) -> None:
         """Add a point (its seven fields in order; None for unknown)."""
+        t, cpu, rss, gmem, gutil, threads, fds = point
+        # a sum over the process's GPUs: each use is bounded, their number only by the message's size
+        self.append_raw(t, _NAN if cpu is None else cpu, -1 if rss is None else rss,
+                        -1 if gmem is None or gmem > _INT64_MAX else gmem, _NAN if gutil is None else gutil,
+                        -1 if threads is None else threads, -1 if fds is None else fds)
+
+    def append_raw(self, t: float, cpu: float, rss: int, gmem: int, gutil: float, threads: int, fds: int) -> None:
+        """Add a point whose fields are in the ring's own encoding already (NaN, -1: unknown), as a batch's
+        columns carry them: ingest writes a point straight from those, with no None in between."""
         if not self.maxlen:
             return
-        t, cpu, rss, gmem, gutil, threads, fds = point
         c_t, c_cpu, c_rss, c_gmem, c_gutil, c_thr, c_fds = self._cols
-        cpu = _NAN if cpu is None else cpu
-        rss = -1 if rss is None else rss
-        # a sum over the process's GPUs: each use is bounded, their number only by the message's size
-        gmem = -1 if gmem is None or gmem > _INT64_MAX else gmem
-        gutil = _NAN if gutil is None else gutil
-        threads = -1 if threads is None else threads
-        fds = -1 if fds is None else fds
         n = len(c_t)
         if n < self.maxlen:
             c_t.append(t)

@@ -1,9 +1,9 @@
-"""A history point read straight from a batch's columns (the per-poll path's points before a batch's last poll)
+"""A history point read straight from a batch's columns (the per-poll path writes every point so)
 holds what the row's whole sample would: GPU memory summed over the GPUs that report it, the highest SM
 utilisation, unknown readings None."""
 from __future__ import annotations
 
-from clusterwatch.collector.state.cluster import ClusterState, Point, _point
+from clusterwatch.collector.state.cluster import ClusterState, Point, _raw_point, process_history
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, ProcessKey, ProcessSample
@@ -33,10 +33,12 @@ def test_a_point_from_the_columns_is_the_row_samples() -> None:
     processes_to_table(_samples(10.0) + _samples(11.0), t)
     cols = ProcessColumns(t)
     g = 0
+    ring = process_history(4)
     for i in range(cols.rows):
         s = cols.sample(i, "", g)
-        assert _point(cols, i, g) == Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes,
-                                           s.gpu_utilization, s.threads, s.open_fds)
+        ring.append_raw(*_raw_point(cols, i, g))
+        assert ring[-1] == Point(s.time, s.cpu_percent, s.rss_bytes, s.gpu_memory_bytes, s.gpu_utilization,
+                                 s.threads, s.open_fds)
         g += cols.gpu_count[i]
 
 
