@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.fakes.nvml_stub import fixtures
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
-from tests.support.helpers import CLI, Collector, Proc, kmsg_record, metric_value, wait_for
+from tests.support.helpers import Collector, metric_value, wait_for
+from tests.support.slurm_agents import start_node_agent, wait_gpus_reported
 
 pytestmark = pytest.mark.slurm
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -52,25 +53,10 @@ def test_every_node_failing_at_once_loses_only_what_the_breaker_allows(
     try:
         assert _drained(cluster) == set(), cluster.node_states()
         for node in cluster.nodes:
-            folder = tmp_path / node
-            folder.mkdir()
-            gpu = f"gpu GPU-{node}-0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 name=NVIDIA H100\n"
-            state = folder / "nvml-state.txt"
-            write_state(state, gpu)
-            kmsg = folder / "kmsg"
-            kmsg.write_text(kmsg_record(1, "Linux version 6.8.0"))
-            agents.append((state, gpu, kmsg, Proc(
-                [*CLI, "agent", "--collector", collector.address, "--node", node, "--gpu-source", "nvml",
-                 "--interval", "0.5", "--send-interval", "0", "--no-provenance", "--spool-dir", str(folder / "spool"),
-                 "--train-socket", str(folder / "train.sock"), "--kmsg", str(kmsg)],
-                folder / "agent.log", env={**child_env(stub_lib, state), "SLURMD_NODENAME": node})))
-        for node in cluster.nodes:
-            wait_for(lambda node=node: f'gpu="GPU-{node}-0"' in collector.metrics(), timeout=60,
-                     what=f"{node}'s GPU reported")
-        for state, gpu, kmsg, _ in agents:  # every GPU falls off the bus at once
-            with kmsg.open("a") as f:
-                f.write(kmsg_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
-            write_state(state, gpu.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
+            agents.append(start_node_agent(node, stub_lib, tmp_path / node, collector.address))
+        wait_gpus_reported(collector, agents)
+        for agent in agents:  # every GPU falls off the bus at once
+            agent.lose_gpu()
 
         def told() -> set[str]:
             lines = notified.read_text().splitlines() if notified.exists() else []
@@ -87,7 +73,7 @@ def test_every_node_failing_at_once_loses_only_what_the_breaker_allows(
         assert collector.text().count("drained node") == 1
         assert _drained(cluster) == drained, cluster.node_states()  # and it stays one
     finally:
-        for *_, agent in agents:
+        for agent in agents:
             agent.stop()
         collector.stop()
         for node in cluster.nodes:

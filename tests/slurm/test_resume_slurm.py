@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.nvml_stub import child_env, fixtures, write_state
+from tests.fakes.nvml_stub import fixtures
 from tests.services.slurm import SlurmCluster, slurm_cluster, slurm_hooks  # noqa: F401  (fixtures)
-from tests.support.helpers import CLI, Collector, Proc, kmsg_record, metric_value, wait_for
+from tests.support.helpers import Collector, metric_value, wait_for
+from tests.support.slurm_agents import NodeAgent, start_node_agent, wait_gpus_reported
 
 pytestmark = pytest.mark.slurm
 stub_lib = fixtures.stub_lib  # the stand-in's fixture, used by name
@@ -48,46 +49,30 @@ def _audit(db: Path) -> list[tuple[str, str, str, str]]:
 
 
 def _lose_and_repair(cluster: SlurmCluster, stub_lib: Path, tmp_path: Path, *collector_flags: str,
-                     between=None) -> tuple[Collector, list]:
+                     between=None) -> tuple[Collector, list[NodeAgent]]:
     """Start a collector and both agents; every GPU falls off the bus; both nodes drained by clusterwatch;
     `between(cluster)` runs; then the GPUs answer again. Returns the collector and the agents (the caller
     stops them)."""
     (tmp_path / "rules.toml").write_text(RULES)
     collector = Collector(tmp_path, "--slurm", "--slurm-refresh", "1", "--rules", str(tmp_path / "rules.toml"),
                           "--drain-max-nodes", "2", "--drain-max-share", "1", *collector_flags)
-    agents = []
-    for node in cluster.nodes:
-        folder = tmp_path / node
-        folder.mkdir()
-        gpu = f"gpu GPU-{node}-0 total=85899345920 used=0 util=0 power=90000 pci=0000:3b:00 name=NVIDIA H100\n"
-        state = folder / "nvml-state.txt"
-        write_state(state, gpu)
-        kmsg = folder / "kmsg"
-        kmsg.write_text(kmsg_record(1, "Linux version 6.8.0"))
-        agents.append((state, gpu, kmsg, Proc(
-            [*CLI, "agent", "--collector", collector.address, "--node", node, "--gpu-source", "nvml",
-             "--interval", "0.5", "--send-interval", "0", "--health-interval", "1", "--no-provenance",
-             "--spool-dir", str(folder / "spool"), "--train-socket", str(folder / "train.sock"), "--kmsg", str(kmsg)],
-            folder / "agent.log", env={**child_env(stub_lib, state), "SLURMD_NODENAME": node})))
-    for node in cluster.nodes:
-        wait_for(lambda node=node: f'gpu="GPU-{node}-0"' in collector.metrics(), timeout=60,
-                 what=f"{node}'s GPU reported")
-    for state, gpu, kmsg, _ in agents:
-        with kmsg.open("a") as f:
-            f.write(kmsg_record(2, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."))
-        write_state(state, gpu.replace("pci=0000:3b:00", "pci=0000:3b:00 lost=1"))
+    agents = [start_node_agent(node, stub_lib, tmp_path / node, collector.address, "--health-interval", "1")
+              for node in cluster.nodes]
+    wait_gpus_reported(collector, agents)
+    for agent in agents:
+        agent.lose_gpu()
     for node in cluster.nodes:
         wait_for(lambda node=node: _drained(cluster, node), timeout=90, what=f"{node} drained by clusterwatch")
         assert "Reason=clusterwatch: " in _show(cluster, node)
     if between is not None:
         between(cluster)
-    for state, gpu, _, _ in agents:  # the repair: the GPUs answer again
-        write_state(state, gpu)
+    for agent in agents:  # the repair: the GPUs answer again
+        agent.repair()
     return collector, agents
 
 
-def _stop(cluster: SlurmCluster, collector: Collector, agents: list) -> None:
-    for *_, agent in agents:
+def _stop(cluster: SlurmCluster, collector: Collector, agents: list[NodeAgent]) -> None:
+    for agent in agents:
         agent.stop()
     collector.stop()
     for node in cluster.nodes:
