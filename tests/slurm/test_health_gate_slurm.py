@@ -103,17 +103,15 @@ def _prolog_log(root: Path, node: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_a_node_with_a_lost_gpu_refuses_the_job_which_runs_elsewhere(node_spool) -> None:
-    cluster, root, env_file = node_spool
+def refused_then_runs_elsewhere(cluster: SlurmCluster, root: Path, reason: str) -> int:
+    """Submit a one-node job while both nodes are idle, so Slurm gives it the first, whose prolog must refuse it
+    for `reason`; check that Slurm drains that node and requeues the job, which then runs on the other node.
+    Returns the job's id."""
     bad, good = cluster.nodes
-    _settings(env_file, root, gate="1")
-    _health_file(root, bad)
-    # Both nodes idle: Slurm gives a one-node job the first, the one whose GPU is lost.
     job = _submit(cluster)
-
     drained = wait_for(lambda: (f := _show(cluster, "node", bad)) and "DRAIN" in f["State"] and f,
                        timeout=60, what=f"{bad} drained by its failed prolog")
-    assert f"job {job} refused: clusterwatch gate: GPU-gate0: lost" in _prolog_log(root, bad)
+    assert f"job {job} refused: {reason}" in _prolog_log(root, bad)
     # Slurm 22.05 drains with its own reason (the prolog's output goes nowhere); the gate's is in the log above.
     assert drained["Reason"].startswith("Prolog error"), drained["Reason"]
     # Requeued and held (Slurm holds a job whose prolog failed unless nohold_on_prolog_fail is set).
@@ -127,6 +125,15 @@ def test_a_node_with_a_lost_gpu_refuses_the_job_which_runs_elsewhere(node_spool)
     cluster.wait_job_state(job, ["RUNNING", "COMPLETING", "COMPLETED"], timeout=60)
     assert _show(cluster, "job", str(job))["NodeList"] == good
     assert "DRAIN" in _show(cluster, "node", bad)["State"]
+    return job
+
+
+def test_a_node_with_a_lost_gpu_refuses_the_job_which_runs_elsewhere(node_spool) -> None:
+    cluster, root, env_file = node_spool
+    _settings(env_file, root, gate="1")
+    _health_file(root, cluster.nodes[0])
+    refused_then_runs_elsewhere(cluster, root, "clusterwatch gate: GPU-gate0: lost")
+
 
 @pytest.mark.parametrize("gate, age_s", [("0", 0.0), ("1", 3600.0)], ids=["gate off", "stale file"])
 def test_the_job_runs_when_the_gate_is_off_or_cannot_tell(node_spool, gate: str, age_s: float) -> None:
