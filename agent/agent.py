@@ -296,7 +296,13 @@ def run_loop(agent: Agent, sender, stop: threading.Event, joiner: PollJoiner | N
 
 def submit(agent: Agent, sender, batch: agent_pb2.Batch, samples) -> None:
     """Hand a batch to the sender, which stamps its counters on it, with the agent's failed reads
-    (`samples`: their count, or the list itself for a ShardedSender, which builds the tables)."""
+    (`samples`: their count, or the list itself for a ShardedSender, which builds the tables), and what
+    the job-output reader does where it runs."""
+    reader = agent.job_output
+    if reader is not None:
+        counters = batch.counters
+        counters.job_output_files, counters.job_output_refused = reader.following, reader.refused
+        counters.job_output_errors = reader.errors
     sender.submit(batch, samples, read_errors=agent.read_errors)
 
 

@@ -99,6 +99,11 @@ class JobOutputReader:
         for r in reports:
             self._instrumented[(r.pid, r.start_time)] = now
 
+    @property
+    def following(self) -> int:
+        """How many files the reader follows now (the batch's `job_output_files`)."""
+        return len(self._files)
+
     def drain(self) -> list[TrainingReport]:
         out = []
         while self._queue:

@@ -95,6 +95,8 @@ class BatchSplitter:
         node_batch.health_events.extend(batch.health_events)
         node_batch.gpu_health.extend(batch.gpu_health)
         node_batch.fabric_ports.extend(batch.fabric_ports)
+        if batch.HasField("counters"):  # the node's own (the job-output reader's); each stream stamps its own on top
+            node_batch.counters.CopyFrom(batch.counters)
         if batch.tmpfs_scans:  # per user, not per job: each collector with the node's jobs attributes them
             for c in parts:
                 parts[c][0].tmpfs_scans.extend(batch.tmpfs_scans)

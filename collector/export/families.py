@@ -146,6 +146,14 @@ NODE_FAMILIES = (
            "When the node's agent last reported (Unix seconds).", "node"),
     family("clusterwatch_agent_samples_dropped", "counter", "Samples the node's agent dropped on buffer overflow.",
            "node"),
+    family("clusterwatch_agent_read_errors", "counter", "Reads of /proc, NVML or the health sources that failed on "
+           "the node.", "node"),
+    family("clusterwatch_agent_job_output_files", "gauge", "Jobs' output files the node's agent follows for their "
+           "progress (--read-job-output).", "node"),
+    family("clusterwatch_agent_job_output_refused", "counter", "Jobs' output files the node's agent would not open "
+           "(another owner's, not a regular file, on FUSE, the owner could not open it).", "node"),
+    family("clusterwatch_agent_job_output_errors", "counter", "Reads of jobs' output that failed on the node.",
+           "node"),
 )
 ALERT_FAMILY = family("clusterwatch_alert", "gauge", "Alerts pending or firing (1 per alert).",
                       "rule", "severity", "state", "job_id", "node", "rank")

@@ -153,7 +153,9 @@ def other_series(snap: Snapshot) -> FamilyRows:
     out: FamilyRows = []
     node_rows: list[list] = [[] for _ in NODE_FAMILIES]
     for n in snap.nodes:
-        for i, value in enumerate((n.up, n.memory_total_bytes or None, n.last_seen, n.samples_dropped)):
+        files, refused, errors = n.job_output or (None, None, None)
+        for i, value in enumerate((n.up, n.memory_total_bytes or None, n.last_seen, n.samples_dropped, n.read_errors,
+                                   files, refused, errors)):
             if value is not None:
                 node_rows[i].append((("node",), (n.node,), value))
     out.extend(zip(NODE_FAMILIES, node_rows, strict=True))

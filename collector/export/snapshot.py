@@ -97,6 +97,8 @@ class NodeRow(NamedTuple):
     memory_total_bytes: int
     last_seen: float
     samples_dropped: int
+    read_errors: int
+    job_output: tuple[int, int, int] | None  # files followed, refused, errors; None where the agent does not read
 
 
 class AlertRow(NamedTuple):
@@ -223,7 +225,8 @@ def take_snapshot(state: ClusterState, now: float, per_process: bool, after_inte
                            current_activity(gs)))
     node_up = st.node_up
     nodes = [NodeRow(ns.node, 1.0 if node_up(ns, now, after_intervals) else 0.0, ns.memory_total_bytes,
-                     ns.last_seen, ns.samples_dropped) for ns in st.nodes.values() if owns is None or owns(ns.node)]
+                     ns.last_seen, ns.samples_dropped, ns.read_errors, ns.job_output)
+             for ns in st.nodes.values() if owns is None or owns(ns.node)]
     return Snapshot(jobs, ranks, processes, gpus, nodes, None, None)
 
 

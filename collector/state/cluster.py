@@ -196,6 +196,8 @@ class NodeState:
     # the user its samples name a job's owner, and only then does an action reach its processes.
     authenticated: bool = False
     # What each user's files hold on its tmpfs mounts (/dev/shm, ...), at its agent's latest walk (tmpfs_at,
+    # Its job-output reader's (files followed, refused, errors), None where the agent does not read jobs' output
+    job_output: tuple[int, int, int] | None = None
     # 0: none yet; truncated: the walk hit its bound, the bytes are a floor): collector/state/tmpfs.py
     tmpfs_by_user: dict[str, int] = field(default_factory=dict)
     tmpfs_at: float = 0.0

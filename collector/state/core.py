@@ -328,6 +328,9 @@ class CollectorCore:
             ns.samples_sent = batch.counters.samples_sent
             ns.samples_dropped = batch.counters.samples_dropped
             ns.read_errors = batch.counters.read_errors
+            c = batch.counters
+            ns.job_output = ((c.job_output_files, c.job_output_refused, c.job_output_errors)
+                             if c.HasField("job_output_files") else None)
         changed |= {st.job_event(node, e).job_id for e in events if e.kind != "start"}
         records = []
         for prov, record in provenance:

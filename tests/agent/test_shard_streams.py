@@ -99,3 +99,14 @@ def test_batches_without_a_process_are_bounded_too():
         buffer.add(seq, agent_pb2.Batch(), 0)
     assert len(buffer) == 10 and buffer.first_seq() == 16
     assert buffer.ack(16) == 0 and len(buffer) == 9 and buffer.weight == 9
+
+
+def test_the_nodes_own_counters_go_to_the_nodes_collector_only():
+    node = node_on("c1:1")
+    split = BatchSplitter(Collectors(LIST), node)
+    batch = agent_pb2.Batch(sent_at=T)
+    batch.counters.job_output_files, batch.counters.job_output_refused = 2, 1
+    parts = split.split(batch, [sample(10, job_on("c2:2"))])
+    node_part, job_part = parts["c1:1"][0], parts["c2:2"][0]
+    assert node_part.counters.job_output_files == 2 and node_part.counters.job_output_refused == 1
+    assert not job_part.counters.HasField("job_output_files")

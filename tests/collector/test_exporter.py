@@ -340,3 +340,23 @@ def test_same_exposition_tells_a_different_value_or_label():
     assert not same_exposition(a, b'# HELP m x\n# TYPE m gauge\nm{a="2"} 3.221225472e+09\n')
     assert not same_exposition(a, b'# HELP m y\n# TYPE m gauge\nm{a="1"} 3.221225472e+09\n')
     assert not same_exposition(a, a + b'm{a="3"} 1.0\n')
+
+
+def test_the_agents_read_errors_and_job_output_counts_are_per_node_and_absent_where_not_read():
+    st = _state()
+    st.nodes["gpu001"].read_errors = 3
+    st.nodes["gpu001"].job_output = (2, 1, 4)  # gpu002's agent does not read jobs' output: None
+    text = _scrape(_collector(st))
+    fams = _families(text)
+    assert fams["clusterwatch_agent_job_output_files"].type == "gauge"
+    for name in ("clusterwatch_agent_read_errors", "clusterwatch_agent_job_output_refused",
+                 "clusterwatch_agent_job_output_errors"):
+        assert fams[name].type == "counter", name
+
+    def by_node(name: str) -> dict[str, float]:
+        return {s.labels["node"]: s.value for s in _samples(text, name)}
+
+    assert by_node("clusterwatch_agent_read_errors_total") == {"gpu001": 3.0, "gpu002": 0.0}
+    assert by_node("clusterwatch_agent_job_output_files") == {"gpu001": 2.0}
+    assert by_node("clusterwatch_agent_job_output_refused_total") == {"gpu001": 1.0}
+    assert by_node("clusterwatch_agent_job_output_errors_total") == {"gpu001": 4.0}

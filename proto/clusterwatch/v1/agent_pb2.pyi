@@ -257,16 +257,22 @@ class JobEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[JobEvent.Kind, str]] = ..., job_id: _Optional[str] = ..., uid: _Optional[int] = ..., user: _Optional[str] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., exit_code: _Optional[int] = ..., gpu_indexes: _Optional[str] = ...) -> None: ...
 
 class AgentCounters(_message.Message):
-    __slots__ = ("samples_sent", "samples_dropped", "read_errors", "buffered_batches")
+    __slots__ = ("samples_sent", "samples_dropped", "read_errors", "buffered_batches", "job_output_files", "job_output_refused", "job_output_errors")
     SAMPLES_SENT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     READ_ERRORS_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    JOB_OUTPUT_FILES_FIELD_NUMBER: _ClassVar[int]
+    JOB_OUTPUT_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    JOB_OUTPUT_ERRORS_FIELD_NUMBER: _ClassVar[int]
     samples_sent: int
     samples_dropped: int
     read_errors: int
     buffered_batches: int
-    def __init__(self, samples_sent: _Optional[int] = ..., samples_dropped: _Optional[int] = ..., read_errors: _Optional[int] = ..., buffered_batches: _Optional[int] = ...) -> None: ...
+    job_output_files: int
+    job_output_refused: int
+    job_output_errors: int
+    def __init__(self, samples_sent: _Optional[int] = ..., samples_dropped: _Optional[int] = ..., read_errors: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., job_output_files: _Optional[int] = ..., job_output_refused: _Optional[int] = ..., job_output_errors: _Optional[int] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
     __slots__ = ("time", "uuid", "kind", "xid", "data", "pid", "process", "pci", "source", "text", "kernel_boot_id", "kmsg_seq", "sxid", "fatal", "device")
