@@ -103,7 +103,7 @@ class Engine:
             Alert events caused by it.
         """
         (t, node, job_id, pid, start_time, gpu, rank, user, command, job_name, partition, gmem, gtotal, util, _cpu,
-         rss, ceiling, job_ceiling, threads, fds, step, allocated, reserved, retries, tmpfs) = obs
+         rss, ceiling, job_ceiling, threads, fds, step, allocated, reserved, retries, tmpfs, tokens, samples) = obs
         key = (node, pid, start_time)
         p = self._procs.get(key)
         if p is None or p.job_id != job_id or p.rank != rank:
@@ -118,7 +118,8 @@ class Engine:
             p.host_tmpfs = True
             if rss is not None:
                 rss += tmpfs
-        out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None)
+        out = self._ingest(p, t, gmem, gtotal, util, rss, ceiling, threads, fds, step, allocated is not None,
+                           tokens, samples)
         if allocated is not None:
             found = self._allocator(p, t, allocated, reserved, retries, gmem, gtotal)
             if found:
@@ -154,7 +155,7 @@ class Engine:
         return p
 
     def _ingest(self, p: _Proc, t: float, gmem: Any, gtotal: Any, util: Any, rss: Any, ntotal: Any,
-                threads: Any, fds: Any, step: Any, allocator: bool = False
+                threads: Any, fds: Any, step: Any, allocator: bool = False, tokens: Any = None, samples: Any = None
                 ) -> list[AlertEvent] | tuple[AlertEvent, ...]:
         # The common cases are inlined, each one or two comparisons: a leak sample inside its
         # open bucket only lowers the bucket's minimum; a busy GPU with no stall pending, and a
@@ -204,8 +205,9 @@ class Engine:
                     out = training_stall.observe(self, p, t, step, util, out)
             elif t - p.step_t >= p.step_wait:
                 out = training_stall.observe(self, p, t, step, util, out)
-            if t >= p.pace.b_end:  # job_slowdown: one comparison unless a bucket of the rank it reads ends
-                found = self._slow.step(p, t, step, self._slow_cause)
+            # job_slowdown: two comparisons unless a bucket of the rank it reads ends, or its count of work moves
+            if t >= p.pace.b_end or (tokens if tokens is not None else samples) != p.pace.work:
+                found = self._slow.step(p, t, step, tokens, samples, self._slow_cause)
                 if found:
                     out = found if out is None else [*out, *found]
         return _NO_EVENTS if out is None else out

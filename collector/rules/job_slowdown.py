@@ -1,26 +1,34 @@
 """job_slowdown: a job slower than it was, and who makes it so.
 
 A job's throughput is the step rate its training process reports (clusterwatch.train), read from one rank:
-the job's ranks step together, so one rank's rate is the job's. It is cut into buckets (`bucket_s`); the
-job's steady baseline is the median bucket rate over `baseline_s` before the window judged, leaving out the
-job's first `warmup_s` (data-loader and compile warm-up). The alert fires when, over the last `for_s`, the
-rate fell `drop_percent` below that baseline, and at least `low_fraction` of the window's buckets did: an
-evaluation phase or a checkpoint save that holds the steps for minutes leaves most buckets at speed, and a
-slow drift (a learning-rate or sequence-length warm-up changing the step time) moves the baseline with it.
-Steps that stop altogether are training_stall's. It resolves once the rate is back within half the drop
-of the baseline it fired against.
+the job's ranks step together, so one rank's rate is the job's. Where that rank also counts its work (tokens or
+samples trained on, collector/state/work_counts.py), the job is judged in that unit instead: a job that doubles
+its batch halves its steps/s and keeps its tokens/s, and one that halves its sequences keeps its steps/s and
+loses tokens/s. A count arrives when the process reports it (often every few hundred steps, with the
+framework's logs): the work a step does is measured between the polls that first show two counts, and each
+bucket's steps/s times the work a step did then is its rate in that unit, judged up to the latest count (so
+an evaluation phase or a checkpoint save between two counts stays where its steps stopped).
+
+The rate, in either unit, is cut into buckets (`bucket_s`); the job's steady baseline is the median bucket
+rate over `baseline_s` before the window judged, leaving out the job's first `warmup_s` (data-loader and
+compile warm-up). The alert fires when, over the last `for_s`, the rate fell `drop_percent` below that
+baseline, and at least `low_fraction` of the window's buckets did: an evaluation phase or a checkpoint save
+that holds the steps for minutes leaves most buckets at speed, and a slow drift (a learning-rate or
+sequence-length warm-up changing the step time) moves the baseline with it. Steps that stop altogether are
+training_stall's. It resolves once the rate is back within half the drop of the baseline it fired against.
 
 A job without training reports is judged from its GPUs alone: one GPU whose clocks were held down (NVML's
 clock-event reasons, read with the health counters) for `gpu_share` of the window while the job's other
 GPUs ran free makes the whole job run at its pace.
 
 The alert names the likely cause (slowdown_causes.py). State: a JobPace per job (the one rank it reads,
-`lead`, carries it on its process record as `pace`), and a GpuPace per GPU with its clock readings.
+`lead`, carries it on its process record as `pace`; a rank that counts its work takes the lead from one that
+does not), and a GpuPace per GPU with its clock readings.
 """
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
@@ -37,6 +45,10 @@ from .slowdown_causes import POWER_CAP, SLOWING_REASONS, GpuPaceFigures, gpu_cau
 NAMES = (Rule.JOB_SLOWDOWN,)
 _RULE = Rule.JOB_SLOWDOWN.value
 _SLOWING = sum(SLOWING_REASONS)
+#: The units a job's throughput is judged in: its steps, else the work its lead counts (work_counts.py).
+STEPS, TOKENS, SAMPLES = "steps", "tokens", "samples"
+#: Past any real run (the largest train on ~1e14 tokens): a count beyond it is a unit mix-up, not work done.
+MAX_COUNT = 1e18
 
 #: (job id, since, t) → the slowdown's likely cause (the engine's: its GPUs, ranks and the host source).
 CauseOf = Callable[[str, float, float], Cause]
@@ -48,12 +60,15 @@ class _Unset:
     """A process's `pace` before it says whether it leads its job's (b_end -inf: its next step asks)."""
 
     b_end = float("-inf")
+    work = None
 
 
 class _Follows:
-    """A process's `pace` when another rank of its job is read (b_end +inf: its steps cost one comparison)."""
+    """A process's `pace` when another rank of its job is read (b_end +inf: its steps cost one comparison; a
+    count of work it reports asks, to take the lead from a rank that counts none)."""
 
     b_end = float("inf")
+    work = None
 
 
 UNSET = _Unset()
@@ -77,6 +92,13 @@ class JobPace:
     state: str | None = None  # FIRING while raised
     baseline: float = 0.0  # the steady rate it fired against
     since: float = 0.0  # when the slow buckets began
+    judged: str = STEPS  # the unit it fired in
+    work: float | None = None  # the lead's count as last seen (tokens, else samples): the engine asks when it moves
+    unit: str = ""  # the unit of `units`: "tokens" or "samples" once the lead counts its work
+    seen: float | None = None  # the lead's count where it last changed
+    # (t, count, step, fresh) where a count was first seen, at least a bucket apart; fresh: it begins a new run
+    # (a restart that counts from 0 again, another rank's count), so the span before it measures nothing
+    counts: deque = field(default_factory=deque)
 
 
 @dataclass(slots=True)
@@ -101,18 +123,26 @@ class Slowdowns:
         self.jobs: dict[str, JobPace] = {}
         self.gpus: dict[tuple[str, str], GpuPace] = {}
 
-    # ---- steps ---------------------------------------------------------------------------------
+    # ---- steps and work -----------------------------------------------------------------------
 
-    def step(self, p: Any, t: float, step: int, cause_of: CauseOf) -> list[AlertEvent]:
-        """A step of a process whose `pace` asks (its bucket ended, or it has not said whether it leads)."""
+    def step(self, p: Any, t: float, step: int, tokens: float | None, samples: float | None,
+             cause_of: CauseOf) -> list[AlertEvent]:
+        """A step of a process whose `pace` asks: its bucket ended, its count of work moved, or it has not said
+        whether it leads its job's."""
         pace = p.pace
-        if pace is UNSET:
-            pace = self._join(p, t)
+        if pace is UNSET or pace is FOLLOWS:
+            pace = self._join(p, t, _counted(tokens, samples)[0])
             if pace is None:
                 return []
+        elif pace.lead != (p.node, p.pid, p.start_time):
+            p.pace = FOLLOWS  # a rank that counts its work took the lead from this one
+            return []
+        self._count(pace, t, step, tokens, samples)
+        if t < pace.b_end:
+            return []
         return self._roll(pace, t, step, cause_of)
 
-    def _join(self, p: Any, t: float) -> JobPace | None:
+    def _join(self, p: Any, t: float, unit: str) -> JobPace | None:
         if not p.job_id:
             p.pace = FOLLOWS
             return None
@@ -122,11 +152,13 @@ class Slowdowns:
         on = r.enabled and _RULE not in p.silenced
         if pace is None:
             pace = self.jobs[p.job_id] = JobPace(p.job_id, key, p.node, p.start_time, r, on, t)
-        elif pace.lead is not None and pace.lead != key:
+        elif pace.lead is not None and pace.lead != key and not (unit and not pace.unit):
             p.pace = FOLLOWS
             return None
-        else:  # the rank it read is gone: this one goes on where it left off (the job's step is one count)
-            pace.lead, pace.rules, pace.on, pace.last = key, r, on, None
+        else:  # the rank it read is gone, or counts no work where this one does: this one goes on where it left
+            # off (the job's step is one count; its work is counted afresh from this rank's count)
+            pace.lead, pace.rules, pace.on, pace.last, pace.seen = key, r, on, None, None
+            pace.b_end = float("-inf")
         p.pace = pace
         return pace
 
@@ -139,6 +171,27 @@ class Slowdowns:
         for p in others:
             p.pace = UNSET
 
+    def _count(self, pace: JobPace, t: float, step: int, tokens: float | None, samples: float | None) -> None:
+        """The lead's count of work, kept where it was first seen (a bucket apart at least: a count reported
+        every step gives one a bucket, one reported every few hundred steps one each report)."""
+        pace.work = tokens if tokens is not None else samples
+        unit, count = _counted(tokens, samples)
+        if not unit or (unit == SAMPLES and pace.unit == TOKENS) or count == pace.seen:
+            return  # none, not the unit it judges (a lead that counts tokens judges them), or not new
+        if unit != pace.unit:  # it begins to count (tokens where samples were): judged afresh in that unit
+            if pace.state == FIRING and pace.judged == pace.unit:
+                return  # not while an alert judged in the unit it counted stands
+            pace.unit, pace.counts = unit, deque()
+        fresh = pace.seen is None or count < pace.seen  # a run begins: the lead's first, a restart, another rank
+        pace.seen = count
+        c = pace.counts
+        if not fresh and c and t - c[-1][0] < pace.rules.bucket_s:
+            return
+        c.append((t, count, step, fresh))
+        keep = _kept_from(t, pace.rules)
+        while c and c[0][0] < keep:
+            c.popleft()
+
     def _roll(self, pace: JobPace, t: float, step: int, cause_of: CauseOf) -> list[AlertEvent]:
         r = pace.rules
         pace.b_end = t + max(r.bucket_s, 1.0)
@@ -146,7 +199,7 @@ class Slowdowns:
         if last is None or step < last[1] or t <= last[0]:
             return []  # the first reading, or the steps began again (a restart from a checkpoint)
         pace.buckets.append((last[0], t, (step - last[1]) / (t - last[0])))
-        keep = t - r.for_s - r.baseline_s - 2 * r.bucket_s
+        keep = _kept_from(t, r)
         while pace.buckets and pace.buckets[0][1] < keep:
             pace.buckets.popleft()
         if not pace.on:
@@ -155,30 +208,40 @@ class Slowdowns:
             return self._maybe_resolve(pace, t, cause_of)
         return self._maybe_fire(pace, t, cause_of)
 
+    def _series(self, pace: JobPace, unit: str) -> tuple[Sequence[tuple[float, float, float]], float | None]:
+        """The buckets of `unit` and where they end (None: none yet): the steps', or in the unit the lead counts,
+        each step bucket's rate times the work a step did over the span between two counts it lies in."""
+        if unit == STEPS:
+            return pace.buckets, pace.buckets[-1][1] if pace.buckets else None
+        c = pace.counts
+        if unit != pace.unit or len(c) < 2:
+            return (), None
+        out = []
+        j, n = 0, len(c)
+        for b0, b1, rate in pace.buckets:
+            mid = (b0 + b1) / 2
+            while j + 1 < n and c[j + 1][0] < mid:
+                j += 1
+            if j + 1 == n:
+                break  # past the latest count: the work its steps did is not known yet
+            (t0, c0, s0, _), (_, c1, s1, fresh) = c[j], c[j + 1]
+            if mid >= t0 and not fresh and s1 > s0:
+                out.append((b0, b1, rate * (c1 - c0) / (s1 - s0)))
+        return out, c[-1][0]
+
     def _maybe_fire(self, pace: JobPace, t: float, cause_of: CauseOf) -> list[AlertEvent]:
         r = pace.rules
-        cut = t - r.for_s
-        win = [b for b in pace.buckets if b[1] > cut]
-        span = sum(b[1] - b[0] for b in win)
-        if span < 0.9 * r.for_s:
+        unit = pace.unit or STEPS
+        buckets, end = self._series(pace, unit)
+        if end is not None and t - end > 2 * r.for_s:
+            unit, buckets = STEPS, pace.buckets  # its count stopped while its steps go on: judged in steps again
+        found = _fall(buckets, t if unit == STEPS else end, r, pace.first_t)
+        if found is None:
             return []
-        base = [b[2] for b in pace.buckets if b[1] <= cut and b[0] >= pace.first_t + r.warmup_s]
-        if len(base) * r.bucket_s < r.baseline_s / 2:
-            return []
-        baseline = median(base)
-        limit = (1.0 - r.drop_percent / 100.0) * baseline
-        steps = sum((b[1] - b[0]) * b[2] for b in win)
-        low = [b for b in win if b[2] <= limit]
-        if baseline <= 0 or steps / span > limit or len(low) < r.low_fraction * len(win):
-            return []
-        if win[-1][2] <= 0 or 2 * sum(b[2] <= 0 for b in win) > len(win):
+        win = [b for b in pace.buckets if b[1] > t - r.for_s]  # the steps, whichever the unit judged
+        if not win or win[-1][2] <= 0 or 2 * sum(b[2] <= 0 for b in win) > len(win):
             return []  # steps that stopped (now, or for most of the window) are training_stall's: a hang, not slow
-        since = low[0][0]
-        for b in reversed([b for b in pace.buckets if b[1] <= low[0][0]]):  # the fall may have begun earlier
-            if b[2] > limit:
-                break
-            since = b[0]
-        pace.state, pace.baseline, pace.since = FIRING, baseline, since
+        pace.state, (pace.baseline, pace.since), pace.judged = FIRING, found, unit
         return [self._event(pace, t, FIRING, cause_of)]
 
     def _maybe_resolve(self, pace: JobPace, t: float, cause_of: CauseOf) -> list[AlertEvent]:
@@ -192,28 +255,33 @@ class Slowdowns:
     def _recent(self, pace: JobPace) -> float | None:
         """The median rate of the last half window's buckets (what a recovery is judged on), None: too few."""
         k = max(2, round(pace.rules.for_s / max(pace.rules.bucket_s, 1.0) / 2))
-        recent = [b[2] for b in list(pace.buckets)[-k:]]
+        recent = [b[2] for b in list(self._series(pace, pace.judged)[0])[-k:]]
         return median(recent) if len(recent) == k else None
 
     def _rate(self, pace: JobPace, t: float) -> float | None:
         """The rate over the last window as the alert says it: its buckets' median, which a checkpoint's
         pause in it does not move."""
-        win = [b[2] for b in pace.buckets if b[1] > t - pace.rules.for_s]
+        buckets, end = self._series(pace, pace.judged)
+        cut = (t if pace.judged == STEPS else end or t) - pace.rules.for_s
+        win = [b[2] for b in buckets if b[1] > cut]
         return median(win) if win else None
 
     def _event(self, pace: JobPace, t: float, state: str, cause_of: CauseOf, ended: bool = False) -> AlertEvent:
         rate = self._rate(pace, t) if state != RESOLVED or ended else self._recent(pace)
         drop = 1.0 - rate / pace.baseline if rate is not None and pace.baseline > 0 else None
+        unit = pace.judged
         figures: dict[str, Any] = {"since": round(pace.since, 1), "slow_for_s": round(t - pace.since, 1),
                                    "rate_per_s": None if rate is None else round(rate, 4),
-                                   "baseline_per_s": round(pace.baseline, 4), "unit": "steps",
+                                   "baseline_per_s": round(pace.baseline, 4), "unit": unit,
                                    "drop_percent": None if drop is None else round(100 * drop, 1)}
+        judged = "" if unit == STEPS else f" in {unit}/s"
         if state == RESOLVED and not ended:
-            desc = (f"Job {pace.job_id} is back to speed: {_rate(rate)} against a steady "
-                    f"{_rate(pace.baseline)}, after {duration(t - pace.since)} slower")
+            desc = (f"Job {pace.job_id} is back to speed{judged}: {_rate(rate, unit)} against a steady "
+                    f"{_rate(pace.baseline, unit)}, after {duration(t - pace.since)} slower")
         else:
-            desc = (f"Job {pace.job_id} runs {100 * (drop or 0):.0f} % slower than it did: {_rate(rate)} for "
-                    f"{duration(t - pace.since)}, against a steady {_rate(pace.baseline)}")
+            desc = (f"Job {pace.job_id} runs {100 * (drop or 0):.0f} % slower than it did{judged}: "
+                    f"{_rate(rate, unit)} for {duration(t - pace.since)}, against a steady "
+                    f"{_rate(pace.baseline, unit)}")
             cause = cause_of(pace.job_id, pace.since, t)
             desc += f"; likely cause: {cause.text}" if cause.kind != "none" else f"; {cause.text}"
             figures.update(cause.figures)
@@ -329,7 +397,59 @@ class Slowdowns:
         return out
 
 
-def _rate(per_s: float | None) -> str:
+def _fall(buckets: Sequence[tuple[float, float, float]], t: float | None, r: JobSlowdownRule, first_t: float
+          ) -> tuple[float, float] | None:
+    """(baseline, since) where the buckets up to `t` fell `drop_percent` below their steady baseline over the
+    last `for_s`, in at least `low_fraction` of them; None where they did not, or cannot yet tell."""
+    if t is None:
+        return None
+    cut = t - r.for_s
+    win = [b for b in buckets if b[1] > cut]
+    span = sum(b[1] - b[0] for b in win)
+    if span < 0.9 * r.for_s:
+        return None
+    base = [b[2] for b in buckets if b[1] <= cut and b[0] >= first_t + r.warmup_s]
+    if len(base) * r.bucket_s < r.baseline_s / 2:
+        return None
+    baseline = median(base)
+    limit = (1.0 - r.drop_percent / 100.0) * baseline
+    done = sum((b[1] - b[0]) * b[2] for b in win)
+    low = [b for b in win if b[2] <= limit]
+    if baseline <= 0 or done / span > limit or len(low) < r.low_fraction * len(win):
+        return None
+    since = low[0][0]
+    for b in reversed([b for b in buckets if b[1] <= low[0][0]]):  # the fall may have begun earlier
+        if b[2] > limit:
+            break
+        since = b[0]
+    return baseline, since
+
+
+def _kept_from(t: float, r: JobSlowdownRule) -> float:
+    """Where what a window and its baseline need begins: older buckets and counts go."""
+    return t - r.for_s - r.baseline_s - 2 * r.bucket_s
+
+
+def _counted(tokens: float | None, samples: float | None) -> tuple[str, float]:
+    """The unit a lead's counts are judged in and its count: tokens, else samples, where valid (a count is a
+    finite number from 0 to MAX_COUNT; a trace may hold anything); ("", 0.0): none."""
+    for unit, count in ((TOKENS, tokens), (SAMPLES, samples)):
+        if count.__class__ in (int, float) and 0 <= count <= MAX_COUNT:  # NaN fails both comparisons
+            return unit, float(count)
+    return "", 0.0
+
+
+def _rate(per_s: float | None, unit: str = STEPS) -> str:
     if per_s is None:
-        return "no steps"
+        return f"no {unit}"
+    if unit != STEPS:
+        return f"{_compact(per_s)} {unit}/s"
     return f"{per_s:.3g} steps/s" if per_s >= 0.1 else f"{per_s * 60:.3g} steps/min"
+
+
+def _compact(x: float) -> str:
+    """Three figures with a k, M or G: 41.2k, 1.35M."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"

@@ -54,6 +54,9 @@ class ProcessObservation(NamedTuple):
         tmpfs_bytes: What the job's user's files hold on the node's tmpfs (/dev/shm, ...), given on one process of
             the job per node (its oldest there) and added to its RSS for host_memory_leak: files no process maps
             (written with write(), or mapped then unmapped) are in no RSS. None elsewhere.
+        tokens, samples: The work the process counts beside its steps, as it last reported it (tokens or samples
+            trained on since the run began, collector/state/work_counts.py): job_slowdown judges its throughput in
+            them where given, steps/s otherwise.
     """
 
     t: float
@@ -81,6 +84,8 @@ class ProcessObservation(NamedTuple):
     gpu_reserved_bytes: float | None = None
     gpu_alloc_retries: int | None = None
     tmpfs_bytes: float | None = None
+    tokens: float | None = None
+    samples: float | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs three times as much to build, every GPU every batch

@@ -29,6 +29,7 @@ from clusterwatch.wire import ProcessColumns, gpu_activity_from_proto, gpu_readi
 from .activity import current_activity
 from .job_cost import CostMeter, GpuCost
 from .point_ring import ColumnRing, GpuRing, PowerRing, ProcessRing
+from .work_counts import work_counts
 
 # Job states in Slurm's words; ended ones leave /metrics.
 ENDED_STATES = frozenset(
@@ -127,6 +128,9 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
+    # the work it counts beside its steps, as last reported (work_counts.py): job_slowdown judges it where given
+    tokens: float | None = None
+    samples: float | None = None
     # How long without a new step reads as stalled (from how often its step moves), and since when it has
     # been: a rank that stops reporting would otherwise keep the rate of its last reports for good.
     step_stale_s: float = DEFAULT_STEP_STALE_S
@@ -616,6 +620,8 @@ class ClusterState:
                 if not ah:
                     ah = series.allocator_history = deque(maxlen=self.history_points)
                 ah.append((report.time, *allocator_totals(series, report.time)))
+        if report.metrics:
+            series.tokens, series.samples = work_counts(report.metrics, series.tokens, series.samples)
         if report.loss is not None:
             series.loss = report.loss
         if report.lr is not None:

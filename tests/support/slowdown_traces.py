@@ -5,6 +5,11 @@ A job of `ranks` ranks (two a node, one GPU each) steps together at a noisy rate
 30 minutes (the steps stop for two); its processes are seen every 5 s, its GPUs' utilisation and power every
 5 s, their clock-event reasons and temperature every 30 s (the health counters' cadence). A slowdown lowers
 the job's rate by `drop` from `start_s` (to `end_s`), and its culprit shows where the field says it would.
+
+A job may count its work beside its steps (`work`: tokens or samples, what clusterwatch.train reports), every
+`work_every_s`, on all its ranks or some (`work_ranks`): then a batch that doubles (`batch_doubles`: steps at
+half the rate, twice the tokens a step) or a sequence that halves (`shorter`: the steps at speed, half the
+tokens a step) changes the job's steps/s and tokens/s apart.
 """
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ JOB = "slow-1"
 #: What each culprit is named as in the alert's figures ("cause"), and the look-alikes.
 CULPRITS = ("gpu_clocks", "gpu_power_cap", "gpu_hot", "odd_rank", "process_held", "none")
 LOOKALIKES = ("eval", "checkpoint", "loader_warmup", "lr_warmup", "noise")
+#: Look-alikes that change the work a step does: quiet where the job counts its work, not where it counts steps.
+WORK_LOOKALIKES = ("batch_doubles",)
+TOKENS_PER_STEP = 32768.0  # 8 sequences of 4096 tokens
 GPU_ONLY_LOOKALIKES = ("gpus_capped_alike", "brief_throttle")
 
 
@@ -55,6 +63,10 @@ class Scenario:
     steps: bool = True
     seed: int = 0
     rate: float = 2.0  # steps per second at speed
+    work: str = ""  # "tokens" or "samples": the count its ranks report beside their steps ("": none)
+    work_every_s: float = POLL_S  # how often a rank reports its count (a framework's log interval)
+    work_ranks: tuple[int, ...] | None = None  # the ranks that report it (None: all)
+    change_s: float = 4500.0  # when `batch_doubles` or `shorter` changes the work a step does
 
     @property
     def is_fault(self) -> bool:
@@ -82,9 +94,21 @@ def _multiplier(sc: Scenario, t: float) -> float:
         m *= 0.3 + 0.7 * t / 1200.0
     if sc.lookalike == "lr_warmup":  # step time grows 25 % over 40 minutes as the warm-up ends (then steady)
         m *= 1.0 - 0.2 * min(1.0, max(0.0, t - 600.0) / 2400.0)
+    if sc.lookalike == "batch_doubles" and t >= sc.change_s:
+        m *= 0.5
     if sc.culprit and t >= sc.start_s and (sc.end_s is None or t < sc.end_s):
         m *= 1.0 - sc.drop
     return m
+
+
+def _work_per_step(sc: Scenario, t: float) -> float:
+    """The tokens (or samples: 8 a step at first) a step trains on at `t`."""
+    per_step = TOKENS_PER_STEP if sc.work == "tokens" else 8.0
+    if t >= sc.change_s and sc.lookalike == "batch_doubles":
+        return 2 * per_step
+    if t >= sc.change_s and sc.lookalike == "shorter":
+        return per_step / 2
+    return per_step
 
 
 def _slow(sc: Scenario, t: float) -> bool:
@@ -125,13 +149,19 @@ def generate(sc: Scenario) -> Trace:
     """The scenario's trace."""
     rnd = random.Random(sc.seed)
     obs: list[Any] = []
-    progress = 0.0
+    progress = work = 0.0
+    held: float | None = None  # the count as last reported
     t = 0.0
     while t <= sc.duration_s:
         slow = _slow(sc, t)
-        progress += sc.rate * _multiplier(sc, t) * POLL_S * max(0.0, rnd.gauss(1.0, 0.08))
+        steps = sc.rate * _multiplier(sc, t) * POLL_S * max(0.0, rnd.gauss(1.0, 0.08))
+        progress += steps
+        work += steps * _work_per_step(sc, t)
+        if sc.work and t % sc.work_every_s < POLL_S:
+            held = round(work)
         health = t % HEALTH_S == 0.0
         for r in range(sc.ranks):
+            count = held if sc.work_ranks is None or r in sc.work_ranks else None
             util, power = rnd.gauss(95, 2), rnd.gauss(600, 15)
             if slow and sc.culprit == "odd_rank":
                 util, power = (rnd.gauss(45, 3), rnd.gauss(350, 10)) if r == sc.culprit_rank \
@@ -140,7 +170,9 @@ def generate(sc: Scenario) -> Trace:
                                           gpu=gpu_of(r), rank=r, user="ana", command="python train.py",
                                           job_name="llm", gpu_util=min(100.0, util),
                                           cpu_percent=rnd.gauss(110, 5),
-                                          step=int(progress) if sc.steps else None))
+                                          step=int(progress) if sc.steps else None,
+                                          tokens=count if sc.work == "tokens" else None,
+                                          samples=count if sc.work == "samples" else None))
             obs.append(GpuObservation(t, node_of(r), gpu_of(r), JOB, min(100.0, util), 1, r, power))
             if health:
                 obs.append(GpuClockObservation(t, node_of(r), gpu_of(r), JOB, _reasons(sc, rnd, t, r),
