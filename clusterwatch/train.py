@@ -319,7 +319,12 @@ def report(step: int | None = None, loss: float | None = None, lr: float | None 
             this process's current GPU (not needed with PyTorch: read by itself).
         gpu_reserved_bytes: memory that allocator holds from the driver (cached too).
         **metrics: more numbers (grad_norm=..., tokens_per_s=...), at most 32,
-            names of at most 64 characters.
+            names of at most 64 characters. Two names count the work done
+            since the run began, and the collector's job_slowdown judges the
+            job's throughput in them instead of steps/s (a larger batch is
+            then no slowdown): `tokens` (the Hugging Face Trainer's
+            `num_input_tokens_seen` reads the same) and `samples`. Send the
+            count, not a rate, every step or with your logs.
 
     Returns:
         True when the report was handed to the kernel, False when it was dropped
