@@ -105,6 +105,8 @@ class Number(Value):
         if value < 0:
             raise ValueError("must not be negative")
         if self.integer:
+            if math.isinf(value):  # int() of it would raise OverflowError, not a line saying what is wrong
+                raise ValueError(f"must be a whole number, not {value!r}")
             return max(self.at_least, int(value))
         return float(value) * self.scale
 

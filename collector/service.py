@@ -29,6 +29,7 @@ from .config import CollectorConfig
 from .export import ClusterCollector, Exposition, serve_metrics
 from .export.counter_metrics import counter_families
 from .health.engine import HealthEngine
+from .health.gpu_jobs import GpuJobRecorder
 from .health.kmsg_marks import KmsgMarks
 from .health.live import HealthListener
 from .health.mig import gpu_serial
@@ -149,7 +150,9 @@ class CollectorServer:
                                node_trusted=dispatcher.node_trusted) \
             if config.resume and config.slurm and dispatcher.audit is not None else None
         self.core = CollectorCore(config, store, state=state, alerts=self.alerting, health=health,
-                                  listeners=[self.alerting, *([self.resumer] if self.resumer is not None else [])])
+                                  listeners=[self.alerting, *([self.resumer] if self.resumer is not None else []),
+                                             # every job's GPUs kept, for in_every_job escalations
+                                             GpuJobRecorder(state, self.offenders, self.alerting.handle)])
         self.outboxes = outboxes
         # the agents' stream: built by start(), which finds out what agents must prove (munge is asked)
         self.ingest: IngestServicer | None = None

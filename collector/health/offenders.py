@@ -4,7 +4,9 @@ A GPU that logs XID 48 once may have met a cosmic ray; twice in a day it is fail
 times in a week is not being repaired by a reboot. The findings the health rules raise (collector/health)
 are one row each here, in the collector's store, so the history outlives a restart; the drains are the audit
 trail's (collector/alerting/audit.py). The rules file's `[[escalations]]` say what count, within what
-window, raises `gpu_repeat_offender` or `node_repeat_offender`, with the evidence in the alert's figures.
+window, raises `gpu_repeat_offender` or `node_repeat_offender`, with the evidence in the alert's figures; or,
+with `in_every_job = N`, which finding in each of a GPU's last N jobs raises it (the jobs that held each GPU,
+clean ones too, are gpu_jobs.py's).
 
 Table `finding_history` (created if missing)::
 
@@ -24,7 +26,8 @@ Table `escalation_raised`: an escalation raised on a GPU or node is raised once,
 restart of the collector (the alert stands in the alert table; saying it again on every later finding would
 notify, or drain, again). A mark goes with the history it was counted over, after 90 days::
 
-    escalation TEXT   the escalation, by what defines it (on:what:xid:count:within_s)
+    escalation TEXT   the escalation, by what defines it (on:what:xid:count:within_s, then :jobsN with
+                      in_every_job)
     node, gpu  TEXT   its subject ("" gpu: a node's)
     at         REAL   when it was raised
 """
@@ -37,6 +40,7 @@ from typing import NamedTuple
 
 from ..rules.config import Escalation
 from ..rules.model import FIRING, AlertEvent
+from .gpu_jobs import GpuJobs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS finding_history (
@@ -94,7 +98,7 @@ class OffenderFigures(NamedTuple):
 
 
 class FindingHistory:
-    """The findings table, its ranking and the escalations over it.
+    """The findings table, its ranking and the escalations over it and over the jobs each GPU held (`jobs`).
 
     Args:
         conn: the collector's store (the action_audit table, for drains, is in it too); the caller owns its thread.
@@ -109,6 +113,7 @@ class FindingHistory:
         self.max_rows = max_rows
         self.serial_of = serial_of
         conn.executescript(_SCHEMA)
+        self.jobs = GpuJobs(conn, serial_of)
         if "serial" not in {r[1] for r in conn.execute("PRAGMA table_info(finding_history)")}:
             conn.execute("ALTER TABLE finding_history ADD COLUMN serial TEXT")  # a store from before serials
         conn.execute("CREATE INDEX IF NOT EXISTS finding_history_serial ON finding_history(serial, at)")
@@ -159,7 +164,21 @@ class FindingHistory:
         self.conn.execute("DELETE FROM escalation_raised WHERE at < ?", (now - KEEP_S,))
         self.conn.commit()
         subjects = {(r[1], r[2]) for r in rows}
-        raised = [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, drains=False)]
+        # a finding of a job already closed (its health batch came after the job's end) may complete a run
+        found = [e for e in self.escalations if e.what != "drain"]
+        raised = [a for node, gpu in sorted(subjects) for a in self._check(node, gpu, now, found)]
+        self._refresh()
+        return raised
+
+    def job_ended(self, job_id: str, gpus: set[tuple[str, str]], started: float, ended: float,
+                  now: float) -> list[AlertEvent]:
+        """Keep that job `job_id` held `gpus` ((node, UUID) pairs); returns the in_every_job escalations its end
+        raises (the job is the last of its GPUs' jobs now)."""
+        self.jobs.record(job_id, gpus, started, ended, now)
+        every_job = [e for e in self.escalations if e.in_every_job]
+        if not every_job:
+            return []
+        raised = [a for node, gpu in sorted(gpus) for a in self._check(node, gpu, now, every_job)]
         self._refresh()
         return raised
 
@@ -176,31 +195,45 @@ class FindingHistory:
 
     def check_drains(self, node: str, now: float) -> list[AlertEvent]:
         """The escalations a drain of `node` raises (called once the drain is decided)."""
-        raised = self._check(node, "", now, drains=True)
+        raised = self._check(node, "", now, [e for e in self.escalations if e.what == "drain"])
         self._refresh()
         return raised
 
-    def _check(self, node: str, gpu: str, now: float, drains: bool) -> list[AlertEvent]:
+    def _check(self, node: str, gpu: str, now: float, escalations: list[Escalation]) -> list[AlertEvent]:
         out = []
-        for esc in self.escalations:
-            if (esc.what == "drain") != drains:
-                continue
+        for esc in escalations:
             subject_gpu = gpu if esc.on == "gpu" else ""
             if esc.on == "gpu" and not gpu:
                 continue
             key = (_key(esc), node, subject_gpu)
-            serial = self._serial(node, gpu) if esc.on == "gpu" else None
+            serial = None
+            if esc.on == "gpu":  # the board its history is kept by: that of its jobs, or of its findings
+                serial = self.jobs.serial(node, gpu) if esc.in_every_job else self._serial(node, gpu)
             if self.conn.execute("SELECT 1 FROM escalation_raised WHERE escalation=? AND node=? AND gpu=?",
                                  key).fetchone() or (serial and self._raised_on_serial(key[0], serial)):
                 continue  # raised once (before a restart too), not on every later finding: its alert stands
-            times = self._times(esc, node, subject_gpu, now, serial)
-            if len(times) < esc.count:
+            alert = self._job_alert(esc, node, gpu, now) if esc.in_every_job else self._count_alert(
+                esc, node, subject_gpu, now, serial)
+            if alert is None:
                 continue
             self.conn.execute("INSERT INTO escalation_raised (escalation, node, gpu, at) VALUES (?,?,?,?)",
                               (*key, now))
             self.conn.commit()
-            out.append(_alert(esc, node, subject_gpu, times, now))
+            out.append(alert)
         return out
+
+    def _count_alert(self, esc: Escalation, node: str, gpu: str, now: float, serial: str | None) -> AlertEvent | None:
+        """The alert of a `count` within `within_s` escalation, None while fewer are in the window."""
+        times = self._times(esc, node, gpu, now, serial)
+        return _alert(esc, node, gpu, times, now) if len(times) >= esc.count else None
+
+    def _job_alert(self, esc: Escalation, node: str, gpu: str, now: float) -> AlertEvent | None:
+        """The alert of an in_every_job escalation: None while the GPU has held fewer jobs than it counts, or
+        one of them (a clean job between throttled ones too) had no `what` finding on it."""
+        jobs = self.jobs.last_jobs(node, gpu, esc.in_every_job, esc.what, esc.xid)
+        if len(jobs) < esc.in_every_job or not all(hit for _, hit in jobs):
+            return None
+        return _every_job_alert(esc, node, gpu, [job_id for job_id, _ in reversed(jobs)], now)
 
     def _raised_on_serial(self, escalation: str, serial: str) -> bool:
         """Whether the escalation stands on the board `serial` under another node or UUID (a GPU moved)."""
@@ -264,7 +297,8 @@ class FindingHistory:
 
 def _key(esc: Escalation) -> str:
     """An escalation by what defines it, not by its place in the rules file (a file edited keeps its marks)."""
-    return f"{esc.on}:{esc.what}:{esc.xid}:{esc.count}:{esc.within_s:g}"
+    key = f"{esc.on}:{esc.what}:{esc.xid}:{esc.count}:{esc.within_s:g}"
+    return f"{key}:jobs{esc.in_every_job}" if esc.in_every_job else key  # the other escalations keep their marks
 
 
 #: Mean time between a group's findings: the span of their distinct times over the gaps between them.
@@ -281,3 +315,13 @@ def _alert(esc: Escalation, node: str, gpu: str, times: list[float], now: float)
                       description=text + (f": {esc.advice}" if esc.advice else ""),
                       figures={"count": len(times), "within_s": esc.within_s, "what": esc.what, "xid": esc.xid or None,
                                "times": times[-20:], "advice": esc.advice})
+
+
+def _every_job_alert(esc: Escalation, node: str, gpu: str, jobs: list[str], now: float) -> AlertEvent:
+    what = (f"XID {esc.xid}" if esc.xid else esc.what) + " findings"
+    text = (f"GPU {gpu} on {node}: {what} in each of its last {len(jobs)} jobs ({', '.join(jobs)}) "
+            f"(the rules file's escalation: in_every_job = {esc.in_every_job})")
+    return AlertEvent(t=now, rule=GPU_REPEAT, state=FIRING, severity=esc.severity, node=node, gpu=gpu,
+                      description=text + (f": {esc.advice}" if esc.advice else ""),
+                      figures={"count": len(jobs), "in_every_job": esc.in_every_job, "what": esc.what,
+                               "xid": esc.xid or None, "jobs": jobs, "advice": esc.advice})

@@ -364,13 +364,15 @@ class ActionsConfig:
 @dataclass(frozen=True, slots=True)
 class Escalation:
     """One escalation of the rules file (collector/health/offenders.py): `count` of `what` on one GPU (or
-    node) within `within_s` raises an alert.
+    node) within `within_s` raises an alert; or, with `in_every_job`, `what` on the GPU in each of the last
+    `in_every_job` jobs that held it (collector/health/gpu_jobs.py).
 
     Attributes:
         on: "gpu" or "node": whose history is counted.
         what: a health rule's findings (gpu_xid, gpu_lost, ...) or "drain" (the collector's drains of a node).
-        count: how many within the window raise it.
-        within_s: the window, seconds.
+        count: how many within the window raise it (required without in_every_job).
+        within_s: the window, seconds (required without in_every_job).
+        in_every_job: N: each of the GPU's last N finished jobs had `what` on it (0: off; on = "gpu" only).
         xid: with gpu_xid, only this XID (0: any).
         severity: the alert's severity.
         advice: what to do, said in the alert ("replace the GPU", "take the node out").
@@ -378,8 +380,9 @@ class Escalation:
 
     on: str
     what: str
-    count: int
-    within_s: float
+    count: int = 0
+    within_s: float = 0.0
+    in_every_job: int = 0
     xid: int = 0
     severity: str = "critical"
     advice: str = ""
@@ -542,13 +545,37 @@ def _escalation_checks(e: dict[str, Any]) -> None:
         raise Invalid('drains are of a node: on = "node"', key="on")
     if e.get("xid") and e["what"] != "gpu_xid":
         raise Invalid('xid counts with what = "gpu_xid" only', key="xid")
+    if "in_every_job" in e:
+        _every_job_checks(e)
+        return
+    for key in ("count", "within_s"):
+        if key not in e:
+            raise Invalid(f"needs {key} (or in_every_job = N)", key=key)
+
+
+#: The most jobs in_every_job looks back over: the GPU job history keeps some 30 a GPU at its row bound.
+MAX_EVERY_JOB = 20
+
+
+def _every_job_checks(e: dict[str, Any]) -> None:
+    if e["on"] != "gpu":
+        raise Invalid('in_every_job counts the jobs that held a GPU: on = "gpu"', key="on")
+    if e["what"] in ("drain", "fabric_port", "nvswitch_sxid"):
+        raise Invalid("in_every_job counts a GPU's own findings: what = gpu_xid, gpu_lost, gpu_memory_errors, "
+                      "gpu_throttle or gpu_link_errors", key="what")
+    if not 1 <= e["in_every_job"] <= MAX_EVERY_JOB:
+        raise Invalid(f"in_every_job must be a whole number of jobs from 1 to {MAX_EVERY_JOB}", key="in_every_job")
+    for key in ("count", "within_s"):
+        if key in e:
+            raise Invalid(f"in_every_job counts jobs, not findings in a window: drop {key}", key=key)
 
 
 _ESCALATION = Table(
     keys_of(Escalation, {"on": Text(("gpu", "node")), "severity": Text(SEVERITIES),
                          "what": Text(("gpu_xid", "gpu_lost", "gpu_memory_errors", "gpu_throttle", "gpu_link_errors",
                                        "fabric_port", "nvswitch_sxid", "drain")),
-                         "count": Number(integer=True, at_least=1), "within_s": Number(at_least=1)}),
+                         "count": Number(integer=True, at_least=1), "within_s": Number(at_least=1),
+                         "in_every_job": Number(integer=True)}),
     build=lambda v: Escalation(**v), checks=(_escalation_checks,))
 RULES_FILE = Table(
     {**{name: Key(name, _rule_table(name)) for name in _RULE_KEYS},

@@ -2,6 +2,7 @@
 escalations over them and over the drains of the audit trail, in a real SQLite store."""
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from clusterwatch.collector.rules.config import parse_rules
 from clusterwatch.collector.rules.model import FIRING, RESOLVED, AlertEvent
 
 from clusterwatch.errors import ConfigError
+from tests.support.helpers import ROOT
 
 RULES = """\
 [[escalations]]
@@ -171,14 +173,126 @@ def test_the_mean_time_between_a_gpus_and_a_nodes_findings(tmp_path: Path) -> No
                                                                          ("n2", 0, 1, None)]
 
 
+EVERY_JOB = '[[escalations]]\non = "gpu"\nwhat = "gpu_throttle"\nin_every_job = 3\nadvice = "check its cooling"\n'
+
+
+def _throttle(node: str, gpu: str, t: float, job: str) -> AlertEvent:
+    return AlertEvent(t=t, rule="gpu_throttle", state=FIRING, severity="warning", node=node, gpu=gpu, job_id=job)
+
+
+class _Jobs:
+    """Jobs run one after another on GPUs, each `throttled` or not: the findings during the job, then its end."""
+
+    def __init__(self, h: FindingHistory, t0: float = 1_800_000_000.0) -> None:
+        self.h, self.t, self.n = h, t0, 0
+
+    def run(self, throttled: bool, gpus: tuple[tuple[str, str], ...] = (("n1", "GPU-a"),)) -> list[AlertEvent]:
+        """One more job on `gpus`; the escalations its findings and its end raise."""
+        self.n += 1
+        job, start = str(self.n), self.t
+        self.t += 3600
+        raised = self.h.record([_throttle(n, g, start + 600, job) for n, g in gpus], start + 600) if throttled else []
+        return raised + self.h.job_ended(job, set(gpus), start, self.t, self.t)
+
+
+def test_a_gpu_that_throttles_in_each_of_its_last_n_jobs_raises_once_with_the_jobs(tmp_path: Path) -> None:
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(EVERY_JOB).escalations)
+    jobs = _Jobs(h)
+    assert jobs.run(True) == [] and jobs.run(True) == []  # two jobs are fewer than three
+    [alert] = jobs.run(True)
+    assert (alert.rule, alert.node, alert.gpu, alert.severity) == ("gpu_repeat_offender", "n1", "GPU-a", "critical")
+    assert alert.figures["jobs"] == ["1", "2", "3"] and alert.figures["in_every_job"] == 3
+    assert alert.description == ("GPU GPU-a on n1: gpu_throttle findings in each of its last 3 jobs (1, 2, 3) "
+                                 "(the rules file's escalation: in_every_job = 3): check its cooling")
+    assert jobs.run(True) == []  # raised once: its alert stands
+    assert h.figures().flagged_gpus == {("n1", "GPU-a")}
+
+
+def test_a_clean_job_between_the_throttled_ones_raises_nothing(tmp_path: Path) -> None:
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(EVERY_JOB).escalations)
+    jobs = _Jobs(h)
+    both = (("n1", "GPU-a"), ("n1", "GPU-b"))
+    assert jobs.run(True, both) == [] and jobs.run(True, both) == []
+    assert jobs.run(False, (("n1", "GPU-a"),)) == []  # GPU-a ran a clean job (GPU-b held none)
+    # GPU-a's last three: 2 and 4 throttled, 3 clean; GPU-b's: 1, 2 and 4, each throttled
+    [alert] = jobs.run(True, both)
+    assert (alert.gpu, alert.figures["jobs"]) == ("GPU-b", ["1", "2", "4"])
+    assert jobs.run(True, (("n1", "GPU-a"),)) == []  # 3 (clean), 4, 5
+    assert [a.figures["jobs"] for a in jobs.run(True, (("n1", "GPU-a"),))] == [["4", "5", "6"]]
+
+
+def test_fewer_jobs_than_in_every_job_raise_nothing_however_often_they_throttle(tmp_path: Path) -> None:
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(EVERY_JOB).escalations)
+    t0 = 1_800_000_000.0
+    # two jobs, each throttled many times, and findings outside any job: still two jobs
+    for job in ("1", "2"):
+        for i in range(5):
+            assert h.record([_throttle("n1", "GPU-a", t0 + i, job), _throttle("n1", "GPU-a", t0 + i, "")], t0 + i) == []
+        assert h.job_ended(job, {("n1", "GPU-a")}, t0, t0 + 10, t0 + 10) == []
+    assert h.job_ended("1", {("n1", "GPU-a")}, t0, t0 + 20, t0 + 20) == []  # closed again: still one job
+    assert h.jobs.last_jobs("n1", "GPU-a", 3, "gpu_throttle") == [("1", True), ("2", True)]
+
+
+def test_a_finding_that_comes_after_its_jobs_end_completes_the_run(tmp_path: Path) -> None:
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(EVERY_JOB).escalations)
+    jobs = _Jobs(h)
+    assert jobs.run(True) == [] and jobs.run(True) == [] and jobs.run(False) == []
+    # job 3's health batch came after the epilog closed it: its throttle is job 3's all the same
+    [alert] = h.record([_throttle("n1", "GPU-a", jobs.t - 60, "3")], jobs.t + 5)
+    assert alert.figures["jobs"] == ["1", "2", "3"]
+
+
+def test_in_every_job_of_one_xid_counts_only_that_xid(tmp_path: Path) -> None:
+    rules = '[[escalations]]\non = "gpu"\nwhat = "gpu_xid"\nxid = 79\nin_every_job = 2\n'
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(rules).escalations)
+    t0 = 1_800_000_000.0
+    for job, xid in (("1", 79), ("2", 13), ("3", 79)):  # job 2 had an XID, not XID 79
+        t = t0 + 600 * int(job)
+        assert h.record([_xid("n1", "GPU-a", xid, t, job)], t) == []
+        assert h.job_ended(job, {("n1", "GPU-a")}, t - 60, t + 60, t + 60) == []
+    h.record([_xid("n1", "GPU-a", 79, t0 + 3000, "4")], t0 + 3000)
+    [alert] = h.job_ended("4", {("n1", "GPU-a")}, t0 + 2900, t0 + 3100, t0 + 3100)
+    assert alert.figures["jobs"] == ["3", "4"] and alert.figures["xid"] == 79
+    assert alert.description.startswith("GPU GPU-a on n1: XID 79 findings in each of its last 2 jobs (3, 4)")
+
+
+def test_a_gpus_jobs_follow_its_serial_to_another_node(tmp_path: Path) -> None:
+    serials = {("n1", "GPU-a"): "1320221012345", ("n2", "GPU-a2"): "1320221012345"}  # moved: a new UUID too
+    h = FindingHistory(sqlite3.connect(tmp_path / "cw.db"), parse_rules(EVERY_JOB).escalations,
+                       serial_of=lambda n, g: serials.get((n, g), ""))
+    jobs = _Jobs(h)
+    assert jobs.run(True) == [] and jobs.run(True) == []
+    [alert] = jobs.run(True, (("n2", "GPU-a2"),))
+    assert (alert.node, alert.gpu, alert.figures["jobs"]) == ("n2", "GPU-a2", ["1", "2", "3"])
+    assert jobs.run(True) == []  # back on n1: the board's escalation stands
+
+
+def test_the_escalations_docs_health_shows_load_as_it_says() -> None:
+    text = (ROOT / "docs" / "health.md").read_text()
+    examples = [parse_rules(t).escalations for t in re.findall(r"```toml\n(\[\[escalations]].*?)```", text, re.S)]
+    assert [(e.what, e.count, e.in_every_job) for es in examples for e in es] == [
+        ("gpu_xid", 2, 0), ("drain", 3, 0), ("gpu_throttle", 0, 3)]
+
+
 @pytest.mark.parametrize("body, says", [
     ('on = "gpu"\nwhat = "drain"\ncount = 3\nwithin_s = 60', "drains are of a node"),
     ('on = "node"\nwhat = "gpu_lost"\nxid = 48\ncount = 3\nwithin_s = 60', "xid counts with"),
     ('on = "rack"\nwhat = "gpu_lost"\ncount = 3\nwithin_s = 60', "on"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = "all"', r"<rules>: line 4: .*in_every_job must be a number"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = inf', "in_every_job must be a whole number, not inf"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = 0', "in_every_job must be a whole number of jobs from 1"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = 21', "from 1 to 20"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = -2', "in_every_job must not be negative"),
+    ('on = "node"\nwhat = "gpu_throttle"\nin_every_job = 3', 'line 2: .*held a GPU: on = "gpu"'),
+    ('on = "gpu"\nwhat = "fabric_port"\nin_every_job = 3', "a GPU's own findings"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nin_every_job = 3\nwithin_s = 60', "line 5: .*drop within_s"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\nwithin_s = 60', r"needs count \(or in_every_job = N\)"),
+    ('on = "gpu"\nwhat = "gpu_throttle"\ncount = 2', "needs within_s"),
 ])
 def test_a_wrong_escalation_is_refused_with_the_key(body: str, says: str) -> None:
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(ConfigError, match=says) as refused:
         parse_rules("[[escalations]]\n" + body)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_gpu_is_kept_by_its_serial_and_keeps_its_record_moved_to_another_node(tmp_path: Path) -> None:
