@@ -29,7 +29,7 @@ from .mig import with_parents
 
 if TYPE_CHECKING:
     from ..rules.model import AlertEvent
-    from ..state.cluster import JobState
+    from ..state.cluster import ClusterState, JobState
     from .offenders import FindingHistory
 
 __all__ = ["GpuJobs", "GpuJobRecorder", "KEEP_S", "MAX_ROWS"]
@@ -129,7 +129,7 @@ class GpuJobRecorder(CoreListener):
         handle: where raised alerts go (Alerting.handle: the alert table and actions), with the time.
     """
 
-    def __init__(self, state: Any, offenders: FindingHistory,
+    def __init__(self, state: ClusterState, offenders: FindingHistory,
                  handle: Callable[[list[AlertEvent], float], None]) -> None:
         self.state = state
         self.offenders = offenders
