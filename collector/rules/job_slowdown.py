@@ -35,16 +35,14 @@ from typing import Any
 
 from clusterwatch.humanize import duration
 
-from ..health.decisions import throttle_share  # the share of a span a GPU's readings show a reason bit held
 from .causes import Cause
 from .config import JobSlowdownRule
 from .model import FIRING, RESOLVED, AlertEvent, GpuClockObservation, Rule
 from .process import ENDED_WHILE_FIRING
-from .slowdown_causes import POWER_CAP, SLOWING_REASONS, GpuPaceFigures, gpu_cause
+from .slowdown_causes import GpuMark, GpuPaceFigures, gpu_cause, pace_figures
 
 NAMES = (Rule.JOB_SLOWDOWN,)
 _RULE = Rule.JOB_SLOWDOWN.value
-_SLOWING = sum(SLOWING_REASONS)
 #: The units a job's throughput is judged in: its steps, else the work its lead counts (work_counts.py).
 STEPS, TOKENS, SAMPLES = "steps", "tokens", "samples"
 #: Past any real run (the largest train on ~1e14 tokens): a count beyond it is a unit mix-up, not work done.
@@ -103,13 +101,15 @@ class JobPace:
 
 @dataclass(slots=True)
 class GpuPace:
-    """A GPU's clock readings (t, clock-event reason mask), bounded to what a window needs."""
+    """A GPU's clock readings (t, clock-event reason mask) and its GpuMarks (temperature, violation time, link
+    counters), bounded to what a window needs."""
 
     node: str
     gpu: str
     job_id: str
     index: int | None = None
     readings: deque = field(default_factory=deque)
+    marks: deque = field(default_factory=deque)
     temperature_c: float | None = None
     state: str | None = None  # FIRING while this GPU is named from the GPU side alone
     since: float = 0.0
@@ -314,29 +314,24 @@ class Slowdowns:
             g.readings.append((obs.t, obs.reasons))
         if obs.temperature_c is not None:
             g.temperature_c = obs.temperature_c
+        g.marks.append(GpuMark.of(obs.t, obs.temperature_c, obs.violation_s, obs.pcie_replays, obs.nvlink_errors))
         if rules is None or not obs.job_id:
             return out
         r, on = rules
         while g.readings and g.readings[0][0] < obs.t - 2 * r.for_s:
             g.readings.popleft()
+        while g.marks and g.marks[0].t < obs.t - 2 * r.for_s:
+            g.marks.popleft()
         if not on or obs.job_id in self.jobs:  # a job that reports steps is judged by them
             return out
         return out + self._gpu_side(obs.job_id, obs.t, r, ranks_of)
 
     def gpu_figures(self, job_id: str, start: float, end: float, ranks_of: RanksOf
                     ) -> list[GpuPaceFigures]:
-        """The job's GPUs with their shares of [start, end] held down and capped, where read over most of it."""
-        out = []
+        """The job's GPUs with their figures over [start, end] (slowdown_causes.pace_figures)."""
         ranks = ranks_of(job_id)
-        for g in self.gpus.values():
-            if g.job_id != job_id:
-                continue
-            slowed, covered, seen = throttle_share(g.readings, start, end, _SLOWING)
-            capped = throttle_share(g.readings, start, end, POWER_CAP)[0]
-            read = covered >= 0.5 * (end - start)
-            out.append(GpuPaceFigures(g.node, g.gpu, g.index, ranks.get((g.node, g.gpu)), slowed if read else None,
-                                      seen, capped if read else None, g.temperature_c))
-        return out
+        return [pace_figures(g.node, g.gpu, g.index, ranks.get((g.node, g.gpu)), g.readings, g.marks, start, end,
+                             g.temperature_c) for g in self.gpus.values() if g.job_id == job_id]
 
     def _gpu_side(self, job_id: str, t: float, r: JobSlowdownRule, ranks_of: RanksOf
                   ) -> list[AlertEvent]:

@@ -120,8 +120,9 @@ class GpuObservation:
 
 
 class GpuClockObservation(NamedTuple):
-    """A GPU's clock-event reasons and temperature at one health read, for `job_slowdown` (which GPU holds its
-    job back). At the health counters' cadence (every 30 s or so), not every poll.
+    """A GPU's clock-event reasons, temperature, violation time and link error counters at one health read, for
+    `job_slowdown` (which GPU holds its job back). At the health counters' cadence (every 30 s or so), not every
+    poll.
 
     Attributes:
         t: Time of the read in seconds.
@@ -131,6 +132,9 @@ class GpuClockObservation(NamedTuple):
         reasons: NVML's clock-event reason bits active, None when the GPU does not say.
         temperature_c: Core temperature, None when unknown.
         index: GPU index, for display only.
+        violation_s: NVML's violation time by policy (seconds held down since the driver loaded), None: not read.
+        pcie_replays: The PCIe replay counter, None: not read.
+        nvlink_errors: The NVLink error counters summed over counters and links, None: none read.
     """
 
     t: float
@@ -140,6 +144,9 @@ class GpuClockObservation(NamedTuple):
     reasons: int | None = None
     temperature_c: float | None = None
     index: int | None = None
+    violation_s: dict[str, float] | None = None
+    pcie_replays: int | None = None
+    nvlink_errors: int | None = None
 
     @classmethod
     def of_reading(cls, node: str, reading: Any, job_id: str, index: int | None) -> GpuClockObservation:
@@ -155,7 +162,10 @@ class GpuClockObservation(NamedTuple):
         """
         return cls(reading.time, node, reading.uuid, job_id,
                    reading.clock_event_reasons if reading.HasField("clock_event_reasons") else None,
-                   float(reading.temperature_c) if reading.HasField("temperature_c") else None, index)
+                   float(reading.temperature_c) if reading.HasField("temperature_c") else None, index,
+                   dict(reading.violation_seconds) or None,
+                   reading.pcie_replays if reading.HasField("pcie_replays") else None,
+                   sum(reading.nvlink_errors.values()) if reading.nvlink_errors else None)
 
 
 @dataclass(slots=True)  # not frozen, as GpuObservation
