@@ -124,7 +124,7 @@ class ProcessColumns:
 
     __slots__ = ("rows", "time", "pid", "start_time", "labels", "cpu_percent", "rss_bytes", "threads",
                  "open_fds", "gpu_count", "gpu", "gpu_memory_bytes", "gpu_sm_utilization", "label_sets",
-                 "gpu_uuids", "states")
+                 "gpu_uuids", "states", "_width")
 
     def __init__(self, t: agent_pb2.ProcessTable) -> None:
         # a whole slice of a repeated field is a list, built in one call (a third cheaper than list())
@@ -154,6 +154,7 @@ class ProcessColumns:
         if uses and max(self.gpu) >= len(self.gpu_uuids):
             raise ValueError(f"process table: a GPU use points at GPU {max(self.gpu)} of {len(self.gpu_uuids)}")
         self.states = held_states(t, n) if len(t.states) else _NO_STATES
+        self._width = -1  # poll_width(), once worked out
 
     def state_of(self, i: int) -> tuple[str, str]:
         """Row i's (state, wchan): ("", "") for a process that runs or sleeps."""
@@ -164,7 +165,13 @@ class ProcessColumns:
         labels and GPUs (a batch of the agent's, unless a process came or went); 0 otherwise.
 
         Polls are told apart by their time: the rows of one poll share it, and polls follow in time order.
+        Worked out once (the checks and the state's update both ask; the columns do not change).
         """
+        if self._width < 0:
+            self._width = self._poll_width()
+        return self._width
+
+    def _poll_width(self) -> int:
         n, times = self.rows, self.time
         if not n:
             return 0

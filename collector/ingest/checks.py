@@ -91,14 +91,19 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns, now: float) -> Ref
     """
     latest = now + MAX_AHEAD_S
     if cols.rows:
-        if not _finite(cols.time) or not _finite(cols.start_time):
+        # Polls of one shape (the agent's batches) list the same processes, each poll's rows at its one time:
+        # each poll's first time and the first poll's processes stand for every row (ProcessColumns.poll_width)
+        width = cols.poll_width()
+        times = cols.time[::width] if width else cols.time
+        starts, pids = (cols.start_time[:width], cols.pid[:width]) if width else (cols.start_time, cols.pid)
+        if not _finite(times) or not _finite(starts):
             return Refusal("not_finite", "a process sample's time or start time is NaN or infinite")
-        if min(cols.time) <= 0 or min(cols.start_time) < 0:
+        if min(times) <= 0 or min(starts) < 0:
             return Refusal("bad_value", "a process sample's time or start time is negative")
-        if max(cols.time) > latest or max(cols.start_time) > latest:
-            return Refusal("clock_ahead", f"a process sample is stamped {max(cols.time) - now:.0f} s ahead of "
+        if max(times) > latest or max(starts) > latest:
+            return Refusal("clock_ahead", f"a process sample is stamped {max(times) - now:.0f} s ahead of "
                                           "the collector's clock")
-        if not _int_ok(cols.pid, 1, MAX_PID):
+        if not _int_ok(pids, 1, MAX_PID):
             return Refusal("bad_pid", f"a process sample's pid is 0 or above {MAX_PID}")
         if not _int_ok(cols.rss_bytes, -1, MAX_BYTES) or not _int_ok(cols.gpu_memory_bytes, -1, MAX_BYTES):
             return Refusal("bad_value", "a process sample's memory is negative or above 4 PiB")
@@ -112,10 +117,11 @@ def check_batch(batch: agent_pb2.Batch, cols: ProcessColumns, now: float) -> Ref
             if lo < 0 or hi > MAX_UTILIZATION:
                 return Refusal("bad_value", "a process's GPU utilisation is outside 0-100 %")
     for g in batch.gpus:
-        if not math.isfinite(g.time) or g.time <= 0:
+        t = g.time  # each read of a message's field builds a Python object
+        if not math.isfinite(t) or t <= 0:
             return Refusal("not_finite", f"GPU {g.uuid[:64]}: a reading's time is NaN, infinite or negative")
-        if g.time > latest:
-            return Refusal("clock_ahead", f"GPU {g.uuid[:64]}: a reading is stamped {g.time - now:.0f} s ahead "
+        if t > latest:
+            return Refusal("clock_ahead", f"GPU {g.uuid[:64]}: a reading is stamped {t - now:.0f} s ahead "
                                           "of the collector's clock")
         if (g.memory_used_bytes > MAX_BYTES or g.memory_total_bytes > MAX_BYTES
                 or not 0 <= g.utilization <= MAX_UTILIZATION or not 0 <= g.power_watts <= MAX_POWER_W):

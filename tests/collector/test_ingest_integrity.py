@@ -24,7 +24,7 @@ from clusterwatch.collector.state.store import Store, open_db
 from clusterwatch.v1 import agent_pb2
 
 from clusterwatch.model import GpuUse, JobEvent, ProcessSample, TrainingReport
-from clusterwatch.wire import job_event_to_proto, processes_to_table, training_to_proto
+from clusterwatch.wire import ProcessColumns, job_event_to_proto, processes_to_table, training_to_proto
 from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, unique_job_id, wait_for
 
 T0 = 1_800_000_000.0
@@ -121,6 +121,35 @@ REFUSED = {
     "training pid 0": (_training(pid=0), "bad_pid"),
     "infinite provenance start time": (_provenance_start, "not_finite"),
 }
+
+
+# Batches of several polls are checked poll by poll where every poll lists the same processes (each poll's time
+# and the first poll's processes stand for every row): a bad value that keeps that shape, in every poll or only
+# in the last, is refused as in a batch of one poll. Rows 1, 3 and 5 are the second process in each of 3 polls.
+IN_POLLS = {
+    "pid 0 in every poll": ("pid", (1, 3, 5), 0, "bad_pid"),
+    "negative start time in every poll": ("start_time", (1, 3, 5), -5.0, "bad_value"),
+    "NaN start time in the last poll": ("start_time", (5,), math.nan, "not_finite"),
+    "the last poll an hour ahead": ("time", (4, 5), T0 + 3600.0, "clock_ahead"),
+    "the first poll at time 0": ("time", (0, 1), 0.0, "bad_value"),
+    "rss 2^63-1 in the last poll": ("rss_bytes", (5,), (1 << 63) - 1, "bad_value"),
+    "infinite CPU in the last poll": ("cpu_percent", (5,), math.inf, "bad_value"),
+    "SM utilisation 1e9 in the last poll": ("gpu_sm_utilization", (5,), 1e9, "bad_value"),
+}
+
+
+@pytest.mark.parametrize("case", list(IN_POLLS))
+def test_an_impossible_value_in_a_batch_of_polls_is_refused(tmp_path: Path, case: str) -> None:
+    column, rows, value, reason = IN_POLLS[case]
+    core = new_core(tmp_path / "cw.db", Clock())
+    bad = make_batch(1, samples(T0 - 2) + samples(T0 - 1) + samples(T0))
+    assert ProcessColumns(bad.processes).poll_width() == 2  # as the agent sends them: polls of one shape
+    for row in rows:
+        getattr(bad.processes, column)[row] = value
+    assert core.batch("n1", "boot-1", bad) is False
+    assert core.counters.refused[reason] == 1 and core.state.processes == {}
+    assert core.batch("n1", "boot-1", make_batch(2, samples(T0 - 2) + samples(T0 - 1) + samples(T0))) is True
+    assert core.counters.samples == 6
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
