@@ -521,19 +521,19 @@ class ClusterState:
         Each reading goes into its GPU's history and peak; only the last one of each GPU is
         converted whole, as its latest reading.
         """
-        gpus, jobs = self.gpus, self.jobs
+        gpus = self.gpus
         users = self._gpu_users.get(node) or {}
         holders, shared = self.node_gpu_holders(node) if msgs else ({}, set())
         costs = self.costs
         last: dict[str, object] = {}
+        # GPU UUID → what its readings in the batch share (a batch carries each GPU a poll): worked out at the first
+        of_batch: dict[str, tuple[GpuSeries, JobState | None, JobState | None, bool]] = {}
         for m in msgs:
             uuid, t = m.uuid, m.time
-            gs = gpus.get(uuid)
-            if gs is None:
-                r = gpu_reading_from_proto(m)
-                info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
-                gs = gpus[uuid] = GpuSeries(node, info, history=gpu_history(self.history_points),
-                                            power_history=power_history(self.history_points))
+            found = of_batch.get(uuid)
+            if found is None:
+                found = of_batch[uuid] = self._gpu_of_batch(node, m, users, holders, shared)
+            gs, user, holder, is_shared = found
             if t < gs.last_time:
                 continue
             mem = m.memory_used_bytes if m.HasField("memory_used_bytes") else None
@@ -546,17 +546,33 @@ class ClusterState:
                 gs.power_history.append((t, m.power_watts))
             if mem is not None and mem > gs.memory_peak:
                 gs.memory_peak = mem
-            job_id = users.get(uuid)
-            if job_id is not None and (job := jobs.get(job_id)) is not None and not job.ended:
-                self._credit(job, uuid, m, t, util, mem)
-            holder = holders.get(uuid)
+            if user is not None:
+                self._credit(user, uuid, m, t, util, mem)
             activity = current_activity(gs)
-            costs.reading(jobs.get(holder) if holder is not None else None, uuid, t,
-                          m.energy_mj if m.HasField("energy_mj") else None,
-                          activity.sm_active if activity is not None else None, util, uuid in shared)
+            costs.reading(holder, uuid, t, m.energy_mj if m.HasField("energy_mj") else None,
+                          activity.sm_active if activity is not None else None, util, is_shared)
             last[uuid] = m
         for uuid, m in last.items():
             gpus[uuid].latest = gpu_reading_from_proto(m)
+
+    def _gpu_of_batch(self, node: str, m, users: dict[str, str], holders: dict[str, str], shared: set[str]
+                      ) -> tuple[GpuSeries, JobState | None, JobState | None, bool]:
+        """What a GPU's readings in a node's batch share (`m`, its first): (its series, made here for a GPU not
+        in the node's inventory; the running job whose processes use it, whose totals its readings go to; the
+        job that holds it, whose costs they go to; whether another job's process uses it too)."""
+        uuid = m.uuid
+        gs = self.gpus.get(uuid)
+        if gs is None:
+            r = gpu_reading_from_proto(m)
+            info = GpuInfo(uuid, len(self.nodes.get(node, NodeState(node)).gpus), "", r.memory_total_bytes or 0)
+            gs = self.gpus[uuid] = GpuSeries(node, info, history=gpu_history(self.history_points),
+                                             power_history=power_history(self.history_points))
+        jobs = self.jobs
+        job_id = users.get(uuid)
+        user = jobs.get(job_id) if job_id is not None else None
+        holder = holders.get(uuid)
+        return (gs, user if user is not None and not user.ended else None,
+                jobs.get(holder) if holder is not None else None, uuid in shared)
 
     def add_gpu_health(self, node: str, msgs) -> None:
         """A batch's GPU health readings (wire GpuHealths, each of a whole GPU): their violation counters into
