@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/bench_slowdown.py [--seeds 3]
 
-Runs the shipped rules over tests/support/slowdown_traces.py's grid: every culprit (a GPU's clocks held
-down, a power-capped GPU, a hotter GPU, the rank whose GPU works less, a rank held in D, none) at 25, 35
-and 50 % slower, a slowdown that recovers, a job without steps judged from its GPUs, and the look-alikes
-(evaluation phases, long checkpoint saves, a data-loader warm-up, an lr warm-up drift, noise, GPUs at their
-power cap together, one GPU held down for three minutes once). Then jobs that count tokens beside their steps
-(every poll, or with a framework's log every 5 or 15 minutes): the same slowdowns judged in tokens/s, and a
-batch that doubles (steps/s halves, tokens/s holds), which is no slowdown, beside the same job counting steps
-alone. Prints one table.
+Runs the shipped rules over tests/support/slowdown_traces.py's grid: every culprit (a GPU's clocks held down,
+a power-capped GPU, a hotter GPU, a GPU whose PCIe replays or NVLink errors climb, the rank whose GPU works
+less, a rank held in D, none) at 25, 35 and 50 % slower; a GPU held thermally between the health reads (NVML's
+violation time alone sees it), every GPU's link errors climbing together and one GPU's burst of replays an
+hour before (no GPU to name); a slowdown that recovers, a job without steps judged from its GPUs, and the
+look-alikes (evaluation phases, long checkpoint saves, a data-loader warm-up, an lr warm-up drift, noise, GPUs
+at their power cap together, one GPU held down for three minutes once). Then jobs that count tokens beside
+their steps (every poll, or with a framework's log every 5 or 15 minutes): the same slowdowns judged in
+tokens/s, and a batch that doubles (steps/s halves, tokens/s holds), which is no slowdown, beside the same job
+counting steps alone. Prints one table.
 """
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ def main() -> None:
             row["named"] += f.get("cause") == "none"
         else:
             row["named"] += f.get("cause") == sc.culprit and f.get("cause_rank") == sc.culprit_rank and (
-                sc.culprit not in ("gpu_clocks", "gpu_power_cap", "gpu_hot") or f.get("cause_gpu") == gpu_of(
+                sc.culprit not in ("gpu_clocks", "gpu_power_cap", "gpu_hot", "gpu_link_errors")
+                or f.get("cause_gpu") == gpu_of(
                     sc.culprit_rank))
     print(f"job_slowdown on generated traces ({args.seeds} seeds a case), the shipped rules")
     print(f"{'case':<28}{'caught/expected':>16}{'false alarms':>14}{'median delay':>14}{'culprit named':>15}")
@@ -99,7 +102,8 @@ def main() -> None:
 
 
 def _grid(seeds: int) -> list[tuple[Scenario, str]]:
-    return [(sc, ("gpu side: " if not sc.steps else "") + (sc.culprit or "look-alikes")) for sc in scenarios(seeds)]
+    return [(sc, ("gpu side: " if not sc.steps else "") + (sc.culprit or "look-alikes")
+             + (f" ({sc.variant})" if sc.variant else "")) for sc in scenarios(seeds)]
 
 
 def _every(s: float) -> str:

@@ -8,7 +8,16 @@ from clusterwatch.collector.rules.causes import RankFigures
 from clusterwatch.collector.rules.slowdown_causes import GpuPaceFigures, slowdown_cause
 
 from clusterwatch.errors import ConfigError
-from tests.support.slowdown_traces import CULPRITS, GPU_ONLY_LOOKALIKES, LOOKALIKES, Scenario, generate, gpu_of
+from tests.support.slowdown_traces import (
+    CULPRIT_VARIANTS,
+    CULPRITS,
+    GPU_ONLY_LOOKALIKES,
+    LOOKALIKES,
+    Scenario,
+    Trace,
+    generate,
+    gpu_of,
+)
 
 RULES = load_rules()
 
@@ -34,10 +43,29 @@ def test_a_slowdown_fires_with_its_figures_and_names_its_culprit(culprit: str) -
         assert "cause_rank" not in f and "no rank stands out" in fired.description
     else:
         assert f["cause_rank"] == 3 and "rank 3" in fired.description
-    if culprit in ("gpu_clocks", "gpu_power_cap", "gpu_hot"):
+    if culprit in ("gpu_clocks", "gpu_power_cap", "gpu_hot", "gpu_link_errors"):
         assert f["cause_gpu"] == gpu_of(3)
     assert f"runs {f['drop_percent']:.0f} % slower" in fired.description
     assert events[1].figures.get("ended_while_firing") is True  # it lasted until the job ended
+
+
+@pytest.mark.parametrize(("culprit", "variant"), CULPRIT_VARIANTS)
+def test_a_culprit_drawn_otherwise_and_its_look_alikes(culprit: str, variant: str) -> None:
+    sc = Scenario(variant, culprit=culprit, variant=variant, drop=0.35, culprit_rank=1, seed=2)
+    fired = [e for e in _slowdown(generate(sc).run(RULES)) if e.state == "firing"]
+    assert len(fired) == 1 and fired[0].figures["cause"] == culprit, fired
+    if culprit != "none":
+        assert fired[0].figures["cause_gpu"] == gpu_of(1)
+
+
+def test_a_gpu_held_between_the_health_reads_is_seen_by_its_violation_time_alone() -> None:
+    sc = Scenario("cycles", culprit="gpu_clocks", variant="thermal_cycles", drop=0.35, culprit_rank=1, seed=2)
+    trace = generate(sc)
+    fired = [e for e in _slowdown(trace.run(RULES)) if e.state == "firing"]
+    assert "by NVML's violation time" in fired[0].description
+    sampled = Trace(sc, [o._replace(violation_s=None) if hasattr(o, "violation_s") else o for o in trace.observations])
+    fired = [e for e in _slowdown(sampled.run(RULES)) if e.state == "firing"]
+    assert fired[0].figures["cause"] == "none"  # the reasons read every 30 s never catch it
 
 
 @pytest.mark.parametrize("look", LOOKALIKES)

@@ -5,6 +5,8 @@ A job of `ranks` ranks (two a node, one GPU each) steps together at a noisy rate
 30 minutes (the steps stop for two); its processes are seen every 5 s, its GPUs' utilisation and power every
 5 s, their clock-event reasons and temperature every 30 s (the health counters' cadence). A slowdown lowers
 the job's rate by `drop` from `start_s` (to `end_s`), and its culprit shows where the field says it would.
+Each health read also carries the GPU's cumulative counters as NVML keeps them: violation time (thermal, power)
+and PCIe replays, NVLink errors, advanced every poll with what the GPU went through.
 
 A job may count its work beside its steps (`work`: tokens or samples, what clusterwatch.train reports), every
 `work_every_s`, on all its ranks or some (`work_ranks`): then a batch that doubles (`batch_doubles`: steps at
@@ -26,7 +28,12 @@ POLL_S = 5.0
 HEALTH_S = 30.0
 JOB = "slow-1"
 #: What each culprit is named as in the alert's figures ("cause"), and the look-alikes.
-CULPRITS = ("gpu_clocks", "gpu_power_cap", "gpu_hot", "odd_rank", "process_held", "none")
+CULPRITS = ("gpu_clocks", "gpu_power_cap", "gpu_hot", "gpu_link_errors", "odd_rank", "process_held", "none")
+#: (culprit, variant): a culprit drawn another way, or a look-alike of one. thermal_cycles: the GPU held thermally
+#: 18 s of every 30, always between two health reads (only NVML's violation time sees it); links_together: every
+#: GPU's NVLink errors climbing alike while the job is slow (the fabric, not a GPU); link_burst_before: one GPU's
+#: 50,000 PCIe replays once, an hour before the slowdown, flat since.
+CULPRIT_VARIANTS = (("gpu_clocks", "thermal_cycles"), ("none", "links_together"), ("none", "link_burst_before"))
 LOOKALIKES = ("eval", "checkpoint", "loader_warmup", "lr_warmup", "noise")
 #: Look-alikes that change the work a step does: quiet where the job counts its work, not where it counts steps.
 WORK_LOOKALIKES = ("batch_doubles",)
@@ -49,6 +56,7 @@ class Scenario:
         culprit_rank: The rank the culprit is on.
         steps: Whether the job reports steps (clusterwatch.train); without, only the GPU side can tell.
         seed: The noise's seed.
+        variant: One of CULPRIT_VARIANTS' for its culprit, "" for the culprit's plain draw.
     """
 
     name: str
@@ -67,6 +75,7 @@ class Scenario:
     work_every_s: float = POLL_S  # how often a rank reports its count (a framework's log interval)
     work_ranks: tuple[int, ...] | None = None  # the ranks that report it (None: all)
     change_s: float = 4500.0  # when `batch_doubles` or `shorter` changes the work a step does
+    variant: str = ""
 
     @property
     def is_fault(self) -> bool:
@@ -148,6 +157,8 @@ class Trace:
 def generate(sc: Scenario) -> Trace:
     """The scenario's trace."""
     rnd = random.Random(sc.seed)
+    crnd = random.Random(sc.seed + 7919)  # the counters' own draws: the other draws stay what they were without
+    counters = [[0.0, 0.0, 0, 0] for _ in range(sc.ranks)]  # per rank: thermal s, power s, PCIe, NVLink errors
     obs: list[Any] = []
     progress = work = 0.0
     held: float | None = None  # the count as last reported
@@ -174,9 +185,12 @@ def generate(sc: Scenario) -> Trace:
                                           tokens=count if sc.work == "tokens" else None,
                                           samples=count if sc.work == "samples" else None))
             obs.append(GpuObservation(t, node_of(r), gpu_of(r), JOB, min(100.0, util), 1, r, power))
+            c = counters[r]
+            _advance(sc, crnd, t, r, c)
             if health:
                 obs.append(GpuClockObservation(t, node_of(r), gpu_of(r), JOB, _reasons(sc, rnd, t, r),
-                                               _temperature(sc, rnd, t, r), r))
+                                               _temperature(sc, rnd, t, r), r, {"thermal": c[0], "power": c[1]},
+                                               c[2], c[3]))
         t += POLL_S
     return Trace(sc, obs)
 
@@ -185,7 +199,7 @@ def _reasons(sc: Scenario, rnd: random.Random, t: float, r: int) -> int:
     """The GPU's clock-event reasons: now and then any GPU touches its power cap for a moment."""
     mask = 0x4 if rnd.random() < 0.02 else 0
     if r == sc.culprit_rank and _slow(sc, t):
-        if sc.culprit == "gpu_clocks" and rnd.random() < 0.8:
+        if sc.culprit == "gpu_clocks" and sc.variant != "thermal_cycles" and rnd.random() < 0.8:
             mask |= 0x8
         if sc.culprit == "gpu_power_cap" and rnd.random() < 0.8:
             mask |= 0x4
@@ -194,6 +208,27 @@ def _reasons(sc: Scenario, rnd: random.Random, t: float, r: int) -> int:
     if sc.lookalike == "gpus_capped_alike" and (t % 600.0) < 300.0:
         mask |= 0x4  # every GPU at its power cap together: the job's work, not one GPU's fault
     return mask
+
+
+def _advance(sc: Scenario, rnd: random.Random, t: float, r: int, c: list) -> None:
+    """The GPU's counters over the poll before `t`: [thermal violation s, power violation s, PCIe replays, NVLink
+    errors]. Any GPU now and then touches its power cap (as _reasons draws it) and corrects a replay."""
+    culprit = r == sc.culprit_rank and _slow(sc, t)
+    capped = 0.02
+    if culprit and sc.culprit == "gpu_power_cap":
+        capped = 0.8
+    if sc.lookalike == "gpus_capped_alike" and (t % 600.0) < 300.0:
+        capped = 1.0
+    c[1] += capped * POLL_S
+    if culprit and sc.variant == "thermal_cycles":
+        c[0] += 0.6 * POLL_S
+    c[2] += int(rnd.random() < 0.01)
+    if culprit and sc.culprit == "gpu_link_errors":  # a degraded link: PCIe on even seeds, NVLink on odd
+        c[2 + sc.seed % 2] += rnd.randint(20, 80)
+    if sc.variant == "links_together" and _slow(sc, t):
+        c[3] += rnd.randint(20, 80)
+    if sc.variant == "link_burst_before" and r == sc.culprit_rank and t == sc.start_s - 3600.0:
+        c[2] += 50_000
 
 
 def _temperature(sc: Scenario, rnd: random.Random, t: float, r: int) -> float:
@@ -208,6 +243,9 @@ def scenarios(seeds: int = 3) -> Iterator[Scenario]:
             for drop in (0.25, 0.35, 0.5):
                 yield Scenario(f"{culprit}-{int(drop * 100)}-s{seed}", culprit=culprit, drop=drop, seed=seed,
                                culprit_rank=seed % 4)
+        for culprit, variant in CULPRIT_VARIANTS:
+            yield Scenario(f"{culprit}-{variant}-s{seed}", culprit=culprit, variant=variant, drop=0.35, seed=seed,
+                           culprit_rank=(seed + 2) % 4)
         yield Scenario(f"recovers-s{seed}", culprit="gpu_clocks", drop=0.35, end_s=7800.0, seed=seed)
         for look in LOOKALIKES:
             yield Scenario(f"{look}-s{seed}", lookalike=look, seed=seed)
