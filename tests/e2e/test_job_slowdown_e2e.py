@@ -56,13 +56,14 @@ class SlowingJob:
     state: Path
     slow_file: Path
 
-    def gpus(self, held: int | None = None) -> None:
-        """The stand-in's state: each rank busy on its GPU; GPU `held`'s clocks held down (hardware slowdown)."""
+    def gpus(self, held: int | None = None, health: str = "") -> None:
+        """The stand-in's state: each rank busy on its GPU; GPU `held`'s clocks held down (hardware slowdown);
+        `health`: the stand-in's health lines (violation time, link counters)."""
         write_state(self.state, "".join(
             f"gpu GPU-sd{r} total={80 * GiB} used={20 * GiB} util=99 power=300000 pci=0000:{0x3b + r:02x}:00 "
             f"temp=60 throttle={HELD_DOWN if r == held else 0} name=NVIDIA H100\n"
             f"proc GPU-sd{r} {p.pid} {8 * GiB}\nsample GPU-sd{r} {p.pid} 99 age_us=100000\n"
-            for r, p in enumerate(self.ranks)))
+            for r, p in enumerate(self.ranks)) + health)
 
     def slow_down(self, rank: int) -> None:
         """Rank `rank`'s GPU held down; with steps, the whole job steps at half its speed from now."""
@@ -155,6 +156,24 @@ def test_without_steps_the_gpu_side_alone_names_the_held_gpu(stub_lib: Path, tmp
         fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown from the GPU side")
     assert (fired["job_id"], fired["gpu"], fired["rank"], fired["node"]) == (job.job_id, "GPU-sd1", 1, "sd-node"), fired
     assert fired.get("cause") == "gpu_clocks" and "judged from the GPUs alone" in fired["description"], fired
+
+
+def test_without_steps_a_gpu_held_between_its_reads_is_named_by_its_violation_time(stub_lib: Path,
+                                                                                  tmp_path: Path) -> None:
+    """GPU-sd1 held thermally 0.8 s of each second while its clock-event reasons read clear at every read: NVML's
+    violation time, through the real binding's nvmlDeviceGetViolationStatus, is what names it."""
+    with slowing_job(stub_lib, tmp_path, steps=False) as job:
+        wait_for(lambda: sorted(p.get("rank") for p in job.processes()) == [0, 1], timeout=90, interval=0.5,
+                 what="both ranks at the collector")
+        begun = time.monotonic()
+
+        def held_then_fired() -> dict | None:
+            job.gpus(health=f"health GPU-sd1 viol_thermal_ns={int(0.8e9 * (time.monotonic() - begun))}\n")
+            return job.firing()
+
+        fired = wait_for(held_then_fired, timeout=90, interval=0.5, what="job_slowdown from the violation time")
+    assert (fired["gpu"], fired["rank"], fired.get("cause")) == ("GPU-sd1", 1, "gpu_clocks"), fired
+    assert "by NVML's violation time" in fired["description"], fired
 
 
 def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Path, tmp_path: Path) -> None:
