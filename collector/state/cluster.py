@@ -128,9 +128,10 @@ class ProcessSeries:
     lr: float | None = None
     epoch: float | None = None
     step_history: deque = field(default_factory=lambda: deque(maxlen=32))
-    # the work it counts beside its steps, as last reported (work_counts.py): job_slowdown judges it where given
-    tokens: float | None = None
-    samples: float | None = None
+    # the work it counts beside its steps (tokens, samples trained on), as last reported (work_counts.py):
+    # job_slowdown judges it where given. Not `samples`, which counts the samples (polls) this series holds.
+    tokens_counted: float | None = None
+    samples_counted: float | None = None
     # How long without a new step reads as stalled (from how often its step moves), and since when it has
     # been: a rank that stops reporting would otherwise keep the rate of its last reports for good.
     step_stale_s: float = DEFAULT_STEP_STALE_S
@@ -637,7 +638,8 @@ class ClusterState:
                     ah = series.allocator_history = deque(maxlen=self.history_points)
                 ah.append((report.time, *allocator_totals(series, report.time)))
         if report.metrics:
-            series.tokens, series.samples = work_counts(report.metrics, series.tokens, series.samples)
+            series.tokens_counted, series.samples_counted = work_counts(report.metrics, series.tokens_counted,
+                                                                        series.samples_counted)
         if report.loss is not None:
             series.loss = report.loss
         if report.lr is not None:

@@ -198,7 +198,7 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
         out.append(make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
                          job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
                          s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
-                         retries, tmpfs, series.tokens, series.samples)))
+                         retries, tmpfs, series.tokens_counted, series.samples_counted)))
     return out
 
 

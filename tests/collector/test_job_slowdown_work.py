@@ -5,12 +5,16 @@ negative, huge, going backwards, stopping."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import pytest
 from clusterwatch.collector.rules import load_rules
 from clusterwatch.collector.rules.model import ProcessObservation
+from clusterwatch.collector.state.cluster import ClusterState, ProcessSeries
+from clusterwatch.collector.state.observations import node_observations
 from clusterwatch.collector.state.work_counts import work_counts
 
+from clusterwatch.model import ProcessKey, ProcessSample, TrainingReport
 from tests.support.slowdown_traces import TOKENS_PER_STEP, Scenario, Trace, generate
 
 RULES = load_rules()
@@ -127,3 +131,18 @@ def test_the_names_a_report_counts_its_work_by() -> None:
     for bad in (math.nan, -1.0, math.inf, 1e19, True):
         assert work_counts({"tokens": bad, "samples": bad}, 3.0, 4.0) == (3.0, 4.0), bad
     assert work_counts({"tokens_per_s": 4e4}, None, None) == (None, None)  # a rate is not a count
+
+
+def test_a_reported_count_reaches_the_observation_and_leaves_the_sample_count_alone() -> None:
+    """From a training report's metrics to the process's observation (collector/state): the count of polls the
+    series holds (`samples`) is another thing than the samples a job trained on."""
+    state = ClusterState()
+    key = ProcessKey("n1", 11, 100.0)
+    series = state.processes[key] = ProcessSeries(key, ProcessSample(200.0, "n1", 11, 100.0, job_id="7"), deque(),
+                                                  samples=5)
+    state.add_training("n1", TrainingReport(200.0, 11, 100.0, step=40, metrics={"tokens": 1.5e6, "samples": 320,
+                                                                               "loss": 2.0}))
+    state.add_training("n1", TrainingReport(201.0, 11, 100.0, step=41, metrics={"tokens": math.nan}))
+    assert series.samples == 5
+    obs = node_observations(state, "n1", [series], {}, 201.0, 0.0).processes[0]
+    assert (obs.step, obs.tokens, obs.samples) == (41, 1.5e6, 320.0)
