@@ -2,7 +2,9 @@
 agent through the real pynvml, and a real collector with short rule windows (a rules file). Rank 1's GPU has its
 clocks held down (NVML's clock-event reason 0x8, hardware slowdown) and, with it, the job's steps slow to half
 (every collective waits for the slow GPU): the alert names that GPU and rank 1. Without clusterwatch.train (ranks
-that report no steps), the GPU side alone raises it on the held GPU.
+that report no steps), the GPU side alone raises it on the held GPU. Ranks that count their tokens are judged in
+tokens/s: a batch that doubles (half the steps/s, twice the tokens a step) raises nothing, sequences that halve
+then (the steps/s held, half the tokens/s) raise it in tokens.
 
 The ranks' steps follow a clock (20 steps/s, 10 once slow), not a sleep per step: a loaded test machine
 then changes when a step is read, never the rate the rule measures.
@@ -10,6 +12,7 @@ then changes when a step is read, never the rate the rule measures.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -34,12 +37,18 @@ RANK = """
 import os, sys, time
 from clusterwatch import train
 slow = sys.argv[1]
-step, last = 0.0, time.monotonic()
+big = sys.argv[2] if len(sys.argv) > 2 else None  # tokens counted; twice the tokens a step while this file is
+step, tokens, last = 0.0, 0.0, time.monotonic()
 while True:
     now = time.monotonic()
-    step += (now - last) * (10.0 if os.path.exists(slow) else 20.0)
+    steps = (now - last) * (10.0 if os.path.exists(slow) else 20.0)
+    step += steps
     last = now
-    train.report(step=int(step), loss=1.0)
+    if big is None:
+        train.report(step=int(step), loss=1.0)
+    else:
+        tokens += steps * (8192 if os.path.exists(big) else 4096)
+        train.report(step=int(step), loss=1.0, tokens=int(tokens))
     time.sleep(0.05)
 """
 
@@ -55,6 +64,7 @@ class SlowingJob:
     agent: Proc
     state: Path
     slow_file: Path
+    big_file: Path | None = None
 
     def gpus(self, held: int | None = None, health: str = "") -> None:
         """The stand-in's state: each rank busy on its GPU; GPU `held`'s clocks held down (hardware slowdown);
@@ -84,10 +94,11 @@ class SlowingJob:
 
 
 @contextmanager
-def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: str) -> Iterator[SlowingJob]:
-    """Start the ranks (reporting steps through clusterwatch.train where `steps`, else silent), the stand-in's
-    state, the collector with RULES (and `collector_args`) and the agent (NVML, health counters every second);
-    stop them all after."""
+def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: str,
+                tokens: bool = False) -> Iterator[SlowingJob]:
+    """Start the ranks (reporting steps through clusterwatch.train where `steps`, with their tokens where `tokens`,
+    else silent), the stand-in's state, the collector with RULES (and `collector_args`) and the agent (NVML,
+    health counters every second); stop them all after."""
     from clusterwatch.agent.spool import write_event
 
     from clusterwatch.model import JobEvent
@@ -97,7 +108,8 @@ def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: st
     job_id, node = unique_job_id(), "sd-node"
     sock, slow, script = tmp_path / "train.sock", tmp_path / "slow", tmp_path / "rank.py"
     script.write_text(RANK)
-    args = [sys.executable, str(script), str(slow)] if steps else ["sleep", "600"]
+    big = tmp_path / "big" if tokens else None
+    args = [sys.executable, str(script), str(slow), *([str(big)] if big else [])] if steps else ["sleep", "600"]
     ranks = [Proc(args, tmp_path / f"rank{r}.log",
                   env={**env, "CLUSTERWATCH_TRAIN_SOCKET": str(sock), "SLURM_JOB_ID": job_id, "SLURM_PROCID": str(r),
                        "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}) for r in (0, 1)]
@@ -105,7 +117,7 @@ def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: st
     write_event(str(spool), JobEvent("start", job_id, time.time(), gpu_indexes="0,1"))
     rules = tmp_path / "rules.toml"
     rules.write_text(RULES)
-    job = SlowingJob(job_id, node, ranks, None, None, state, slow)  # type: ignore[arg-type]
+    job = SlowingJob(job_id, node, ranks, None, None, state, slow, big)  # type: ignore[arg-type]
     job.gpus()
     job.collector = Collector(tmp_path, "--rules", str(rules), "--rules-interval", "1", *collector_args)
     job.agent = Proc([*CLI, "agent", "--collector", job.collector.address, "--node", node, "--interval", "0.5",
@@ -123,14 +135,23 @@ def slowing_job(stub_lib: Path, tmp_path: Path, steps: bool, *collector_args: st
         assert code == 0, job.agent.text()
 
 
-def _slow_and_fired(job: SlowingJob) -> dict:
-    """A steady baseline first (2 s of warm-up, then six 2 s buckets at speed), then rank 1's GPU held down and
-    the steps at half speed: the firing job_slowdown."""
+def _at_speed(job: SlowingJob) -> None:
+    """A steady baseline: 2 s of warm-up, then six 2 s buckets at speed."""
     wait_for(lambda: max((p.get("step") or 0 for p in job.processes()), default=0) >= 40, timeout=90,
              interval=0.5, what="the job's steps at the collector")
-    at_speed = time.monotonic() + 16
-    wait_for(lambda: time.monotonic() > at_speed, timeout=30, interval=0.5, what="a baseline at speed")
+    _wait(16, "a baseline at speed")
     assert job.firing() is None
+
+
+def _wait(seconds: float, what: str) -> None:
+    until = time.monotonic() + seconds
+    wait_for(lambda: time.monotonic() > until, timeout=seconds + 15, interval=0.5, what=what)
+
+
+def _slow_and_fired(job: SlowingJob) -> dict:
+    """A steady baseline first, then rank 1's GPU held down and the steps at half speed: the firing
+    job_slowdown."""
+    _at_speed(job)
     job.slow_down(1)
     return wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown firing")
 
@@ -184,8 +205,7 @@ def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Pat
         live = _slow_and_fired(job)
         # a few seconds more of the slow job: replay cuts its buckets at every line, where the live rules looked
         # once a second, so its window may fill a bucket later than live's
-        later = time.monotonic() + 6
-        wait_for(lambda: time.monotonic() > later, timeout=30, interval=0.5, what="the slow job a little longer")
+        _wait(6, "the slow job a little longer")
         recorded = cli("record", job.job_id, "--collector", job.collector.address, "-o", str(trace))
         assert recorded.returncode == 0, recorded.stderr
     replayed = cli("replay", str(trace), "--rules", str(tmp_path / "rules.toml"), "--format", "jsonl")
@@ -197,3 +217,28 @@ def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Pat
     assert (got["job_id"], got["node"], got.get("cause"), got.get("cause_gpu"), got.get("cause_rank")) == (
         live["job_id"], live["node"], live["cause"], live["cause_gpu"], live["cause_rank"]), (got, live)
     assert "hardware slowdown" in got["description"], got
+
+
+def test_counted_tokens_make_a_doubled_batch_no_slowdown_and_shorter_sequences_one(stub_lib: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Ranks that count tokens (clusterwatch.train.report(tokens=...)): the batch doubles (10 steps/s of 8192
+    tokens, as 20 of 4096 before) for longer than the window that raised the alert in steps/s above, and nothing
+    fires; then the sequences halve (10 steps/s of 4096 tokens), the steps/s held, and job_slowdown fires in
+    tokens/s against the tokens/s of before."""
+    with slowing_job(stub_lib, tmp_path, True, tokens=True) as job:
+        assert job.big_file is not None
+        _at_speed(job)
+        job.big_file.touch()
+        job.slow_file.touch()
+        _wait(20, "the doubled batch for two windows")
+        assert job.firing() is None
+        job.big_file.unlink()
+        fired = wait_for(job.firing, timeout=90, interval=1.0, what="job_slowdown in tokens/s")
+    assert fired["job_id"] == job.job_id, fired
+    # "runs 49 % slower than it did in tokens/s: 41.4k tokens/s for 7 s, against a steady 81.9k tokens/s; ..."
+    said = re.search(r"runs (\d+) % slower than it did in tokens/s: ([\d.]+)k tokens/s for .+, against a steady "
+                     r"([\d.]+)k tokens/s", fired["description"])
+    assert said is not None, fired
+    drop, now, baseline = (float(x) for x in said.groups())
+    assert baseline == pytest.approx(20 * 4.096, rel=0.2) and drop == pytest.approx(50, abs=15), fired
+    assert now == pytest.approx(baseline * (1 - drop / 100), rel=0.1), fired
