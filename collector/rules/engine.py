@@ -205,8 +205,10 @@ class Engine:
                     out = training_stall.observe(self, p, t, step, util, out)
             elif t - p.step_t >= p.step_wait:
                 out = training_stall.observe(self, p, t, step, util, out)
-            # job_slowdown: two comparisons unless a bucket of the rank it reads ends, or its count of work moves
-            if t >= p.pace.b_end or (tokens if tokens is not None else samples) != p.pace.work:
+            # job_slowdown: a comparison and, without counts of work, two identity tests, unless a bucket of the rank
+            # it reads ends or its count of work moves
+            if t >= p.pace.b_end or ((tokens is not None or samples is not None)
+                                     and (samples if tokens is None else tokens) != p.pace.work):
                 found = self._slow.step(p, t, step, tokens, samples, self._slow_cause)
                 if found:
                     out = found if out is None else [*out, *found]
