@@ -182,9 +182,10 @@ def test_a_lost_gpu_is_not_an_idle_gpu(stub_lib: Path, tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     write_event(str(spool), JobEvent("start", JOB_MIG, time.time(), gpu_indexes="0"))
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
+    # the health reader tells the collector the GPU is lost: each second, not at the default 30 s
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "lost-node", "--interval", "0.5",
-                  "--send-interval", "0", "--gpu-source", "nvml", "--no-provenance", "--spool-dir", str(spool),
-                  "--train-socket", str(tmp_path / "train.sock")],
+                  "--send-interval", "0", "--health-interval", "1", "--gpu-source", "nvml", "--no-provenance",
+                  "--spool-dir", str(spool), "--train-socket", str(tmp_path / "train.sock")],
                  tmp_path / "agent.log", env={**clean, "SLURMD_NODENAME": "lost-node"})
     try:
         def busy() -> bool:
