@@ -2,9 +2,10 @@
 agent through the real pynvml, and a real collector with short rule windows (a rules file). Rank 1's GPU has its
 clocks held down (NVML's clock-event reason 0x8, hardware slowdown) and, with it, the job's steps slow to half
 (every collective waits for the slow GPU): the alert names that GPU and rank 1. Without clusterwatch.train (ranks
-that report no steps), the GPU side alone raises it on the held GPU. Ranks that count their tokens are judged in
-tokens/s: a batch that doubles (half the steps/s, twice the tokens a step) raises nothing, sequences that halve
-then (the steps/s held, half the tokens/s) raise it in tokens.
+that report no steps), the GPU side alone raises it on the held GPU, also one held between its reads that only
+NVML's violation time shows. A GPU whose PCIe replays climb is named as the slow job's link. Ranks that count
+their tokens are judged in tokens/s: a batch that doubles (half the steps/s, twice the tokens a step) raises
+nothing, sequences that halve then (the steps/s held, half the tokens/s) raise it in tokens.
 
 The ranks' steps follow a clock (20 steps/s, 10 once slow), not a sleep per step: a loaded test machine
 then changes when a step is read, never the rate the rule measures.
@@ -195,6 +196,24 @@ def test_without_steps_a_gpu_held_between_its_reads_is_named_by_its_violation_ti
         fired = wait_for(held_then_fired, timeout=90, interval=0.5, what="job_slowdown from the violation time")
     assert (fired["gpu"], fired["rank"], fired.get("cause")) == ("GPU-sd1", 1, "gpu_clocks"), fired
     assert "by NVML's violation time" in fired["description"], fired
+
+
+def test_a_gpu_whose_pcie_replays_climb_is_named_as_the_slow_jobs_link(stub_lib: Path, tmp_path: Path) -> None:
+    """The steps slow to half while GPU-sd1's PCIe replays climb (50 a second) and GPU-sd0's stay at none, the
+    clocks of both free: the alert names GPU-sd1's link and rank 1."""
+    with slowing_job(stub_lib, tmp_path, steps=True) as job:
+        _at_speed(job)
+        begun = time.monotonic()
+        job.slow_file.touch()
+
+        def replays_then_fired() -> dict | None:
+            job.gpus(health=f"health GPU-sd1 replay={int(50 * (time.monotonic() - begun))}\n")
+            return job.firing()
+
+        fired = wait_for(replays_then_fired, timeout=90, interval=1.0, what="job_slowdown naming the link")
+    assert (fired.get("cause"), fired.get("cause_gpu"), fired.get("cause_rank")) == (
+        "gpu_link_errors", "GPU-sd1", 1), fired
+    assert "PCIe replays in the slow window, the others none" in fired["description"], fired
 
 
 def test_a_recorded_slowdown_replays_to_the_same_alert_and_culprit(stub_lib: Path, tmp_path: Path) -> None:
