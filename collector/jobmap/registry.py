@@ -302,7 +302,7 @@ class JobRegistry(CoreListener):
                 # A running job's EndTime is only its expected end; render reads end_time as "ended".
                 job.end_time = float(record.end_time or self.clock())
                 job.exit_code = _exit_code(record)
-            _gpus_by_node(job, record, inventories)
+            _gpus_by_node(job, record, inventories, self.core.state.set_job_gpus)
             return (job.name, job.user, job.state, job.start_time, tuple(job.nodes), job.gpus,
                     job.ranks_expected, tuple(sorted((n, tuple(u)) for n, u in job.gpus_by_node.items())))
 
@@ -413,9 +413,11 @@ def _turn(config) -> tuple[int, int] | None:
     return members.index(config.shard), len(members)
 
 
-def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[int, str] | None]) -> None:
+def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[int, str] | None],
+                  set_job_gpus: Callable[[JobState, str, list[str]], None]) -> None:
     """Allocated GPUs by UUID: Slurm's per-node indexes looked up in that node's agent inventory
-    (`inventories`: node → GPU index → UUID, None for a node without an agent).
+    (`inventories`: node → GPU index → UUID, None for a node without an agent), written through
+    `set_job_gpus` (ClusterState's, which indexes them by node).
 
     A node whose prolog already named the UUIDs keeps them; a node without an agent (no inventory)
     stays out, since a GPU is only ever named by its UUID.
@@ -426,7 +428,7 @@ def _gpus_by_node(job: JobState, record: JobRecord, inventories: dict[str, dict[
             continue
         uuids = [by_index[i] for i in indexes if i in by_index]
         if uuids and len(uuids) == len(indexes):
-            job.gpus_by_node[node] = uuids
+            set_job_gpus(job, node, uuids)
 
 
 def _exit_code(record: JobRecord) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add, mul
@@ -197,12 +198,12 @@ class NodeState:
     samples_sent: int = 0
     samples_dropped: int = 0
     read_errors: int = 0
+    # Its job-output reader's (files followed, refused, errors), None where the agent does not read jobs' output
+    job_output: tuple[int, int, int] | None = None
     # Its latest stream proved who sent it (token, mutual TLS or root's munge credential): only then is
     # the user its samples name a job's owner, and only then does an action reach its processes.
     authenticated: bool = False
     # What each user's files hold on its tmpfs mounts (/dev/shm, ...), at its agent's latest walk (tmpfs_at,
-    # Its job-output reader's (files followed, refused, errors), None where the agent does not read jobs' output
-    job_output: tuple[int, int, int] | None = None
     # 0: none yet; truncated: the walk hit its bound, the bytes are a floor): collector/state/tmpfs.py
     tmpfs_by_user: dict[str, int] = field(default_factory=dict)
     tmpfs_at: float = 0.0
@@ -286,6 +287,10 @@ class ClusterState:
         self._gpu_users: dict[str, dict[str, str]] = {}
         # node → GPU UUID → the jobs whose live processes used it at the node's latest poll, where more than one
         self._gpu_shared: dict[str, dict[str, set[str]]] = {}
+        # node → the ids of the jobs in memory with GPUs allocated on it (their gpus_by_node, written only through
+        # set_job_gpus and add_job, dropped by forget_job): node_gpu_holders runs at every batch and reads a
+        # node's few jobs, not every job (102 µs a batch with 1,000 jobs); ended jobs are skipped where read
+        self._allocated_on: dict[str, set[str]] = {}
         self.costs = CostMeter()  # each GPU's last energy and violation counters (job_cost.py)
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
         self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
@@ -696,7 +701,7 @@ class ClusterState:
             if not job.start_time:
                 job.start_time = event.time
             if event.gpu_uuids:
-                job.gpus_by_node[node] = list(event.gpu_uuids)
+                self.set_job_gpus(job, node, event.gpu_uuids)
                 job.gpus = sum(len(v) for v in job.gpus_by_node.values())
         else:
             job.nodes_ended.add(node)
@@ -707,6 +712,18 @@ class ClusterState:
                 job.state = "COMPLETED" if not job.exit_code else "FAILED"
                 job.end_time = event.time
         return job
+
+    def set_job_gpus(self, job: JobState, node: str, uuids: Iterable[str]) -> None:
+        """The GPUs allocated to a job (held in `jobs`) on a node, by UUID: the one way its gpus_by_node
+        changes, so that the index node_gpu_holders reads cannot drift from it."""
+        job.gpus_by_node[node] = list(uuids)
+        self._allocated_on.setdefault(node, set()).add(job.job_id)
+
+    def add_job(self, job: JobState) -> None:
+        """Hold a job made whole elsewhere (the store's, after a restart), its GPU allocations indexed."""
+        self.jobs[job.job_id] = job
+        for node in job.gpus_by_node:
+            self._allocated_on.setdefault(node, set()).add(job.job_id)
 
     def add_provenance(self, node: str, pid: int, start_time: float, record: dict) -> JobState | None:
         """Attach a provenance record to its process's job; None when the process is unknown."""
@@ -724,9 +741,9 @@ class ClusterState:
         return [self.processes[k] for k in job.processes if k in self.processes]
 
     # Which job holds a GPU: asked here by every reader (the exporter, alerting, the trace, stall causes, health,
-    # the views, the job page). Worked out when read, not kept as an index: allocations change in several places
-    # (job events, the registry's Slurm records, relabels) and a process's GPUs with every batch, while the
-    # readers ask once a scrape, a tick or a query (bench figures in the commit that made these).
+    # the views, the job page). Worked out when read: a process's GPUs change with every batch, while the readers
+    # ask once a scrape, a tick or a query (bench figures in the commit that made these). Only the allocations are
+    # indexed by node (_allocated_on), for node_gpu_holders, which runs at every batch.
 
     def gpu_allocations(self) -> dict[str, str]:
         """GPU UUID → the running job it is allocated to (Slurm's allocation, or the prolog's)."""
@@ -761,6 +778,27 @@ class ClusterState:
         uses too). The same rule: the job it is allocated to, else the first running job (in the order jobs
         became known) whose live process uses it, as of the node's latest poll."""
         jobs = self.jobs
+        holders, shared = self._node_gpu_users(node)
+        clashes: dict[str, set[str]] = {}  # GPUs allocated to more than one running job (one's record is stale)
+        for job_id in self._allocated_on.get(node, ()):
+            job = jobs.get(job_id)
+            if job is None or job.ended:
+                continue
+            for u in job.gpus_by_node.get(node, ()):
+                user = holders.get(u)
+                if user is not None and user != job_id:
+                    shared.add(u)  # allocated to this job, used by another's process (or allocated to it too)
+                    if u in jobs[user].gpus_by_node.get(node, ()):
+                        clashes.setdefault(u, {user}).add(job_id)
+                holders[u] = job_id
+        for u, ids in clashes.items():  # the last known of them, as gpu_allocations takes it
+            holders[u] = [j for j in jobs if j in ids][-1]
+        return holders, shared
+
+    def _node_gpu_users(self, node: str) -> tuple[dict[str, str], set[str]]:
+        """node_gpu_holders before allocations: (GPU UUID → the first running job whose live process uses it at
+        the node's latest poll, the GPUs more than one running job's processes use)."""
+        jobs = self.jobs
         holders: dict[str, str] = {}
         shared: set[str] = set()
         multi = self._gpu_shared.get(node) or {}
@@ -774,13 +812,6 @@ class ClusterState:
                     holders[u] = running[0]
             elif (job := jobs.get(job_id)) is not None and not job.ended:
                 holders[u] = job_id
-        for job in jobs.values():
-            if not job.ended and (uuids := job.gpus_by_node.get(node)):
-                for u in uuids:
-                    user = holders.get(u)
-                    if user is not None and user != job.job_id:
-                        shared.add(u)  # allocated to this job, used by another's process
-                    holders[u] = job.job_id
         return holders, shared
 
     def job_gpus(self, job: JobState, alive_only: bool = False) -> list[JobGpu]:
@@ -812,6 +843,12 @@ class ClusterState:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
+        for node in job.gpus_by_node:
+            held = self._allocated_on.get(node)
+            if held is not None:
+                held.discard(job_id)
+                if not held:
+                    del self._allocated_on[node]
         for key in job.processes:
             self.processes.pop(key, None)
             self._forget_pid(key)

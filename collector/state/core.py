@@ -219,7 +219,7 @@ class CollectorCore:
         self.state.restored_samples = {ProcessKey(*k): n for k, n in self.store.load_process_counts().items()}
         self.state.restored_totals = {ProcessKey(*k): v for k, v in self.store.load_process_totals().items()}
         for job in self.store.load_jobs(include_ended=False):
-            self.state.jobs[job.job_id] = job
+            self.state.add_job(job)
             for row in self.store.load_provenance(job.job_id):
                 record = _provenance_record(row.record)
                 if record is not None:
