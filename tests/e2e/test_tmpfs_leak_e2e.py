@@ -1,6 +1,6 @@
 """A shared-memory leak end to end (issue 27 part 3): a real process grows a /dev/shm file with write(), never
 mapping it, so its RSS stays flat; a real agent walks the node's tmpfs every second and a real collector, with
-the demo rules' short window, counts the job's user's files in the job's host memory: host_memory_leak fires,
+a 20 s leak window, counts the job's user's files in the job's host memory: host_memory_leak fires,
 naming the tmpfs files, and `status` shows them. Before that, a look-alike: the same file filled in a burst
 then held (a DataLoader's shared memory warming up), and nothing fires."""
 from __future__ import annotations
@@ -11,17 +11,21 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import CLI, ROOT, Collector, Proc, cli, firing_alert, unique_job_id, wait_for
+from tests.support.helpers import CLI, Collector, Proc, cli, firing_alert, unique_job_id, wait_for
+from tests.support.short_leak_rules import WINDOW_S, short_leak_rules
 
 pytestmark = pytest.mark.e2e
 NODE = "shm-node1"
 MIB = 1 << 20
+
+# The short window's floor at 60 MiB: the file, growing 80 MiB in it at 4 MiB/s, has passed the burst's 150 MiB by
+# 60 and more when the alert fires.
+RULES = short_leak_rules(min_growth_mb=60)
 
 # Appends to its /dev/shm file while the control file says "grow" (4 MiB a second), holds otherwise; a burst
 # of N MiB at once when it says "burst N". Never maps the file: its pages are in no process's RSS.
@@ -62,7 +66,7 @@ def test_a_dev_shm_file_grown_by_write_is_a_host_memory_leak_and_a_burst_then_he
     control.chmod(0o666)  # the writer sets it back to "hold" after a burst
     (shared / "writer.py").write_text(WRITER)
     rules = tmp_path / "rules.toml"
-    rules.write_text((ROOT / "collector" / "rules" / "demo_rules.toml").read_text())
+    rules.write_text(RULES)
     spool = tmp_path / "spool"
     spool.mkdir()
     collector = Collector(tmp_path, "--rules", str(rules))
@@ -71,7 +75,7 @@ def test_a_dev_shm_file_grown_by_write_is_a_host_memory_leak_and_a_burst_then_he
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", NODE, "--gpu-source", "none",
                   "--interval", "1", "--no-provenance", "--tmpfs-interval", "1", "--kmsg", "none",
                   "--spool-dir", str(spool), "--train-socket", str(spool / "train.sock"), "--job-id", job,
-                  "--pid", str(writer.pid)], tmp_path / "agent.log")
+                  "--pid", str(writer.pid), "--send-interval", "0"], tmp_path / "agent.log")
     try:
         def status() -> dict | None:
             r = cli("status", job, "--collector", collector.address, "--json")
@@ -85,9 +89,13 @@ def test_a_dev_shm_file_grown_by_write_is_a_host_memory_leak_and_a_burst_then_he
         wait_for(node_with_tmpfs, timeout=60, what="the job's node with a tmpfs walk")
         # the look-alike: 150 MiB at once, then held for longer than the rule's window
         control.write_text("burst 150")
-        wait_for(lambda: (n := node_with_tmpfs()) and n["tmpfs_bytes"] >= 150 * MIB, timeout=30,
-                 what="the burst counted")
-        time.sleep(55)
+        counted = wait_for(lambda: (n := node_with_tmpfs()) and n["tmpfs_bytes"] >= 150 * MIB and n, timeout=30,
+                           what="the burst counted")
+        # Not a fixed sleep: the collector holds (and has judged) the node's walks to a window and a half past the
+        # burst, so that the rule has looked at the step in every place of its window, and past it.
+        held_to = float(counted["last_seen"]) + 1.5 * WINDOW_S
+        wait_for(lambda: float(node_with_tmpfs()["last_seen"]) >= held_to, timeout=90, interval=0.5,
+                 what="the burst held for a window")
         assert not _host_leaks(collector, job), "a burst then held is no leak"
         # the leak: the file grows by write(); the writer's RSS stays flat
         control.write_text("grow")
