@@ -7,15 +7,15 @@ import json
 import re
 import signal
 import sys
-from importlib import resources
 
 import pytest
 
 from tests.support.helpers import CLI, Collector, Proc, cli, wait_for
+from tests.support.short_leak_rules import short_leak_rules
 
 pytestmark = pytest.mark.e2e
 
-# 5 MiB/s, at most 1.2 GiB: the demo rules fire on it within a minute
+# 5 MiB/s, at most 1.2 GiB: a 20 s window fires on it within half a minute
 LEAKER = """
 import time
 hoard = []
@@ -47,10 +47,12 @@ def _alert(collector, rule: str) -> dict | None:
 
 
 def test_leak_alert_figures_follow_the_leak_and_the_death_of_its_process(tmp_path):
-    rules = resources.files("clusterwatch.collector.rules") / "demo_rules.toml"
+    rules = tmp_path / "rules.toml"
+    rules.write_text(short_leak_rules())
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
     leaker = Proc([sys.executable, "-c", LEAKER], tmp_path / "leaker.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
+                  "--send-interval", "0",
                   "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-2", "--no-provenance",
                   "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
                  tmp_path / "agent.log")
