@@ -8,7 +8,8 @@ Rows:
 - memory: bytes the history of a GPU holds when full (HISTORY_READINGS counter readings as the agent sends
   them, every counter an H100 gives), measured with tracemalloc over `--gpus` GPUs (8,000: the thousand
   nodes of eight a collector holds): counters standing still, and the worst case, a temperature that
-  differs at every reading; and HISTORY_EVENTS XIDs from the kernel log on a GPU (most GPUs have none);
+  differs at every reading; a GPU at its power cap (its violation time moves at every reading) beside the same
+  readings without any violation time; and HISTORY_EVENTS XIDs from the kernel log on a GPU (most GPUs have none);
 - observe: CPU per HealthEngine.observe_counters call with the history, beside the same engine with the two
   appends taken out (the baseline in the same run);
 - trace: CPU to write the health records of one job's 8 GPUs with full histories (collector/traces/record.py).
@@ -60,6 +61,14 @@ def main() -> None:
     t0 = 1_800_000_000.0
     still = [reading(t0 + 30 * i, "GPU-bench") for i in range(HISTORY_READINGS)]
     moving = [reading(t0 + 30 * i, "GPU-bench", 40 + i % 50) for i in range(HISTORY_READINGS)]
+    # a GPU at its power cap all along (common under training): its power violation time moves at every reading,
+    # beside the same readings without the violation time (what the history held before it was kept)
+    capped = [reading(t0 + 30 * i, "GPU-bench") for i in range(HISTORY_READINGS)]
+    for i, m in enumerate(capped):
+        m.violation_seconds["power"] = 1.0 + 15.0 * i
+    uncounted = [reading(t0 + 30 * i, "GPU-bench") for i in range(HISTORY_READINGS)]
+    for m in uncounted:
+        m.ClearField("violation_seconds")
     evs = [event(t0 + 30 * i, "GPU-bench", i) for i in range(HISTORY_EVENTS)]
 
     def per_gpu(msgs: list, events: list, distinct: bool = False) -> float:
@@ -84,6 +93,8 @@ def main() -> None:
 
     history_still = per_gpu(still, [])
     history_moving = per_gpu(moving, [])
+    history_capped = per_gpu(capped, [])
+    history_uncounted = per_gpu(uncounted, [])
     history_events = per_gpu([], evs)
     history_events_distinct = per_gpu([], evs, distinct=True)
 
@@ -125,6 +136,8 @@ def main() -> None:
     print(f"health history for record: {HISTORY_READINGS} readings + {HISTORY_EVENTS} events per GPU, {gpus} GPUs")
     print(f"{'row':<40}{'figure':>16}")
     for name, b in (("readings, counters still", history_still), ("readings, temperature moving", history_moving),
+                    ("readings, power time moving", history_capped),
+                    ("readings, no violation time (baseline)", history_uncounted),
                     ("events, full", history_events), ("events, full, each a new process", history_events_distinct)):
         print(f"{name + ', per GPU':<40}{b / 1024:>13.1f} KiB")
         print(f"{'  for 8,000 GPUs':<40}{b * 8000 / 2**20:>13.1f} MiB")

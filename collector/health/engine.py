@@ -39,6 +39,7 @@ from clusterwatch.collector.health.decisions import (
     worst_first,
 )
 from clusterwatch.collector.health.fabric import FabricHealth
+from clusterwatch.collector.health.violation_history import ViolationHistory
 from clusterwatch.collector.health.xid_catalog import XidCatalog
 from clusterwatch.collector.rules.model import FIRING, AlertEvent
 
@@ -52,9 +53,9 @@ _MEMORY = MemoryErrorThresholds()
 # dropped), and the counter readings: 140 are 70 min at the agent's 30 s default, the hour of process
 # history the collector keeps (720 points at 5 s) and the throttle rule's 10 min look-back before it.
 # Kept serialized (a message taken from a batch would hold the whole batch), the rules' counters and the
-# temperature only (the violation time is for /metrics), a reading like the one before sharing its bytes; the
-# link error counters apart, at their changes only (a healthy GPU's stand still while its temperature moves):
-# bench/bench_health_history.py measures it.
+# temperature, a reading like the one before sharing its bytes; the link error counters apart, at their changes
+# only (a healthy GPU's stand still while its temperature moves), and the violation time job_slowdown's culprit
+# reads as rows of floats (violation_history.py): bench/bench_health_history.py measures it.
 HISTORY_EVENTS = 64
 HISTORY_READINGS = 140
 _NOT_KEPT = ("time", "uuid", "violation_seconds", "nvlink_errors", "pcie_replays")
@@ -83,9 +84,10 @@ class GpuHealthView:
     reading_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     readings: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     # the link error counters (pcie_replays, nvlink_errors: a serialized GpuHealth of those alone) from each
-    # time they changed: a reading's are the last change's at or before it
+    # time they changed: a reading's are the last change's at or before it; the violation time likewise
     link_times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
     link_values: deque[bytes] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
+    violations: ViolationHistory = field(default_factory=lambda: ViolationHistory(HISTORY_READINGS))
     # (time, users) of the readings that raised a finding naming users (throttling, memory errors, a link): a
     # replay names whom the collector named then, not whom the trace's process lines suggest
     named: deque[tuple[float, tuple[GpuUser, ...]]] = field(default_factory=lambda: deque(maxlen=HISTORY_READINGS))
@@ -105,6 +107,7 @@ class GpuHealthView:
         if msg.HasField("pcie_replays"):
             links.pcie_replays = msg.pcie_replays
         links.nvlink_errors.update(msg.nvlink_errors)
+        self.violations.add(msg.time, msg.violation_seconds)
         at = links.SerializeToString(deterministic=True)
         if not self.link_values or self.link_values[-1] != at:
             self.link_times.append(msg.time)
@@ -113,11 +116,15 @@ class GpuHealthView:
     def history_readings(self) -> list[tuple[float, bytes]]:
         """(time, reading body) of the readings kept, oldest first, each with its link error counters (a
         protobuf message's bytes followed by another's parse as the two merged)."""
+        from clusterwatch.v1.agent_pb2 import GpuHealth
+
         times, values = list(self.link_times), list(self.link_values)
         out = []
         for t, body in zip(self.reading_times, self.readings, strict=True):
             i = bisect.bisect_right(times, t)
-            out.append((t, body + values[i - 1] if i else body))
+            held = self.violations.at(t)
+            out.append((t, (body + values[i - 1] if i else body)
+                        + (GpuHealth(violation_seconds=held).SerializeToString() if held else b"")))
         return out
 
 

@@ -343,6 +343,8 @@ def gpu_health_record(node: str, msg: Any, users: Sequence[GpuUser] | None = Non
             rec[name] = getattr(msg, name)
     if msg.nvlink_errors:
         rec["nvlink_errors"] = dict(sorted(msg.nvlink_errors.items()))
+    if msg.violation_seconds:
+        rec["violation_seconds"] = dict(sorted(msg.violation_seconds.items()))
     if users is not None:
         rec["users"] = users_record(users)
     return rec

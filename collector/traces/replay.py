@@ -234,6 +234,8 @@ class _Health:
                 setattr(msg, name, v)
         for counter, n in (d.get("nvlink_errors") or {}).items():   # not an object: AttributeError, a bad line
             msg.nvlink_errors[counter] = n
+        for policy, seconds in (d.get("violation_seconds") or {}).items():  # a string's seconds: TypeError
+            msg.violation_seconds[policy] = seconds
         return msg
 
     def counters(self, node: str, msg: Any, users: list | None) -> list[AlertEvent]:

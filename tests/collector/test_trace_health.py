@@ -126,7 +126,8 @@ def test_the_health_records_replay_to_the_live_health_alerts(tmp_path):
     assert len(readings) == 2 * POLLS // 10
     assert readings[-1] == {"kind": "gpu_health", "t": T0 + 390, "node": "n1", "gpu": "GPU-b",
                             "ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": 0, "clock_event_reasons": 0x40,
-                            "temperature_c": 60, "pcie_replays": 1000}   # not the violation time: for /metrics
+                            "temperature_c": 60, "pcie_replays": 1000,
+                            "violation_seconds": {"thermal": 390.0}}   # job_slowdown's held-down share
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
 
 
@@ -291,3 +292,45 @@ def test_a_degraded_link_replays_to_the_live_alert_its_counters_in_the_trace(tmp
     assert _replayed(rules, lines) == live
     [reading] = [r for r in map(json.loads, lines) if r.get("kind") == "gpu_health"][-1:]
     assert (reading["pcie_replays"], reading["nvlink_errors"]) == (200, {"crc_flit": 100, "replay": 4})
+
+
+def test_the_violation_time_is_kept_at_its_changes_and_a_record_carries_it_back():
+    """job_slowdown's culprit reads NVML's violation time: the engine keeps it with the link counters (a new
+    value only when it moves), `record` writes it and `replay` reads it back; a hostile value is a bad line."""
+    from clusterwatch.collector.health.engine import HealthEngine
+    from clusterwatch.collector.health.xid_catalog import load_catalog
+
+    eng = HealthEngine(load_catalog())
+    for i in range(10):  # held down from the 6th reading on, 0.8 s a second
+        msg = agent_pb2.GpuHealth(time=T0 + i, uuid="GPU-x", temperature_c=50)
+        msg.violation_seconds["thermal"] = 0.8 * max(0, i - 5)
+        msg.violation_seconds["sync_boost"] = 1.0 * i  # a policy no rule reads: not kept
+        eng.observe_counters("n1", msg, [])
+    view = eng.gpus[("n1", "GPU-x")]
+    assert len(view.violations.times) == 5 and list(view.link_values) == [b""]  # the flat run once, then each move
+    kept = [agent_pb2.GpuHealth.FromString(body) for _, body in view.history_readings()]
+    assert [dict(k.violation_seconds) for k in kept] == [{"thermal": 0.8 * max(0, i - 5)} for i in range(10)]
+    last = kept[-1]
+    last.time, last.uuid = T0 + 9, "GPU-x"
+    rec = gpu_health_record("n1", last)
+    assert rec["violation_seconds"] == {"thermal": 0.8 * 4} and rec["temperature_c"] == 50
+    st = ReplayStats()
+    good = orjson.dumps(rec)
+    bad = b'{"kind":"gpu_health","t":1,"node":"n1","gpu":"G","violation_seconds":{"thermal":"long"}}'
+    assert list(replay_lines([good, bad], load_rules(None), st)) == [] and st.bad_lines == 1, st.first_bad
+
+
+def test_the_violation_history_is_bounded_and_covers_every_reading_kept():
+    from clusterwatch.collector.health.engine import HealthEngine
+    from clusterwatch.collector.health.xid_catalog import load_catalog
+
+    eng = HealthEngine(load_catalog())
+    n = 3 * HISTORY_READINGS
+    for i in range(n):  # capped all along, then flat for the last 100 readings
+        msg = agent_pb2.GpuHealth(time=T0 + i, uuid="GPU-x", temperature_c=50)
+        msg.violation_seconds["power"] = float(min(i, n - 100))
+        eng.observe_counters("n1", msg, [])
+    view = eng.gpus[("n1", "GPU-x")]
+    assert len(view.violations.times) <= HISTORY_READINGS + max(8, HISTORY_READINGS // 8)
+    kept = [(t, agent_pb2.GpuHealth.FromString(body)) for t, body in view.history_readings()]
+    assert [dict(k.violation_seconds) for _, k in kept] == [{"power": float(min(t - T0, n - 100))} for t, _ in kept]
