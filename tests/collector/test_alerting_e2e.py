@@ -7,11 +7,11 @@ import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from importlib import resources
 
 import pytest
 
 from tests.support.helpers import CLI, Collector, Proc, cli, firing_alert, metric_value, wait_for
+from tests.support.short_leak_rules import WINDOW_S, short_leak_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -55,8 +55,7 @@ def webhook():
 
 
 def _rules(tmp_path, url: str):
-    demo = (resources.files("clusterwatch.collector.rules") / "demo_rules.toml").read_text()
-    text = demo + f"""
+    text = short_leak_rules() + f"""
 [actions]
 allow_signals = true
 
@@ -84,6 +83,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0", db=db)
     leaker = Proc([sys.executable, "-c", LEAKER, str(marker)], tmp_path / "leaker.log")
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
+                  "--send-interval", "0",
                   "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-1", "--no-provenance",
                   "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
                  tmp_path / "agent.log")
@@ -104,13 +104,14 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
         wait_for(marker.exists, timeout=30, what="SIGUSR1 delivered to the leaking process")
         posted = len(received)
 
-        # record what the collector holds, and replay it through the same engine
-        trace = tmp_path / "leak.jsonl"
+        # record what the collector holds, and replay it through the same engine and leak rule
+        trace, leak_rules = tmp_path / "leak.jsonl", tmp_path / "leak_rules.toml"
+        leak_rules.write_text(short_leak_rules())
         wait_for(lambda: cli("record", "leak-1", "--collector", collector.address, "-o", str(trace),
                                      "--force").returncode == 0
-                 and len(trace.read_text().splitlines()) > 110, timeout=90, what="a recorded trace of 55 s")
-        replay = cli("replay", str(trace), "--rules",
-                     str(resources.files("clusterwatch.collector.rules") / "demo_rules.toml"), "--format", "jsonl")
+                 and len(trace.read_text().splitlines()) > 2 * (WINDOW_S + 20), timeout=90,
+                 what="a recorded trace of a window and 20 s")
+        replay = cli("replay", str(trace), "--rules", str(leak_rules), "--format", "jsonl")
         assert replay.returncode == 0, replay.stderr
         events = [json.loads(line) for line in replay.stdout.splitlines() if line.startswith("{")]
         assert any(e["rule"] == "host_memory_leak" and e["state"] == "firing" and e["pid"] == leaker.pid
@@ -121,6 +122,7 @@ def test_leak_alert_end_to_end(tmp_path, webhook):
         collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0", db=db, name="collector2")
         agent.stop()
         agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
+                      "--send-interval", "0",
                       "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-1", "--no-provenance",
                       "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(tmp_path / "train.sock")],
                      tmp_path / "agent2.log")

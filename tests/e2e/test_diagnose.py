@@ -14,6 +14,7 @@ from clusterwatch.cli.common import MUNGE_PAYLOAD
 from clusterwatch.v1 import query_pb2, query_pb2_grpc
 
 from tests.support.helpers import CLI, Collector, Proc, clean_environ, cli, wait_for
+from tests.support.short_leak_rules import short_leak_rules
 from tests.support.trainers import start_trainer
 
 pytestmark = pytest.mark.e2e
@@ -146,17 +147,16 @@ for i in range(2000):
 
 
 def test_an_alerts_checkpoint_step_reaches_the_handler_ahead_of_signals_and_shows_in_status(tmp_path):
-    from importlib import resources
-
-    demo = (resources.files("clusterwatch.collector.rules") / "demo_rules.toml").read_text()
     rules = tmp_path / "rules.toml"
-    rules.write_text(demo + '\n[actions]\n\n[[actions.steps]]\naction = "checkpoint"\nrules = ["host_memory_leak"]\n')
+    rules.write_text(short_leak_rules()
+                     + '\n[actions]\n\n[[actions.steps]]\naction = "checkpoint"\nrules = ["host_memory_leak"]\n')
     marker = tmp_path / "checkpointed"
     sock = tmp_path / "train.sock"
     collector = Collector(tmp_path, "--rules", str(rules), "--history-step", "0")
     leaker = Proc([sys.executable, "-c", LEAKING_TRAINER, str(marker)], tmp_path / "leaker.log",
                   env={**clean_environ(), "CLUSTERWATCH_TRAIN_SOCKET": str(sock)})
     agent = Proc([*CLI, "agent", "--collector", collector.address, "--node", "leak-node", "--interval", "0.5",
+                  "--send-interval", "0",
                   "--gpu-source", "none", "--pid", str(leaker.pid), "--job-id", "leak-2", "--no-provenance",
                   "--spool-dir", str(tmp_path / "spool"), "--train-socket", str(sock)], tmp_path / "agent.log")
     try:
