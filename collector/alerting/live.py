@@ -67,8 +67,10 @@ class Alerting(CoreListener):
         self.state = state
         self.store = store
         # a stall names its likely cause: what the engine holds, and the health findings on the job's GPUs
-        # a slow job names its likely cause too: its ranks' host side is the collector's state's
-        self.engine = Engine(rules, causes=HealthCauses(state, lambda: self.health.engine), host=HostSide(state))
+        # a slow job names its likely cause too: its ranks' host side is the collector's state's, its fabric the
+        # health engine's
+        health_engine = lambda: self.health.engine  # noqa: E731 (self.health is set below)
+        self.engine = Engine(rules, causes=HealthCauses(state, health_engine), host=HostSide(state, health_engine))
         self.dispatcher = dispatcher if dispatcher is not None else Dispatcher(store, rules.actions,
                                                                                send_signal=send_signal)
         # a stalled job's stacks, once, through the process asker the collector gives the dispatcher

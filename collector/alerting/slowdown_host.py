@@ -1,17 +1,22 @@
 """The live collector's host side of a slow job (rules/slowdown_causes.py's HostSource): its ranks held in D,
-stopped or traced, then the one rank whose CPU runs far above the others'.
+stopped or traced, then the one rank whose CPU runs far above the others', then a fabric fault on one of its
+nodes (an InfiniBand / RoCE port that flaps, degrades or climbs in errors, an NVSwitch SXID).
 
 The rule engine sees GPUs and steps; the processes' states and CPU are the collector's state's. A rank that
 waits on I/O in D, or whose own CPU work (data loading, a Python-side bottleneck) saturates, makes every other
-rank wait for it at the next collective. The caller holds the core's lock (the engine asks while it handles a
-batch or a tick).
+rank wait for it at the next collective. A port below its rate or an NVSwitch that faults slows every
+collective through it while the steps still move. The caller holds the core's lock (the engine asks while it
+handles a batch or a tick).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from statistics import median
 from typing import Any
 
-from clusterwatch.collector.rules.causes import HELD_MIN_S, Cause, held_rank
+from clusterwatch.collector.health.fabric import fabric_cause
+from clusterwatch.collector.health.live import job_nodes
+from clusterwatch.collector.rules.causes import CAUSE_LOOKBACK_S, HELD_MIN_S, Cause, held_rank
 
 __all__ = ["HostSide"]
 
@@ -27,10 +32,12 @@ class HostSide:
 
     Args:
         state: the collector's ClusterState.
+        health: the health engine, whose fabric findings name a node's port (None: no fabric causes).
     """
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, health: Callable[[], Any] | None = None) -> None:
         self.state = state
+        self.health = health
 
     def __call__(self, job_id: str, now: float) -> list[Cause]:
         job = self.state.jobs.get(job_id)
@@ -53,4 +60,8 @@ class HostSide:
                 out.append(Cause("rank_cpu", f"rank {r.rank} (pid {r.pid} on {r.node}) uses {v:.0f} % CPU, the "
                                  f"others ~{m:.0f} %: its host side (data loading, CPU work) holds it back",
                                  {"cause": "rank_cpu", "cause_node": r.node, "cause_rank": r.rank}))
+        if self.health is not None:  # a fault on the job's fabric within the look-back, or one that still holds
+            found = self.health().fabric.node_findings(job_nodes(self.state, job), since=now - CAUSE_LOOKBACK_S,
+                                                       standing=True)
+            out += [fabric_cause(t, f, now) for t, f in found if t <= now + 1.0]
         return out
