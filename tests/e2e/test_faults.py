@@ -1,4 +1,4 @@
-"""Nothing lost: the collector SIGKILLed for half a minute under a running agent, an agent killed mid-job."""
+"""Nothing lost: the collector SIGKILLed for 60 s under a running agent, an agent killed mid-job."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,6 @@ import pytest
 from tests.support.helpers import CLI, Collector, Proc, cli, metric_value, wait_for
 
 pytestmark = pytest.mark.e2e
-
-#: The outage: long enough for the agent to buffer 30 batches (450 samples) and to fail some eight reconnects,
-#: its backoff grown past 13 s (0.5 s, times 1.6 a try), which is what "none lost, none twice" rests on. A longer
-#: one buffers more of the same and only adds waiting: a minute took 86 s in CI, the next try at the 30 s cap.
-OUTAGE_S = 30
 
 # A rank with two workers; the workers leave when the rank is stopped (reparented), so no test leaves them behind.
 WORKERS = """
@@ -40,9 +35,9 @@ def _agent(tmp_path, address, pid, name="agent"):
                 tmp_path / f"{name}.log")
 
 
-def test_collector_killed_for_half_a_minute_every_sample_arrives_exactly_once(tmp_path):
+def test_collector_killed_for_60_s_every_sample_arrives_exactly_once(tmp_path):
     db = tmp_path / "cw.db"
-    # a Unix socket: a TCP port let go for half a minute may be taken meanwhile by another test's process
+    # a Unix socket: a TCP port let go for 60 s may be taken meanwhile by another test's process
     address = f"unix:{tmp_path}/collector.sock"
     collector = Collector(tmp_path, db=db, listen=address)
     workload = Proc([sys.executable, "-c", WORKERS], tmp_path / "workload.log")
@@ -51,12 +46,11 @@ def test_collector_killed_for_half_a_minute_every_sample_arrives_exactly_once(tm
         wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 20,
                  what="samples before the kill")
         collector.stop(signal.SIGKILL)
-        time.sleep(OUTAGE_S)  # the agent polls on, buffers, and retries with backoff
+        time.sleep(60)  # the agent polls on, buffers, and retries with backoff
         # the same address and store, as a restarted service would have
         collector = Collector(tmp_path, db=db, name="collector2", listen=address)
         # the agent reconnects, resends what was not acknowledged, and the buffer drains
-        wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0)
-                 > 3 * OUTAGE_S / 0.2,
+        wait_for(lambda: (metric_value(collector.metrics(), "clusterwatch_ingest_samples_total") or 0) > 300,
                  timeout=90, what="the buffered samples resent")
         assert agent.stop() == 0
         line = [ln for ln in agent.text().splitlines() if ln.startswith("samples_sent=")][-1]
@@ -69,7 +63,7 @@ def test_collector_killed_for_half_a_minute_every_sample_arrives_exactly_once(tm
         assert len(view["processes"]) == 3
         # every sample the agent sent is counted once: none lost, none twice
         assert held == sent, f"collector holds {held} samples, the agent sent {sent}"
-        assert sent > 3 * OUTAGE_S / 0.2  # the outage was really buffered (3 processes, 5 polls/s)
+        assert sent > 3 * 60 / 0.2  # the 60 s outage was really buffered (3 processes, 5 polls/s)
     finally:
         for p in (agent, workload, collector):
             p.stop()

@@ -1,12 +1,12 @@
-"""A shard down for half a minute under running agents (issue 19's fault test): three real collectors given one
+"""A shard down for a minute under running agents (issue 19's fault test): three real collectors given one
 list, four real agents on simulated GPUs, three jobs spanning nodes whose node collectors differ. One
-collector is SIGKILLed for 30 s, through some eight failed reconnects of each agent, and started again on its
-address and store:
+collector is SIGKILLed for 60 s, long past the agents' reconnect backoff reaching its 30 s cap, and started
+again on its address and store:
 
 - meanwhile the other two go on: their jobs' status whole, their ingest counters growing, their processes
   the same;
 - afterwards its jobs' status returns whole, and the history it holds of each of their ranks has no hole
-  where it was down (the agents resent that half minute from their buffers);
+  where it was down (the agents resent that minute from their buffers);
 - every stream of every agent: each sample acknowledged, none dropped.
 """
 from __future__ import annotations
@@ -38,12 +38,10 @@ from tests.support.shard_stack import (
 pytestmark = pytest.mark.e2e
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
-#: Three times GAP_S, so that a lost buffer would leave a hole no jitter explains, and the agents' backoff grown
-#: past 13 s (0.5 s, times 1.6 a try). A minute proved no more and cost 89 s in CI: the next try at the 30 s cap.
-OUTAGE_S = 30.0
+OUTAGE_S = 60.0
 HISTORY_STEP_S = 1.0
 #: The widest gap allowed between two history points of a rank (a point a second): seconds of jitter, not
-#: the outage a lost buffer would leave.
+#: the minute a lost buffer would leave.
 GAP_S = 10.0
 
 
@@ -59,7 +57,7 @@ def rank_points(job: str, collector: str) -> dict[tuple[str, int], list[float]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def test_a_shard_down_half_a_minute_loses_nothing_and_the_others_go_on(tmp_path: Path) -> None:
+def test_a_shard_down_a_minute_loses_nothing_and_the_others_go_on(tmp_path: Path) -> None:
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
     listed_addresses = addresses()
@@ -98,7 +96,7 @@ def test_a_shard_down_half_a_minute_loses_nothing_and_the_others_go_on(tmp_path:
 
         victim.stop(signal.SIGKILL)
         down_at = time.time()
-        while time.time() - down_at < OUTAGE_S:  # the others answer for their jobs the whole outage
+        while time.time() - down_at < OUTAGE_S:  # the others answer for their jobs the whole minute
             for job in others_jobs:
                 assert whole(job), (job, status_json(job, everyone))
             time.sleep(5)
@@ -121,7 +119,7 @@ def test_a_shard_down_half_a_minute_loses_nothing_and_the_others_go_on(tmp_path:
         for job in victims_jobs:
             points = wait_for(lambda j=job: resent(j), timeout=30, interval=1, what=f"job {job}'s history resent")
             for key, times in points.items():
-                # the time it was down is there: from before the kill, point after point, to after the restart
+                # the minute it was down is there: from before the kill, point after point, to after the restart
                 assert times[0] <= down_at + GAP_S, (job, key, times[0] - down_at)
                 gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 assert max(gaps) <= GAP_S, (job, key, max(gaps), down_at, up_at)
