@@ -78,6 +78,7 @@ class Alerting(CoreListener):
         self._observed: dict[str, set[ProcessKey]] = {}
         self._mismatch: dict[str, str] = {}  # job id → the code ids it was raised for
         self.min_interval_s = min_interval_s
+        self._told_batches: set[str] = set()  # nodes whose batches come further apart than the rules' looks
         self._refreshed = float("-inf")  # when the alerts' figures were last brought up to date
         # GPU UUID → the running job it is allocated to; rebuilt every tick, not every batch
         self._gpu_owner: dict[str, str] = {}
@@ -87,8 +88,23 @@ class Alerting(CoreListener):
 
     # -- feeding the engine ---------------------------------------------------------------------
 
+    def _tell_if_batches_too_far_apart(self, node: str) -> None:
+        """Say once when a node's agent sends its batches further apart than the rules look at a process: they
+        see each process's latest sample of a batch only (replay sees every sample kept), so a rules file with
+        short leak buckets (a demo's, a test's) is told later live, or never."""
+        ns = self.state.nodes.get(node)
+        if ns is None or ns.send_interval_s <= self.min_interval_s * 1.5:
+            return
+        self._told_batches.add(node)
+        log.warning("node %s: its agent sends a batch every %.2g s, but the rules want a look at each process every "
+                    "%.2g s (the shortest leak bucket over 3, or --rules-interval): live they see one sample a "
+                    "batch; give its agent --send-interval %.2g or less, or lengthen the rules file's buckets",
+                    node, ns.send_interval_s, self.min_interval_s, self.min_interval_s)
+
     def on_samples(self, node: str, touched: list[ProcessSeries], now: float) -> None:
         """One batch of a node was stored: observe its processes, GPUs and the node itself."""
+        if node not in self._told_batches:
+            self._tell_if_batches_too_far_apart(node)
         seen = node_observations(self.state, node, touched, self._gpu_owner, now, self.min_interval_s)
         engine = self.engine
         events: list[AlertEvent] = []
