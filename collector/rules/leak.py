@@ -35,6 +35,10 @@ intervals of 1–60 s, jitter and missing polls do not matter):
      one step fits nearly as well, two analyses in a row pass;
    - no bend (`_bends_over`): the growth over the last three windows, and the warm-up's
      end after its last step, does not clearly slow down (a warm-up's long tail).
+   Beside the windows, at every bucket close, a leak that began within the last half hour
+   (`_young_leak`): flat bucket minima, then a line from where they end, tested as the
+   windows are but on the minima themselves (a fast leak shows in four or five buckets,
+   where a window's thirds need most of its length).
    Short windows have high rate floors (a fast leak fires within minutes), long ones
    the rule's own (a slow leak fires within hours). When the series would be full
    within `urgent_time_to_full_s`, every window uses the rule's own minimum rate.
@@ -96,6 +100,22 @@ TREAD_RATIO = 0.5
 TREAD_Z = 3.0
 #: The fewest buckets a leak's rise spans (a rise over fewer is as much a step, still to be seen).
 STEP_MIN_RISE_B = 4
+#: A leak that began within the last YOUNG_WINDOW_S (`_young_leak`), read on its bucket minima at every bucket close:
+#: flat for YOUNG_FLAT_B buckets or more, then a line over STEP_MIN_RISE_B or more that meets the flat level within a
+#: bucket. The windows' tests need the growth in each third of a window, so about 12 of the shortest one's 15
+#: minutes; a fast leak shows in four or five buckets. Its floor is that of the shortest window at least
+#: YOUNG_WINDOW_S long, its t that window's, raised for being tried at every bucket and every breakpoint; both parts
+#: must fit within YOUNG_MISFIT times the noise's squared residuals (a step, a spike, a warm-up's curving tail
+#: misfit them; a chi-square of a couple of dozen degrees of freedom passes twice its mean about once in a
+#: thousand).
+YOUNG_WINDOW_S = 1800.0
+YOUNG_FLAT_B = 3
+#: Where one step fits within this many bucket variances of the young leak, two steps must fit worse than it.
+YOUNG_TWO_STEP_ZONE = 20.0
+YOUNG_MISFIT = 2.0
+#: A rising series' bucket minimum is read where its bucket's first sample fell, anywhere in the bucket at polls
+#: as long as a bucket: on the line it adds a uniform spread of this many buckets times the slope.
+YOUNG_TIMING = 0.29
 #: Standard errors by which the growth must slow down (see `LeakSeries._bends_over`) to count as a
 #: warm-up's tail: a leak's own wobble passes for one about one analysis in forty, which delays it a little.
 BEND_Z = 2.0
@@ -157,6 +177,9 @@ class _Plan(NamedTuple):
     direct: int | None  # index of the window of one-bucket points, if any
     every: int          # the direct window's analysis cadence, in buckets
     span_b: int         # buckets kept
+    young_b: int        # buckets a young leak is looked for in (`_young_leak`; 0: never)
+    young_floor: float  # its rate floor, per hour
+    young_t: float      # the least t of its slope
 
 
 # rule → its plan; keyed by identity (hashing a rule costs more than the lookup saves), the rule
@@ -185,7 +208,15 @@ def _plan(rule: LeakRule, bs: float) -> _Plan:
     # Buckets kept: the longest window's, and the direct window's noise history.
     span_b = max(max(shape.wb * shape.n for shape in shapes),
                  NOISE_HISTORY_WINDOWS * shapes[direct].n + 1 if direct is not None else 0)
-    plan = _Plan(shapes, direct, every, span_b)
+    young_b, young_floor, young_t = 0, 0.0, 0.0
+    if direct is not None:
+        # the floor and t of the shortest window that is as long, its t raised for as many more chances: tried at
+        # every bucket (the windows every `every`) and at each breakpoint
+        young_b = max(shapes[direct].n, round(YOUNG_WINDOW_S / bs))
+        like = min((sh for sh in shapes if sh.length >= young_b * bs), key=lambda sh: sh.length, default=shapes[-1])
+        young_floor = like.floor
+        young_t = _for_length(like.t_need, 1.0, every * max(1, young_b - YOUNG_FLAT_B - STEP_MIN_RISE_B + 1))
+    plan = _Plan(shapes, direct, every, span_b, young_b, young_floor, young_t)
     if len(_PLANS) > 256:  # rules files reloaded many times: start afresh
         _PLANS.clear()
     _PLANS[id(rule)] = (rule, bs, plan)
@@ -257,7 +288,7 @@ class LeakSeries:
 
     __slots__ = ("rule", "warm_end", "bucket_s", "b_end", "cur_b", "cur_min", "bb", "bv", "next_b", "windows",
                  "direct", "every", "due", "grouped", "next_g", "firing", "since", "fired_window", "span_b",
-                 "total", "stairs", "in_warmup", "pre_b", "pre_v")
+                 "total", "stairs", "in_warmup", "pre_b", "pre_v", "young", "young_k")
 
     def __init__(self, rule: LeakRule, t0: float) -> None:
         self.rule = rule
@@ -281,6 +312,8 @@ class LeakSeries:
         self.windows = [_Window(shape) for shape in plan.shapes]
         self.direct = self.windows[plan.direct] if plan.direct is not None else None
         self.every = plan.every if self.direct else 1 << 62
+        self.young = (plan.young_b, plan.young_floor * self.bucket_s / 3600.0, plan.young_t)  # buckets, floor, t
+        self.young_k = -2  # the last bucket at which a young leak that one step fits nearly as well passed
         self.grouped = [w for w in self.windows if w is not self.direct]
         # Work is due when a bucket at or past these closes: the direct window's analysis, a
         # grouped window's point, either.
@@ -396,6 +429,8 @@ class LeakSeries:
         if b + 1 >= self.due and self.direct is not None:
             found = self._direct(self.direct, b, now, total)
             self.due = ((b + 1) // self.every + 1) * self.every
+        if found is None and self.direct is not None and not self.firing:
+            found = self._young(self.direct, b, now, total)
         bb, bv = self.bb, self.bv
         if b + 1 >= self.next_g:
             next_g = 1 << 62
@@ -424,7 +459,8 @@ class LeakSeries:
                 if w.pt_end < next_g:
                     next_g = w.pt_end
             self.next_g = next_g
-        self.next_b = min(self.due, self.next_g)
+        # a young leak is looked for at every bucket (`_young`), the windows when due
+        self.next_b = b + 1 if self.direct is not None and not self.firing else min(self.due, self.next_g)
         rule = self.rule
         if self.stairs.scan(bb, bv, rule.min_growth / 3.0) and found is None and not self.firing:
             sc = self.stairs.staircase(rule.min_rate_per_h * self.bucket_s / 3600.0, rule.min_growth)
@@ -454,6 +490,53 @@ class LeakSeries:
         if m - i < n - 2:
             return None
         return self._evaluate(w, b, bb[i:], bv[i:], now, total)
+
+    def _young(self, w: _Window, b: int, now: float, total: float | None) -> LeakFinding | None:
+        """A leak that began within the last YOUNG_WINDOW_S, which ends with bucket `b` (see `_young_leak`); `w`
+        is the direct window, which watches it once it fires.
+
+        Looked for at every bucket close, over as many buckets as the direct window needs at least; most end at
+        a cheap gate (the last two buckets above the earlier ones' median by half the least growth that fires).
+        """
+        bb, bv = self.bb, self.bv
+        young_b, floor_b, t_need = self.young
+        lo = bisect_left(bb, b - young_b + 1)
+        n = len(bb) - lo
+        if n < w.n - 2:
+            return None
+        xs, ys = bb[lo:], bv[lo:]
+        rule = self.rule
+        least = max(rule.min_growth, floor_b * STEP_MIN_RISE_B)
+        if ys[-1] + ys[-2] - 2.0 * median(ys[:n - STEP_MIN_RISE_B]) < least:
+            return None
+        bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
+        if len(bdiffs) < n:
+            return None  # too young to know the noise
+        sigma = mad_sigma(bdiffs) / math.sqrt(2.0)
+        fit = _young_leak(xs, ys, sigma, floor_b, rule.min_growth, t_need)
+        if fit is None:
+            return None
+        slope_b, start_b, level, sse = fit
+        if _one_step(xs, ys, STEP_MIN_RISE_B, 1, sigma, -SHORT_STEP_MARGIN):
+            return None
+        if rule.bend_ratio > 0 and self._bends_over(w, b, sigma, rule.bend_ratio):
+            return None
+        if _one_step(xs, ys, STEP_MIN_RISE_B, 1, sigma, -YOUNG_TWO_STEP_ZONE) and _two_steps_sse(ys) < sse:
+            # a step that fits not much worse, and two fit better: a cache step of a few times the noise just after
+            # a chance run of high minima (or a late minimum at sparse polls) is a ramp of two
+            return None
+        if _one_step(xs, ys, STEP_MIN_RISE_B, 1, sigma, -CONFIRM_STEP_MARGIN):
+            # one step fits nearly as well (a cache step minutes old): it fires at the second bucket in a row that
+            # passes, as the short windows do (the step's flat is longer by then)
+            prev, self.young_k = self.young_k, b
+            if prev != b - 1:
+                return None
+        rate = slope_b / self.bucket_s
+        self.firing = True
+        self.fired_window = w
+        self.since = start_b * self.bucket_s
+        return LeakFinding(True, now, rate * 3600.0, max(0.0, now - self.since), level,
+                           _time_to_full(total, level, rate), w.length)
 
     def _push(self, w: _Window, k: int, y: float, now: float, total: float | None) -> LeakFinding | None:
         """Append point (k, y) to a grouped window and analyse the window when it may fire (or resolve)."""
@@ -735,6 +818,82 @@ def _thirds_rise(xs: list[int], ys: list[float], begin: int, span: int, need: fl
     se = sigma * math.sqrt(2.0 * math.pi / (2 * min(len(v) for v in parts) + 1))
     least = max(need, THIRDS_Z * se)
     return m1 - m0 >= least and m2 - m1 >= least
+
+
+def _young_leak(xs: list[int], ys: list[float], sigma: float, floor_b: float, min_growth: float, t_need: float
+                ) -> tuple[float, float, float, float] | None:
+    """A leak that began inside a window of bucket minima (xs, ys; `sigma` a bucket minimum's noise): (slope a
+    bucket, the bucket it began in, the level at the window's end, the fit's squared residuals), or None.
+
+    For each breakpoint, a flat level over the first YOUNG_FLAT_B buckets or more and a least-squares line over
+    the rest (STEP_MIN_RISE_B buckets or more); the best fit must be a line that meets the flat level within a
+    bucket before its first (a leak starts somewhere in the bucket whose minimum is still flat), at `floor_b`
+    or more a bucket, `min_growth` over its span, `t_need` standard errors above zero (the noise: `sigma`, or
+    the fit's own residuals one standard error low where they say more), with squared residuals within
+    YOUNG_MISFIT times what the noise gives.
+    """
+    n = len(ys)
+    my = sum(ys) / n
+    ds = [y - my for y in ys]  # centred once: the values are large, the spread small
+    var = sigma * sigma
+    best = None
+    for j in range(YOUNG_FLAT_B, n - STEP_MIN_RISE_B + 1):
+        flat = ds[:j]
+        a = sum(flat) / j
+        seg_x, seg_d = xs[j:], ds[j:]
+        m = n - j
+        mx = sum(seg_x) / m
+        md = sum(seg_d) / m
+        sxx = sum((x - mx) ** 2 for x in seg_x)
+        b = sum((x - mx) * (d - md) for x, d in zip(seg_x, seg_d, strict=True)) / sxx
+        if b <= 0:
+            continue
+        c = md - b * mx
+        # where the line meets the flat level: within a bucket before its first, by the noise of both fits
+        start = (a - c) / b
+        se_meet = sigma * math.sqrt(1.0 / j + 1.0 / m + (seg_x[0] - mx) ** 2 / sxx) / b
+        if not seg_x[0] - 1.5 - 3.0 * se_meet <= start <= seg_x[0] + 0.5 + 3.0 * se_meet:
+            continue
+        # then one line that bends there (flat, then rising): the flat buckets fix the level it rises from,
+        # so its slope is surer than the segment's alone
+        start = min(max(start, seg_x[0] - 1.0), float(seg_x[0]))
+        hs = [x - start if x > start else 0.0 for x in xs]
+        mh = sum(hs) / n
+        shh = sum((h - mh) ** 2 for h in hs)
+        b = sum((h - mh) * d for h, d in zip(hs, ds, strict=True)) / shh
+        c = -b * mh  # the flat level (ds are centred)
+        sse = sum((d - c - b * h) ** 2 for h, d in zip(hs, ds, strict=True))
+        if best is None or sse < best[0]:
+            best = (sse, j, b, c, shh, start, hs)
+    if best is None:
+        return None
+    sse, j, b, c, shh, start, hs = best
+    m = n - j
+    if b < floor_b or b * hs[-1] < min_growth:
+        return None
+    if sse > YOUNG_MISFIT * ((j - 1) * var + (m - 1) * (var + (YOUNG_TIMING * b) ** 2)):
+        return None
+    noise = max(sigma, _surely(1.4826 * median([abs(d - c - b * h) for h, d in zip(hs, ds, strict=True)]), n))
+    if noise <= 0 or b * math.sqrt(shh) < t_need * noise:
+        return None
+    return b, start, my + c + b * (hs[-1] + 1.0), sse
+
+
+def _two_steps_sse(ys: list[float]) -> float:
+    """The least squared residuals of `ys` as three flat levels (two steps up or down, anywhere)."""
+    n = len(ys)
+    my = sum(ys) / n
+    s1, s2 = [0.0], [0.0]
+    for y in ys:
+        s1.append(s1[-1] + (y - my))
+        s2.append(s2[-1] + (y - my) ** 2)
+
+    def sse(a: int, b: int) -> float:
+        m = s1[b] - s1[a]
+        return s2[b] - s2[a] - m * m / (b - a)
+
+    return min((sse(0, i) + sse(i, j) + sse(j, n) for i in range(1, n - 1) for j in range(i + 1, n)),
+               default=math.inf)
 
 
 def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> tuple[float, float, float] | None:
