@@ -52,7 +52,7 @@ def merge_offenders(answers: list, field: str) -> list:
 
 def render_offenders(gpus: list, nodes: list) -> str:
     """The ranking in 80 columns: the GPUs (UUID, node; its serial under it where known), then the nodes, with
-    findings, drains, jobs hurt and the mean time between findings."""
+    findings, drains, jobs hurt of the jobs that held it and the mean time between findings."""
     from clusterwatch.report.text import fit, human_duration, printable
 
     def mtbf(o) -> str:
@@ -60,16 +60,19 @@ def render_offenders(gpus: list, nodes: list) -> str:
 
     if not gpus and not nodes:
         return "no health finding kept (repeat offenders: none)\n"
-    out = ["", "REPEAT OFFENDERS (the findings kept 90 days; MTBF: mean time between them)"]
+    def jobs(o) -> str:  # a collector from before jobs_held sends 0 for it
+        return f"{o.jobs_hurt}/{o.jobs_held if o.jobs_held >= o.jobs_hurt else '?'}"
+
+    out = ["", "REPEAT OFFENDERS (findings of 90 days; JOBS: hurt/held; MTBF: between findings)"]
     if gpus:
-        out.append(f"{'GPU':<40} {'NODE':<14} {'FINDINGS':>8} {'JOBS':>5} {'MTBF':>8}")
+        out.append(f"{'GPU':<36} {'NODE':<14} {'FINDINGS':>8} {'JOBS':>9} {'MTBF':>8}")
         for o in gpus:
-            out.append(f"{fit(printable(o.gpu), 40):<40} {fit(printable(o.node), 14):<14} {o.findings:>8} "
-                       f"{o.jobs_hurt:>5} {mtbf(o):>8}")
+            out.append(f"{fit(printable(o.gpu), 36):<36} {fit(printable(o.node), 14):<14} {o.findings:>8} "
+                       f"{jobs(o):>9} {mtbf(o):>8}")
             if o.serial:
                 out.append(f"  serial {fit(printable(o.serial), 70)}")
     if nodes:
-        out.append(f"{'NODE':<40} {'FINDINGS':>8} {'DRAINS':>6} {'JOBS':>5} {'MTBF':>8}")
-        out += [f"{fit(printable(o.node), 40):<40} {o.findings:>8} {o.drains:>6} {o.jobs_hurt:>5} {mtbf(o):>8}"
+        out.append(f"{'NODE':<36} {'FINDINGS':>8} {'DRAINS':>6} {'JOBS':>9} {'MTBF':>8}")
+        out += [f"{fit(printable(o.node), 36):<36} {o.findings:>8} {o.drains:>6} {jobs(o):>9} {mtbf(o):>8}"
                 for o in nodes]
     return "\n".join(out) + "\n"

@@ -76,7 +76,8 @@ NODE_REPEAT = "node_repeat_offender"
 
 class Offender(NamedTuple):
     """A GPU or node ranked by its history: findings, drains (nodes), distinct jobs hurt, and the mean time
-    between its findings (None with fewer than two; findings at one instant, on several GPUs or rules, are one)."""
+    between its findings (None with fewer than two; findings at one instant, on several GPUs or rules, are one);
+    the distinct jobs that held it (gpu_jobs' finished jobs and the jobs hurt), so "hurt" reads as a share."""
 
     node: str
     gpu: str
@@ -85,6 +86,7 @@ class Offender(NamedTuple):
     jobs_hurt: int
     mtbf_s: float | None = None
     serial: str = ""  # a GPU's board serial where known ("" none, and for a node)
+    jobs_held: int = 0
 
 
 class OffenderFigures(NamedTuple):
@@ -277,7 +279,9 @@ class FindingHistory:
             f"FROM finding_history WHERE {where} AND gpu != '' "
             "GROUP BY COALESCE('s' || serial, 'u' || node || char(31) || gpu)", args)]
         gpus.sort(key=lambda o: (-o.findings, -o.jobs_hurt, o.node, o.gpu))
-        gpus = gpus[:limit]
+        gpus = [o._replace(jobs_held=self._held(*(("serial=?", [o.serial]) if o.serial
+                                                  else ("node=? AND gpu=?", [o.node, o.gpu])), since))
+                for o in gpus[:limit]]
         findings = {n: (f, j, m) for n, f, j, m in self.conn.execute(
             f"SELECT node, COUNT(DISTINCT gpu || rule || at), COUNT(DISTINCT NULLIF(job_id, '')), {_MTBF} "
             f"FROM finding_history WHERE {where} GROUP BY node", args)}
@@ -289,7 +293,15 @@ class FindingHistory:
             count, jobs, mtbf = findings.get(n, (0, 0, None))
             nodes.append(Offender(n, "", count, drains.get(n, 0), jobs, mtbf))
         nodes.sort(key=lambda o: (-o.findings, -o.drains, -o.jobs_hurt, o.node))
-        return gpus, nodes[:limit]
+        return gpus, [o._replace(jobs_held=self._held("node=?", [o.node], since)) for o in nodes[:limit]]
+
+    def _held(self, where: str, args: list, since: float) -> int:
+        """The distinct jobs that held a GPU (or a node's GPUs) since `since`: those finished (gpu_jobs) and those
+        its findings hurt (a running job is not in gpu_jobs yet)."""
+        return self.conn.execute(
+            f"SELECT COUNT(*) FROM (SELECT job_id FROM gpu_jobs WHERE {where} AND ended > ? UNION "
+            f"SELECT job_id FROM finding_history WHERE {where} AND at > ? AND job_id != '')",
+            [*args, since, *args, since]).fetchone()[0]
 
     def _has_audit(self) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='action_audit'").fetchone() is not None

@@ -48,7 +48,7 @@ class ActionsServicer(actions_pb2_grpc.ActionsServicer):
             for held, ranked in ((resp.gpus, gpus), (resp.nodes, nodes)):
                 for o in ranked:
                     held.add(node=o.node, gpu=o.gpu, findings=o.findings, drains=o.drains, jobs_hurt=o.jobs_hurt,
-                             mtbf_s=o.mtbf_s, serial=o.serial)
+                             mtbf_s=o.mtbf_s, serial=o.serial, jobs_held=o.jobs_held)
         if self.audit is None:
             return resp
         # on the loop's thread, the one the trail is written on (rows() writes the lanes' outcomes first)

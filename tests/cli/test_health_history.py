@@ -69,9 +69,9 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         # the repeat offenders: the GPU (with its board's serial, from the agent's inventory) and its node, one
         # finding each, no job hurt, no drain done
         assert doc["gpus"] == [{"node": NODE, "gpu": "GPU-hh0", "findings": 1, "drains": 0, "jobs_hurt": 0,
-                                "mtbf_s": None, "serial": "1652922001234"}]
+                                "mtbf_s": None, "serial": "1652922001234", "jobs_held": 0}]
         assert doc["nodes"] == [{"node": NODE, "gpu": None, "findings": 1, "drains": 0, "jobs_hurt": 0,
-                                 "mtbf_s": None, "serial": None}]
+                                 "mtbf_s": None, "serial": None, "jobs_held": 0}]
 
         # a second XID later in the kernel log (the GPU lost): two findings, and the mean time between them
         with kmsg.open("a") as f:
@@ -101,14 +101,14 @@ def test_history_lists_the_automatic_actions_for_admins_only(stub_lib: Path, tmp
         rows = [line.split()[2:] for line in lines[1:] if line[:4].isdigit()]  # past the date and time
         assert sorted(rows) == [["command", NODE, "-", "done"], ["drain", NODE, "-", "skipped"]], text.stdout
         assert "why: gpu_xid: " in text.stdout
-        ranking = lines[lines.index("REPEAT OFFENDERS (the findings kept 90 days; MTBF: mean time between them)"):]
+        ranking = lines[lines.index("REPEAT OFFENDERS (findings of 90 days; JOBS: hurt/held; MTBF: between findings)"):]
         assert max(len(line) for line in ranking) <= 80, text.stdout
         assert ranking[1].split() == ["GPU", "NODE", "FINDINGS", "JOBS", "MTBF"]
         gpu_row = ranking[2].split()
-        assert gpu_row[:4] == ["GPU-hh0", NODE, "2", "0"] and gpu_row[-1] == "s", text.stdout  # "N s"
+        assert gpu_row[:4] == ["GPU-hh0", NODE, "2", "0/0"] and gpu_row[-1] == "s", text.stdout  # "N s"
         assert ranking[3].split() == ["serial", "1652922001234"], text.stdout
         assert ranking[4].split() == ["NODE", "FINDINGS", "DRAINS", "JOBS", "MTBF"]
-        assert ranking[5].split()[:4] == [NODE, "2", "0", "0"], text.stdout
+        assert ranking[5].split()[:4] == [NODE, "2", "0", "0/0"], text.stdout
         # another node's history is empty, not an error (a node drained and since removed still has one)
         other = cli("health", "--history", "other-node", "--collector", collector.address, env=env)
         assert (other.returncode, other.stdout) == (

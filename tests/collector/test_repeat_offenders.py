@@ -321,3 +321,21 @@ def test_a_gpu_is_kept_by_its_serial_and_keeps_its_record_moved_to_another_node(
     # reopened (the collector restarted): the column is there, the mark stands across the move back
     h2 = FindingHistory(conn, parse_rules(RULES).escalations, serial_of=lambda n, g: serials.get((n, g), ""))
     assert h2.record([_xid("n1", "GPU-a", 48, t0 + 900)], t0 + 900) == []
+
+
+def test_the_ranking_counts_the_jobs_that_held_a_gpu_beside_those_hurt(tmp_path: Path) -> None:
+    """Five finished jobs held GPU-a, two of them hurt, and a running job is hurt now: hurt 3 of 6 held; the
+    node's jobs are its GPUs'. A job before the ranking's `since` is not counted."""
+    conn, h = _history(tmp_path)
+    t0 = 1_800_000_000.0
+    h.job_ended("0", [("n1", "GPU-a")], t0 - 20 * DAY - 3600, t0 - 20 * DAY, t0 - 20 * DAY)
+    for i in range(5):
+        h.job_ended(str(i + 1), [("n1", "GPU-a"), ("n1", "GPU-b")], t0 + 3600 * i, t0 + 3600 * i + 3000,
+                    t0 + 3600 * i + 3000)
+    h.record([_xid("n1", "GPU-a", 13, t0 + 100, "2"), _xid("n1", "GPU-a", 13, t0 + 7300, "3")], t0 + 7300)
+    h.record([_xid("n1", "GPU-a", 13, t0 + 20000, "running")], t0 + 20000)
+    gpus, nodes = h.ranking(since=t0 - DAY)
+    assert [(o.gpu, o.jobs_hurt, o.jobs_held) for o in gpus] == [("GPU-a", 3, 6)]
+    assert [(o.node, o.jobs_hurt, o.jobs_held) for o in nodes] == [("n1", 3, 6)]
+    gpus, _ = h.ranking()
+    assert gpus[0].jobs_held == 7

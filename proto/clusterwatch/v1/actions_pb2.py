@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lusterwatch/v1/actions.proto\x12\x0f\x63lusterwatch.v1\"1\n\x12ListActionsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\x84\x01\n\nActionView\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x0f\n\x07outcome\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x0b\n\x03why\x18\x07 \x01(\t\x12\x0c\n\x04rule\x18\x08 \x01(\t\"\x8e\x01\n\x0cOffenderView\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x10\n\x08\x66indings\x18\x03 \x01(\r\x12\x0e\n\x06\x64rains\x18\x04 \x01(\r\x12\x11\n\tjobs_hurt\x18\x05 \x01(\r\x12\x13\n\x06mtbf_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06serial\x18\x07 \x01(\tB\t\n\x07_mtbf_s\"\x9e\x01\n\x13ListActionsResponse\x12,\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1b.clusterwatch.v1.ActionView\x12+\n\x04gpus\x18\x02 \x03(\x0b\x32\x1d.clusterwatch.v1.OffenderView\x12,\n\x05nodes\x18\x03 \x03(\x0b\x32\x1d.clusterwatch.v1.OffenderView2c\n\x07\x41\x63tions\x12X\n\x0bListActions\x12#.clusterwatch.v1.ListActionsRequest\x1a$.clusterwatch.v1.ListActionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lusterwatch/v1/actions.proto\x12\x0f\x63lusterwatch.v1\"1\n\x12ListActionsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\x84\x01\n\nActionView\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x0f\n\x07outcome\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x0b\n\x03why\x18\x07 \x01(\t\x12\x0c\n\x04rule\x18\x08 \x01(\t\"\xa1\x01\n\x0cOffenderView\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x10\n\x08\x66indings\x18\x03 \x01(\r\x12\x0e\n\x06\x64rains\x18\x04 \x01(\r\x12\x11\n\tjobs_hurt\x18\x05 \x01(\r\x12\x13\n\x06mtbf_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06serial\x18\x07 \x01(\t\x12\x11\n\tjobs_held\x18\x08 \x01(\rB\t\n\x07_mtbf_s\"\x9e\x01\n\x13ListActionsResponse\x12,\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1b.clusterwatch.v1.ActionView\x12+\n\x04gpus\x18\x02 \x03(\x0b\x32\x1d.clusterwatch.v1.OffenderView\x12,\n\x05nodes\x18\x03 \x03(\x0b\x32\x1d.clusterwatch.v1.OffenderView2c\n\x07\x41\x63tions\x12X\n\x0bListActions\x12#.clusterwatch.v1.ListActionsRequest\x1a$.clusterwatch.v1.ListActionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACTIONVIEW']._serialized_start=102
   _globals['_ACTIONVIEW']._serialized_end=234
   _globals['_OFFENDERVIEW']._serialized_start=237
-  _globals['_OFFENDERVIEW']._serialized_end=379
-  _globals['_LISTACTIONSRESPONSE']._serialized_start=382
-  _globals['_LISTACTIONSRESPONSE']._serialized_end=540
-  _globals['_ACTIONS']._serialized_start=542
-  _globals['_ACTIONS']._serialized_end=641
+  _globals['_OFFENDERVIEW']._serialized_end=398
+  _globals['_LISTACTIONSRESPONSE']._serialized_start=401
+  _globals['_LISTACTIONSRESPONSE']._serialized_end=559
+  _globals['_ACTIONS']._serialized_start=561
+  _globals['_ACTIONS']._serialized_end=660
 # @@protoc_insertion_point(module_scope)

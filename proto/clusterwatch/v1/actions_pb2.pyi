@@ -35,7 +35,7 @@ class ActionView(_message.Message):
     def __init__(self, time: _Optional[float] = ..., action: _Optional[str] = ..., node: _Optional[str] = ..., job_id: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ..., why: _Optional[str] = ..., rule: _Optional[str] = ...) -> None: ...
 
 class OffenderView(_message.Message):
-    __slots__ = ("node", "gpu", "findings", "drains", "jobs_hurt", "mtbf_s", "serial")
+    __slots__ = ("node", "gpu", "findings", "drains", "jobs_hurt", "mtbf_s", "serial", "jobs_held")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class OffenderView(_message.Message):
     JOBS_HURT_FIELD_NUMBER: _ClassVar[int]
     MTBF_S_FIELD_NUMBER: _ClassVar[int]
     SERIAL_FIELD_NUMBER: _ClassVar[int]
+    JOBS_HELD_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpu: str
     findings: int
@@ -50,7 +51,8 @@ class OffenderView(_message.Message):
     jobs_hurt: int
     mtbf_s: float
     serial: str
-    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[str] = ..., findings: _Optional[int] = ..., drains: _Optional[int] = ..., jobs_hurt: _Optional[int] = ..., mtbf_s: _Optional[float] = ..., serial: _Optional[str] = ...) -> None: ...
+    jobs_held: int
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[str] = ..., findings: _Optional[int] = ..., drains: _Optional[int] = ..., jobs_hurt: _Optional[int] = ..., mtbf_s: _Optional[float] = ..., serial: _Optional[str] = ..., jobs_held: _Optional[int] = ...) -> None: ...
 
 class ListActionsResponse(_message.Message):
     __slots__ = ("actions", "gpus", "nodes")
