@@ -29,6 +29,7 @@ from clusterwatch.wire import ProcessColumns, gpu_activity_from_proto, gpu_readi
 
 from .activity import current_activity
 from .job_cost import CostMeter, GpuCost
+from .job_table import JobTable
 from .point_ring import ColumnRing, GpuRing, PowerRing, ProcessRing
 from .work_counts import work_counts
 
@@ -270,7 +271,7 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {}
         self.processes: dict[ProcessKey, ProcessSeries] = {}
         self.gpus: dict[str, GpuSeries] = {}
-        self.jobs: dict[str, JobState] = {}
+        self.jobs = JobTable()  # its writes index each node's GPU allocations (jobs.allocated_on)
         self._node_live: dict[str, set[ProcessKey]] = {}
         # samples stored before a restart, per process: a series that comes back counts on from there
         self.restored_samples: dict[ProcessKey, int] = {}
@@ -287,10 +288,6 @@ class ClusterState:
         self._gpu_users: dict[str, dict[str, str]] = {}
         # node → GPU UUID → the jobs whose live processes used it at the node's latest poll, where more than one
         self._gpu_shared: dict[str, dict[str, set[str]]] = {}
-        # node → the ids of the jobs in memory with GPUs allocated on it (their gpus_by_node, written only through
-        # set_job_gpus and add_job, dropped by forget_job): node_gpu_holders runs at every batch and reads a
-        # node's few jobs, not every job (102 µs a batch with 1,000 jobs); ended jobs are skipped where read
-        self._allocated_on: dict[str, set[str]] = {}
         self.costs = CostMeter()  # each GPU's last energy and violation counters (job_cost.py)
         self.training_unmatched = 0  # training reports whose (node, pid, start time) names no known process
         self.tags_dropped = 0  # tags over the bounds (MAX_TAG_KEYS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES)
@@ -715,15 +712,12 @@ class ClusterState:
 
     def set_job_gpus(self, job: JobState, node: str, uuids: Iterable[str]) -> None:
         """The GPUs allocated to a job (held in `jobs`) on a node, by UUID: the one way its gpus_by_node
-        changes, so that the index node_gpu_holders reads cannot drift from it."""
-        job.gpus_by_node[node] = list(uuids)
-        self._allocated_on.setdefault(node, set()).add(job.job_id)
+        changes, so that the index node_gpu_holders reads cannot drift from it (job_table.py)."""
+        self.jobs.allocate(job, node, uuids)
 
     def add_job(self, job: JobState) -> None:
-        """Hold a job made whole elsewhere (the store's, after a restart), its GPU allocations indexed."""
+        """Hold a job made whole elsewhere (the store's, after a restart); JobTable indexes its allocations."""
         self.jobs[job.job_id] = job
-        for node in job.gpus_by_node:
-            self._allocated_on.setdefault(node, set()).add(job.job_id)
 
     def add_provenance(self, node: str, pid: int, start_time: float, record: dict) -> JobState | None:
         """Attach a provenance record to its process's job; None when the process is unknown."""
@@ -743,7 +737,7 @@ class ClusterState:
     # Which job holds a GPU: asked here by every reader (the exporter, alerting, the trace, stall causes, health,
     # the views, the job page). Worked out when read: a process's GPUs change with every batch, while the readers
     # ask once a scrape, a tick or a query (bench figures in the commit that made these). Only the allocations are
-    # indexed by node (_allocated_on), for node_gpu_holders, which runs at every batch.
+    # indexed by node (jobs.allocated_on), for node_gpu_holders, which runs at every batch.
 
     def gpu_allocations(self) -> dict[str, str]:
         """GPU UUID → the running job it is allocated to (Slurm's allocation, or the prolog's)."""
@@ -780,7 +774,7 @@ class ClusterState:
         jobs = self.jobs
         holders, shared = self._node_gpu_users(node)
         clashes: dict[str, set[str]] = {}  # GPUs allocated to more than one running job (one's record is stale)
-        for job_id in self._allocated_on.get(node, ()):
+        for job_id in self.jobs.allocated_on.get(node, ()):
             job = jobs.get(job_id)
             if job is None or job.ended:
                 continue
@@ -840,15 +834,9 @@ class ClusterState:
 
     def forget_job(self, job_id: str) -> None:
         """Drop an ended job's processes from memory (its summary is in the store)."""
-        job = self.jobs.pop(job_id, None)
+        job = self.jobs.pop(job_id, None)  # and out of the allocation index
         if job is None:
             return
-        for node in job.gpus_by_node:
-            held = self._allocated_on.get(node)
-            if held is not None:
-                held.discard(job_id)
-                if not held:
-                    del self._allocated_on[node]
         for key in job.processes:
             self.processes.pop(key, None)
             self._forget_pid(key)

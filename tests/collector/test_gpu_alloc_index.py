@@ -145,4 +145,4 @@ def test_a_forgotten_job_leaves_the_index():
     state.job_event("n1", JobEvent("start", "1", T0, gpu_uuids=("GPU-a",)))
     state.forget_job("1")
     assert state.node_gpu_holders("n1") == ({}, set())
-    assert state._allocated_on == {}
+    assert state.jobs.allocated_on == {}
