@@ -89,17 +89,21 @@ class Alerting(CoreListener):
     # -- feeding the engine ---------------------------------------------------------------------
 
     def _tell_if_batches_too_far_apart(self, node: str) -> None:
-        """Say once when a node's agent sends its batches further apart than the rules look at a process: they
-        see each process's latest sample of a batch only (replay sees every sample kept), so a rules file with
-        short leak buckets (a demo's, a test's) is told later live, or never."""
+        """Say once when the rules see a node's processes less often than they want to look: each batch's latest
+        sample and the history points between (a point every history step) are what they see, where replay sees
+        every sample kept; a rules file with short leak buckets (a demo's, a test's) is then told later live."""
         ns = self.state.nodes.get(node)
-        if ns is None or ns.send_interval_s <= self.min_interval_s * 1.5:
+        if ns is None:
+            return
+        seen_every = min(ns.send_interval_s, self.state.history_step_s)
+        if seen_every <= self.min_interval_s * 1.5:
             return
         self._told_batches.add(node)
-        log.warning("node %s: its agent sends a batch every %.2g s, but the rules want a look at each process every "
-                    "%.2g s (the shortest leak bucket over 3, or --rules-interval): live they see one sample a "
-                    "batch; give its agent --send-interval %.2g or less, or lengthen the rules file's buckets",
-                    node, ns.send_interval_s, self.min_interval_s, self.min_interval_s)
+        log.warning("node %s: the rules want a look at each process every %.2g s (the shortest leak bucket over 3, "
+                    "or --rules-interval), but its agent sends a batch every %.2g s and history keeps a point every "
+                    "%.2g s: live they see one sample every %.2g s; give its agent --send-interval %.2g or less, or "
+                    "lengthen the rules file's buckets", node, self.min_interval_s, ns.send_interval_s,
+                    self.state.history_step_s, seen_every, self.min_interval_s)
 
     def on_samples(self, node: str, touched: list[ProcessSeries], now: float) -> None:
         """One batch of a node was stored: observe its processes, GPUs and the node itself."""

@@ -171,12 +171,17 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
     job_id, job = None, None  # the job of the previous process: a node's processes mostly share one
     gpu_totals: dict[str, int | None] = {}
     make = ProcessObservation._make
+    two_looks = 2 * min_interval_s
     out = []
     for series in touched:
         s = series.latest
-        if s.time - series.rules_t < min_interval_s:
+        looked = series.rules_t
+        if s.time - looked < min_interval_s:
             continue
         series.rules_t = s.time
+        # a batch longer than two looks (an agent sending every 10 s, or one back from an outage): the rules
+        # look at the history points between as well, so that they see a process every min_interval_s
+        between = _points_between(series, looked, s.time, min_interval_s) if s.time - looked >= two_looks else ()
         if s.job_id != job_id:
             job_id = s.job_id
             job = jobs.get(job_id) if job_id else None
@@ -195,11 +200,40 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
         allocated = reserved = retries = None
         if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
             allocated, reserved, retries = allocator_totals(series, s.time)
-        out.append(make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
-                         job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
-                         s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
-                         retries, tmpfs, series.tokens_counted, series.samples_counted)))
+        obs = make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
+                    job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
+                    s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
+                    retries, tmpfs, series.tokens_counted, series.samples_counted))
+        for p in between:
+            # the latest's labels and job, the point's figures (its ceiling by its own RSS); no step or work
+            # count: those are the latest report's, and a step shown earlier than it came would read as speed
+            out.append(obs._replace(
+                t=p.t, gpu_mem_bytes=p.gpu_memory_bytes, gpu_util=p.gpu_utilization, cpu_percent=p.cpu_percent,
+                rss_bytes=p.rss_bytes, threads=p.threads, open_fds=p.open_fds,
+                job_mem_total_bytes=None if ceiling is None or p.rss_bytes is None
+                else ceiling - s.rss_bytes + p.rss_bytes, step=None, tokens=None, samples=None))
+        out.append(obs)
     return out
+
+
+def _points_between(series: ProcessSeries, looked: float, latest: float, every_s: float) -> list:
+    """The process's history points the rules are due to look at before its latest sample: after `looked` (its
+    last look), each at least `every_s` after the one before, the last at least `every_s` before `latest`;
+    oldest first. Points are kept every history step, so the looks are no closer than that."""
+    history, found = series.history, []
+    k = len(history) - 1
+    while k >= 0:
+        p = history[k]
+        if p.t <= looked:
+            break
+        found.append(p)
+        k -= 1
+    due, last = [], looked
+    for p in reversed(found):
+        if p.t - last >= every_s and latest - p.t >= every_s:
+            due.append(p)
+            last = p.t
+    return due
 
 
 def gpu_record(obs: GpuObservation, parent: str = "") -> dict[str, Any]:
