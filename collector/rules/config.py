@@ -249,9 +249,9 @@ def _default_handle_rule() -> LeakRule:
         min_rate_per_h=30.0,
         min_growth=50.0,
         warmup_s=600.0,
-        # Minute buckets and a 30 min window: a count has no noise to wait out, but a thread pool spinning
-        # up grows as fast as a leak for up to ten minutes, and a shorter window fires on it.
-        bucket_s=60.0,
+        # Half-minute buckets: a count has no noise to wait out, so a leak is told a bucket or two past a
+        # pool's spin-up (handle_leak.BURST_S); the longest window is how far back a slow leak's start is kept.
+        bucket_s=30.0,
         windows=(LeakWindow(1800.0, 100.0), LeakWindow(3600.0, 50.0), LeakWindow(14400.0, 30.0)),
         urgent_time_to_full_s=0.0,
     )

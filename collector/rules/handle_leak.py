@@ -6,6 +6,7 @@ State: a count series (HandleSeries, below) for each (`thr_leak`, `fd_leak`) and
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from typing import Any
 
@@ -115,8 +116,8 @@ class HandleSeries:
         self.cur_t = 0.0
         self.b_end = self.warm_end
         # Closed buckets: the time of each one's least reading, and that reading (time order).
-        self.bt: list[float] = []
-        self.bv: list[float] = []
+        self.bt = array("d")
+        self.bv = array("d")
         self.firing = False
         self.since = 0.0  # while firing: when the growth began, and the count then
         self.base = 0.0
@@ -164,16 +165,15 @@ class HandleSeries:
         if n < 4:
             return None
         td, vd = bt[-1], bv[-1]
-        # Cheap gates first: growth over the kept buckets, then a rise over the last edge.
+        # Cheap gates first: a rise over the last edge, then growth over the kept buckets.
+        if vd - bv[-2] < 0 or vd - bv[bisect_right(bt, td - BURST_S / 2) - 1] < 1.0:
+            return None  # not rising now
         if vd - min(bv) < rule.min_growth:
             return None
-        bs = self.bucket_s
-        if n < 2 or vd - bv[-2] < 0 or vd - bv[bisect_right(bt, td - BURST_S / 2) - 1] < 1.0:
-            return None  # not rising now
         least = max(1.0, RISE_NOISE_Z * self._noise())
         rate_min = rule.min_rate_per_h / 3600.0
         # A, nearest first: the first that passes is the growth's most recent clear start.
-        for ia in range(bisect_right(bt, td - BURST_S - 2 * bs) - 1, -1, -1):
+        for ia in range(bisect_right(bt, td - BURST_S) - 1, -1, -1):
             ta, va = bt[ia], bv[ia]
             grown = vd - va
             if grown < rule.min_growth:
@@ -181,12 +181,12 @@ class HandleSeries:
             rate = grown / (td - ta)
             if rate < rate_min:
                 break  # farther back only slower
-            # the ends as long as the burst's length leaves them (a bucket at least)
+            # the ends as long as the burst's length leaves them: B the last bucket by A's time + edge, C the
+            # first from D's - edge, each a bucket in from its end at least, and BURST_S apart or more
             edge = 0.5 * (td - ta - BURST_S)
-            # B the last bucket by A's time + edge, C the first from D's - edge: BURST_S apart or more
-            ib = bisect_right(bt, ta + edge, ia) - 1
-            ic = bisect_left(bt, td - edge, ib)
-            if ib <= ia or ic >= n - 1:
+            ib = max(ia + 1, bisect_right(bt, ta + edge, ia) - 1)
+            ic = min(n - 2, bisect_left(bt, td - edge, ib))
+            if ic <= ib or bt[ic] - bt[ib] < BURST_S:
                 continue
             tb, vb, tc, vc = bt[ib], bv[ib], bt[ic], bv[ic]
             need = STEADY_FRACTION * rate

@@ -69,3 +69,25 @@ def test_a_burst_just_longer_than_burst_s_at_a_leak_rate_is_told_as_one():
     # the boundary the rule draws: growth that goes on past BURST_S at an even rate is a leak
     fired, _ = _run(lambda t, rng: 40 + int(min(1.0, max(0.0, (t - START) / (3 * BURST_S))) * 150))
     assert fired is not None and fired - START <= 2 * BURST_S + 3 * RULE.bucket_s
+
+
+@pytest.mark.parametrize("poll", [1.0, 15.0, 60.0])
+def test_a_fast_leak_fires_a_few_polls_past_burst_s(poll):
+    # 600 an hour grows 50 in five minutes, but a pool spins up as fast for up to BURST_S: the leak is told once
+    # it has risen before, across and after BURST_S (a bucket or a poll at each end) and the last bucket closed:
+    # within two and a half minutes and two polls of BURST_S
+    fired, _ = _run(lambda t, rng: 40 + (int((t - START) / 3600 * 600) if t > START else 0), poll=poll)
+    assert fired is not None
+    assert BURST_S < fired - START <= BURST_S + 150 + 2 * poll, (fired - START) / 60
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("size, ramp_s, poll", [(60, 540, 15.0), (75, 510, 30.0), (140, 550, 20.0)])
+def test_a_pool_under_short_lived_threads_does_not_fire(size, ramp_s, poll, seed):
+    # Up to 3 short-lived threads in a quarter of the readings: a +1..3 at a bucket's minimum must not pass
+    # for the rise before or after BURST_S that tells a leak from a pool (the ends ask three times the noise).
+    def count(t, rng):
+        ramp = min(1.0, max(0.0, (t - START) / ramp_s))
+        return 40 + int(ramp * size) + rng.choice((0, 0, 0, rng.randint(1, 3)))
+
+    assert _run(count, poll=poll, seed=seed) == (None, None)
