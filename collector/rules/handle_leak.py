@@ -80,7 +80,7 @@ def _text(p: Proc, series: str, f: LeakFinding) -> str:
 #: over 1-10 min). A leak grows on: the count must have risen before, through and after such a stretch.
 BURST_S = 600.0
 #: The count must rise in each of three parts of its growth (the first and last, each half of what the growth
-#: is longer than BURST_S, and BURST_S between them) at least this
+#: is longer than BURST_S and a bucket at least, and BURST_S or more between them) at least this
 #: fraction of the growth's mean rate: a pool that levelled off, whose count wobbles by one, is still flat.
 STEADY_FRACTION = 0.5
 #: A rise of a part must be this many times the noise of a bucket minimum (counts: usually none), and 1.
@@ -96,10 +96,10 @@ class HandleSeries:
     with the minimum A of each earlier bucket within the longest window, nearest first: the alert fires
     where D is at least `min_growth` above A at `min_rate_per_h` or more, and the rise goes on through the
     whole stretch: from A to B, from B to C, BURST_S or more later, and from C to D (the ends each half of
-    what the stretch is longer than BURST_S), each at STEADY_FRACTION of the mean rate or more, the ends by
-    three times the noise of a bucket minimum and one at least, and so over every half BURST_S from A on
-    (`_even`). A burst no longer than BURST_S cannot rise both before B and after C; two bursts some way
-    apart leave a flat stretch between them. It resolves when the count has grown less than
+    what the stretch is longer than BURST_S, a bucket at least), each at STEADY_FRACTION of the mean rate or
+    more, the ends by three times the noise of a bucket minimum and one at least, and so over every half BURST_S
+    from A on (`_even`). A burst no longer than BURST_S cannot rise both before B and after C; two bursts some
+    way apart leave a flat stretch between them. It resolves when the count has grown less than
     `resolve_fraction` of `min_rate_per_h` over the last half hour (the longest window, if shorter).
     """
 
