@@ -118,7 +118,7 @@ class ProcessSeries:
 
     key: ProcessKey
     latest: ProcessSample
-    history: ColumnRing  # of Point (process_history); a test's series may hold a deque of them
+    history: ColumnRing  # of Point (process_history)
     rss_peak: int = 0
     gpu_memory_peak: int = 0
     samples: int = 0

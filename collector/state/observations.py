@@ -161,6 +161,11 @@ def node_observations(state: ClusterState, node: str, touched: list[ProcessSerie
     return NodeObservations(processes, gpus, heartbeat)
 
 
+#: How far back a batch's looks between reach: an agent's longest send interval, with room. A process's first look
+#: (or its first after a restart) does not replay the hour of history it may hold to the rules.
+BETWEEN_LOOKS_S = 120.0
+
+
 def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: list[ProcessSeries],
                job_rss: dict[str, int], min_interval_s: float, carriers: dict[int, int] | None = None
                ) -> list[ProcessObservation]:
@@ -181,7 +186,8 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
         series.rules_t = s.time
         # a batch longer than two looks (an agent sending every 10 s, or one back from an outage): the rules
         # look at the history points between as well, so that they see a process every min_interval_s
-        between = _points_between(series, looked, s.time, min_interval_s) if s.time - looked >= two_looks else ()
+        between = _points_between(series, max(looked, s.time - BETWEEN_LOOKS_S), s.time, min_interval_s) \
+            if s.time - looked >= two_looks else ()
         if s.job_id != job_id:
             job_id = s.job_id
             job = jobs.get(job_id) if job_id else None
@@ -200,19 +206,18 @@ def _processes(state: ClusterState, ns: NodeState | None, node: str, touched: li
         allocated = reserved = retries = None
         if series.allocator:  # the framework's allocator, where the process reports it (clusterwatch.train)
             allocated, reserved, retries = allocator_totals(series, s.time)
-        obs = make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid or "", s.rank, s.user, s.command,
-                    job.name if job else "", job.partition if job else "", gmem, gtotal, gutil, s.cpu_percent,
-                    s.rss_bytes, node_mem, ceiling, s.threads, s.open_fds, series.step, allocated, reserved,
-                    retries, tmpfs, series.tokens_counted, series.samples_counted))
-        for p in between:
+        job_name, partition = (job.name, job.partition) if job else ("", "")
+        for t, cpu, rss, pgmem, pgutil, threads, fds in between:
             # the latest's labels and job, the point's figures (its ceiling by its own RSS); no step or work
             # count: those are the latest report's, and a step shown earlier than it came would read as speed
-            out.append(obs._replace(
-                t=p.t, gpu_mem_bytes=p.gpu_memory_bytes, gpu_util=p.gpu_utilization, cpu_percent=p.cpu_percent,
-                rss_bytes=p.rss_bytes, threads=p.threads, open_fds=p.open_fds,
-                job_mem_total_bytes=None if ceiling is None or p.rss_bytes is None
-                else ceiling - s.rss_bytes + p.rss_bytes, step=None, tokens=None, samples=None))
-        out.append(obs)
+            out.append(make((t, node, s.job_id, s.pid, s.start_time, gpu_uuid, s.rank, s.user, s.command, job_name,
+                             partition, pgmem, gtotal, pgutil, cpu, rss, node_mem,
+                             None if ceiling is None or rss is None else ceiling - s.rss_bytes + rss, threads, fds,
+                             None, allocated, reserved, retries, tmpfs, None, None)))
+        out.append(make((s.time, node, s.job_id, s.pid, s.start_time, gpu_uuid, s.rank, s.user, s.command, job_name,
+                         partition, gmem, gtotal, gutil, s.cpu_percent, s.rss_bytes, node_mem, ceiling, s.threads,
+                         s.open_fds, series.step, allocated, reserved, retries, tmpfs, series.tokens_counted,
+                         series.samples_counted)))
     return out
 
 
@@ -220,19 +225,13 @@ def _points_between(series: ProcessSeries, looked: float, latest: float, every_s
     """The process's history points the rules are due to look at before its latest sample: after `looked` (its
     last look), each at least `every_s` after the one before, the last at least `every_s` before `latest`;
     oldest first. Points are kept every history step, so the looks are no closer than that."""
-    history, found = series.history, []
-    k = len(history) - 1
-    while k >= 0:
-        p = history[k]
-        if p.t <= looked:
-            break
-        found.append(p)
-        k -= 1
-    due, last = [], looked
-    for p in reversed(found):
-        if p.t - last >= every_s and latest - p.t >= every_s:
-            due.append(p)
-            last = p.t
+    history = series.history
+    times = history.times_after(looked)
+    due, last, n = [], looked, len(times)
+    for i, t in enumerate(times):
+        if t - last >= every_s and latest - t >= every_s:
+            due.append(history[i - n])  # a point built only where it is due
+            last = t
     return due
 
 

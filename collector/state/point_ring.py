@@ -68,6 +68,15 @@ class ColumnRing:
             raise IndexError("ring index out of range")
         return self._row(self._fields((self._head + k) % n))
 
+    def times_after(self, t: float) -> list[float]:
+        """The times of the rows newer than `t`, oldest first: only the newest rows' times are read (the rules ask
+        for the few points a batch wrote, at every batch); row `i` of them is `self[i - len(found)]`."""
+        n, times, h = len(self), self._cols[0], self._head
+        k = n
+        while k and times[(h + k - 1) % n] > t:
+            k -= 1
+        return [times[(h + i) % n] for i in range(k, n)]
+
     def column(self, field: int) -> list:
         """One field of every row, oldest first (None for unknown), without building the rows."""
         col, h = self._cols[field], self._head

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections import deque
 from importlib import resources
 
 from clusterwatch.collector.alerting.alerts import AlertStore
 from clusterwatch.collector.alerting.live import Alerting
 from clusterwatch.collector.rules import load_rules
-from clusterwatch.collector.state.cluster import ClusterState, JobState, NodeState, ProcessSeries
+from clusterwatch.collector.state.cluster import ClusterState, JobState, NodeState, ProcessSeries, process_history
 
 from clusterwatch.model import ProcessKey, ProcessSample
 
@@ -25,11 +24,13 @@ def _leak(memory_bytes: int) -> str:
     state.nodes["n1"] = NodeState("n1", memory_total_bytes=512 * GIB)
     state.jobs["7"] = JobState("7", nodes=["n1"], memory_bytes=memory_bytes)
     key = ProcessKey("n1", 11, T0 - 10)
-    series = ProcessSeries(key, ProcessSample(T0, "n1", 11, T0 - 10, job_id="7", rank=0, rss_bytes=GIB), deque())
+    series = ProcessSeries(key, ProcessSample(T0, "n1", 11, T0 - 10, job_id="7", rank=0, rss_bytes=GIB),
+                           process_history(720))
     state.processes[key] = series
     # a second rank of the job on the node, flat at 2 GiB: it takes its part of the allocation
     key2 = ProcessKey("n1", 12, T0 - 10)
-    other = ProcessSeries(key2, ProcessSample(T0, "n1", 12, T0 - 10, job_id="7", rank=1, rss_bytes=2 * GIB), deque())
+    other = ProcessSeries(key2, ProcessSample(T0, "n1", 12, T0 - 10, job_id="7", rank=1, rss_bytes=2 * GIB),
+                          process_history(720))
     state.processes[key2] = other
     store = AlertStore(sqlite3.connect(":memory:"))
     alerting = Alerting(rules, state, store, min_interval_s=1.0)

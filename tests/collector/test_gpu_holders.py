@@ -2,10 +2,15 @@
 alerting, the trace, stall causes, health, the views and the job page all read."""
 from __future__ import annotations
 
-from collections import deque
-
 from clusterwatch.collector.health.mig import with_parents
-from clusterwatch.collector.state.cluster import ClusterState, GpuSeries, JobGpu, JobState, ProcessSeries
+from clusterwatch.collector.state.cluster import (
+    ClusterState,
+    GpuSeries,
+    JobGpu,
+    JobState,
+    ProcessSeries,
+    process_history,
+)
 
 from clusterwatch.model import GpuInfo, GpuUse, ProcessKey, ProcessSample
 
@@ -17,7 +22,7 @@ def _process(state: ClusterState, job: JobState, node: str, pid: int, rank: int 
     key = ProcessKey(node, pid, 100.0)
     sample = ProcessSample(200.0, node, pid, 100.0, job_id=job.job_id, rank=rank,
                            gpus=tuple(GpuUse(u, GIB, 50.0) for u in gpus))
-    state.processes[key] = ProcessSeries(key, sample, deque(), alive=alive)
+    state.processes[key] = ProcessSeries(key, sample, process_history(720), alive=alive)
     job.processes.add(key)
 
 

@@ -5,12 +5,11 @@ negative, huge, going backwards, stopping."""
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import pytest
 from clusterwatch.collector.rules import load_rules
 from clusterwatch.collector.rules.model import ProcessObservation
-from clusterwatch.collector.state.cluster import ClusterState, ProcessSeries
+from clusterwatch.collector.state.cluster import ClusterState, ProcessSeries, process_history
 from clusterwatch.collector.state.observations import node_observations
 from clusterwatch.collector.state.work_counts import work_counts
 
@@ -138,8 +137,8 @@ def test_a_reported_count_reaches_the_observation_and_leaves_the_sample_count_al
     series holds (`samples`) is another thing than the samples a job trained on."""
     state = ClusterState()
     key = ProcessKey("n1", 11, 100.0)
-    series = state.processes[key] = ProcessSeries(key, ProcessSample(200.0, "n1", 11, 100.0, job_id="7"), deque(),
-                                                  samples=5)
+    series = state.processes[key] = ProcessSeries(key, ProcessSample(200.0, "n1", 11, 100.0, job_id="7"),
+                                                  process_history(720), samples=5)
     state.add_training("n1", TrainingReport(200.0, 11, 100.0, step=40, metrics={"tokens": 1.5e6, "samples": 320,
                                                                                "loss": 2.0}))
     state.add_training("n1", TrainingReport(201.0, 11, 100.0, step=41, metrics={"tokens": math.nan}))

@@ -1,12 +1,18 @@
 """The collector's state as the engine's observations (collector/state/observations.py): each derived field once."""
 from __future__ import annotations
 
-from collections import deque
 from importlib import resources
 
 import orjson
 from clusterwatch.collector.rules import Engine, ProcessObservation, load_rules
-from clusterwatch.collector.state.cluster import ClusterState, GpuSeries, JobState, NodeState, ProcessSeries
+from clusterwatch.collector.state.cluster import (
+    ClusterState,
+    GpuSeries,
+    JobState,
+    NodeState,
+    ProcessSeries,
+    process_history,
+)
 from clusterwatch.collector.state.observations import (
     allocation_room,
     gpu_figures,
@@ -42,7 +48,7 @@ def _state() -> tuple[ClusterState, list[ProcessSeries]]:
         key = ProcessKey("n1", pid, T0 - 10)
         sample = ProcessSample(T0, "n1", pid, T0 - 10, user="ana", command="python", job_id="7", rank=rank,
                                cpu_percent=99.0, rss_bytes=(rank + 1) * GIB, threads=12, open_fds=40, gpus=gpus)
-        series = ProcessSeries(key, sample, deque())
+        series = ProcessSeries(key, sample, process_history(720))
         state.processes[key] = series
         touched.append(series)
     return state, touched

@@ -35,6 +35,10 @@ def test_the_ring_reads_as_a_deque_of_points(maxlen: int) -> None:
                 assert ring[-1] == reference[-1] and ring[0] == reference[0]
                 assert ring.last_t == reference[-1].t
                 assert ring[len(ring) // 2] == reference[len(reference) // 2]
+            since = T0 + i - rng.randrange(maxlen + 3)
+            newer = [p for p in reference if p.t > since]
+            assert ring.times_after(since) == [p.t for p in newer]
+            assert [ring[i - len(newer)] for i in range(len(newer))] == newer
     # named fields, and tuple(p) as trace.py takes it
     if reference:
         last = ring[-1]
