@@ -92,7 +92,8 @@ class HandleSeries:
 
     A count has no noise to wait out, so a leak can be told once it has grown `min_growth` (50): but a pool
     spinning up grows as fast for a few minutes and levels off. Bucket minima (`bucket_s`: a short-lived
-    thread or file is no growth) after `warmup_s`; at every bucket close, the latest minimum D is compared
+    thread or file is no growth) after `warmup_s`, a reading alone in its bucket closing it as it comes (readings
+    a bucket and a half apart or more); at every bucket close, the latest minimum D is compared
     with the minimum A of each earlier bucket within the longest window, nearest first: the alert fires
     where D is at least `min_growth` above A at `min_rate_per_h` or more, and the rise goes on through the
     whole stretch: from A to B, from B to C, BURST_S or more later, and from C to D (the ends each half of
@@ -131,19 +132,29 @@ class HandleSeries:
             return None
         b = int(t // self.bucket_s)
         found = None
+        # Readings further apart than a bucket and a half (the last bucket's least reading that far back) come one
+        # a bucket: this reading's bucket closes at it, not a poll later (no work added to a reading in a bucket).
+        alone = self.cur_b >= 0 and t - self.cur_t >= 1.5 * self.bucket_s and t >= self.warm_end
         if self.cur_b >= 0 and self.cur_min < math.inf:
-            self.bt.append(self.cur_t)
-            self.bv.append(self.cur_min)
-            cut = self.cur_t - self.span_s
-            if self.bt[0] < cut:
-                k = bisect_left(self.bt, cut)
-                del self.bt[:k]
-                del self.bv[:k]
-            found = self._resolve(t) if self.firing else self._onset(t)
+            found = self._close(t)
         self.cur_b = b
         self.cur_min, self.cur_t = value, t
         self.b_end = (b + 1) * self.bucket_s
+        if alone:
+            found = self._close(t) or found
+            self.cur_min = math.inf
         return found
+
+    def _close(self, now: float) -> LeakFinding | None:
+        """Keep the open bucket's least reading; a finding when the leak starts firing or resolves."""
+        self.bt.append(self.cur_t)
+        self.bv.append(self.cur_min)
+        cut = self.cur_t - self.span_s
+        if self.bt[0] < cut:
+            k = bisect_left(self.bt, cut)
+            del self.bt[:k]
+            del self.bv[:k]
+        return self._resolve(now) if self.firing else self._onset(now)
 
     def _noise(self) -> float:
         """The noise of a bucket minimum, from its last 30 steps less their median rate (a steady leak's

@@ -1,5 +1,6 @@
 """handle_leak's count series: a leak fires once it has grown on longer than a pool takes to spin up; a pool
 spinning up (a bounded burst that levels off), epochs of files opened and closed, and a count's wobble do not."""
+import math
 import random
 
 import pytest
@@ -82,7 +83,7 @@ def test_a_fast_leak_fires_a_few_polls_past_burst_s(poll):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("size, ramp_s, poll", [(60, 540, 15.0), (75, 510, 30.0), (140, 550, 20.0)])
+@pytest.mark.parametrize("size, ramp_s, poll", [(60, 540, 15.0), (75, 510, 30.0), (140, 550, 20.0), (90, 560, 60.0)])
 def test_a_pool_under_short_lived_threads_does_not_fire(size, ramp_s, poll, seed):
     # Up to 3 short-lived threads in a quarter of the readings: a +1..3 at a bucket's minimum must not pass
     # for the rise before or after BURST_S that tells a leak from a pool (the ends ask three times the noise).
@@ -91,3 +92,18 @@ def test_a_pool_under_short_lived_threads_does_not_fire(size, ramp_s, poll, seed
         return 40 + int(ramp * size) + rng.choice((0, 0, 0, rng.randint(1, 3)))
 
     assert _run(count, poll=poll, seed=seed) == (None, None)
+
+
+@pytest.mark.parametrize("poll", [45.0, 60.0])
+def test_a_count_read_less_often_than_a_bucket_is_judged_at_the_reading_that_shows_the_leak(poll):
+    # Readings further apart than a bucket and a half: each is its bucket's least, so the rule judges it as it
+    # comes rather than a poll later. A at the leak's start, B a reading on, C BURST_S on from B, D a reading on.
+    s = HandleSeries(RULE, 0.0)
+    t = 0.0
+    fired = None
+    while fired is None and t < 4 * 3600:
+        f = s.add(t, 40 + (int((t - START) / 3600 * 600) if t > START else 0))
+        if f is not None and f.firing:
+            fired = t
+        t += poll
+    assert fired == START + poll + math.ceil(BURST_S / poll) * poll + poll
