@@ -14,6 +14,8 @@ replay with the same rules raises the same alerts:
   held long enough as its likely cause);
 - the allocator's figures where the process reports them (`gpu_memory_leak` judges allocated bytes then),
   as the collector held them at each line's time;
+- a `job` record first: the job's start and GPUs as the collector holds them (a stall's causes are read on
+  its GPUs and not before its start);
 - a `gpu` record per reading of each GPU of the job (`idle_gpu`; its power, a hung collective's sign), a `node` record
   at every time the job's nodes reported (`agent_down`), and an `end` record where a
   process was found gone (its alerts end as they did in the collector);
@@ -51,7 +53,7 @@ from ..state.observations import (
 # Lines at one time in the order the collector feeds a batch to the engine: processes, the
 # processes found gone, the node's GPUs, the node's heartbeat; then the batch's health records,
 # events before counters (collector/health/live.py).
-_PROCESS, _END, _GPU, _NODE, _HEALTH_EVENT, _HEALTH_COUNTERS = 0, 1, 2, 3, 4, 5
+_JOB, _PROCESS, _END, _GPU, _NODE, _HEALTH_EVENT, _HEALTH_COUNTERS = -1, 0, 1, 2, 3, 4, 5
 _SOURCES = {1: "nvml", 2: "kmsg"}
 # GpuHealth's fields a gpu_health record carries (docs/traces.md), by their own names: what the health rules
 # read, and the temperature (the engine keeps no more for record: collector/health/engine.py); and the map
@@ -108,9 +110,23 @@ def job_trace_lines(state: ClusterState, job: JobState, health: Any = None) -> l
                                "start_time": series.key.start_time}))
     if health is not None:
         rows.extend(_health_rows(state, job, health, rows, {(g.node, g.uuid) for g in gpus}))
+    if rows:
+        rows.append(_job_row(state, job, min(r[0] for r in rows)))
     rows.sort(key=lambda r: (r[0], r[1]))
     dumps = json.dumps
     return [dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) for _, _, r in rows]
+
+
+def _job_row(state: ClusterState, job: JobState, t: float) -> tuple[float, int, dict[str, Any]]:
+    """The trace's first line: the job's start and GPUs as the collector holds them (a stall's causes are read
+    from them, not before the job and on its GPUs), which its process lines alone would only suggest."""
+    gpus = []
+    for g in state.job_gpus(job):
+        gs = state.gpus.get(g.uuid)
+        gpus.append({"node": g.node, "gpu": g.uuid, "index": gs.info.index if gs is not None else None,
+                     "allocated": g.allocated})
+    return t, _JOB, {"kind": "job", "t": t, "job_id": job.job_id, "start_time": job.start_time or None,
+                     "gpus": [{k: v for k, v in g.items() if v is not None} for g in gpus]}
 
 
 def _points(series: ProcessSeries) -> list[tuple]:

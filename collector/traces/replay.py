@@ -98,6 +98,7 @@ class _Health:
         # a stall's causes (see `causes`): each job's GPUs and its first process's start, each GPU's index
         self.job_gpus: dict[str, set[tuple[str, str]]] = {}
         self.job_start: dict[str, float] = {}
+        self.job_started: set[str] = set()  # the jobs whose start a job record gave: no process line moves it
         self.gpu_index: dict[str, int] = {}
         # (node, GPU) → the job its latest gpu record says it is allocated to: the collector's GPU owner
         self.owner: dict[tuple[str, str], str] = {}
@@ -130,13 +131,26 @@ class _Health:
             return
         job_id = str(job_id)
         start = float(d.get("start_time") or 0.0)
-        if start and start < self.job_start.get(job_id, float("inf")):
+        if start and start < self.job_start.get(job_id, float("inf")) and job_id not in self.job_started:
             self.job_start[job_id] = start
         gpu = d.get("gpu")
         if gpu:
             self.job_gpus.setdefault(job_id, set()).add((str(d["node"]), str(gpu)))
             if d.get("gpu_index") is not None:
                 self.gpu_index[str(gpu)] = d["gpu_index"]
+
+    def job(self, d: dict[str, Any]) -> None:
+        """A job record (`record` writes one first): the job's start and GPUs as the collector held them, in place
+        of what its process lines suggest (a trace without one, hand-written or older, is read from them)."""
+        job_id = str(d["job_id"])
+        start = d.get("start_time")
+        if start:
+            self.job_start[job_id] = float(start)
+            self.job_started.add(job_id)
+        for g in d.get("gpus") or ():
+            self.job_gpus.setdefault(job_id, set()).add((str(g["node"]), str(g["gpu"])))
+            if g.get("index") is not None:
+                self.gpu_index[str(g["gpu"])] = g["index"]
 
     def gpu(self, d: dict[str, Any]) -> None:
         """A GPU record: the job it is allocated to has it among its GPUs."""
@@ -156,8 +170,8 @@ class _Health:
         """A stall's causes the health records give (rules/causes.py's CauseSource), as the collector's
         HealthCauses gives them (collector/alerting/stall_causes.py): the health findings on the job's GPUs (those
         allocated to it and those its processes used) from `since`, not before the job, worst first, then its
-        ranks held (D, T, t) long enough. The job's start is its first process's (a trace holds no Slurm start
-        time)."""
+        ranks held (D, T, t) long enough. The job's start is its job record's (the collector's), else its first
+        process's."""
         from ..alerting.stall_causes import finding_cause
         from ..rules.causes import CAUSE_LOOKBACK_S
 
@@ -315,6 +329,10 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
                 st.records += 1
                 health.gpu(d)
                 events = eng.observe_gpu(gpu_from_record(d))
+            elif kind == "job":
+                st.records += 1
+                health.job(d)
+                events = []
             elif kind == "node":
                 st.records += 1
                 hb = heartbeat_from_record(d)

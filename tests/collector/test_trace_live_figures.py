@@ -53,7 +53,7 @@ def _batch(seq: int, t: float, *, nvml: int, util: float = 90.0, power: float | 
     return b
 
 
-def _live(tmp_path, polls: int, every: float, poll):
+def _live(tmp_path, polls: int, every: float, poll, batch=_batch):
     """A core and the live (shipped) rules fed `polls` polls `every` s apart, poll(i, t) giving each batch's
     keywords; (the rules, the alerts that fired, the job's trace)."""
     rules = load_rules(None)
@@ -70,7 +70,7 @@ def _live(tmp_path, polls: int, every: float, poll):
     for i in range(polls):
         t = T0 + i * every
         clock.now = t
-        assert core.batch("n1", "b", _batch(i + 1, t, **poll(i, t)))
+        assert core.batch("n1", "b", batch(i + 1, t, **poll(i, t)))
         core.tick()
     fired = [a for a in alerting.store.history(1000) if a.fired_at]
     found = core.job_trace("7")
@@ -163,3 +163,32 @@ def test_a_parallel_replay_of_a_stall_gives_one_engines_cause(tmp_path):
                for rule, _, pid, _, figures in one), one
     two = said(2)
     assert two == one
+
+
+def test_a_fault_after_the_prolog_before_the_first_process_is_the_stalls_cause_in_replay_too(tmp_path):
+    # the prolog starts job 7 100 s before its process, and an XID hits GPU-a in between (read from the kernel
+    # log at the agent's start); the rank stops stepping at 200 s. The collector reads a stall's causes from the
+    # job's start, which only the trace's job record carries: its process lines start later.
+    def poll(i, t):
+        return {"nvml": 4 * GIB, "power": 300.0, "step": i if i < 200 else None}
+
+    def batch(seq, t, **kw):
+        b = _batch(seq, t, **kw)
+        if seq == 1:
+            b.job_events[0].time = START - 100
+            b.health_events.add(time=START - 60, uuid="GPU-a", kind="xid", xid=13, source=2, kernel_boot_id="kb",
+                                kmsg_seq=1, text="Graphics SM Warp Exception")
+        return b
+
+    rules, live, lines = _live(tmp_path, 700, 1.0, poll, batch=batch)
+    [stall] = [a for a in live if a.rule == "training_stall"]
+    assert stall.figures.get("cause_xid") == 13, stall.description
+    job = json.loads(lines[0])
+    assert job == {"kind": "job", "t": job["t"], "job_id": "7", "start_time": START - 100,
+                   "gpus": [{"node": "n1", "gpu": "GPU-a", "index": 0, "allocated": True}]}
+    [ev] = [e for e in _replayed(rules, lines) if e.rule == "training_stall"]
+    assert {k: v for k, v in ev.figures.items() if k.startswith("cause")} == \
+        {k: v for k, v in stall.figures.items() if k.startswith("cause")}, ev.description
+    # without the job record (a hand-written trace) the start is the first process's: the XID is before it
+    [old] = [e for e in _replayed(rules, lines[1:]) if e.rule == "training_stall"]
+    assert "cause_xid" not in old.figures, old.description

@@ -116,7 +116,8 @@ def test_recorded_incident_replays_to_the_same_alerts(tmp_path):
     assert {_key(e) for e in events if e["state"] == "firing"} == live, replayed.stdout
 
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert {x.get("kind") for x in lines} == {None, "gpu", "node"}
+    assert {x.get("kind") for x in lines} == {None, "job", "gpu", "node"}
+    assert lines[0]["kind"] == "job" and lines[0]["job_id"] == JOB_ID and lines[0]["start_time"] > 0
     readings = [x for x in lines if "kind" not in x and "gpu_mem_bytes" in x]
     assert readings and all(x["gpu_mem_total_bytes"] == 16384 << 20 and x["node_mem_total_bytes"] > 0
                             for x in readings)
