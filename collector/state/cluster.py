@@ -146,8 +146,9 @@ class ProcessSeries:
     # step (a deque bounded as history, () until a report carries them): what `record` writes on each history
     # point, as the live rules saw it then
     allocator_history: deque | tuple = ()
-    # (t, step, loss, lr) at most one a history step, bounded as history (() until a report carries a step): the
-    # job page charts progress over the same span as memory (step_history holds only the last few reports)
+    # (t, step, loss, lr, tokens, samples) at most one a history step, bounded as history (() until a report carries
+    # a step): the job page charts progress over the same span as memory (step_history holds only the last few
+    # reports), and `record` writes each line's work counts from it
     progress_history: deque | tuple = ()
     # Whole-life accumulators, every sample from the first (the history holds only the last hour or so):
     # CPU time from each poll's CPU percent over the time since the poll before (gaps over MAX_GAP_S count
@@ -651,7 +652,9 @@ class ClusterState:
             if not ph or report.time >= ph[-1][0] + self.history_step_s:
                 if not ph:
                     ph = series.progress_history = deque(maxlen=self.history_points)
-                ph.append((report.time, report.step, report.loss, report.lr))
+                # the work counts as held then (a report's or one before it): `record` writes them on each line
+                ph.append((report.time, report.step, report.loss, report.lr, series.tokens_counted,
+                           series.samples_counted))
         if report.epoch is not None:
             series.epoch = report.epoch
         if report.tags and series.latest.job_id:

@@ -179,16 +179,23 @@ def _process_rows(state: ClusterState, job: JobState, series: ProcessSeries, poi
     gpu_index = gs.info.index if gs is not None else None
     steps = _steps(series)
     step_times = [t for t, _ in steps]
+    counts = [(t, tokens, samples) for t, _, _, _, tokens, samples in series.progress_history]
+    count_times = [t for t, _, _ in counts]
     alloc = list(series.allocator_history)
     alloc_times = [a[0] for a in alloc]
     out = []
     for i, (t, cpu, rss, gmem, gutil, threads, fds) in enumerate(points):
         j = bisect.bisect_right(step_times, t)
         figures = _allocator_figures(series, alloc, alloc_times, t, t == s.time) if alloc else (None, None, None)
+        if t == s.time:  # the latest sample's: the counts the live rules read then
+            tokens, samples = series.tokens_counted, series.samples_counted
+        else:
+            k = bisect.bisect_right(count_times, t)
+            tokens, samples = counts[k - 1][1:] if k else (None, None)
         obs = ProcessObservation(t, s.node, job.job_id, s.pid, s.start_time, uuid, s.rank, s.user, s.command,
                                  job.name, job.partition, gmem, gtotal, gutil, cpu, rss, node_mem,
                                  ceilings[i] if ceilings else None, threads, fds, steps[j - 1][1] if j else None,
-                                 *figures)
+                                 *figures, tokens=tokens, samples=samples)
         row = observation_record(obs, labels=False)
         row["gpu_index"] = gpu_index
         if series.state and t >= series.state_since:

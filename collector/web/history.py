@@ -96,8 +96,8 @@ def live_history(core, job_id: str) -> tuple[list[RankCharts], list[GpuCharts]] 
             # gets a rate at all
             steps = [(t, step) for t, step, *_ in progress] + list(p.step_history)
             rc.steps_per_s = progress_rates(steps, p.stalled_since, p.latest.time) if steps else []
-            rc.loss = [(t, float(loss)) for t, _, loss, _ in progress if loss is not None]
-            rc.lr = [(t, float(lr)) for t, _, _, lr in progress if lr is not None]
+            rc.loss = [(t, float(loss)) for t, _, loss, *_ in progress if loss is not None]
+            rc.lr = [(t, float(lr)) for t, _, _, lr, *_ in progress if lr is not None]
             for t, allocated, reserved, *_ in getattr(p, "allocator_history", ()):
                 if allocated is not None:
                     rc.gpu_allocated.append((t, float(allocated)))

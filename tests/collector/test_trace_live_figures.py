@@ -192,3 +192,34 @@ def test_a_fault_after_the_prolog_before_the_first_process_is_the_stalls_cause_i
     # without the job record (a hand-written trace) the start is the first process's: the XID is before it
     [old] = [e for e in _replayed(rules, lines[1:]) if e.rule == "training_stall"]
     assert "cause_xid" not in old.figures, old.description
+
+
+def test_a_job_counting_tokens_replays_in_tokens_as_live(tmp_path):
+    # 2 steps/s of 1,000 tokens for 90 min, then the batch doubles: 1 step/s of 2,000 tokens. Live, job_slowdown
+    # judges tokens/s and raises nothing; the trace carries the counts, so its replay judges them too
+    def poll(i, t):
+        return {"nvml": 4 * GIB, "power": 300.0, "step": _steps_at(i)}
+
+    def batch(seq, t, **kw):
+        b = _batch(seq, t, **kw)
+        b.training[0].metrics["tokens"] = _tokens_at(seq - 1)
+        return b
+
+    rules, live, lines = _live(tmp_path, 1800, 5.0, poll, batch=batch)
+    assert [a for a in live if a.rule == "job_slowdown"] == []
+    rows = [json.loads(x) for x in lines if '"kind"' not in x]
+    assert rows[-1]["tokens"] == _tokens_at(1799) and all("tokens" in r for r in rows[1:]), rows[-1]
+    assert [e for e in _replayed(rules, lines) if e.rule == "job_slowdown"] == []
+    # what the counts spare it: the same trace without them is judged in steps/s, which halved
+    bare = [json.dumps({k: v for k, v in json.loads(x).items() if k != "tokens"}) for x in lines]
+    assert [e.rule for e in _replayed(rules, bare)] == ["job_slowdown"]
+
+
+def _steps_at(i: int) -> int:
+    """The step of the poll i (every 5 s): 10 a poll for 90 minutes, then 5 (a batch twice as large)."""
+    return 10 * i if i < 1080 else 10 * 1080 + 5 * (i - 1080)
+
+
+def _tokens_at(i: int) -> float:
+    """The tokens trained on by the poll i: 1,000 a step, then 2,000 (the same 2,000 a second throughout)."""
+    return 1000.0 * _steps_at(i) if i < 1080 else 1000.0 * 10 * 1080 + 2000.0 * 5 * (i - 1080)
