@@ -113,6 +113,10 @@ YOUNG_FLAT_B = 3
 #: Where one step fits within this many bucket variances of the young leak, two steps must fit worse than it.
 YOUNG_TWO_STEP_ZONE = 20.0
 YOUNG_MISFIT = 2.0
+#: A young leak is looked for once the buckets kept give this fraction of the young window's consecutive differences
+#: for the noise (a leak that begins soon after the warm-up waited for a whole window of them, a third of the clear
+#: leaks' delay where it did); from fewer than a window's, the noise is read one of its standard errors high.
+YOUNG_NOISE_FRACTION = 0.5
 #: A rising series' bucket minimum is read where its bucket's first sample fell, anywhere in the bucket at polls
 #: as long as a bucket: on the line it adds a uniform spread of this many buckets times the slope.
 YOUNG_TIMING = 0.29
@@ -510,9 +514,11 @@ class LeakSeries:
         if ys[-1] + ys[-2] - 2.0 * median(ys[:n - STEP_MIN_RISE_B]) < least:
             return None
         bdiffs = [bv[j] - bv[j - 1] for j in range(1, len(bb)) if bb[j] == bb[j - 1] + 1]
-        if len(bdiffs) < n:
+        if len(bdiffs) < YOUNG_NOISE_FRACTION * young_b:
             return None  # too young to know the noise
         sigma = mad_sigma(bdiffs) / math.sqrt(2.0)
+        if len(bdiffs) < young_b:
+            sigma *= 1.0 + MAD_REL_SE / math.sqrt(len(bdiffs))
         fit = _young_leak(xs, ys, sigma, floor_b, rule.min_growth, t_need)
         if fit is None:
             return None

@@ -66,3 +66,22 @@ def test_a_fast_leak_fires_within_minutes_of_its_start(poll):
 @pytest.mark.parametrize("poll", [1, 15, 60])
 def test_a_cache_step_of_a_few_times_the_noise_does_not_fire(poll):
     assert _fired(lambda t, rng: 20e9 + rng.gauss(0, 20 * MB) + 100 * MB * (t >= 5400), minutes=240, poll=poll) is None
+
+
+@pytest.mark.parametrize("poll", [1, 5, 15])
+def test_a_leak_that_begins_soon_after_the_warm_up_fires_within_minutes(poll):
+    # from 10 minutes after the warm-up: the noise is read from the 15 or so buckets there are, one standard error
+    # high, where a young leak waited for a whole young window of them (the 15 minute window fired first, at 12)
+    start = RULE.warmup_s + 600.0
+    fired = _fired(lambda t, rng: 20e9 + rng.gauss(0, 20 * MB) + 3000 * MB * max(0.0, t - start) / 3600,
+                   minutes=100, poll=poll)
+    assert fired is not None and fired > start
+    assert (fired - start) / 60 <= 9
+
+
+@pytest.mark.parametrize("poll", [1, 15, 60])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cache_step_soon_after_the_warm_up_does_not_fire(poll, seed):
+    step_at = RULE.warmup_s + 840.0
+    assert _fired(lambda t, rng: 20e9 + rng.gauss(0, 20 * MB) + 100 * MB * (t >= step_at), minutes=240, poll=poll,
+                  seed=seed) is None
