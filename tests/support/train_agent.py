@@ -68,6 +68,13 @@ class Agent:
             self.pump(0.1)
         return [r for r in self.replies if r["reply"] == ident]
 
+    def wait_for_step(self, step: int, timeout: float = 30.0) -> None:
+        """Pump until a report of `step` or later came (that step's end has then passed)."""
+        deadline = time.monotonic() + timeout
+        while max((r.get("step", 0) for r in self.reports), default=0) < step:
+            assert time.monotonic() < deadline, f"no report of step {step} came"
+            self.pump(0.1)
+
     def close(self) -> None:
         self.sock.close()
 

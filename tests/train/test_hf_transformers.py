@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from clusterwatch import train
 from tests.support.train_agent import Agent, agent, sock_dir  # noqa: F401  (fixtures)
@@ -90,14 +89,6 @@ def epoch(step: int) -> float:
     return (step - 1) // STEPS_PER_EPOCH + ((step - 1) % STEPS_PER_EPOCH + 1) / STEPS_PER_EPOCH
 
 
-def _wait_for_step(agent: Agent, step: int, timeout: float = 30.0) -> None:
-    """Pump until the agent has a report of `step` or later (that step's end has then passed)."""
-    deadline = time.monotonic() + timeout
-    while max((r.get("step", 0) for r in agent.reports), default=0) < step:
-        assert time.monotonic() < deadline, f"no report of step {step} came"
-        agent.pump(0.1)
-
-
 def test_checkpoint_and_stop_set_the_real_control_and_progress_reaches_the_agent(agent, tmp_path):  # noqa: F811
     env = {**os.environ, train.SOCKET_ENV: agent.path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path / "out"), str(STEPS_PER_EPOCH), str(LR)],
@@ -111,7 +102,7 @@ def test_checkpoint_and_stop_set_the_real_control_and_progress_reaches_the_agent
         agent.ask("checkpoint", "c1", pid, at_step=target)
         got = agent.answers("c1")
         assert (got[-1]["status"], got[-1]["message"]) == ("done", f"the trainer saves at the end of step {target}")
-        _wait_for_step(agent, target + 1)
+        agent.wait_for_step(target + 1)
         agent.ask("stop", "s1", pid)
         assert agent.answers("s1")[-1]["status"] == "done"
         out = proc.stdout.readline()

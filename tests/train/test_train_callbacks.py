@@ -70,7 +70,7 @@ def test_checkpoint_at_a_step_then_stop(agent, kind):  # noqa: F811
         agent.ask("checkpoint", "c1", pid, at_step=target)
         got = agent.answers("c1")
         assert (got[-1]["status"], got[-1]["message"]) == ("done", f"the trainer saves at the end of step {target}")
-        agent.pump(0.8)
+        agent.wait_for_step(target + 1)  # the armed step has passed: the stop comes after its save
         agent.ask("stop", "s1", pid)
         assert agent.answers("s1")[-1]["status"] == "done"
         out = proc.stdout.readline()
