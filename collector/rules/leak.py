@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 from .config import LeakRule
 from .robust import MAD_REL_SE, THEIL_SEN_SE_FACTOR, mad_sigma, mann_kendall_s, mann_kendall_z, median, theil_sen
-from .staircase import Staircase, StepTracker
+from .staircase import STAIR_MIN_TREAD_HOLDS, STEP_HOLD, Staircase, StepTracker
 
 #: Windows this long or longer ask `min_t_stat` and `min_mk_z` as they are; shorter ones more (`_for_length`).
 #: A fixed length, not the longest window's: a longer window added for slow leaks under heavy noise (its
@@ -91,11 +91,12 @@ CONFIRM_STEP_MARGIN = 10.0
 TWO_STEP_MARGIN = 8.0
 #: ... and only where a leak leaves this many times the bucket variance a bucket (a line misfits two steps).
 LINE_MISFIT = 2.0
-#: Two steps LONG_TREAD_S or more apart on flat levels (`_flat_treads`) are two steps, however well a line fits:
-#: a leak grows between the breaks a fit may find as fast as over the window, so the levels' own slope must be
-#: under TREAD_RATIO of the line's by TREAD_Z standard errors. (A staircase's treads are shorter: 20-60 min
-#: of a leak's, which the windows catch before its third step, staircase.py, would.)
-LONG_TREAD_S = 4500.0
+#: Two steps LONG_TREAD_B buckets or more apart on flat levels (`_flat_treads`) are two steps, however well a line
+#: fits: a leak grows between the breaks a fit may find as fast as over the window, so the levels' own slope must be
+#: under TREAD_RATIO of the line's by TREAD_Z standard errors. As far apart as the shortest tread of a staircase
+#: (staircase.py), which fires at its third step: two steps can be two unrelated events (an allocator cache that
+#: grew twice half an hour apart, which the 75 minute window took for a leak), three are a pattern.
+LONG_TREAD_B = STAIR_MIN_TREAD_HOLDS * STEP_HOLD
 TREAD_RATIO = 0.5
 TREAD_Z = 3.0
 #: The fewest buckets a leak's rise spans (a rise over fewer is as much a step, still to be seen).
@@ -628,7 +629,7 @@ class LeakSeries:
         if _step_candidate(ys, rule.max_jump_fraction, sigma_d):
             short = w.length <= SHORT_WINDOW_S
             margin = -SHORT_STEP_MARGIN if short else STEP_MARGIN
-            long_b = round(LONG_TREAD_S / self.bucket_s)
+            long_b = LONG_TREAD_B
             if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, margin, long_b):
                 return None
             like_step = short and _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket,
@@ -985,7 +986,7 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
     fits better than one step; three similar ones are a staircase (staircase.py). The second step is
     sought on either side of the best single one (the best pair, where the steps stand apart). Two steps
     `long_b` buckets or more apart count wherever their levels are flat (`_flat_treads`), the line's misfit
-    aside: a cache that grew twice, an hour and a half apart, under noise of a third of its steps.
+    aside: a cache that grew twice, half an hour apart, under noise of a fifth of its steps.
     """
     n = len(ys)
     if n < 4:

@@ -1,7 +1,7 @@
 """`_flat_treads`: steps on flat levels against a leak that grows between any breaks a fit may choose."""
 import random
 
-from clusterwatch.collector.rules.leak import _flat_treads, _one_step
+from clusterwatch.collector.rules.leak import LONG_TREAD_B, _flat_treads, _one_step
 
 MB = 1024 * 1024
 
@@ -29,3 +29,12 @@ def test_a_slow_leak_under_the_same_noise_grows_between_the_same_breaks_and_is_n
         ys = _noisy([145 * MB * x / 60 for x in xs], 30 * MB, seed)
         assert not _flat_treads(xs, _centred(ys), (20, 100), 30 * MB), seed
         assert not _one_step(xs, ys, 4, 8, 30 * MB, 4.0, long_b=75), seed
+
+
+def test_a_leak_under_the_same_noise_is_no_two_steps_half_an_hour_apart():
+    # a 75 min window: two steps as far apart as a staircase's shortest tread count as steps on flat levels (see
+    # test_leak_lookalikes.py); a leak of 280 MiB an hour under 30 MiB of noise grows between any such breaks
+    xs = list(range(75))
+    for seed in range(20):
+        ys = _noisy([280 * MB * x / 60 for x in xs], 30 * MB, seed)
+        assert not _one_step(xs, ys, 4, 4, 30 * MB, 4.0, long_b=LONG_TREAD_B), seed
