@@ -28,7 +28,8 @@ intervals of 1–60 s, jitter and missing polls do not matter):
    - the minimum of each third of the window above the previous third's by at least
      `rise_fraction` of the predicted rise (and half the floor's): growth that goes on;
    - not one step, nor two: two (or three) flat levels do not fit the window's bucket minima
-     better than a leak does (`_one_step`), where a step is sharp and a leak's rise spread out;
+     better than a leak does (`_one_step`), where a step is sharp and a leak's rise spread out (in the
+     75 minute window, three levels fit no better by MID_TWO_STEP_MARGIN where one fits nearly as well);
    - in a window of an hour or less, where minutes after a step of a few times the noise the
      step and a young leak fit about alike: the leak fits better than one step, the median of
      each third of the bucket minima rises by two standard errors (`_thirds_rise`), and where
@@ -91,6 +92,14 @@ CONFIRM_STEP_MARGIN = 10.0
 TWO_STEP_MARGIN = 8.0
 #: ... and only where a leak leaves this many times the bucket variance a bucket (a line misfits two steps).
 LINE_MISFIT = 2.0
+#: A window over an hour and up to MID_WINDOW_S (the 75 minute one) where the leak fits better than one step by less
+#: than MID_STEP_ZONE bucket variances and two steps (three flat levels) fit better than the leak by MID_TWO_STEP_MARGIN
+#: is two steps: a cache step of two or three times the noise, 20-30 minutes old after a chance run of high minima,
+#: passes its one-step test (STEP_MARGIN) as a leak that began in its last third (the young test's guard, narrower:
+#: under heavy noise three levels fit a slow leak's minima about as well as a line).
+MID_WINDOW_S = 4500.0
+MID_STEP_ZONE = 3.0
+MID_TWO_STEP_MARGIN = 4.0
 #: Two steps LONG_TREAD_B buckets or more apart on flat levels (`_flat_treads`) are two steps, however well a line
 #: fits: a leak grows between the breaks a fit may find as fast as over the window, so the levels' own slope must be
 #: under TREAD_RATIO of the line's by TREAD_Z standard errors. As far apart as the shortest tread of a staircase
@@ -632,6 +641,11 @@ class LeakSeries:
             long_b = LONG_TREAD_B
             if _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, margin, long_b):
                 return None
+            if (not short and w.length <= MID_WINDOW_S
+                    and _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket, -MID_STEP_ZONE)
+                    and _two_steps_sse(self.bv[lo:hi]) + MID_TWO_STEP_MARGIN * sigma_bucket ** 2
+                    < _leak_sse(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb)):
+                return None
             like_step = short and _one_step(self.bb[lo:hi], self.bv[lo:hi], STEP_MIN_RISE_B, w.wb, sigma_bucket,
                                             -CONFIRM_STEP_MARGIN, long_b)
         if rule.bend_ratio > 0 and self._bends_over(w, last_k, sigma_bucket, rule.bend_ratio):
@@ -903,6 +917,25 @@ def _two_steps_sse(ys: list[float]) -> float:
                default=math.inf)
 
 
+def _leak_sse(xs: list[int], ys: list[float], min_rise_b: int, stride: int) -> float:
+    """The least squared residuals of bucket minima (xs, ys) as a leak: a line, or flat and then a line over the last
+    `min_rise_b` buckets or more (breakpoints every `stride` buckets)."""
+    n = len(ys)
+    my = sum(ys) / n
+    ds = [y - my for y in ys]  # centred: the values are large, the spread small
+    base = sum(d * d for d in ds)
+    best = math.inf
+    for b in range(xs[0], xs[-1] - min_rise_b + 1, max(1, stride)):
+        hs = [x - b if x > b else 0 for x in xs]
+        mh = sum(hs) / n
+        shh = sum((h - mh) ** 2 for h in hs)
+        if shh <= 0:
+            continue
+        shy = sum((h - mh) * d for h, d in zip(hs, ds, strict=True))
+        best = min(best, base - shy * shy / shh)
+    return best
+
+
 def _third_minima(w: _Window, first_k: int, ks: list[int], ys: list[float]) -> tuple[float, float, float] | None:
     """The minimum of each third of a window's points; None when a third has no point."""
     if len(ks) == w.n:
@@ -999,7 +1032,6 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
     for d in ds:
         s1.append(s1[-1] + d)
         s2.append(s2[-1] + d * d)
-    base = s2[n]
 
     def sse(a: int, b: int) -> float:
         """Squared deviations of ds[a:b] from their mean."""
@@ -1014,17 +1046,7 @@ def _one_step(xs: list[int], ys: list[float], min_rise_b: int, stride: int, sigm
     left, ml = best_split(0, m1)
     right, mr = best_split(m1, n)
     best_two, cuts = min((left + sse(m1, n), (ml, m1)), (sse(0, m1) + right, (m1, mr)))
-    best_leak = math.inf
-    for b in range(xs[0], xs[-1] - min_rise_b + 1, max(1, stride)):
-        hs = [x - b if x > b else 0 for x in xs]
-        mh = sum(hs) / n
-        shh = sum((h - mh) ** 2 for h in hs)
-        if shh <= 0:
-            continue
-        shy = sum((h - mh) * d for h, d in zip(hs, ds, strict=True))
-        sse_leak = base - shy * shy / shh
-        if sse_leak < best_leak:
-            best_leak = sse_leak
+    best_leak = _leak_sse(xs, ds, min_rise_b, stride)
     var = sigma * sigma
     if best_step + margin * var < best_leak:
         return True

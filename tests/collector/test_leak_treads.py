@@ -1,7 +1,7 @@
 """`_flat_treads`: steps on flat levels against a leak that grows between any breaks a fit may choose."""
 import random
 
-from clusterwatch.collector.rules.leak import LONG_TREAD_B, _flat_treads, _one_step
+from clusterwatch.collector.rules.leak import LONG_TREAD_B, _flat_treads, _leak_sse, _one_step, _two_steps_sse
 
 MB = 1024 * 1024
 
@@ -38,3 +38,13 @@ def test_a_leak_under_the_same_noise_is_no_two_steps_half_an_hour_apart():
     for seed in range(20):
         ys = _noisy([280 * MB * x / 60 for x in xs], 30 * MB, seed)
         assert not _one_step(xs, ys, 4, 4, 30 * MB, 4.0, long_b=LONG_TREAD_B), seed
+
+
+def test_a_leak_that_began_in_a_window_fits_as_a_leak_and_two_steps_as_steps():
+    # the fits the 75 min window's two-step guard compares: a leak from bucket 50 (flat, then a line) and two steps
+    xs = list(range(75))
+    leak = [0.0 if x <= 50 else 3.0 * MB * (x - 50) for x in xs]
+    steps = [60 * MB * (x >= 30) + 40 * MB * (x >= 60) for x in xs]
+    assert _leak_sse(xs, leak, 4, 1) < 1.0
+    assert _two_steps_sse(steps) < 1.0
+    assert _two_steps_sse(leak) > 100 * MB * MB and _leak_sse(xs, steps, 4, 1) > 100 * MB * MB
