@@ -1,7 +1,8 @@
 """Detection quality of the leak and stall rules: caught, false alarms and delay, per kind of trace.
 
     python bench/bench_detection.py [--draws 10] [--kinds a,b] [--no-dev] [--no-anchor] [--quick]
-                                    [--soak | --soak-days N] [--rules-interval 5] [--intervals 1]
+                                    [--soak | --soak-days N] [--soak-seeds NAME] [--rules-interval 5]
+                                    [--intervals 1]
 
 For every kind of tests/synth_traces.py, `--draws` seeded draws (the poll interval cycles
 through 1, 5, 10, 15, 20, 30, 45, 60 s, so every interval is drawn), each run through the
@@ -18,7 +19,8 @@ samples a point is too slow in Python): its column counts those draws only.
 The soak: benign process-days (24 h traces of every benign kind, every poll interval in turn),
 every firing event a false alarm, counted per rule and per kind and per 1,000 process-days.
 `--soak` runs SOAK_FULL_DAYS of them (a few minutes); by default `--soak-days` (one of each kind
-at each interval); `--quick` a slice, one of each kind.
+at each interval); `--quick` a slice, one of each kind. `--soak-seeds NAME` draws the same mix on other seeds: the
+rules were tuned on the committed soak's, so only fresh days measure their false alarm rate.
 
 Live and replay: replay judges every sample; the live collector shows each process to the rules at most
 every --rules-interval seconds (5 by default), so at 1 s polls live sees one sample in five.
@@ -160,11 +162,12 @@ def run_kind(kind: str, draws: int, rules, score) -> dict:
                 a_caught=a_caught, a_expected=a_expected, a_false=a_false, a_delays=a_delays)
 
 
-def soak(days: int, rules) -> tuple[Counter, Counter, list[str], Counter]:
+def soak(days: int, rules, seeds: str = "soak") -> tuple[Counter, Counter, list[str], Counter]:
     """False alarms over `days` benign process-days: (per rule, per kind, one line each, days run per kind).
 
     Day i is kind i mod the kinds, at an interval that moves on by one every round of the kinds, so
-    that any slice holds every kind and, from a few rounds on, every interval.
+    that any slice holds every kind and, from a few rounds on, every interval. `seeds` names the draws:
+    the rules were tuned on the default's, so another name measures them on days they have not seen.
     """
     per_rule: Counter = Counter()
     per_kind: Counter = Counter()
@@ -176,7 +179,7 @@ def soak(days: int, rules) -> tuple[Counter, Counter, list[str], Counter]:
         iv = INTERVALS[(i % nk + i // nk) % len(INTERVALS)]
         if iv not in ONLY_INTERVALS:
             continue
-        tr = make(kind, random.Random(f"soak-{kind}-{i}"), interval=iv, hours=24)
+        tr = make(kind, random.Random(f"{seeds}-{kind}-{i}"), interval=iv, hours=24)
         ran[kind] += 1
         for e in _events(rules, tr.rows):
             if e["state"] == "firing":
@@ -205,6 +208,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="one draw of a few kinds, a soak of one day a benign kind, no dev traces (a smoke run)")
     ap.add_argument("--soak", action="store_true", help=f"the full soak ({SOAK_FULL_DAYS} process-days)")
+    ap.add_argument("--soak-seeds", default="soak",
+                    help="names the soak's draws (default: the committed soak's); another name draws fresh days")
     ap.add_argument("--soak-days", type=int, default=len(KINDS_BENIGN) * len(INTERVALS),
                     help="benign process-days to soak (default: one of each kind at each interval)")
     ap.add_argument("--rules-interval", type=float, default=0.0,
@@ -230,7 +235,7 @@ def main() -> None:
     def fmt(v: float) -> str:
         return "–" if v != v else f"{v:.0f}"
 
-    soak_rule, soak_kind, soak_said, kind_days = (soak(a.soak_days, rules) if a.soak_days > 0
+    soak_rule, soak_kind, soak_said, kind_days = (soak(a.soak_days, rules, a.soak_seeds) if a.soak_days > 0
                                                   else (Counter(), Counter(), [], Counter()))
     a.soak_days = sum(kind_days.values())  # the days run (--intervals skips the others')
 
@@ -240,7 +245,8 @@ def main() -> None:
     print(f"{a.draws} draws a kind, poll intervals {', '.join(map(str, INTERVALS))} s in turn"
           + (f" (only those at {', '.join(f'{v:g}' for v in ONLY_INTERVALS)} s run)" if ONLY_INTERVALS != INTERVALS
              else "") + "; "
-          f"soak: {a.soak_days} benign process-days; "
+          f"soak: {a.soak_days} benign process-days"
+          + (f" drawn as {a.soak_seeds!r}" if a.soak_seeds != "soak" else "") + "; "
           + (f"the rules shown a process every {LOOK_S:g} s at most (live)" if LOOK_S > 0
              else "the rules shown every sample (replay)"))
     print()
