@@ -30,8 +30,14 @@ utilization = 60
 
 
 def addresses(n: int = 3) -> tuple[str, ...]:
-    """A deployment's list: `n` free loopback ports, in one order."""
-    return tuple(f"127.0.0.1:{free_port()}" for _ in range(n))
+    """A deployment's list: `n` distinct free loopback ports, in one order (free_port releases each port it
+    finds, so two calls can give the same one: a list naming one collector twice has a collector no node maps to)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return tuple(f"127.0.0.1:{p}" for p in ports)
 
 
 def start_shards(tmp: Path, listed: tuple[str, ...], *extra: str, tag: str = "s") -> dict[str, Collector]:
@@ -49,20 +55,20 @@ def start_shard(tmp: Path, listed: tuple[str, ...], address: str, *extra: str, n
 def nodes_on_every_collector(listed: Collectors, prefix: str = "sh") -> list[str]:
     """One node name for each collector of the list (`prefix`0, 1, ... as they come: the first found for each)."""
     by_collector: dict[str, str] = {}
-    i = 0
-    while len(by_collector) < len(listed.current):
+    for i in range(10_000):  # each collector takes about a third of the names: a few dozen suffice
         by_collector.setdefault(listed.for_node(f"{prefix}{i}"), f"{prefix}{i}")
-        i += 1
-    return list(by_collector.values())
+        if len(by_collector) == len(set(listed.current)):
+            return list(by_collector.values())
+    raise AssertionError(f"no node name maps to some collector of {listed.current} in 10,000 tries")
 
 
 def job_spanning(listed: Collectors, span: list[str], start: int, avoid: set[str] = frozenset()) -> str:
     """The first job number from `start` whose collector is not in `avoid` and differs from the node collector
     of at least one node of `span` (so some of its ranks stream to another collector than their node's)."""
-    j = start
-    while listed.for_job(str(j)) in avoid or all(listed.for_node(n) == listed.for_job(str(j)) for n in span):
-        j += 1
-    return str(j)
+    for j in range(start, start + 10_000):
+        if listed.for_job(str(j)) not in avoid and any(listed.for_node(n) != listed.for_job(str(j)) for n in span):
+            return str(j)
+    raise AssertionError(f"no job from {start} spans {span} off its collectors, outside {sorted(avoid)}")
 
 
 def choose(listed: Collectors) -> tuple[list[str], dict[str, list[str]]]:
