@@ -107,10 +107,11 @@ def main() -> None:
     ap.add_argument("--histories", default="720,360,10", help="--history values, comma-separated; the last the base")
     ap.add_argument("--duration", type=float, default=200.0, help="seconds of sending a run (past 720 × 0.2 s)")
     ap.add_argument("--clients", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="a few seconds: 5 nodes, --history 30 and 10")
+    ap.add_argument("--quick", action="store_true", help="half a minute: 5 nodes, --history 110 and 10")
     args = ap.parse_args()
     if args.quick:
-        args.nodes, args.histories, args.duration = 5, "30,10", 12.0
+        # 100 points more: 2 MiB of history in all, well over a collector's RSS wobble (tenths of a MiB)
+        args.nodes, args.histories, args.duration = 5, "110,10", 25.0
     first = int(args.histories.split(",")[0])
     print(table(f"A process's history, the two layouts: 64 processes × {first} points, in process",
                 ["layout", "B a point", "KiB a process", "MiB a node of 64"], layouts(first),

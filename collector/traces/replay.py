@@ -284,6 +284,19 @@ _SOURCE_NUMBERS = {"nvml": 1, "kmsg": 2}
 _HELD_STATES = frozenset({"D", "T", "t"})   # a process line's `state`: any other is no hold
 
 
+def _reader_of(line: bytes, owners: dict[bytes, int], share: int) -> int:
+    """Which of `share` readers takes the line: by its pid's bytes, unparsed (`owners` remembers them); a line
+    without one (GPU, node and job records, malformed lines) goes to reader 0."""
+    i = line.find(b'"pid":')
+    if i < 0:
+        return 0
+    key = line[i + 6:i + 14]
+    o = owners.get(key)
+    if o is None:
+        o = owners[key] = zlib.crc32(key) % share
+    return o
+
+
 def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: int, share: int,
          catalog: XidCatalog | None = None) -> Iterator[tuple[int, AlertEvent]]:
     """The replay loop: (line number, event) for every event, in line order.
@@ -301,17 +314,8 @@ def _run(lines: IO[bytes] | Iterator[bytes], eng: Engine, st: ReplayStats, me: i
     if eng.causes is None:  # a stall names the health finding that caused it, as the collector's does
         eng.causes = health.causes
     for lineno, line in enumerate(lines, 1):
-        if share > 1:
-            i = line.find(b'"pid":')
-            if i < 0:
-                o = 0  # no pid: GPU and node records, and malformed lines, all go to reader 0
-            else:
-                key = line[i + 6:i + 14]
-                o = owners.get(key)
-                if o is None:
-                    o = owners[key] = zlib.crc32(key) % share
-            if o != me:
-                continue
+        if share > 1 and _reader_of(line, owners, share) != me:
+            continue
         try:
             d = loads(line)
         except orjson.JSONDecodeError:

@@ -9,8 +9,8 @@ from tests.project.test_bench_smoke import rows, run_quick
 def test_history_memory_table():
     text = run_quick("bench_history_memory.py")
     assert "Collector memory with the history full: 5 nodes × 64 processes, 8 GPUs" in text
-    (full,) = [x for x in rows(text) if x.startswith("30 ")]
-    assert float(full.split()[2]) > 0  # MiB a node over the base: the 20 more points cost something
+    (full,) = [x for x in rows(text) if x.startswith("110 ")]
+    assert float(full.split()[2]) > 0  # MiB a node over the base: the 100 more points cost something
     assert any(x.startswith("10 ") and "(base)" in x for x in rows(text))
 
 
