@@ -75,6 +75,16 @@ class Agent:
             assert time.monotonic() < deadline, f"no report of step {step} came"
             self.pump(0.1)
 
+    def checkpoint_then_stop(self, pid: int, target: int) -> None:
+        """Ask the process for a checkpoint at the end of step `target`, then, once that step has passed (its save
+        comes first), to stop; each answered as done."""
+        self.ask("checkpoint", "c1", pid, at_step=target)
+        got = self.answers("c1")
+        assert (got[-1]["status"], got[-1]["message"]) == ("done", f"the trainer saves at the end of step {target}")
+        self.wait_for_step(target + 1)
+        self.ask("stop", "s1", pid)
+        assert self.answers("s1")[-1]["status"] == "done"
+
     def close(self) -> None:
         self.sock.close()
 

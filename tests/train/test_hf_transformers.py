@@ -99,12 +99,7 @@ def test_checkpoint_and_stop_set_the_real_control_and_progress_reaches_the_agent
         pid = agent.sender_pid
         assert pid is not None
         target = max(r.get("step", 0) for r in agent.reports) + 15
-        agent.ask("checkpoint", "c1", pid, at_step=target)
-        got = agent.answers("c1")
-        assert (got[-1]["status"], got[-1]["message"]) == ("done", f"the trainer saves at the end of step {target}")
-        agent.wait_for_step(target + 1)
-        agent.ask("stop", "s1", pid)
-        assert agent.answers("s1")[-1]["status"] == "done"
+        agent.checkpoint_then_stop(pid, target)
         out = proc.stdout.readline()
         assert proc.wait(30) == 0
     finally:

@@ -67,12 +67,7 @@ def test_checkpoint_at_a_step_then_stop(agent, kind):  # noqa: F811
         agent.ask("checkpoint", "past", pid, at_step=0)
         assert agent.answers("past")[-1]["status"] == "refused"
         target = now + 15
-        agent.ask("checkpoint", "c1", pid, at_step=target)
-        got = agent.answers("c1")
-        assert (got[-1]["status"], got[-1]["message"]) == ("done", f"the trainer saves at the end of step {target}")
-        agent.wait_for_step(target + 1)  # the armed step has passed: the stop comes after its save
-        agent.ask("stop", "s1", pid)
-        assert agent.answers("s1")[-1]["status"] == "done"
+        agent.checkpoint_then_stop(pid, target)
         out = proc.stdout.readline()
         assert proc.wait(20) == 0
     finally:
